@@ -1,0 +1,42 @@
+"""Rewards: rule-based scoring by ``data_source``, user functions by file path, and reward managers."""
+
+from hybridflow.rewards.custom import CustomRewardError, load_custom_reward_function
+from hybridflow.rewards.managers import (
+    REWARD_MANAGERS,
+    SCORE_ERRORS_METRIC,
+    SCORE_TIMEOUTS_METRIC,
+    BatchRewardManager,
+    DAPORewardManager,
+    NaiveRewardManager,
+    RewardResult,
+    build_reward_manager,
+    overlong_penalty,
+)
+from hybridflow.rewards.response_batch import RewardInputError
+from hybridflow.rewards.scoring import (
+    SCORING_FUNCTIONS,
+    UnknownDataSourceError,
+    check_data_sources,
+    default_compute_score,
+)
+from hybridflow.rewards.validation import process_validation_metrics
+
+__all__ = [
+    "REWARD_MANAGERS",
+    "SCORE_ERRORS_METRIC",
+    "SCORE_TIMEOUTS_METRIC",
+    "SCORING_FUNCTIONS",
+    "BatchRewardManager",
+    "CustomRewardError",
+    "DAPORewardManager",
+    "NaiveRewardManager",
+    "RewardInputError",
+    "RewardResult",
+    "UnknownDataSourceError",
+    "build_reward_manager",
+    "check_data_sources",
+    "default_compute_score",
+    "load_custom_reward_function",
+    "overlong_penalty",
+    "process_validation_metrics",
+]

@@ -1,0 +1,75 @@
+"""Non-tensor columns of a DataProto: numpy arrays with one entry per row, and value comparison for union."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def to_column(key: str, values: Any) -> np.ndarray:
+    """Return ``values`` as a numpy column of one entry per row.
+
+    numpy arrays are kept as they are. A list or tuple of plain numbers becomes a typed array; any other
+    list (strings, dicts, chat messages, nested lists) becomes a 1-D ``object`` array, one element per row,
+    so ragged or nested rows are never broadcast into extra dimensions.
+    """
+    if isinstance(values, np.ndarray):
+        if values.ndim == 0:
+            raise TypeError(f"non-tensor column {key!r} is a 0-d array; give one value per row")
+        return values
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(
+            f"non-tensor column {key!r} is a {type(values).__name__}; give a numpy array or a list with "
+            f"one value per row (tensors belong in the tensor batch)"
+        )
+    if values and all(_is_real_number(v) for v in values):
+        return np.asarray(values)
+    column = np.empty(len(values), dtype=object)
+    for row, value in enumerate(values):
+        column[row] = value
+    return column
+
+
+def _is_real_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real)
+
+
+def values_equal(a: Any, b: Any) -> bool:
+    """Equality for meta_info values and object-array elements: tensors, arrays, NaN-aware floats."""
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and tensors_equal(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and columns_equal(a, b)
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True  # NaN on both sides counts as the same value
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(values_equal, a, b))
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False
+
+
+def tensors_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and values (NaN equal to NaN)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True))
+    return torch.equal(a, b)
+
+
+def columns_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Elementwise equality of two numpy columns (object columns compared entry by entry)."""
+    if a.shape != b.shape:
+        return False
+    if a.dtype == object or b.dtype == object:
+        return all(values_equal(x, y) for x, y in zip(a.ravel(), b.ravel()))
+    return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))

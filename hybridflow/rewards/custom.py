@@ -1,0 +1,69 @@
+"""Loading a user's scoring function from a Python file (``custom_reward_function.path`` / ``.name``).
+
+The function keeps verl's signature ``compute_score(data_source, solution_str, ground_truth, extra_info)
+-> float | dict`` (a dict carries the reward under ``"score"``); ``custom_reward_function.reward_kwargs``
+are bound as extra keyword arguments. The file is imported under a private module name and marked for
+Ray's cloudpickle to ship by value, so the function also works inside Ray actors that cannot import the file.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import inspect
+import pathlib
+import sys
+from typing import Any, Callable
+
+
+
+class CustomRewardError(ValueError):
+    """The custom reward file or function named in the config cannot be used."""
+
+
+def load_custom_reward_function(
+    path: str | pathlib.Path, name: str = "compute_score", reward_kwargs: dict[str, Any] | None = None
+) -> Callable[..., Any]:
+    """Import ``path`` and return its function ``name`` (with ``reward_kwargs`` bound, if any)."""
+    file = pathlib.Path(path).expanduser()
+    if not file.is_file():
+        raise CustomRewardError(
+            f"custom_reward_function.path={str(path)!r} does not exist (looked for {file.resolve()}); "
+            f"point it at a .py file that defines {name}(data_source, solution_str, ground_truth, extra_info)"
+        )
+    module = _import_file(file)
+    function = getattr(module, name, None)
+    if function is None or not callable(function):
+        defined = sorted(
+            key
+            for key, value in vars(module).items()
+            if inspect.isfunction(value) and value.__module__ == module.__name__ and not key.startswith("_")
+        )
+        problem = "is not defined" if function is None else "is not callable"
+        raise CustomRewardError(
+            f"custom_reward_function.name={name!r} {problem} in {file}; functions defined there: {defined}"
+        )
+    return functools.partial(function, **reward_kwargs) if reward_kwargs else function
+
+
+def _import_file(file: pathlib.Path) -> Any:
+    digest = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:10]
+    module_name = f"hybridflow_custom_reward_{file.stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise CustomRewardError(f"custom_reward_function.path={str(file)!r} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    # Registered before executing so dataclasses and pickling inside the file can find their module.
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[module_name]
+        raise CustomRewardError(
+            f"importing custom_reward_function.path={str(file)!r} failed: {type(error).__name__}: {error}"
+        ) from error
+    from ray import cloudpickle  # Ray's own copy is the one that pickles tasks and actor arguments
+
+    cloudpickle.register_pickle_by_value(module)
+    return module

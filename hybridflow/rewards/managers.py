@@ -1,0 +1,259 @@
+"""Reward managers: score a batch of rollouts and return ``token_level_scores`` [B, R].
+
+Picked by ``reward_model.reward_manager``: ``naive`` (one scoring call per sample), ``batch`` (one call with
+lists for the whole batch), ``dapo`` (naive plus DAPO's overlong penalty, arXiv 2503.14476). Every manager is
+called with a DataProto holding ``responses``, ``attention_mask`` (or ``response_mask``) and the non-tensor
+columns ``data_source``, ``reward_model`` and ``extra_info``, and returns a ``RewardResult``. When the batch
+already holds ``rm_scores`` (a reward model scored it), those are returned as they are, as in verl.
+
+A scoring call that raises, returns something other than a number or a dict with ``"score"``, or runs past
+``timeout_s`` gives its sample a score of 0 and is counted in ``reward/score_errors`` or
+``reward/score_timeouts``; the first failure of each batch is logged.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import numbers
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.registry import Registry
+from hybridflow.rewards.response_batch import ResponseBatch, read_response_batch, scores_on_last_token
+from hybridflow.rewards.scoring import check_data_sources, default_compute_score
+from hybridflow.rewards.timed_calls import CallOutcome, TimedCallRunner
+
+logger = logging.getLogger(__name__)
+
+SCORE_ERRORS_METRIC = "reward/score_errors"
+SCORE_TIMEOUTS_METRIC = "reward/score_timeouts"
+
+REWARD_MANAGERS: Registry[type] = Registry("reward manager", config_key="reward_model.reward_manager")
+
+
+class RewardResult(NamedTuple):
+    """``token_level_scores`` [B, R] float32 (score on each last response token); ``extra``: per-sample
+    lists of everything the scoring functions returned (always ``score``); ``metrics``: batch counters."""
+
+    token_level_scores: torch.Tensor
+    extra: dict[str, list]
+    metrics: dict[str, float]
+
+
+def as_score_dict(value: Any) -> dict[str, Any]:
+    """A scoring function's float or dict result as a dict with a float ``"score"``; TypeError otherwise."""
+    if isinstance(value, dict):
+        if not isinstance(value.get("score"), numbers.Real):
+            raise TypeError(f"a dict result needs a numeric 'score', got keys {sorted(value)}")
+        return {**value, "score": float(value["score"])}
+    if isinstance(value, numbers.Real):
+        return {"score": float(value)}
+    raise TypeError(f"scoring functions return a float or a dict with 'score', got {type(value).__name__}")
+
+
+def collect_extra(results: list[dict[str, Any]]) -> dict[str, list]:
+    """Per-key lists over samples; a sample that lacks a key (e.g. its scoring failed) gets 0.0 for it."""
+    keys = dict.fromkeys(key for result in results for key in result)
+    return {key: [result.get(key, 0.0) for result in results] for key in keys}
+
+
+class NaiveRewardManager:
+    """One call ``compute_score(data_source, solution_str, ground_truth, extra_info)`` per sample.
+
+    ``compute_score=None`` scores with the function registered for each row's ``data_source``;
+    ``num_examine`` prints that many scored samples per data_source per call; ``reward_fn_key`` is the
+    non-tensor column naming the data source.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        compute_score: Callable[..., Any] | None = None,
+        num_examine: int = 0,
+        timeout_s: float | None = 30.0,
+        max_workers: int = 4,
+        reward_fn_key: str = "data_source",
+    ):
+        self.tokenizer = tokenizer
+        self.uses_registered_scoring = compute_score is None
+        self.compute_score = compute_score or self.registered_compute_score
+        self.num_examine = num_examine
+        self.reward_fn_key = reward_fn_key
+        self.runner = TimedCallRunner(max_workers=max_workers, timeout_s=timeout_s)
+
+    registered_compute_score = staticmethod(default_compute_score)
+
+    def __call__(self, data: DataProto) -> RewardResult:
+        if "rm_scores" in data.batch.keys():
+            return RewardResult(data.batch["rm_scores"], {}, {})
+        responses = read_response_batch(data, self.tokenizer, self.reward_fn_key)
+        if self.uses_registered_scoring:
+            # An unknown data_source is a config error, not a failed sample: raise before scoring.
+            check_data_sources(responses.data_sources)
+        results, metrics = self.score(responses)
+        if self.num_examine:
+            self._print_examples(responses, results)
+        scores = [result["score"] for result in results]
+        token_level_scores = scores_on_last_token(scores, responses.valid_response_lengths, responses.response_width)
+        return RewardResult(token_level_scores, collect_extra(results), metrics)
+
+    def score(self, responses: ResponseBatch) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        calls = [
+            functools.partial(self.compute_score, source, solution, truth, extra)
+            for source, solution, truth, extra in zip(
+                responses.data_sources, responses.solution_strs, responses.ground_truths, responses.extra_infos
+            )
+        ]
+        return _results_from_outcomes(self.runner.run(calls), responses.data_sources)
+
+    def close(self) -> None:
+        """Stop the idle scoring threads."""
+        self.runner.close()
+
+    def _print_examples(self, responses: ResponseBatch, results: list[dict[str, Any]]) -> None:
+        printed: dict[str, int] = {}
+        for source, solution, truth, result in zip(
+            responses.data_sources, responses.solution_strs, responses.ground_truths, results
+        ):
+            if printed.get(source, 0) < self.num_examine:
+                printed[source] = printed.get(source, 0) + 1
+                print(f"[{source}] [response] {solution!r}\n[ground_truth] {truth!r} [score] {result}")
+
+
+def _results_from_outcomes(
+    outcomes: list[CallOutcome], data_sources: list[str]
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    results, errors, timeouts, first_failure = [], 0, 0, None
+    for outcome, source in zip(outcomes, data_sources):
+        if outcome.status == "ok":
+            try:
+                results.append(as_score_dict(outcome.value))
+                continue
+            except TypeError as error:
+                outcome = CallOutcome("error", error=str(error))
+        errors += outcome.status == "error"
+        timeouts += outcome.status == "timeout"
+        first_failure = first_failure or f"data_source={source!r}: {outcome.status}: {outcome.error}"
+        results.append({"score": 0.0})
+    if first_failure:
+        logger.warning(
+            "scoring failed for %d of %d samples (they score 0); first: %s",
+            errors + timeouts,
+            len(outcomes),
+            first_failure,
+        )
+    return results, {SCORE_ERRORS_METRIC: float(errors), SCORE_TIMEOUTS_METRIC: float(timeouts)}
+
+
+def registered_batch_compute_score(
+    data_sources: list[str], solution_strs: list[str], ground_truths: list[Any], extra_infos: list[dict | None]
+) -> list[dict[str, Any]]:
+    """The batch form of ``default_compute_score``: each sample scored by its data_source's function."""
+    return [default_compute_score(*sample) for sample in zip(data_sources, solution_strs, ground_truths, extra_infos)]
+
+
+class BatchRewardManager(NaiveRewardManager):
+    """One call ``compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=) -> list`` per batch.
+
+    For scorers that gain from seeing the whole batch (a remote verifier, a batched judge model). The time
+    limit applies to that one call; if it fails, every sample of the batch scores 0 and is counted.
+    """
+
+    registered_compute_score = staticmethod(registered_batch_compute_score)
+
+    def score(self, responses: ResponseBatch) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        call = functools.partial(
+            self.compute_score,
+            data_sources=responses.data_sources,
+            solution_strs=responses.solution_strs,
+            ground_truths=responses.ground_truths,
+            extra_infos=responses.extra_infos,
+        )
+        outcome = self.runner.run([call])[0]
+        if outcome.status == "ok" and not _is_sequence_of_length(outcome.value, len(responses)):
+            got = repr(outcome.value)[:200]
+            outcome = CallOutcome("error", error=f"expected a list of {len(responses)} scores, got {got}")
+        if outcome.status == "ok":
+            outcomes = [CallOutcome("ok", value) for value in outcome.value]
+        else:
+            outcomes = [outcome] * len(responses)
+        return _results_from_outcomes(outcomes, responses.data_sources)
+
+
+def _is_sequence_of_length(value: Any, length: int) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == length
+
+
+def overlong_penalty(
+    response_length: int, max_resp_len: int, overlong_buffer_len: int, penalty_factor: float
+) -> float:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, section 3.4).
+
+    0 while ``response_length <= max_resp_len - overlong_buffer_len``; then falls linearly to
+    ``-penalty_factor`` at ``max_resp_len`` and stays there beyond it.
+    """
+    exceed = response_length - (max_resp_len - overlong_buffer_len)
+    return max(min(-exceed / overlong_buffer_len * penalty_factor, 0.0), -penalty_factor)
+
+
+class DAPORewardManager(NaiveRewardManager):
+    """Naive scoring plus DAPO's overlong penalty; ``extra`` gains ``overlong_reward`` and ``overlong``.
+
+    ``max_resp_len`` is the rollout's response length limit (``data.max_response_length``); responses in its
+    last ``overlong_buffer_len`` tokens are penalised linearly up to ``overlong_penalty_factor``.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        compute_score: Callable[..., Any] | None = None,
+        num_examine: int = 0,
+        timeout_s: float | None = 30.0,
+        max_workers: int = 4,
+        reward_fn_key: str = "data_source",
+        *,
+        max_resp_len: int,
+        overlong_buffer_len: int,
+        overlong_penalty_factor: float = 1.0,
+    ):
+        if not 0 < overlong_buffer_len <= max_resp_len:
+            raise ValueError(
+                f"overlong_buffer_len={overlong_buffer_len} must be in (0, max_resp_len={max_resp_len}]; "
+                f"it is the stretch of tokens before the length limit over which the penalty grows"
+            )
+        super().__init__(tokenizer, compute_score, num_examine, timeout_s, max_workers, reward_fn_key)
+        self.max_resp_len = max_resp_len
+        self.overlong_buffer_len = overlong_buffer_len
+        self.overlong_penalty_factor = overlong_penalty_factor
+
+    def score(self, responses: ResponseBatch) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        results, metrics = super().score(responses)
+        for result, length in zip(results, responses.valid_response_lengths):
+            penalty = overlong_penalty(
+                length, self.max_resp_len, self.overlong_buffer_len, self.overlong_penalty_factor
+            )
+            result["score"] += penalty
+            result["overlong_reward"] = penalty
+            result["overlong"] = float(penalty < 0)
+        metrics["reward/overlong_ratio"] = sum(r["overlong"] for r in results) / max(len(results), 1)
+        return results, metrics
+
+
+REWARD_MANAGERS.add("naive", NaiveRewardManager)
+REWARD_MANAGERS.add("batch", BatchRewardManager)
+REWARD_MANAGERS.add("dapo", DAPORewardManager)
+
+
+def build_reward_manager(name: str, tokenizer: Any, compute_score: Callable[..., Any] | None = None, **options: Any):
+    """The manager registered as ``name`` (``reward_model.reward_manager``), built with ``options``."""
+    manager_class = REWARD_MANAGERS.get(name)
+    try:
+        inspect.signature(manager_class).bind(tokenizer, compute_score, **options)
+    except TypeError as error:
+        accepted = [p for p in inspect.signature(manager_class).parameters if p not in ("tokenizer", "compute_score")]
+        raise TypeError(f"reward manager {name!r}: {error}; its options are {accepted}") from None
+    return manager_class(tokenizer, compute_score, **options)

@@ -1,0 +1,51 @@
+"""The registry of rule-based scoring functions, keyed by a row's ``data_source``.
+
+Every registered function has the signature ``fn(solution_str, ground_truth, extra_info=None) -> dict``
+and returns at least ``{"score": float}``; the built-in ones also return ``acc`` (1.0 when the answer is
+right) and ``pred`` (the answer they extracted, for majority voting in validation).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from hybridflow.registry import Registry, UnknownNameError
+
+ScoringFunction = Callable[..., dict[str, Any]]
+
+SCORING_FUNCTIONS: Registry[ScoringFunction] = Registry("scoring function", config_key="data_source")
+
+
+class UnknownDataSourceError(UnknownNameError):
+    """Rows carry a ``data_source`` that no scoring function is registered for."""
+
+
+_CUSTOM_HINT = (
+    "or set custom_reward_function.path=<your_file.py> (and custom_reward_function.name=<function>) "
+    "to score these rows with your own function"
+)
+
+
+def resolve_scoring_function(data_source: str) -> ScoringFunction:
+    """The registered scoring function for ``data_source``; UnknownDataSourceError if there is none."""
+    try:
+        return SCORING_FUNCTIONS.get(data_source)
+    except UnknownNameError as error:
+        raise UnknownDataSourceError(f"{error}; {_CUSTOM_HINT}") from None
+
+
+def check_data_sources(data_sources: Iterable[str]) -> None:
+    """Raise once, naming every data_source without a scoring function (call this before training starts)."""
+    unknown = sorted({str(source) for source in data_sources} - set(SCORING_FUNCTIONS.names()))
+    if unknown:
+        raise UnknownDataSourceError(
+            f"data_source {unknown} has no registered scoring function; registered: "
+            f"[{', '.join(SCORING_FUNCTIONS.names())}]; {_CUSTOM_HINT}"
+        )
+
+
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> dict[str, Any]:
+    """Score one response with the function registered for its ``data_source`` (verl's signature)."""
+    return resolve_scoring_function(data_source)(solution_str, ground_truth, extra_info)

@@ -1,0 +1,99 @@
+"""Pickling a DataProto: tensors travel as numpy arrays and come back as the same torch tensors."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from hybridflow.protocol import DataProto
+from hybridflow.protocol.serialization import tensordict_from_state, tensordict_to_state
+
+from .dp_asserts import assert_same_data
+
+EXOTIC_DTYPES = [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.bool, torch.uint8, torch.int32]
+
+
+def mixed_batch(rows: int = 4) -> DataProto:
+    generator = torch.Generator().manual_seed(0)
+    return DataProto.from_dict(
+        {
+            "input_ids": torch.randint(0, 100, (rows, 8), generator=generator),
+            "old_log_probs": torch.randn(rows, 5, generator=generator).to(torch.bfloat16),
+            "values": torch.randn(rows, 5, generator=generator),
+        },
+        {"uid": [f"u{i}" for i in range(rows)], "extra_info": [{"index": i} for i in range(rows)]},
+        {"eos_token_id": 2, "metrics": {"a": 1.0}},
+    )
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_pickle_round_trip_keeps_dtypes_and_values(protocol):
+    dp = mixed_batch()
+    restored = pickle.loads(pickle.dumps(dp, protocol=protocol))
+    assert_same_data(restored, dp)
+    assert all(isinstance(t, torch.Tensor) for t in restored.batch.values())
+
+
+@pytest.mark.parametrize("dtype", EXOTIC_DTYPES, ids=str)
+def test_dtypes_without_numpy_equivalent_survive(dtype):
+    tensor = (torch.arange(12, dtype=torch.float32).view(4, 3) / 4).to(dtype)
+    restored = pickle.loads(pickle.dumps(DataProto.from_dict({"x": tensor})))
+    assert restored.batch["x"].dtype == dtype
+    assert torch.equal(restored.batch["x"].view(torch.uint8), tensor.view(torch.uint8))
+
+
+def test_state_holds_numpy_not_tensors():
+    state = mixed_batch().__getstate__()
+    kinds = {key: type(array) for key, array, _, _ in state["batch"]["columns"]}
+    assert kinds == {"input_ids": np.ndarray, "old_log_probs": np.ndarray, "values": np.ndarray}
+    dtypes = {key: torch_dtype for key, _, torch_dtype, _ in state["batch"]["columns"]}
+    assert dtypes == {"input_ids": None, "old_log_probs": "bfloat16", "values": None}
+
+
+def test_slice_ships_only_its_rows():
+    big = DataProto.from_dict({"x": torch.zeros(1000, 256)})
+    whole, part = pickle.dumps(big, protocol=5), pickle.dumps(big[:10], protocol=5)
+    assert len(part) < len(whole) / 50
+
+
+def test_restored_tensors_are_writable_and_independent():
+    dp = DataProto.from_dict({"x": torch.zeros(3, 2)})
+    state = dp.__getstate__()
+    _, array, _, _ = state["batch"]["columns"][0]
+    array.flags.writeable = False  # what Ray's zero-copy get hands back
+    restored = DataProto.__new__(DataProto)
+    restored.__setstate__(state)
+    restored.batch["x"].add_(1)
+    assert dp.batch["x"].sum() == 0 and restored.batch["x"].sum() == 6
+
+
+def test_non_contiguous_grad_and_nested_tensors():
+    weights = torch.randn(3, 4, requires_grad=True)
+    batch = TensorDict({"t": weights.t(), "nested": {"a": torch.arange(4)}}, batch_size=[4])
+    restored = tensordict_from_state(pickle.loads(pickle.dumps(tensordict_to_state(batch))))
+    assert torch.equal(restored["t"], weights.detach().t()) and not restored["t"].requires_grad
+    assert torch.equal(restored["nested", "a"], torch.arange(4))
+
+
+def test_ray_ships_data_proto_between_processes(ray_cluster):
+    ray = ray_cluster
+
+    @ray.remote(num_cpus=0.5)
+    def double_values(dp: DataProto) -> DataProto:
+        dp.batch["values"].mul_(2)  # in place: the received tensors must be writable private copies
+        dp.non_tensor_batch["uid"] = np.array([u + "!" for u in dp.non_tensor_batch["uid"]], dtype=object)
+        return dp
+
+    dp = mixed_batch()
+    from_store = ray.get(ray.put(dp), timeout=60)
+    assert_same_data(from_store, dp)
+    from_store.batch["values"].add_(1)  # must not corrupt the shared object
+    assert_same_data(ray.get(ray.put(dp), timeout=60), dp)
+
+    result = ray.get(double_values.remote(dp), timeout=120)
+    assert torch.equal(result.batch["values"], dp.batch["values"] * 2)
+    assert result.batch["old_log_probs"].dtype == torch.bfloat16
+    assert result.non_tensor_batch["uid"].tolist() == ["u0!", "u1!", "u2!", "u3!"]
+    assert result.meta_info == dp.meta_info

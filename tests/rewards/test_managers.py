@@ -1,0 +1,201 @@
+import logging
+import threading
+
+import pytest
+import torch
+
+from hybridflow.registry import UnknownNameError
+from hybridflow.rewards.managers import (
+    REWARD_MANAGERS,
+    SCORE_ERRORS_METRIC,
+    SCORE_TIMEOUTS_METRIC,
+    BatchRewardManager,
+    DAPORewardManager,
+    NaiveRewardManager,
+    build_reward_manager,
+    overlong_penalty,
+)
+from hybridflow.rewards.response_batch import RewardInputError
+from hybridflow.rewards.scoring import UnknownDataSourceError
+
+from .conftest import rollout_batch
+
+
+@pytest.fixture
+def managers():
+    """Close every manager a test builds, so idle scoring threads do not pile up across tests."""
+    built = []
+
+    def build(name, tokenizer, compute_score=None, **options):
+        manager = build_reward_manager(name, tokenizer, compute_score, **options)
+        built.append(manager)
+        return manager
+
+    yield build
+    for manager in built:
+        manager.close()
+
+
+def test_naive_places_each_score_on_the_last_response_token(tokenizer, managers):
+    batch = rollout_batch(
+        tokenizer,
+        ["#### 4", "wrong #### 5", "#### 1 2 3"],
+        ["arithmetic", "openai/gsm8k", "sorting"],
+        ["4", "4", "1 2 3"],
+        response_width=16,
+    )
+    scores, extra, metrics = managers("naive", tokenizer)(batch)
+    lengths = [7, 13, 11]  # characters + EOS
+    expected = torch.zeros(3, 16)
+    expected[0, lengths[0] - 1] = 1.0
+    expected[2, lengths[2] - 1] = 1.0
+    assert scores.dtype == torch.float32 and torch.equal(scores, expected)
+    assert extra["score"] == [1.0, 0.0, 1.0] and extra["acc"] == [1.0, 0.0, 1.0]
+    assert extra["pred"] == ["4", "5", "1 2 3"]  # decoded without the EOS special token
+    assert metrics == {SCORE_ERRORS_METRIC: 0.0, SCORE_TIMEOUTS_METRIC: 0.0}
+
+
+def test_custom_functions_get_verls_arguments(tokenizer, managers):
+    seen = []
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info):
+        seen.append((data_source, solution_str, ground_truth, extra_info))
+        return float(len(solution_str)) if data_source == "len" else {"score": 0.5, "tag": data_source}
+
+    extra_infos = [{"index": 4}, {"k": 1}]
+    batch = rollout_batch(tokenizer, ["abc", "xy"], ["len", "private"], ["g1", "g2"], extra_infos=extra_infos)
+    scores, extra, _ = managers("naive", tokenizer, compute_score)(batch)
+    assert sorted(seen, key=str) == [("len", "abc", "g1", {"index": 4}), ("private", "xy", "g2", {"k": 1})]
+    assert scores[0, 3].item() == 3.0 and scores[1, 2].item() == 0.5
+    assert extra == {"score": [3.0, 0.5], "tag": [0.0, "private"]}
+
+
+def test_raising_and_hanging_functions_cost_only_their_sample(tokenizer, managers, caplog):
+    release = threading.Event()
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info):
+        if solution_str == "raise":
+            raise ValueError("bad input")
+        if solution_str == "hang":
+            release.wait(30)
+        if solution_str == "none":
+            return None
+        return 1.0
+
+    batch = rollout_batch(tokenizer, ["ok", "raise", "hang", "none", "ok"], ["d"] * 5, ["x"] * 5)
+    manager = managers("naive", tokenizer, compute_score, timeout_s=0.3, max_workers=2)
+    with caplog.at_level(logging.WARNING, logger="hybridflow.rewards.managers"):
+        scores, extra, metrics = manager(batch)
+    release.set()
+    assert extra["score"] == [1.0, 0.0, 0.0, 0.0, 1.0]
+    assert scores.sum().item() == 2.0
+    assert metrics == {SCORE_ERRORS_METRIC: 2.0, SCORE_TIMEOUTS_METRIC: 1.0}
+    assert "scoring failed for 3 of 5 samples" in caplog.text and "ValueError: bad input" in caplog.text
+
+
+def test_an_unknown_data_source_is_a_config_error_not_a_zero(tokenizer, managers):
+    batch = rollout_batch(tokenizer, ["#### 4"], ["my/private_set"], ["4"])
+    with pytest.raises(UnknownDataSourceError, match="custom_reward_function.path"):
+        managers("naive", tokenizer)(batch)
+
+
+def test_batch_manager_makes_one_call_with_lists(tokenizer, managers):
+    calls = []
+
+    def compute_score(data_sources, solution_strs, ground_truths, extra_infos):
+        calls.append((data_sources, solution_strs, ground_truths))
+        return [float(s == g) for s, g in zip(solution_strs, ground_truths)]
+
+    batch = rollout_batch(tokenizer, ["a", "b", "c"], ["d"] * 3, ["a", "x", "c"])
+    scores, extra, metrics = managers("batch", tokenizer, compute_score)(batch)
+    assert calls == [(["d"] * 3, ["a", "b", "c"], ["a", "x", "c"])]
+    assert extra["score"] == [1.0, 0.0, 1.0] and scores[:, 1].tolist() == [1.0, 0.0, 1.0]
+    assert metrics[SCORE_ERRORS_METRIC] == 0.0
+
+
+def test_batch_manager_counts_a_wrong_length_result_for_every_sample(tokenizer, managers):
+    batch = rollout_batch(tokenizer, ["a", "b"], ["d"] * 2, ["a", "b"])
+    _, extra, metrics = managers("batch", tokenizer, lambda **lists: [1.0])(batch)
+    assert extra["score"] == [0.0, 0.0] and metrics[SCORE_ERRORS_METRIC] == 2.0
+
+
+def test_batch_manager_defaults_to_the_registered_functions(tokenizer, managers):
+    batch = rollout_batch(tokenizer, ["#### 4", "#### 3"], ["arithmetic", "gsm8k"], ["4", "4"])
+    _, extra, _ = managers("batch", tokenizer)(batch)
+    assert extra["acc"] == [1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "length, expected", [(10, 0.0), (12, 0.0), (13, -0.25), (14, -0.5), (16, -1.0), (20, -1.0)]
+)
+def test_overlong_penalty_by_hand(length, expected):
+    # max 16, buffer 4: free up to 12 tokens, then -1/4 per token down to -1 at 16.
+    assert overlong_penalty(length, max_resp_len=16, overlong_buffer_len=4, penalty_factor=1.0) == expected
+    assert overlong_penalty(length, 16, 4, penalty_factor=0.5) == expected * 0.5
+
+
+def test_dapo_adds_the_overlong_penalty_to_the_score(tokenizer, managers):
+    # Response lengths with EOS: 7 and 15 tokens; the second sits 3 tokens into a 4-token buffer.
+    responses = ["#### 4", "#### 4" + " " * 8]
+    batch = rollout_batch(tokenizer, responses, ["arithmetic"] * 2, ["4", "4"], response_width=16)
+    manager = managers("dapo", tokenizer, max_resp_len=16, overlong_buffer_len=4, overlong_penalty_factor=1.0)
+    scores, extra, metrics = manager(batch)
+    assert extra["overlong_reward"] == [0.0, -0.75] and extra["overlong"] == [0.0, 1.0]
+    assert scores[0, 6].item() == 1.0 and scores[1, 14].item() == 0.25
+    assert metrics["reward/overlong_ratio"] == 0.5
+    with pytest.raises(ValueError, match=r"overlong_buffer_len=0 must be in \(0, max_resp_len=16\]"):
+        DAPORewardManager(tokenizer, max_resp_len=16, overlong_buffer_len=0)
+
+
+def test_reward_model_scores_pass_through(tokenizer, managers):
+    batch = rollout_batch(tokenizer, ["a"], ["d"], ["a"])
+    rm_scores = torch.zeros_like(batch.batch["responses"], dtype=torch.float32)
+    rm_scores[0, 1] = 0.7
+    batch.batch["rm_scores"] = rm_scores
+    scores, _, _ = managers("naive", tokenizer)(batch)
+    assert torch.equal(scores, rm_scores)
+
+
+def test_an_empty_response_keeps_its_score_off_the_padding(tokenizer, managers):
+    batch = rollout_batch(tokenizer, [""], ["d"], ["x"], response_width=4, eos=False)
+    scores, _, _ = managers("naive", tokenizer, lambda *args: 1.0)(batch)
+    assert scores.tolist() == [[1.0, 0.0, 0.0, 0.0]]
+
+
+def test_a_batch_without_ground_truths_is_refused(tokenizer, managers):
+    batch = rollout_batch(tokenizer, ["a"], ["d"], ["a"])
+    batch.non_tensor_batch.pop("reward_model")
+    with pytest.raises(RewardInputError, match="no non-tensor column 'reward_model'"):
+        managers("naive", tokenizer)(batch)
+
+
+def test_manager_names_and_options_are_checked(tokenizer):
+    assert REWARD_MANAGERS.names() == ["batch", "dapo", "naive"]
+    assert REWARD_MANAGERS.get("naive") is NaiveRewardManager and REWARD_MANAGERS.get("batch") is BatchRewardManager
+    with pytest.raises(UnknownNameError) as error:
+        build_reward_manager("prime", tokenizer)
+    assert str(error.value) == (
+        "reward_model.reward_manager='prime' is not a registered reward manager; choose one of [batch, dapo, naive]"
+    )
+    with pytest.raises(TypeError, match=r"reward manager 'naive': .*'max_resp_len'.*its options are \[.*'timeout_s'"):
+        build_reward_manager("naive", tokenizer, max_resp_len=3)
+
+
+def test_num_examine_prints_samples_per_data_source(tokenizer, managers, capsys):
+    batch = rollout_batch(tokenizer, ["#### 4", "#### 5", "#### 1"], ["arithmetic"] * 2 + ["sorting"], ["4", "4", "1"])
+    managers("naive", tokenizer, num_examine=1)(batch)
+    printed = capsys.readouterr().out
+    assert printed.count("[arithmetic]") == 1 and printed.count("[sorting]") == 1
+    assert "[response] '#### 4'" in printed
+
+
+def test_a_manager_pickles_for_a_ray_actor_and_still_scores(tokenizer):
+    from ray import cloudpickle
+
+    manager = build_reward_manager("dapo", tokenizer, max_resp_len=16, overlong_buffer_len=4, timeout_s=5.0)
+    manager(rollout_batch(tokenizer, ["#### 4"], ["arithmetic"], ["4"]))  # starts its scoring threads
+    copy = cloudpickle.loads(cloudpickle.dumps(manager))
+    _, extra, _ = copy(rollout_batch(tokenizer, ["#### 4"], ["arithmetic"], ["4"]))
+    assert extra["score"] == [1.0] and copy.runner.timeout_s == 5.0
+    manager.close()
+    copy.close()
