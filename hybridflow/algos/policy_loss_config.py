@@ -1,0 +1,97 @@
+"""Options read by the policy losses, with verl's defaults, and the one function that resolves them.
+
+A loss receives whatever config the worker holds: verl's actor config (``clip_ratio`` etc. at the top,
+``clip_cov_ratio`` etc. under ``policy_loss``), a flat :class:`PolicyLossConfig`, a dict or a DictConfig.
+:func:`loss_option` looks at the top level, then under ``policy_loss``, then falls back to the default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from hybridflow.algos.config_fields import read_field
+from hybridflow.algos.loss_agg import LOSS_AGG_MODES
+
+_FIELD_DEFAULT = object()
+
+
+def _option(default: Any, help_text: str) -> Any:
+    return field(default=default, metadata={"help": help_text})
+
+
+class PolicyLossConfigError(ValueError):
+    """A policy-loss option has a value the loss cannot use."""
+
+
+@dataclass
+class PolicyLossConfig:
+    """Every option a registered policy loss reads; defaults equal verl's ``ActorConfig``/``PolicyLossConfig``."""
+
+    loss_mode: str = _option("vanilla", "Registered policy loss to use (vanilla, gspo, sapo, ...).")
+    clip_ratio: float = _option(0.2, "PPO clip epsilon (arXiv:1707.06347); fallback for the two bounds below.")
+    clip_ratio_low: float | None = _option(0.2, "Lower clip: ratio >= 1 - clip_ratio_low; None means clip_ratio.")
+    clip_ratio_high: float | None = _option(
+        0.2, "Upper clip: ratio <= 1 + clip_ratio_high (DAPO's clip-higher, arXiv:2503.14476); None means clip_ratio."
+    )
+    clip_ratio_c: float = _option(3.0, "Dual-clip bound for negative advantages, > 1 (arXiv:1912.09729).")
+    loss_agg_mode: str = _option("token-mean", "How the per-token loss becomes a scalar (hybridflow.algos.loss_agg).")
+    loss_scale_factor: float | None = _option(
+        None, "Constant divisor of seq-mean-token-sum-norm; None means the padded response length."
+    )
+    tau_pos: float = _option(1.0, "SAPO gate temperature for positive advantages (arXiv:2511.20347).")
+    tau_neg: float = _option(1.05, "SAPO gate temperature for non-positive advantages.")
+    clip_cov_ratio: float = _option(0.0002, "Clip-Cov: fraction of tokens whose gradient is cut (arXiv:2505.22617).")
+    clip_cov_lb: float = _option(1.0, "Clip-Cov: lower bound of the covariance window eligible for dropping.")
+    clip_cov_ub: float = _option(5.0, "Clip-Cov: upper bound of the covariance window eligible for dropping.")
+    kl_cov_ratio: float = _option(0.0002, "KL-Cov: fraction of highest-covariance tokens that get a KL penalty.")
+    ppo_kl_coef: float = _option(0.1, "KL-Cov: coefficient of |log ratio| added on the selected tokens.")
+
+    def __post_init__(self) -> None:
+        errors = policy_loss_config_errors(self)
+        if errors:
+            raise PolicyLossConfigError("invalid policy loss config: " + "; ".join(errors))
+
+
+_DEFAULTS = {f.name: f.default for f in fields(PolicyLossConfig)}
+
+
+def loss_option(config: Any, name: str, default: Any = _FIELD_DEFAULT) -> Any:
+    """Option ``name`` from ``config`` (top level, then ``config.policy_loss``), else the default.
+
+    ``default`` overrides :class:`PolicyLossConfig`'s default (used for ``None``-means-fallback fields).
+    """
+    value = read_field(config, name)
+    if value is None:
+        value = read_field(read_field(config, "policy_loss"), name)
+    if value is None:
+        value = _DEFAULTS[name] if default is _FIELD_DEFAULT else default
+    return value
+
+
+def clip_bounds(config: Any) -> tuple[float, float]:
+    """``(clip_ratio_low, clip_ratio_high)``, each falling back to ``clip_ratio`` when unset."""
+    clip_ratio = float(loss_option(config, "clip_ratio"))
+    low = float(loss_option(config, "clip_ratio_low", default=clip_ratio))
+    high = float(loss_option(config, "clip_ratio_high", default=clip_ratio))
+    return low, high
+
+
+def policy_loss_config_errors(config: Any) -> list[str]:
+    """Every problem with the options of ``config`` (empty when it is usable), for one combined error."""
+    errors = []
+    low, high = clip_bounds(config)
+    if not 0 < low <= 1:
+        errors.append(f"clip_ratio_low={low} must be in (0, 1]")
+    if high <= 0:
+        errors.append(f"clip_ratio_high={high} must be > 0")
+    clip_ratio_c = float(loss_option(config, "clip_ratio_c"))
+    if clip_ratio_c <= 1:
+        errors.append(f"clip_ratio_c={clip_ratio_c} must be > 1 (dual-clip bound, arXiv:1912.09729)")
+    for name in ("tau_pos", "tau_neg", "clip_cov_ratio", "kl_cov_ratio"):
+        if float(loss_option(config, name)) <= 0:
+            errors.append(f"{name}={loss_option(config, name)} must be > 0")
+    mode = loss_option(config, "loss_agg_mode")
+    if mode not in LOSS_AGG_MODES:
+        errors.append(f"loss_agg_mode={mode!r} must be one of [{', '.join(LOSS_AGG_MODES.names())}]")
+    return errors

@@ -1,0 +1,82 @@
+from enum import Enum
+
+import numpy as np
+import pytest
+import torch
+
+import hybridflow.algos  # noqa: F401  (registers the built-in estimators)
+from hybridflow.algos.advantage_registry import (
+    ADV_ESTIMATORS,
+    estimator_inputs,
+    get_adv_estimator_fn,
+    needs_critic,
+    register_adv_est,
+)
+from hybridflow.registry import UnknownNameError
+
+BUILT_IN = [
+    "gae",
+    "gpg",
+    "grpo",
+    "grpo_passk",
+    "opo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "rloo",
+]
+
+
+def test_every_built_in_estimator_is_reachable_by_its_config_string():
+    assert set(BUILT_IN) <= set(ADV_ESTIMATORS.names())
+    for name in BUILT_IN:
+        assert callable(get_adv_estimator_fn(name))
+
+
+def test_unknown_estimator_lists_known_names_and_config_key():
+    with pytest.raises(UnknownNameError) as error:
+        get_adv_estimator_fn("gpro")
+    message = str(error.value)
+    assert message.startswith("algorithm.adv_estimator='gpro' is not a registered advantage estimator")
+    assert all(name in message for name in BUILT_IN)
+
+
+def test_required_inputs_per_estimator():
+    assert needs_critic("gae") and estimator_inputs("gae") == {"values"}
+    assert estimator_inputs("remax") == {"reward_baselines"}
+    assert estimator_inputs("reinforce_plus_plus") == frozenset()
+    for name in ("grpo", "grpo_passk", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline"):
+        assert estimator_inputs(name) == {"index"} and not needs_critic(name)
+    with pytest.raises(UnknownNameError):
+        needs_critic("nope")
+
+
+def test_enum_names_are_accepted_like_verl():
+    class Estimator(str, Enum):
+        GRPO = "grpo"
+
+    assert get_adv_estimator_fn(Estimator.GRPO) is get_adv_estimator_fn("grpo")
+
+
+def test_register_rejects_unknown_inputs():
+    with pytest.raises(ValueError, match="unknown inputs \\['critic_values'\\]"):
+        register_adv_est("bad_estimator", requires=("critic_values",))
+
+
+def test_every_estimator_accepts_the_generic_keyword_call():
+    """The trainer calls each with the same keywords plus what it declared; extra options are ignored."""
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
+    mask = torch.ones(4, 2)
+    batch_inputs = {
+        "values": torch.full((4, 2), 0.5),
+        "index": np.array(["a", "a", "b", "b"], dtype=object),
+        "reward_baselines": torch.tensor([0.5, 0.5, 0.5, 0.5]),
+    }
+    config = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std_in_grpo": True}
+    for name in BUILT_IN:
+        inputs = {key: batch_inputs[key] for key in estimator_inputs(name)}
+        advantages, returns = get_adv_estimator_fn(name)(
+            token_level_rewards=rewards, response_mask=mask, config=config, **inputs
+        )
+        assert advantages.shape == returns.shape == (4, 2), name
+        assert torch.isfinite(advantages).all() and torch.isfinite(returns).all(), name

@@ -1,0 +1,185 @@
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hybridflow.algos  # noqa: F401  (registers every loss)
+from hybridflow.algos.policy_loss_config import PolicyLossConfig, PolicyLossConfigError
+from hybridflow.algos.policy_loss_registry import POLICY_LOSSES, get_policy_loss_fn
+from hybridflow.algos.policy_losses import (
+    compute_policy_loss_cispo,
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_gspo,
+    compute_policy_loss_reinforce,
+    compute_policy_loss_sapo,
+    compute_policy_loss_vanilla,
+)
+
+LN = math.log
+
+
+def _ppo_tokens():
+    """Four masked-in tokens covering every PPO branch, plus one masked token holding garbage."""
+    ratios = [1.5, 0.5, 0.5, 5.0]
+    log_prob = torch.tensor([[LN(r) for r in ratios] + [30.0]])
+    old_log_prob = torch.zeros(1, 5)
+    advantages = torch.tensor([[1.0, 1.0, -1.0, -1.0, 1e6]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    return old_log_prob, log_prob, advantages, mask
+
+
+def test_vanilla_ppo_dual_clip_hand_case():
+    old_log_prob, log_prob, advantages, mask = _ppo_tokens()
+    loss, metrics = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, mask, config=PolicyLossConfig())
+    # A=+1 r=1.5 -> -1.2 (clipped); A=+1 r=0.5 -> -0.5; A=-1 r=0.5 -> 0.8 (clipped); A=-1 r=5 -> 3 (dual clip)
+    assert loss.item() == pytest.approx((-1.2 - 0.5 + 0.8 + 3.0) / 4)
+    assert metrics["pg_clipfrac"] == pytest.approx(0.5)
+    assert metrics["pg_clipfrac_lower"] == pytest.approx(0.25)
+    assert metrics["ppo_kl"] == pytest.approx(-0.157152, abs=1e-6)
+
+
+def test_vanilla_asymmetric_clip_higher_from_plain_dict():
+    old_log_prob, log_prob, advantages, mask = _ppo_tokens()
+    loss, _ = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, mask, config={"clip_ratio_high": 0.28})
+    assert loss.item() == pytest.approx((-1.28 - 0.5 + 0.8 + 3.0) / 4)
+
+
+def test_vanilla_none_bounds_fall_back_to_clip_ratio():
+    old_log_prob, log_prob, advantages, mask = _ppo_tokens()
+    config = {"clip_ratio": 0.1, "clip_ratio_low": None, "clip_ratio_high": None}
+    loss, _ = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, mask, config=config)
+    assert loss.item() == pytest.approx((-1.1 - 0.5 + 0.9 + 3.0) / 4)
+
+
+def test_vanilla_rollout_is_weights_multiply_the_token_loss():
+    old_log_prob, log_prob, advantages, mask = _ppo_tokens()
+    weights = torch.tensor([[2.0, 1.0, 1.0, 0.5, 7.0]])
+    loss, _ = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, mask, rollout_is_weights=weights)
+    assert loss.item() == pytest.approx((-2.4 - 0.5 + 0.8 + 1.5) / 4)
+
+
+def test_vanilla_clamps_log_ratio_at_twenty():
+    loss, _ = compute_policy_loss_vanilla(
+        torch.zeros(1, 1), torch.tensor([[50.0]]), torch.tensor([[1.0]]), torch.ones(1, 1), config={"clip_ratio": 1e9}
+    )
+    assert loss.item() == pytest.approx(-math.exp(20.0), rel=1e-5)
+
+
+def test_vanilla_rejects_dual_clip_bound_not_above_one():
+    old_log_prob, log_prob, advantages, mask = _ppo_tokens()
+    with pytest.raises(PolicyLossConfigError, match="clip_ratio_c=1.0 must be > 1"):
+        compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, mask, config={"clip_ratio_c": 1.0})
+
+
+def test_gspo_sequence_ratio_hand_case_and_token_gradient():
+    log_prob = torch.tensor([[LN(2.0), LN(2.0)], [LN(0.25), 9.0]])
+    advantages = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    loss, metrics = compute_policy_loss_gspo(torch.zeros(2, 2), log_prob, advantages, mask, config={})
+    # s_0 = 2 -> clipped to 1.2, loss -1.2; s_1 = 0.25 -> clipped to 0.8, loss 0.8; mean over sequences
+    assert loss.item() == pytest.approx((-1.2 + 0.8) / 2)
+    assert metrics["pg_clipfrac"] == 1.0 and metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+    unclipped = torch.tensor([[LN(1.1), LN(1.1)]], requires_grad=True)
+    loss, _ = compute_policy_loss_gspo(torch.zeros(1, 2), unclipped, torch.ones(1, 2), torch.ones(1, 2))
+    loss.backward()
+    # d/d log_prob_t of -A * s * pi_t / sg(pi_t), averaged over the 2 tokens: -A * s / |y|
+    assert unclipped.grad.tolist() == [pytest.approx([-0.55, -0.55])]
+
+
+def test_geo_mean_hand_case():
+    log_prob = torch.tensor([[LN(1.5), 0.0], [LN(0.5), 0.0]])
+    advantages = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
+    loss, metrics = compute_policy_loss_geo_mean(torch.zeros(2, 2), log_prob, advantages, torch.ones(2, 2))
+    # log-ratios clipped on the harmful side to 0.2 / -0.2: ratios exp(0.1) and exp(-0.1)
+    assert loss.item() == pytest.approx((-math.exp(0.1) + math.exp(-0.1)) / 2)
+    assert metrics["pg_clipfrac"] == 0.25 and metrics["pg_clipfrac_lower"] == 0.25
+
+
+def test_sapo_gate_hand_case_and_unit_slope():
+    log_prob = torch.zeros(2, 1, requires_grad=True)
+    advantages = torch.tensor([[1.0], [-1.0]])
+    loss, metrics = compute_policy_loss_sapo(torch.zeros(2, 1), log_prob, advantages, torch.ones(2, 1))
+    # at r = 1 the gate is 2 / tau: -2 * 1 for tau_pos = 1, +2 / 1.05 for tau_neg = 1.05
+    assert loss.item() == pytest.approx((-2.0 + 2.0 / 1.05) / 2, abs=1e-6)
+    loss.backward()
+    assert log_prob.grad.flatten().tolist() == pytest.approx([-0.5, 0.5])
+    assert metrics["pg_clipfrac"] == 0.0
+
+
+def test_cispo_hand_case_keeps_gradient_of_clipped_tokens():
+    log_prob = torch.tensor([[LN(1.5), LN(0.5)]], requires_grad=True)
+    advantages = torch.tensor([[1.0, -1.0]])
+    loss, metrics = compute_policy_loss_cispo(torch.zeros(1, 2), log_prob, advantages, torch.ones(1, 2))
+    assert loss.item() == pytest.approx((-1.2 * LN(1.5) + 0.8 * LN(0.5)) / 2)
+    assert metrics["pg_clipfrac"] == 1.0
+    loss.backward()
+    assert log_prob.grad.tolist() == [pytest.approx([-0.6, 0.4])]
+
+
+def test_reinforce_and_gpg_hand_case():
+    log_prob = torch.tensor([[-1.0, -2.0]])
+    advantages = torch.tensor([[1.0, -1.0]])
+    old_log_prob = torch.tensor([[-1.5, -1.5]])
+    loss, metrics = compute_policy_loss_reinforce(old_log_prob, log_prob, advantages, torch.ones(1, 2))
+    assert loss.item() == pytest.approx(-0.5)
+    assert metrics["ppo_kl"] == pytest.approx(0.0)
+    weighted, _ = get_policy_loss_fn("gpg")(
+        old_log_prob, log_prob, advantages, torch.ones(1, 2), rollout_is_weights=torch.tensor([[2.0, 0.5]])
+    )
+    assert weighted.item() == pytest.approx(0.5)
+
+
+def _random_inputs(seed: int, batch: int, length: int):
+    generator = torch.Generator().manual_seed(seed)
+    old_log_prob = -torch.rand(batch, length, generator=generator) * 3
+    log_prob = old_log_prob + torch.randn(batch, length, generator=generator) * 0.3
+    advantages = torch.randn(batch, length, generator=generator)
+    weights = torch.rand(batch, length, generator=generator) + 0.5
+    mask = torch.rand(batch, length, generator=generator) < 0.7
+    mask[:, 0] = True
+    return generator, old_log_prob, log_prob, advantages, weights, mask
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    batch=st.integers(1, 5),
+    length=st.integers(1, 6),
+    name=st.sampled_from(sorted(POLICY_LOSSES.names())),
+)
+def test_masked_tokens_never_change_loss_or_metrics(seed, batch, length, name):
+    generator, old_log_prob, log_prob, advantages, weights, mask = _random_inputs(seed, batch, length)
+    noise = torch.randn(batch, length, generator=generator) * 5 * ~mask
+    loss_fn = get_policy_loss_fn(name)
+    torch.manual_seed(0)
+    clean = loss_fn(old_log_prob, log_prob, advantages, mask, config={}, rollout_is_weights=weights)
+    torch.manual_seed(0)
+    noisy = loss_fn(
+        old_log_prob - noise, log_prob + noise, advantages + noise, mask, config={},
+        rollout_is_weights=weights + noise.abs(),
+    )
+    torch.testing.assert_close(noisy[0], clean[0])
+    assert noisy[1] == pytest.approx(clean[1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    num_splits=st.integers(2, 4),
+    name=st.sampled_from(["vanilla", "cispo", "reinforce", "sapo", "gspo", "geo_mean"]),
+    loss_agg_mode=st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]),
+)
+def test_micro_batch_losses_with_global_counts_sum_to_whole_batch(seed, num_splits, name, loss_agg_mode):
+    _, old_log_prob, log_prob, advantages, weights, mask = _random_inputs(seed, 8, 5)
+    loss_fn = get_policy_loss_fn(name)
+    whole, _ = loss_fn(old_log_prob, log_prob, advantages, mask, loss_agg_mode, rollout_is_weights=weights)
+    counts = {"global_token_count": mask.sum(), "global_seq_count": mask.shape[0]}
+    parts = [
+        loss_fn(*tensors[:4], loss_agg_mode, rollout_is_weights=tensors[4], **counts)[0]
+        for tensors in zip(
+            *(t.tensor_split(num_splits) for t in (old_log_prob, log_prob, advantages, mask, weights))
+        )
+    ]
+    torch.testing.assert_close(sum(parts), whole)
