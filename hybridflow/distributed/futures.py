@@ -1,0 +1,83 @@
+"""``GroupFuture``: the pending result of a non-blocking group call.
+
+Waiting watches every rank at once (``ray.wait``) and raises as soon as any one fails, so a rank that
+died never leaves the driver blocked on its peers (which may be stuck in a collective waiting for it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import RayActorError, RayError, RayTaskError
+
+from hybridflow.distributed.errors import WorkerError, WorkerTimeoutError
+
+_UNSET = object()
+
+
+def worker_error(group: str, rank: int, method: str, error: RayError) -> WorkerError:
+    """The driver-side error for one rank's failed call."""
+    if isinstance(error, RayTaskError) and isinstance(error.cause, WorkerError):
+        return error.cause
+    if isinstance(error, RayActorError):
+        reason = f"the worker process died or was killed: {error}"
+        return WorkerError(group, rank, method, reason, type(error).__name__)
+    return WorkerError(group, rank, method, str(error), type(error).__name__)
+
+
+def wait_for_ranks(
+    group: str, method: str, refs: dict[int, ray.ObjectRef], timeout: float | None
+) -> dict[int, Any]:
+    """Every rank's result, by rank; raises the first rank's failure as soon as it happens."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    rank_of = {ref: rank for rank, ref in refs.items()}
+    pending = list(refs.values())
+    results: dict[int, Any] = {}
+    while pending:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+        if not ready:
+            waiting = sorted(rank_of[ref] for ref in pending)
+            raise WorkerTimeoutError(
+                f"group {group!r} method {method!r}: ranks {waiting} did not finish within {timeout:g} s"
+            )
+        rank = rank_of[ready[0]]
+        try:
+            results[rank] = ray.get(ready[0])
+        except RayError as error:
+            raise worker_error(group, rank, method, error) from None
+    return results
+
+
+class GroupFuture:
+    """Result of a ``blocking=False`` group method; ``get()`` waits and applies the method's collect mode."""
+
+    def __init__(
+        self, group: str, method: str, refs: dict[int, ray.ObjectRef], collect: Callable[[list[Any]], Any]
+    ):
+        self.group = group
+        self.method = method
+        self._refs = refs
+        self._collect = collect
+        self._result: Any = _UNSET
+
+    def done(self) -> bool:
+        """True once every rank has finished (successfully or not)."""
+        refs = list(self._refs.values())
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return len(ready) == len(refs)
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The collected result.
+
+        Raises ``WorkerError`` as soon as any rank fails, ``WorkerTimeoutError`` after ``timeout`` seconds.
+        """
+        if self._result is _UNSET:
+            by_rank = wait_for_ranks(self.group, self.method, self._refs, timeout)
+            self._result = self._collect([by_rank[rank] for rank in sorted(by_rank)])
+        return self._result
+
+    def __repr__(self) -> str:
+        return f"GroupFuture(group={self.group!r}, method={self.method!r}, ranks={sorted(self._refs)})"

@@ -1,0 +1,109 @@
+"""``Worker``: the base class of every SPMD worker; one instance per rank, one process group per group.
+
+The worker group sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT`` in the process before constructing the worker; ``Worker.__init__`` reads them and joins
+the group's torch.distributed process group (world size 1 included, so FSDP2 code needs no special case).
+Outside a worker group (e.g. a unit test), it forms a one-process group on a free local port.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+# How long a collective may wait for the slowest rank before torch.distributed gives up.
+PROCESS_GROUP_TIMEOUT_S = float(os.environ.get("HYBRIDFLOW_DIST_TIMEOUT_S", "1800"))
+
+
+def find_free_port() -> int:
+    """A TCP port that was free a moment ago on this machine (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def process_group_backend() -> str:
+    """gloo on CPU; on GPU nccl for CUDA tensors and gloo for CPU ones."""
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _configure_threads() -> None:
+    # The group sets OMP_NUM_THREADS from the CPUs its pool gives each process; torch reads it only at import.
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads:
+        torch.set_num_threads(max(1, int(threads)))
+
+
+class Worker:
+    """Base class for the workers of a ``RayWorkerGroup``.
+
+    Subclasses call ``super().__init__()`` first, then build their models; their ``@register``-ed methods
+    become methods of the group. Several roles fused into one process (``create_colocated_worker_cls``)
+    share the one process group: only the first role to start creates it.
+    """
+
+    def __init__(self) -> None:
+        self._rank = int(os.environ.get("RANK", "0"))
+        self._world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self._local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self._local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if self._world_size == 1:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(find_free_port()))
+        self._master_addr = os.environ["MASTER_ADDR"]
+        self._master_port = int(os.environ["MASTER_PORT"])
+        _configure_threads()
+        self._device = self._select_device()
+        self._init_process_group()
+
+    def _select_device(self) -> torch.device:
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        # Ray shows each actor only its own GPUs, so the local rank wraps around the visible ones.
+        index = self._local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+
+    def _init_process_group(self) -> None:
+        if dist.is_initialized():
+            return
+        dist.init_process_group(
+            backend=process_group_backend(),
+            init_method=f"tcp://{self._master_addr}:{self._master_port}",
+            rank=self._rank,
+            world_size=self._world_size,
+            timeout=timedelta(seconds=PROCESS_GROUP_TIMEOUT_S),
+        )
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self._local_rank
+
+    @property
+    def local_world_size(self) -> int:
+        return self._local_world_size
+
+    @property
+    def master_addr(self) -> str:
+        return self._master_addr
+
+    @property
+    def master_port(self) -> int:
+        return self._master_port
+
+    @property
+    def device(self) -> torch.device:
+        """``cpu``, or this rank's ``cuda:i``: where the worker's models and batches live."""
+        return self._device

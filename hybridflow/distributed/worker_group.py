@@ -1,0 +1,192 @@
+"""``RayWorkerGroup``: one Ray actor per rank of a ``ResourcePool``, driven as one object.
+
+Every ``@register``-ed method of the worker class becomes a method of the group: calling it dispatches
+the arguments over the ranks, runs them (all ranks, or rank 0) and collects the results, as declared by
+the method's ``Dispatch``/``Execute`` modes. ``blocking=False`` methods return a ``GroupFuture``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hybridflow.distributed.class_with_init import RayClassWithInitArgs
+from hybridflow.distributed.colocate import ColocatedClassWithInitArgs, WorkerGroupView
+from hybridflow.distributed.decorator import MethodSpec
+from hybridflow.distributed.dispatch import dispatch
+from hybridflow.distributed.futures import GroupFuture, wait_for_ranks
+from hybridflow.distributed.ray_init import WORKER_ENV_VARS
+from hybridflow.distributed.resource_pool import ResourcePool
+from hybridflow.distributed.worker_host import WorkerHost
+
+_RemoteWorkerHost = ray.remote(WorkerHost)
+
+# Attributes of groups and views that a registered method may not shadow.
+RESERVED_NAMES = frozenset(
+    {"name", "role", "world_size", "resource_pool", "kill", "spawn", "worker_info", "make_group_method"}
+)
+
+
+def _roles_of(
+    ray_cls_with_init: RayClassWithInitArgs | ColocatedClassWithInitArgs,
+) -> dict[str, RayClassWithInitArgs]:
+    """{role: class}; a single class is the one role "" and keeps plain method names."""
+    if isinstance(ray_cls_with_init, ColocatedClassWithInitArgs):
+        return ray_cls_with_init.role_classes
+    if isinstance(ray_cls_with_init, RayClassWithInitArgs):
+        return {"": ray_cls_with_init}
+    raise TypeError(
+        "RayWorkerGroup needs RayClassWithInitArgs(cls, *args, **kwargs) or create_colocated_worker_cls(...), "
+        f"got {type(ray_cls_with_init).__name__}"
+    )
+
+
+def _local_ranks(node_ids: list[str]) -> list[tuple[int, int]]:
+    """(LOCAL_RANK, LOCAL_WORLD_SIZE) of each rank, from the node each one actually landed on."""
+    seen: dict[str, int] = {}
+    local = []
+    for node in node_ids:
+        local.append(seen.get(node, 0))
+        seen[node] = local[-1] + 1
+    return [(index, seen[node]) for index, node in zip(local, node_ids)]
+
+
+class RayWorkerGroup:
+    """Starts ``ray_cls_with_init`` on every rank of ``resource_pool`` and exposes its registered methods.
+
+    The constructor returns once every rank's worker is built (and has joined the group's process group);
+    a rank that fails or dies meanwhile raises ``WorkerError`` and the group's actors are killed. A rank's
+    failure in a later call raises ``WorkerError`` naming the group, rank and method, with its traceback.
+    ``name_prefix`` names the group in errors and logs (default: the class name, or the fused role names);
+    ``init_timeout_s`` bounds each start-up phase (actors starting, workers constructing).
+    """
+
+    def __init__(
+        self,
+        resource_pool: ResourcePool,
+        ray_cls_with_init: RayClassWithInitArgs | ColocatedClassWithInitArgs,
+        name_prefix: str | None = None,
+        init_timeout_s: float | None = 600.0,
+    ):
+        self._roles = _roles_of(ray_cls_with_init)
+        self.name = name_prefix or "_".join(self._roles) or self._roles[""].cls.__name__
+        self.resource_pool = resource_pool
+        self._hosts: list[Any] = self._start_hosts()
+        try:
+            self._construct(init_timeout_s)
+        except BaseException:
+            self.kill()
+            raise
+        if "" in self._roles:
+            self._bind(self, "", self._roles[""].registered_methods(), prefix="")
+        else:
+            for role, cls_with_init in self._roles.items():
+                self._bind(self, role, cls_with_init.registered_methods(), prefix=f"{role}_")
+
+    @property
+    def world_size(self) -> int:
+        return len(self._hosts)
+
+    def _start_hosts(self) -> list[Any]:
+        pool = self.resource_pool
+        threads = max(1, int(pool.num_cpus_per_process))
+        env_vars = {**WORKER_ENV_VARS, "OMP_NUM_THREADS": str(threads)}
+        return [
+            _RemoteWorkerHost.options(
+                num_cpus=pool.num_cpus_per_process,
+                num_gpus=pool.num_gpus_per_process,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=bundle.placement_group, placement_group_bundle_index=bundle.bundle_index
+                ),
+                runtime_env={"env_vars": env_vars},
+                max_restarts=0,
+            ).remote(self.name, rank)
+            for rank, bundle in enumerate(pool.bundles())
+        ]
+
+    def _construct(self, timeout: float | None) -> None:
+        """Find rank 0's address and a port there, then build every rank's roles with its environment."""
+        address_refs = {rank: host.node_address.remote() for rank, host in enumerate(self._hosts)}
+        addresses = wait_for_ranks(self.name, "node_address", address_refs, timeout)
+        master = addresses[0]
+        local = _local_ranks([addresses[r]["node_id"] for r in range(self.world_size)])
+        roles = ray.put({role: (spec.cls, spec.args, spec.kwargs) for role, spec in self._roles.items()})
+        refs = {}
+        for rank, host in enumerate(self._hosts):
+            env = {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(self.world_size),
+                "LOCAL_RANK": str(local[rank][0]),
+                "LOCAL_WORLD_SIZE": str(local[rank][1]),
+                "MASTER_ADDR": master["ip"],
+                "MASTER_PORT": str(master["free_port"]),
+            }
+            refs[rank] = host.construct.remote(roles, env)
+        wait_for_ranks(self.name, "__init__", refs, timeout)
+
+    def _bind(self, target: Any, role: str, methods: dict[str, MethodSpec], prefix: str) -> None:
+        for method, spec in methods.items():
+            setattr(target, prefix + method, self.make_group_method(role, method, spec, public_name=prefix + method))
+
+    def make_group_method(self, role: str, method: str, spec: MethodSpec, public_name: str) -> Callable[..., Any]:
+        """The driver-side callable for ``role``'s registered ``method``."""
+        if public_name in RESERVED_NAMES:
+            raise ValueError(
+                f"worker method {method!r} of group {self.name!r} would hide the group's own {public_name!r}; rename it"
+            )
+
+        def group_method(*args: Any, **kwargs: Any) -> Any:
+            return self._call(role, method, spec, public_name, args, kwargs)
+
+        group_method.__name__ = public_name
+        group_method.__qualname__ = f"{type(self).__name__}.{public_name}"
+        group_method.__doc__ = getattr(getattr(self._roles[role].cls, method), "__doc__", None)
+        return group_method
+
+    def _call(self, role: str, method: str, spec: MethodSpec, public_name: str, args: tuple, kwargs: dict) -> Any:
+        if not self._hosts:
+            raise RuntimeError(
+                f"group {self.name!r} was killed; create a new RayWorkerGroup to call {public_name!r}"
+            )
+        plan = dispatch(spec, public_name, self.world_size, args, kwargs)
+        call_ids = [id(call) for call in plan.calls]
+        shared: dict[int, Any] = {}
+        refs = {}
+        for rank, call in zip(plan.ranks, plan.calls):
+            if call_ids.count(id(call)) > 1:
+                # The same arguments for several ranks go to the object store once, not once per rank.
+                if id(call) not in shared:
+                    shared[id(call)] = (ray.put(call[0]), ray.put(call[1]))
+                call = shared[id(call)]
+            refs[rank] = self._hosts[rank].execute.remote(role, method, call[0], call[1])
+        future = GroupFuture(self.name, public_name, refs, plan.collect)
+        return future.get() if spec.blocking else future
+
+    def spawn(self, prefix_set: set[str] | list[str] | None = None) -> dict[str, WorkerGroupView]:
+        """{role: view} for a colocated group; each view's methods have the plain names."""
+        if "" in self._roles:
+            raise ValueError(
+                f"group {self.name!r} has one class; spawn() splits groups built with create_colocated_worker_cls"
+            )
+        roles = list(prefix_set) if prefix_set is not None else list(self._roles)
+        unknown = [role for role in roles if role not in self._roles]
+        if unknown:
+            raise ValueError(f"group {self.name!r} has no roles {unknown}; its roles are {list(self._roles)}")
+        return {role: WorkerGroupView(self, role, self._roles[role].registered_methods()) for role in roles}
+
+    def worker_info(self) -> list[dict[str, Any]]:
+        """Per rank: ``rank``, ``pid`` and Ray ``node_id`` of its process."""
+        refs = {rank: host.describe.remote() for rank, host in enumerate(self._hosts)}
+        info = wait_for_ranks(self.name, "describe", refs, None)
+        return [info[rank] for rank in range(self.world_size)]
+
+    def kill(self) -> None:
+        """End every rank's process now (e.g. after a failure left peers blocked in a collective)."""
+        for host in self._hosts:
+            ray.kill(host, no_restart=True)
+        self._hosts = []
+
+    def __repr__(self) -> str:
+        return f"RayWorkerGroup({self.name!r}, world_size={self.world_size})"

@@ -1,0 +1,136 @@
+"""Small workers for the distributed tests; pickled by value so Ray actors need not import the tests."""
+
+import os
+import sys
+import time
+
+import ray
+import torch
+import torch.distributed as dist
+
+from hybridflow.distributed import Dispatch, Execute, Worker, register
+from hybridflow.protocol import DataProto
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class CollectiveWorker(Worker):
+    """Exercises every dispatch mode and the process group."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def all_reduce_sum(self, value: float) -> float:
+        tensor = torch.tensor([value * (self.rank + 1)])
+        dist.all_reduce(tensor)
+        return tensor.item()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def environment(self) -> dict:
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "local_rank": self.local_rank,
+            "master": (self.master_addr, self.master_port),
+            "backend": dist.get_backend(),
+            "torch_threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "pid": os.getpid(),
+        }
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def add_rank(self, value: int, offset: int = 0) -> int:
+        return value + offset + 100 * self.rank
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def double(self, data: DataProto, factor: int = 2) -> DataProto:
+        rows = len(data)
+        return DataProto.from_dict(
+            tensors={"doubled": data.batch["x"] * factor, "rank": torch.full((rows,), self.rank)},
+            non_tensors={"uid": data.non_tensor_batch["uid"]},
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def count_rows(self, data: DataProto) -> int:
+        return len(data)
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def rank_zero_echo(self, value):
+        return (self.rank, value)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def rank_zero_world_size(self) -> tuple:
+        return (self.rank, dist.get_world_size())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def sleep(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def raise_on_rank(self, bad_rank: int) -> int:
+        if self.rank == bad_rank:
+            raise ValueError(f"deliberate failure on rank {self.rank}")
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def die_on_rank_while_peers_all_reduce(self, bad_rank: int) -> float:
+        if self.rank == bad_rank:
+            os._exit(3)
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor)
+        return tensor.item()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def raise_on_rank_while_peers_all_reduce(self, bad_rank: int) -> float:
+        if self.rank == bad_rank:
+            raise RuntimeError(f"rank {self.rank} gave up before the all-reduce")
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor)
+        return tensor.item()
+
+
+class FailingInitWorker(Worker):
+    """Rank 1 fails in its constructor, before joining the process group its peers wait in."""
+
+    def __init__(self):
+        if int(os.environ["RANK"]) == 1:
+            raise OSError("rank 1 could not load its model")
+        super().__init__()
+
+
+class RoleWorker(Worker):
+    """One role of a colocated worker: reports its process and keeps a per-role counter."""
+
+    role_name = "role"
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def whoami(self) -> tuple:
+        return (self.role_name, self.rank, dist.get_world_size())
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def score(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict(tensors={f"{self.role_name}_score": data.batch["x"] * self.scale})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def sleep(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.rank
+
+
+class ActorRole(RoleWorker):
+    role_name = "actor"
+
+
+class CriticRole(RoleWorker):
+    role_name = "critic"
+
+
+class RefRole(RoleWorker):
+    role_name = "ref"

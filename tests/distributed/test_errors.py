@@ -1,0 +1,58 @@
+"""A worker's failure reaches the driver within seconds as a WorkerError naming group, rank and method."""
+
+import time
+
+import pytest
+
+from hybridflow.distributed import RayClassWithInitArgs, WorkerError
+
+from .conftest import start_group, stop_group
+from .sample_workers import CollectiveWorker, FailingInitWorker
+
+
+@pytest.fixture(scope="module")
+def doomed_group(ray_cluster):
+    """A group the tests may leave broken (a peer stuck in a collective); killed afterwards."""
+    group = start_group(RayClassWithInitArgs(CollectiveWorker), "doomed")
+    yield group
+    stop_group(group)
+
+
+def test_exception_names_group_rank_method_and_carries_the_traceback(collective_group):
+    with pytest.raises(WorkerError) as caught:
+        collective_group.raise_on_rank(1)
+    error = caught.value
+    assert (error.group, error.rank, error.method, error.cause_type) == ("collective", 1, "raise_on_rank", "ValueError")
+    message = str(error)
+    assert message.startswith("group 'collective' rank 1 method 'raise_on_rank' failed:")
+    assert "deliberate failure on rank 1" in message
+    assert "sample_workers.py" in message and "in raise_on_rank" in message
+    # the group stays usable after a method raised
+    assert collective_group.all_reduce_sum(1.0) == [3.0, 3.0]
+
+
+def test_exception_while_peers_block_in_a_collective_arrives_within_seconds(doomed_group):
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"group 'doomed' rank 0 method 'raise_on_rank_while_peers_all_reduce'"):
+        doomed_group.raise_on_rank_while_peers_all_reduce(0)
+    assert time.monotonic() - start < 5
+
+
+def test_dead_worker_is_reported_instead_of_hanging(doomed_group):
+    # rank 1 is still blocked in the previous test's all-reduce; its peer now dies outright.
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as caught:
+        doomed_group.die_on_rank_while_peers_all_reduce(0)
+    assert time.monotonic() - start < 10
+    assert (caught.value.rank, caught.value.method) == (0, "die_on_rank_while_peers_all_reduce")
+    assert "died" in str(caught.value)
+
+
+def test_constructor_failure_on_one_rank_fails_the_group_and_frees_its_actors(ray_cluster):
+    start = time.monotonic()
+    expected = r"group 'bad_init' rank 1 method 'FailingInitWorker.__init__' failed"
+    with pytest.raises(WorkerError, match=expected) as caught:
+        start_group(RayClassWithInitArgs(FailingInitWorker), "bad_init")
+    assert "could not load its model" in str(caught.value)
+    # bounded by the actors' start-up (torch imports), not by torch.distributed's 30-minute rendezvous timeout
+    assert time.monotonic() - start < 60

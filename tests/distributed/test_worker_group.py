@@ -1,0 +1,81 @@
+"""RayWorkerGroup on the session's local Ray cluster: the process group and every dispatch mode."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from hybridflow.distributed import GroupFuture, WorkerTimeoutError
+from hybridflow.protocol import DataProto
+
+
+def make_batch(rows: int) -> DataProto:
+    return DataProto.from_dict(
+        tensors={"x": torch.arange(rows, dtype=torch.float32)},
+        non_tensors={"uid": np.array([f"row{i}" for i in range(rows)], dtype=object)},
+    )
+
+
+def test_two_ranks_all_reduce_through_gloo(collective_group):
+    # rank r contributes 3 * (r + 1): 3 + 6
+    assert collective_group.all_reduce_sum(3.0) == [9.0, 9.0]
+
+
+def test_ranks_know_their_place_and_share_one_master(collective_group):
+    env = collective_group.environment()
+    assert [e["rank"] for e in env] == [0, 1]
+    assert {e["world_size"] for e in env} == {2}
+    assert [e["local_rank"] for e in env] == [0, 1]
+    assert len({e["master"] for e in env}) == 1
+    assert {e["backend"] for e in env} == {"gloo"}
+    assert len({e["pid"] for e in env}) == 2
+    assert [info["pid"] for info in collective_group.worker_info()] == [e["pid"] for e in env]
+
+
+def test_workers_wait_passively_with_one_thread_per_half_cpu(collective_group):
+    env = collective_group.environment()
+    assert {e["omp_wait_policy"] for e in env} == {"PASSIVE"}
+    assert {e["torch_threads"] for e in env} == {1}
+
+
+@pytest.mark.parametrize("rows", [5, 1, 4])
+def test_dp_compute_proto_returns_exact_rows_in_order(collective_group, rows):
+    batch = make_batch(rows)
+    out = collective_group.double(batch, factor=3)
+    assert len(out) == rows
+    torch.testing.assert_close(out.batch["doubled"], batch.batch["x"] * 3)
+    assert list(out.non_tensor_batch["uid"]) == list(batch.non_tensor_batch["uid"])
+    per_rank = -(-rows // 2)
+    assert out.batch["rank"].tolist() == [i // per_rank for i in range(rows)]
+
+
+def test_dp_compute_proto_pads_to_the_world_size_and_lists_non_proto_results(collective_group):
+    assert collective_group.count_rows(make_batch(5)) == [3, 3]
+    assert collective_group.count_rows(data=make_batch(4)) == [2, 2]
+
+
+def test_dp_compute_proto_refuses_data_protos_of_different_lengths(collective_group):
+    with pytest.raises(ValueError, match=r"one batch size; got sizes \[3, 4\]"):
+        collective_group.double(make_batch(3), factor=make_batch(4))
+
+
+def test_all_to_all_gives_each_rank_its_item(collective_group):
+    assert collective_group.add_rank([1, 2], offset=[10, 20]) == [11, 122]
+    with pytest.raises(ValueError, match=r"one item per rank \(length 2\); got a list of length 3"):
+        collective_group.add_rank([1, 2, 3])
+
+
+def test_rank_zero_modes_run_only_rank_zero(collective_group):
+    assert collective_group.rank_zero_echo("hello") == (0, "hello")
+    assert collective_group.rank_zero_world_size() == (0, 2)
+
+
+def test_non_blocking_call_returns_a_future_the_driver_waits_on_later(collective_group):
+    future = collective_group.sleep(0.5)
+    assert isinstance(future, GroupFuture)
+    with pytest.raises(WorkerTimeoutError, match=r"group 'collective' method 'sleep': ranks \[0, 1\] did not finish"):
+        future.get(timeout=0.05)
+    assert future.get(timeout=30) == [0, 1]
+    assert future.done()
+
