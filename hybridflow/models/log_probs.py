@@ -1,0 +1,100 @@
+"""Log-probs (and entropy) of the response tokens under a causal LM: the one path for actor, reference
+and rollout log-prob calls.
+
+The model projects to the vocabulary only at the positions that predict response tokens
+(``logits_to_keep``), never at the prompt, and the log-softmax statistics are taken chunk by chunk
+(``hybridflow.models.chunked_softmax``), so no ``[tokens, vocab]`` log-softmax is ever materialised.
+With ``use_remove_padding`` the batch's real tokens run packed in one row (``hybridflow.models.padding``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridflow.models.chunked_softmax import log_probs_and_entropy
+from hybridflow.models.padding import pack_padded, pack_values
+
+
+def response_prediction_mask(attention_mask: torch.Tensor, response_length: int) -> torch.Tensor:
+    """``[B, L]`` bool: positions that are real and whose next token is a real response token.
+
+    The logit at column ``c`` predicts the token at ``c + 1``, so the response's ``R`` tokens (the last
+    ``R`` columns) are predicted by columns ``L-R-1 .. L-2``.
+    """
+    seq_len = attention_mask.shape[1]
+    if not 0 < response_length < seq_len:
+        raise ValueError(
+            f"response_length={response_length} must be in [1, {seq_len - 1}] for sequences of length {seq_len}"
+        )
+    real = attention_mask.bool()
+    mask = torch.zeros_like(real)
+    start = seq_len - response_length - 1
+    mask[:, start : seq_len - 1] = real[:, start : seq_len - 1] & real[:, start + 1 :]
+    return mask
+
+
+def forward_log_probs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+    use_remove_padding: bool = True,
+    calculate_entropy: bool = False,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) of the response tokens under ``model``: ``[B, R]`` float32 each.
+
+    ``input_ids``, ``attention_mask``, ``position_ids`` are ``[B, L]`` with the response in the last
+    ``R = response_length`` columns. Entries whose response token is padding are 0. With
+    ``use_remove_padding`` the real tokens are packed into one row (``position_ids`` are then derived
+    from ``attention_mask``); otherwise the padded rectangle is run as is. Gradients flow when enabled.
+    """
+    predicts = response_prediction_mask(attention_mask, response_length)
+    statistics = dict(temperature=temperature, calculate_entropy=calculate_entropy, chunk_size=chunk_size)
+    if use_remove_padding:
+        return _packed_log_probs(model, input_ids, attention_mask, response_length, predicts, statistics)
+    return _padded_log_probs(model, input_ids, attention_mask, position_ids, response_length, predicts, statistics)
+
+
+def _packed_log_probs(model, input_ids, attention_mask, response_length, predicts, statistics):
+    """Run the packed real tokens; project to the vocabulary only at the K predicting positions."""
+    packed = pack_padded(input_ids, attention_mask)
+    keep = pack_values(predicts, packed).nonzero(as_tuple=True)[0]
+    next_tokens = torch.roll(input_ids, shifts=-1, dims=1)
+    labels = pack_values(next_tokens, packed)[keep]
+    output = model(
+        input_ids=packed.input_ids,
+        position_ids=packed.position_ids,
+        attention_mask=None,
+        use_cache=False,
+        logits_to_keep=keep,
+    )
+    log_probs, entropy = log_probs_and_entropy(output.logits[0], labels, **statistics)
+    flat_index = packed.token_index[keep]
+    rows = flat_index // packed.seq_len
+    cols = flat_index % packed.seq_len - (packed.seq_len - response_length - 1)
+    shape = (packed.batch_size, response_length)
+    if entropy is not None:
+        entropy = log_probs.new_zeros(shape).index_put((rows, cols), entropy)
+    return log_probs.new_zeros(shape).index_put((rows, cols), log_probs), entropy
+
+
+def _padded_log_probs(model, input_ids, attention_mask, position_ids, response_length, predicts, statistics):
+    """Run the padded rectangle; project to the vocabulary at its last R + 1 columns."""
+    output = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        logits_to_keep=response_length + 1,
+    )
+    # The last column predicts past the end; label it 0 to keep the logits a contiguous view.
+    labels = torch.nn.functional.pad(input_ids[:, -response_length:], (0, 1))
+    log_probs, entropy = log_probs_and_entropy(output.logits, labels, **statistics)
+    keep = predicts[:, -response_length - 1 : -1]
+    log_probs = torch.where(keep, log_probs[:, :-1], 0.0)
+    if entropy is not None:
+        entropy = torch.where(keep, entropy[:, :-1], 0.0)
+    return log_probs, entropy

@@ -1,0 +1,110 @@
+"""A tiny Qwen2-style causal LM and its tokenizer, built locally for tests and CPU demos (no network).
+
+The tokenizer is byte-level with no merges: every ASCII character (digits, operators, letters, spaces,
+newlines) is one token, any other text still round-trips exactly through its UTF-8 bytes, and the chat
+markers and tool tags are single tokens. The model is a randomly initialised ``Qwen2ForCausalLM``;
+the same seed gives the same weights.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from importlib import resources
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+PAD_TOKEN = "<|endoftext|>"
+CHAT_START_TOKEN = "<|im_start|>"
+EOS_TOKEN = "<|im_end|>"
+# Special tokens are dropped by ``decode(skip_special_tokens=True)``; the tool tags are plain added
+# tokens (as in Qwen2.5) so decoded responses keep them for the tool parser.
+SPECIAL_TOKENS = (PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN)
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
+
+def chat_template() -> str:
+    """The Qwen2.5-style ChatML template (with tools) shipped beside this module."""
+    return resources.files("hybridflow.models").joinpath("chat_template.jinja").read_text()
+
+
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer of 263 tokens: 256 bytes, then the 3 special and 4 tool tokens."""
+    byte_alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=_byte_value)
+    vocab = {symbol: index for index, symbol in enumerate(byte_alphabet)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    # Added in Qwen's order, so the ids run pad, chat start, eos, then the tool tags.
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    backend.add_tokens(list(TOOL_TOKENS))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        additional_special_tokens=[CHAT_START_TOKEN],
+        model_max_length=1024,
+    )
+    tokenizer.chat_template = chat_template()
+    return tokenizer
+
+
+def _byte_value(symbol: str) -> int:
+    """The byte that GPT-2's byte-to-unicode table maps to ``symbol``."""
+    code = ord(symbol)
+    # Printable bytes map to themselves; the 68 others were shifted to 256 + their rank.
+    if code < 256:
+        return code
+    unprintable = [b for b in range(256) if not _is_printable_byte(b)]
+    return unprintable[code - 256]
+
+
+def _is_printable_byte(b: int) -> bool:
+    return ord("!") <= b <= ord("~") or ord("¡") <= b <= ord("¬") or ord("®") <= b <= ord("ÿ")
+
+
+def build_tiny_model(
+    out_dir: str | pathlib.Path,
+    seed: int = 0,
+    *,
+    hidden_size: int = 128,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    intermediate_size: int = 256,
+    max_position_embeddings: int = 1024,
+) -> pathlib.Path:
+    """Write a random Qwen2ForCausalLM and its tokenizer to ``out_dir`` in Hugging Face format.
+
+    ``AutoTokenizer.from_pretrained(out_dir)`` and ``AutoModelForCausalLM.from_pretrained(out_dir)`` load
+    it offline. The defaults give about 0.33M parameters and build in well under a second; the keyword
+    arguments size a larger model for demos. Returns ``out_dir`` as a Path.
+    """
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tiny_tokenizer()
+    pad_id = tokenizer.pad_token_id
+    eos_id = tokenizer.eos_token_id
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        # Qwen2 has no BOS token; its config names <|endoftext|> as BOS, and so does this one.
+        bos_token_id=pad_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+    # A private RNG stream: building a model must not move the caller's seeded sequence.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir

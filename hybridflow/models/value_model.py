@@ -1,0 +1,112 @@
+"""The critic (a value per token) and the reward model (a score per sequence).
+
+Both are a causal LM body with a scalar linear head named ``score``, loaded as transformers'
+``AutoModelForTokenClassification`` with one label, as verl's critic is. The body's weights come from
+any folder of the same architecture: the actor's causal LM (the head is then newly initialised) or a
+reward model saved as ``AutoModelForSequenceClassification`` with one label (its ``score`` head loads too).
+The reward model is read the same way, and its score is the head's output at each sequence's last real
+token, which is what sequence classification computes, without relying on the pad token id to find it.
+Dropout in the head is switched off: values and rewards must be deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import AutoModelForTokenClassification, PreTrainedModel
+
+from hybridflow.models.loading import (
+    from_pretrained_or_raise,
+    load_model_config,
+    resolve_dtype,
+    resolve_model_path,
+)
+from hybridflow.models.padding import pack_padded, unpack
+
+
+def load_value_model(
+    path: str | os.PathLike,
+    dtype: str | torch.dtype = "float32",
+    attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
+) -> PreTrainedModel:
+    """A critic: body from ``path`` (causal LM or reward model) plus a scalar head with a bias."""
+    return _load_scalar_head_model(path, dtype, attn_implementation, trust_remote_code, head_bias=True)
+
+
+def load_reward_model(
+    path: str | os.PathLike,
+    dtype: str | torch.dtype = "float32",
+    attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
+) -> PreTrainedModel:
+    """A reward model saved as one-label sequence classification (``score`` head without bias)."""
+    return _load_scalar_head_model(path, dtype, attn_implementation, trust_remote_code, head_bias=False)
+
+
+def _load_scalar_head_model(path, dtype, attn_implementation, trust_remote_code, head_bias):
+    config = load_model_config(path, trust_remote_code=trust_remote_code)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    config.token_classification_bias = head_bias
+    return from_pretrained_or_raise(
+        AutoModelForTokenClassification,
+        resolve_model_path(path),
+        config=config,
+        dtype=resolve_dtype(dtype),
+        attn_implementation=attn_implementation,
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def forward_token_scores(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    use_remove_padding: bool = True,
+) -> torch.Tensor:
+    """The scalar head's output at every position: ``[B, L]`` float32, 0 on padding.
+
+    With ``use_remove_padding`` the real tokens run packed in one row (see ``hybridflow.models.padding``).
+    """
+    if use_remove_padding:
+        packed = pack_padded(input_ids, attention_mask)
+        output = model(
+            input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False
+        )
+        return unpack(output.logits[0, :, 0].float(), packed)
+    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    return output.logits[..., 0].float() * attention_mask
+
+
+def forward_values(
+    value_model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    use_remove_padding: bool = True,
+) -> torch.Tensor:
+    """Critic values ``[B, R]``: ``values[:, t]`` is V of the state before response token ``t``.
+
+    That state ends at column ``L - R - 1 + t``, the same position whose logits give token ``t``'s
+    log-prob; entries whose response token is padding are 0.
+    """
+    scores = forward_token_scores(value_model, input_ids, attention_mask, position_ids, use_remove_padding)
+    return scores[:, -response_length - 1 : -1] * attention_mask[:, -response_length:]
+
+
+def forward_reward_scores(
+    reward_model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    use_remove_padding: bool = True,
+) -> torch.Tensor:
+    """Reward-model scores ``[B]``: the head's output at each sequence's last real token."""
+    scores = forward_token_scores(reward_model, input_ids, attention_mask, position_ids, use_remove_padding)
+    columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    last_real = (columns * attention_mask.bool()).argmax(dim=1)
+    return scores[torch.arange(scores.shape[0], device=scores.device), last_real]
