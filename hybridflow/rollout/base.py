@@ -1,0 +1,130 @@
+"""The rollout engine interface and the registry that picks an engine by ``actor_rollout_ref.rollout.name``.
+
+An engine owns one generation model. The hybrid-engine cycle (arXiv 2409.19256 §5) is:
+``wake()`` -> ``generate_sequences(prompts)`` -> ``sleep()`` -> [actor trains] -> ``load_weights(stream)`` -> ``wake()``.
+
+``generate_sequences`` is implemented here once for every engine: single-turn prompts go through
+``generate_batch``; with ``multi_turn.enable`` they go through the agent loop (rollout/agent_loop.py), whose
+requests reach the engine through the async per-request ``generate``; the output then also carries the
+non-tensor columns ``num_turns`` and ``tool_rewards``. ``generate_sequences`` runs its own event loop, so it
+is called from synchronous code (a worker method), never from inside a running event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from abc import ABC, abstractmethod
+from typing import Any, Iterable
+
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.registry import Registry
+from hybridflow.rollout.agent_loop import AgentLoop
+from hybridflow.rollout.config import RolloutConfig
+from hybridflow.rollout.requests import GenerationRequest, GenerationResult
+from hybridflow.rollout.sequences import build_requests, pack_outputs, prompt_token_lists
+
+ROLLOUT_ENGINES: Registry[type["RolloutEngine"]] = Registry("rollout engine", "actor_rollout_ref.rollout.name")
+
+
+class MissingExtraError(ImportError):
+    """An optional engine was chosen whose package is not installed; the message names the extra to install."""
+
+
+class RolloutEngine(ABC):
+    """One generation model behind a fixed interface. Subclasses register with ``@ROLLOUT_ENGINES.register``."""
+
+    config: RolloutConfig
+    tokenizer: Any
+
+    def __init__(self, config: RolloutConfig, tokenizer: Any):
+        self.config = config.validate()
+        self.tokenizer = tokenizer
+        self._calls = 0  # generate_sequences calls so far: call k samples with seed + k
+        self._agent_loop: AgentLoop | None = None
+
+    @classmethod
+    @abstractmethod
+    def from_pretrained(
+        cls, model_path: str | os.PathLike, config: RolloutConfig, tokenizer: Any = None, device: str | None = None
+    ) -> "RolloutEngine":
+        """Build the engine and its generation model from a local model folder (tokenizer: reuse the caller's;
+        device: where the generation model lives, for engines that let the caller choose)."""
+
+    @abstractmethod
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate for one request; concurrent calls share the engine's batches."""
+
+    @abstractmethod
+    def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Generate for many requests at once (blocking); results in request order."""
+
+    @abstractmethod
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy new weights in place, tensor by tensor, into the one generation model."""
+
+    @abstractmethod
+    def sleep(self) -> None:
+        """Free the KV cache (and, on an accelerator, move weights off it) until ``wake()``."""
+
+    @abstractmethod
+    def wake(self) -> None:
+        """Restore what ``sleep()`` freed; generation works again."""
+
+    @property
+    @abstractmethod
+    def eos_token_ids(self) -> set[int]:
+        """Token ids that end a sequence by default."""
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else min(self.eos_token_ids)
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Responses for a batch of left-padded prompts; ``B`` prompts -> ``B * n`` rows, samples adjacent.
+
+        Input ``batch``: ``input_ids``, ``attention_mask``, ``position_ids`` [B, P]. ``meta_info`` may set
+        ``validate`` (use ``val_kwargs``: its n, temperature, top_p, top_k, do_sample), ``do_sample`` (False =
+        greedy), ``eos_token_id`` and ``pad_token_id``. Output ``batch``: ``prompts`` [B*n, P], ``responses``
+        and ``response_mask`` [B*n, R] (R = ``response_length``; mask 1 on generated tokens including the EOS,
+        0 on padding and tool-result tokens), ``input_ids``, ``attention_mask``, ``position_ids`` [B*n, P+R],
+        and ``rollout_log_probs`` [B*n, R] when ``calculate_log_probs`` (or ``meta_info['calculate_log_probs']``).
+        """
+        meta = prompts.meta_info
+        validate = bool(meta.get("validate", False))
+        n = self.config.val_kwargs.n if validate else self.config.n
+        sampling = self.config.sampling(validate=validate)
+        if "do_sample" in meta:
+            sampling.do_sample = bool(meta["do_sample"])
+        if meta.get("eos_token_id") is not None:
+            eos = meta["eos_token_id"]
+            sampling.stop_token_ids += list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        seed = self.config.seed + self._calls
+        self._calls += 1
+        extras = {}
+        if self.config.multi_turn.enable:
+            outputs, extras = asyncio.run(self.agent_loop.generate(prompts, n, sampling, seed))
+        else:
+            token_lists = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
+            results = self.generate_batch(build_requests(token_lists, n, sampling, seed))
+            outputs = [(r.token_ids, [1] * len(r.token_ids), r.log_probs) for r in results]
+        with_log_probs = bool(meta.get("calculate_log_probs", self.config.calculate_log_probs))
+        pad_id = meta.get("pad_token_id", self.pad_token_id)
+        tensors = pack_outputs(prompts.batch, outputs, n, self.config.response_length, pad_id, with_log_probs)
+        return DataProto.from_dict(tensors, non_tensors=extras)
+
+    @property
+    def agent_loop(self) -> AgentLoop:
+        """The agent loop used when ``multi_turn.enable`` (tools loaded once from ``tool_config_path``)."""
+        if self._agent_loop is None:
+            self._agent_loop = AgentLoop.from_engine(self)
+        return self._agent_loop
+
+
+def create_rollout_engine(config: RolloutConfig, model_path: str | os.PathLike, **kwargs: Any) -> RolloutEngine:
+    """The engine named by ``config.name``, built from ``model_path`` (``tokenizer=``, ``device=`` go to its
+    ``from_pretrained``)."""
+    return ROLLOUT_ENGINES.get(config.name).from_pretrained(model_path, config, **kwargs)

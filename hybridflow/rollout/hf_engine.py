@@ -1,0 +1,123 @@
+"""The default rollout engine ("hf"): one transformers model, continuous batching on a background thread.
+
+Runs wherever transformers runs (CPU here, GPU too). Decoding is done by ``BatchedDecoder`` (rows stop at their
+own EOS, new requests join running batches) driven by ``DecodeScheduler``; see bench/bench_rollout.py for the
+measurements against ``model.generate`` and transformers' own ``generate_batch`` that chose this design.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any, Iterable
+
+import torch
+
+from hybridflow.models.loading import load_causal_lm, load_tokenizer
+from hybridflow.models.log_probs import forward_log_probs
+from hybridflow.rollout.base import ROLLOUT_ENGINES, RolloutEngine
+from hybridflow.rollout.batched_decoder import BatchedDecoder
+from hybridflow.rollout.config import RolloutConfig
+from hybridflow.rollout.requests import GenerationRequest, GenerationResult
+from hybridflow.rollout.scheduler import DecodeScheduler
+from hybridflow.rollout.weight_loading import load_weights_in_place
+
+
+@ROLLOUT_ENGINES.register("hf")
+class HFRolloutEngine(RolloutEngine):
+    """Generates with ``model`` (kept for the engine's lifetime; new weights are copied into it in place)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, config: RolloutConfig):
+        super().__init__(config, tokenizer)
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self._eos_token_ids = _eos_ids(model, tokenizer)
+        decoder = BatchedDecoder(model, self._eos_token_ids, config.max_batch_tokens, decode_text=self._decode)
+        self._scheduler = DecodeScheduler(decoder, config.max_num_seqs)
+        self._scheduler.start()
+
+    @classmethod
+    def from_pretrained(
+        cls, model_path: str | os.PathLike, config: RolloutConfig, tokenizer: Any = None, device: str | None = None
+    ) -> "HFRolloutEngine":
+        model = load_causal_lm(model_path, dtype=config.dtype, attn_implementation="sdpa")
+        if device is not None:
+            model.to(device)
+        return cls(model, tokenizer if tokenizer is not None else load_tokenizer(model_path), config)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return set(self._eos_token_ids)
+
+    @property
+    def is_awake(self) -> bool:
+        return self._scheduler.running
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        return await asyncio.wrap_future(self._scheduler.submit(request))
+
+    def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        futures = [self._scheduler.submit(request) for request in requests]
+        return [future.result() for future in futures]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy each ``(name, tensor)`` into the generation model between decode steps; see weight_loading.py."""
+        with self._scheduler.paused():
+            load_weights_in_place(self.model, named_tensors)
+
+    def sleep(self) -> None:
+        """Finish in-flight requests, drop the KV cache and stop the decode thread; off-CPU, park weights on CPU."""
+        self._scheduler.stop()
+        if self.device.type != "cpu":
+            self.model.to("cpu")
+            torch.get_device_module(self.device).empty_cache()
+
+    def wake(self) -> None:
+        if self.device.type != "cpu":
+            self.model.to(self.device)
+        self._scheduler.start()
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes held by the running batch's KV cache (0 when idle or asleep)."""
+        return self._scheduler.decoder.cache_bytes()
+
+    def compute_log_probs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        response_length: int,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """Teacher-forced log-probs of the last ``response_length`` tokens under the generation model: [B, R]."""
+        device = self.device
+        with self._scheduler.paused(), torch.no_grad():
+            log_probs, _ = forward_log_probs(
+                self.model,
+                input_ids.to(device),
+                attention_mask.to(device),
+                position_ids.to(device),
+                response_length,
+                temperature=temperature,
+                use_remove_padding=False,
+            )
+        return log_probs.cpu()
+
+    def close(self) -> None:
+        """Stop the decode thread for good (the model stays usable by its other owners)."""
+        self._scheduler.stop()
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+
+def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
+    """EOS ids from the model's generation config (int or list) and the tokenizer."""
+    ids = set()
+    generation_config = getattr(model, "generation_config", None)
+    configured = getattr(generation_config, "eos_token_id", None)
+    if configured is not None:
+        ids |= set(configured) if isinstance(configured, (list, tuple)) else {configured}
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

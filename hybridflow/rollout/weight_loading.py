@@ -1,0 +1,78 @@
+"""Copy named tensors into a model in place, one at a time (the hybrid engine's weight sync, arXiv 2409.19256 §5).
+
+The caller streams ``(name, tensor)`` pairs, e.g. each FSDP2 parameter gathered with ``DTensor.full_tensor()``;
+each is copied into the matching parameter and can be freed before the next arrives, so at most one extra
+parameter-sized tensor is alive: never a second state dict.
+
+Names are matched after removing wrapper segments that FSDP, torch.compile, activation checkpointing, DDP and
+PEFT insert (``_fsdp_wrapped_module.``, ``_orig_mod.``, ``_checkpoint_wrapped_module.``, ``module.``,
+``base_model.model.``), with or without the leading ``model.``. Tied weights (``lm_head.weight`` sharing
+``model.embed_tokens.weight``) answer to either name.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+_WRAPPER_SEGMENTS = ("_fsdp_wrapped_module.", "_orig_mod.", "_checkpoint_wrapped_module.")
+_WRAPPER_PREFIXES = ("module.", "base_model.model.")
+
+
+class WeightNameError(KeyError):
+    """A streamed tensor's name matches no parameter or buffer of the rollout model."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class WeightShapeError(ValueError):
+    """A streamed tensor's shape differs from the rollout model's parameter of the same name."""
+
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and persistent buffer by name, tied weights under each of their names."""
+    tensors = dict(model.named_buffers(remove_duplicate=False))
+    tensors.update(model.named_parameters(remove_duplicate=False))
+    return tensors
+
+
+def canonical_name(name: str, targets: dict[str, torch.Tensor]) -> str:
+    """The name in ``targets`` that ``name`` refers to, or raise ``WeightNameError``."""
+    stripped = name
+    for segment in _WRAPPER_SEGMENTS:
+        stripped = stripped.replace(segment, "")
+    for prefix in _WRAPPER_PREFIXES:
+        if stripped.startswith(prefix):
+            stripped = stripped[len(prefix) :]
+    candidates = (stripped, f"model.{stripped}", stripped.removeprefix("model."))
+    for candidate in candidates:
+        if candidate in targets:
+            return candidate
+    examples = ", ".join(sorted(targets)[:4])
+    raise WeightNameError(f"weight {name!r} matches no parameter of the rollout model (names look like {examples}, ...)")
+
+
+@torch.no_grad()
+def load_weights_in_place(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """Copy each tensor into the model's own storage; returns the canonical names loaded, in order.
+
+    DTensors are gathered here with ``full_tensor()`` one at a time, if the caller has not done it already.
+    """
+    targets = model_tensors(model)
+    loaded = []
+    for name, tensor in named_tensors:
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        target_name = canonical_name(name, targets)
+        target = targets[target_name]
+        if target.shape != tensor.shape:
+            raise WeightShapeError(
+                f"weight {name!r} has shape {tuple(tensor.shape)} but the rollout model's {target_name!r} has "
+                f"{tuple(target.shape)}; the actor and rollout models must have the same architecture"
+            )
+        target.copy_(tensor)
+        loaded.append(target_name)
+        del tensor
+    return loaded

@@ -1,0 +1,183 @@
+"""The actor role: the policy under FSDP2, its old log-probs, and the PPO update (arXiv:1707.06347).
+
+The policy loss is the registered ``policy_loss.loss_mode`` (``hybridflow.algos``), minus
+``entropy_coeff`` times the entropy bonus, plus ``kl_loss_coef`` times the KL to the reference policy
+when ``use_kl_loss`` (GRPO's KL loss, arXiv:2402.03300). Every term is aggregated with the mini-batch's
+global counts, so the update does not depend on the micro-batch split or the number of ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pathlib
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from hybridflow.algos import agg_loss, get_policy_loss_fn, kl_penalty
+from hybridflow.models.log_probs import forward_log_probs
+from hybridflow.protocol import DataProto
+from hybridflow.workers import checkpoint
+from hybridflow.workers.batching import LossCounts, MicroBatching, mini_batch_size_per_rank, run_in_micro_batches
+from hybridflow.workers.config import ActorConfig, ModelConfig
+from hybridflow.workers.fsdp import iter_hf_weights
+from hybridflow.workers.model_setup import load_policy_model, shard_for_training
+from hybridflow.workers.training import ShardedTrainer
+
+LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+UPDATE_INPUTS = LOG_PROB_INPUTS + ("response_mask", "old_log_probs", "advantages")
+# Keys verl keeps at the top of the actor section; they win over the same keys under policy_loss.
+TOP_LEVEL_LOSS_KEYS = ("clip_ratio", "clip_ratio_c", "loss_agg_mode", "loss_scale_factor")
+
+
+def policy_loss_options(config: ActorConfig) -> dict[str, Any]:
+    """The options handed to the policy loss: ``policy_loss`` overridden by the actor's top-level keys,
+    with unset clip bounds falling back to the actor's ``clip_ratio``."""
+    options = dataclasses.asdict(config.policy_loss)
+    for key in TOP_LEVEL_LOSS_KEYS:
+        options[key] = getattr(config, key)
+    options["clip_ratio_low"] = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
+    options["clip_ratio_high"] = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
+    return options
+
+
+def log_prob_forward(model: torch.nn.Module, data: DataProto, temperature: float, use_remove_padding: bool, calculate_entropy: bool):
+    """``forward_log_probs`` on a batch's ``input_ids``/``attention_mask``/``position_ids``: ``[B, R]`` each."""
+    batch = data.batch
+    return forward_log_probs(
+        model,
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["position_ids"],
+        response_length=batch["responses"].shape[1],
+        temperature=temperature,
+        use_remove_padding=use_remove_padding,
+        calculate_entropy=calculate_entropy,
+    )
+
+
+class ActorPart:
+    """The policy model (FSDP2-sharded, optionally with a LoRA adapter) and its PPO optimizer.
+
+    ``weights_version`` increases whenever the weights change (update, checkpoint load), so a rollout
+    engine fed from this actor knows when its copy is stale.
+    """
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        config: ActorConfig,
+        rollout_n: int,
+        log_prob_batching: MicroBatching,
+        mesh: DeviceMesh,
+        device: torch.device,
+    ):
+        self.model_config = model_config
+        self.config = config
+        self.device = device
+        self.log_prob_batching = log_prob_batching
+        model = load_policy_model(model_config)
+        self.hf_config = copy.deepcopy(model.config)
+        self.generation_config = copy.deepcopy(model.generation_config)
+        self.module = shard_for_training(model, model_config, config.fsdp_config, mesh, device)
+        self.trainer = ShardedTrainer(self.module, device, config.fsdp_config, config.optim)
+        self.mini_batch_size = mini_batch_size_per_rank(
+            config.ppo_mini_batch_size, rollout_n, dist.get_world_size(), "actor_rollout_ref.actor.ppo_mini_batch_size"
+        )
+        self.update_batching = MicroBatching(
+            config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz, config.ppo_max_token_len_per_gpu
+        )
+        self.loss_options = policy_loss_options(config)
+        self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+        self.weights_version = 0
+
+    def compute_log_prob(self, data: DataProto, temperature: float, calculate_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs ``[B, R]`` of the responses under the current policy (and entropy), on CPU."""
+        inputs = data.select(batch_keys=list(LOG_PROB_INPUTS))
+        use_remove_padding = self.model_config.use_remove_padding
+        self.module.eval()
+
+        def forward(micro: DataProto) -> tuple[torch.Tensor, ...]:
+            log_probs, entropy = log_prob_forward(self.module, micro, temperature, use_remove_padding, calculate_entropy)
+            return (log_probs,) if entropy is None else (log_probs, entropy)
+
+        with self.trainer.on_device():
+            outputs = run_in_micro_batches(inputs, self.log_prob_batching, self.device, forward)
+        outputs = [output.cpu() for output in outputs]
+        return outputs[0], (outputs[1] if calculate_entropy else None)
+
+    def update(self, data: DataProto, temperature: float) -> dict[str, Any]:
+        """PPO epochs over ``data`` (this rank's share); returns verl's actor metrics, un-prefixed."""
+        keys = list(UPDATE_INPUTS) + [key for key in ("ref_log_prob", "rollout_is_weights") if key in data.batch.keys()]
+        if self.config.use_kl_loss and "ref_log_prob" not in data.batch.keys():
+            raise KeyError("actor.use_kl_loss=True needs 'ref_log_prob' in the batch: run compute_ref_log_prob first")
+        metrics = self.trainer.update(
+            data.select(batch_keys=keys),
+            lambda micro, counts: self._loss(micro, counts, temperature),
+            mini_batch_size=self.mini_batch_size,
+            epochs=self.config.ppo_epochs,
+            batching=self.update_batching,
+            grad_clip=self.config.grad_clip,
+            shuffle=self.config.shuffle,
+            seed=self.config.seed,
+        )
+        self.weights_version += 1
+        if self.config.use_kl_loss:
+            metrics["kl_coef"] = self.config.kl_loss_coef
+        return metrics
+
+    def _loss(self, micro: DataProto, counts: LossCounts, temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """Policy loss - entropy bonus + KL loss of one micro-batch, and its additive metrics."""
+        batch, config = micro.batch, self.config
+        log_prob, entropy = log_prob_forward(self.module, micro, temperature, self.model_config.use_remove_padding, True)
+        response_mask = batch["response_mask"]
+        counts_kwargs = dataclasses.asdict(counts)
+        pg_loss, pg_metrics = self.policy_loss_fn(
+            old_log_prob=batch["old_log_probs"],
+            log_prob=log_prob,
+            advantages=batch["advantages"],
+            response_mask=response_mask,
+            loss_agg_mode=config.loss_agg_mode,
+            config=self.loss_options,
+            rollout_is_weights=batch.get("rollout_is_weights", None),
+            **counts_kwargs,
+        )
+        entropy_loss = agg_loss(entropy, response_mask, config.loss_agg_mode, **counts_kwargs)
+        loss = pg_loss - config.entropy_coeff * entropy_loss
+        # The losses above are this micro-batch's share of the mini-batch value; the loss's own metrics
+        # are means over the micro-batch's tokens, so weigh them by its share of the tokens.
+        token_share = float(response_mask.sum()) / max(counts.global_token_count, 1.0)
+        metrics = {key: value * token_share for key, value in pg_metrics.items()}
+        metrics.update(pg_loss=float(pg_loss.detach()), entropy=float(entropy_loss.detach()))
+        if config.use_kl_loss:
+            kl = kl_penalty(log_prob, batch["ref_log_prob"], config.kl_loss_type)
+            kl_loss = agg_loss(kl, response_mask, config.loss_agg_mode, **counts_kwargs)
+            loss = loss + config.kl_loss_coef * kl_loss
+            metrics["kl_loss"] = float(kl_loss.detach())
+        return loss, metrics
+
+    def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full weights under Hugging Face names (LoRA merged), gathered one at a time."""
+        return iter_hf_weights(self.module)
+
+    def export_hf(self, path: str | pathlib.Path, tokenizer: Any = None) -> pathlib.Path:
+        """Write the policy as a plain Hugging Face folder (rank 0 writes; every rank must call)."""
+        return checkpoint.export_hf(path, self.hf_weights(), self.hf_config, self.generation_config, tokenizer)
+
+    def save_checkpoint(self, path: str | pathlib.Path, global_step: int, tokenizer: Any = None) -> None:
+        checkpoint.save_checkpoint(
+            path,
+            self.trainer.training_state,
+            self.config.checkpoint.save_contents,
+            export=lambda hf_path: self.export_hf(hf_path, tokenizer),
+            global_step=global_step,
+        )
+
+    def load_checkpoint(self, path: str | pathlib.Path) -> dict[str, Any]:
+        with self.trainer.on_device(with_optimizer=True):
+            manifest = checkpoint.load_checkpoint(path, self.trainer.training_state, self.config.checkpoint.load_contents)
+        self.weights_version += 1
+        return manifest

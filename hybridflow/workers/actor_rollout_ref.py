@@ -1,0 +1,138 @@
+"""``ActorRolloutRefWorker``: one policy model played as actor, rollout and reference, in any mix.
+
+The role string decides, once in ``init_model``, which parts exist (``workers/actor.py``,
+``workers/rollout_part.py``, ``workers/ref.py``); every method delegates to its part. With actor and
+rollout together the rollout engine is fed from the actor (hybrid engine, arXiv 2409.19256); with a LoRA
+actor the reference is the actor's model with the adapter off.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridflow.distributed import Dispatch, Worker, register
+from hybridflow.models.loading import load_tokenizer
+from hybridflow.protocol import DataProto
+from hybridflow.workers.actor import ActorPart
+from hybridflow.workers.batching import MicroBatching
+from hybridflow.workers.config import ActorRolloutRefConfig, WorkerConfigError, as_config
+from hybridflow.workers.fsdp import build_device_mesh
+from hybridflow.workers.ref import RefPart
+from hybridflow.workers.rollout_part import RolloutPart
+
+ROLE_PARTS = {
+    "actor": ("actor",),
+    "rollout": ("rollout",),
+    "ref": ("ref",),
+    "actor_rollout": ("actor", "rollout"),
+    "actor_rollout_ref": ("actor", "rollout", "ref"),
+}
+
+
+class MissingPartError(RuntimeError):
+    """A method was called on a worker whose role does not include the part it needs."""
+
+
+class ActorRolloutRefWorker(Worker):
+    """SPMD worker over the ``actor_rollout_ref`` config section; ``role`` is a key of ``ROLE_PARTS``."""
+
+    def __init__(self, config: Any, role: str):
+        super().__init__()
+        if role not in ROLE_PARTS:
+            raise WorkerConfigError(f"role={role!r} is not an ActorRolloutRefWorker role; choose one of {list(ROLE_PARTS)}")
+        self.config = as_config(ActorRolloutRefConfig, config)
+        self.role = role
+        self.parts: dict[str, Any] = {}
+        self.tokenizer = None
+
+    def _part(self, name: str, method: str) -> Any:
+        if name not in self.parts:
+            raise MissingPartError(
+                f"{method} needs the {name} part, but this worker has role={self.role!r} "
+                f"(parts {list(self.parts) or 'none: call init_model first'})"
+            )
+        return self.parts[name]
+
+    def _temperature(self, data: DataProto) -> float:
+        # Log-probs are taken at the temperature the samples were drawn with (as verl does).
+        return float(data.meta_info.get("temperature", self.config.rollout.temperature))
+
+    def _log_prob_batching(self) -> MicroBatching:
+        # verl keeps these three keys in the rollout section; until RolloutConfig has them, the actor's
+        # update micro-batching is used.
+        rollout, actor = self.config.rollout, self.config.actor
+        return MicroBatching(
+            getattr(rollout, "log_prob_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu),
+            getattr(rollout, "log_prob_use_dynamic_bsz", actor.use_dynamic_bsz),
+            getattr(rollout, "log_prob_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu),
+        )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Build the parts of this worker's role (every rank, collectively)."""
+        config, wanted = self.config, ROLE_PARTS[self.role]
+        self.tokenizer = load_tokenizer(config.model.tokenizer_dir, trust_remote_code=config.model.trust_remote_code)
+        if "actor" in wanted:
+            mesh = build_device_mesh(config.actor.fsdp_config.fsdp_size, self.device)
+            self.parts["actor"] = ActorPart(
+                config.model, config.actor, config.rollout.n, self._log_prob_batching(), mesh, self.device
+            )
+        actor = self.parts.get("actor")
+        if "ref" in wanted and actor is not None and config.model.lora_rank > 0:
+            self.parts["ref"] = RefPart.from_lora_actor(actor, config.ref)
+        elif "ref" in wanted:
+            mesh = build_device_mesh(config.ref.fsdp_config.fsdp_size, self.device)
+            self.parts["ref"] = RefPart.load(config.model, config.ref, mesh, self.device)
+        if "rollout" in wanted:
+            self.parts["rollout"] = RolloutPart(
+                config.rollout,
+                config.model.path,
+                self.tokenizer,
+                self.device,
+                weight_source=actor,
+                sleep_between_rollouts=config.hybrid_engine.sleep_rollout,
+            )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """``B`` prompts -> ``B * n`` samples (syncing the actor's weights first when they changed)."""
+        return self._part("rollout", "generate_sequences").generate_sequences(prompts)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` [B, R] and ``entropys`` [B, R] (unless ``meta_info['calculate_entropy']`` is False)."""
+        temperature = self._temperature(data)
+        calculate_entropy = bool(data.meta_info.get("calculate_entropy", True))
+        log_probs, entropys = self._part("actor", "compute_log_prob").compute_log_prob(data, temperature, calculate_entropy)
+        tensors = {"old_log_probs": log_probs}
+        if entropys is not None:
+            tensors["entropys"] = entropys
+        return DataProto.from_dict(tensors, meta_info={"temperature": temperature})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob`` [B, R] under the reference policy."""
+        log_probs = self._part("ref", "compute_ref_log_prob").compute_ref_log_prob(data, self._temperature(data))
+        return DataProto.from_dict({"ref_log_prob": log_probs})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """PPO update on the batch; ``meta_info['metrics']``: pg_loss, pg_clipfrac, pg_clipfrac_lower,
+        ppo_kl, entropy, grad_norm (lists, one entry per optimizer step), kl_loss when used, lr."""
+        metrics = self._part("actor", "update_actor").update(data, self._temperature(data))
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, global_step: int = 0) -> None:
+        """Model, optimizer, scheduler and RNG states of the actor into ``local_path`` (atomically)."""
+        self._part("actor", "save_checkpoint").save_checkpoint(local_path, global_step, self.tokenizer)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str) -> dict:
+        """Restore what ``save_checkpoint`` wrote; returns its manifest (contents, world size, global_step)."""
+        return self._part("actor", "load_checkpoint").load_checkpoint(local_path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_hf(self, path: str) -> str:
+        """Write the actor as a Hugging Face folder (LoRA merged) that ``from_pretrained`` loads."""
+        return str(self._part("actor", "export_hf").export_hf(path, self.tokenizer))

@@ -1,0 +1,155 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) for the workers' models, and gathering full weights.
+
+Each decoder layer becomes one FSDP unit (its parameters are all-gathered just before it runs and freed
+after), then the root takes the rest (embeddings, final norm, head). ``fsdp_size`` below the world size
+gives hybrid sharding: shards within groups of ``fsdp_size`` ranks, replicas across them. FSDP2 works on
+CPU with gloo (FSDP1 does not), so the same code runs a laptop and a GPU node.
+
+Gradients are averaged over all ranks by the reduce-scatter (and the all-reduce across replicas), so a
+loss normalised by global counts is multiplied by the world size before ``backward`` (see training.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from hybridflow.models.lora import is_lora_model
+from hybridflow.models.loading import resolve_dtype
+from hybridflow.workers.config import FSDPConfig, WorkerConfigError
+
+
+def build_device_mesh(fsdp_size: int, device: torch.device) -> DeviceMesh:
+    """A 1-D mesh over all ranks, or a 2-D (replicate, shard) mesh when ``0 < fsdp_size < world_size``."""
+    world_size = dist.get_world_size()
+    if fsdp_size <= 0 or fsdp_size >= world_size:
+        return init_device_mesh(device.type, (world_size,), mesh_dim_names=("fsdp",))
+    if world_size % fsdp_size:
+        raise WorkerConfigError(
+            f"fsdp_config.fsdp_size={fsdp_size} must divide the group's world size {world_size}; "
+            f"use a divisor of {world_size} or -1 for all ranks"
+        )
+    return init_device_mesh(device.type, (world_size // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp"))
+
+
+def mixed_precision_policy(config: FSDPConfig) -> MixedPrecisionPolicy:
+    """Parameters cast to ``param_dtype`` for compute; gradients reduced in ``reduce_dtype``."""
+    precision = config.mixed_precision
+    return MixedPrecisionPolicy(
+        param_dtype=resolve_dtype(precision.param_dtype),
+        reduce_dtype=resolve_dtype(precision.reduce_dtype),
+    )
+
+
+def _layer_class_names(model: torch.nn.Module) -> set[str]:
+    """Class names of the decoder layers, from the Hugging Face model's ``_no_split_modules``."""
+    for module in model.modules():
+        names = getattr(module, "_no_split_modules", None)
+        if names:
+            return set(names)
+    return set()
+
+
+def shard_model(model: torch.nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> torch.nn.Module:
+    """Apply ``fully_shard`` to every decoder layer, then to the root; returns the (same) model.
+
+    The model must be on its compute device. A model without ``_no_split_modules`` is one FSDP unit.
+    """
+    options = {
+        "mesh": mesh,
+        "mp_policy": mixed_precision_policy(config),
+        "reshard_after_forward": config.reshard_after_forward,
+    }
+    layer_names = _layer_class_names(model)
+    for module in model.modules():
+        if type(module).__name__ in layer_names:
+            fully_shard(module, **options)
+    fully_shard(model, **options)
+    return model
+
+
+def iter_full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, full tensor)`` per parameter, gathered one at a time, in ``named_parameters`` order.
+
+    Every rank must consume the iterator to the end in step (each gather is a collective). Tied
+    parameters appear once, under their first name. Only one full parameter is alive at a time when the
+    consumer copies it somewhere and drops it.
+    """
+    for name, param in model.named_parameters():
+        yield name, _full(param)
+
+
+def _full(param: torch.Tensor) -> torch.Tensor:
+    return (param.full_tensor() if isinstance(param, DTensor) else param).detach()
+
+
+def iter_hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(Hugging Face name, full tensor)`` per weight of the plain model; a LoRA model yields merged
+    weights ``W + (alpha / r) * B @ A`` under the base names (arXiv:2106.09685, eq. 3).
+
+    Gathers one weight (plus its two adapter matrices) at a time; every rank must consume it in step.
+    """
+    if not is_lora_model(model):
+        yield from iter_full_parameters(model)
+        return
+    from peft.tuners.lora import LoraLayer
+    from peft.utils import transpose
+
+    base = model.get_base_model()
+    lora_layers = {name: module for name, module in base.named_modules() if isinstance(module, LoraLayer)}
+    for name, param in base.named_parameters():
+        if ".lora_" in name or ".original_module." in name:
+            continue
+        weight = _full(param)
+        layer = lora_layers.get(name.removesuffix(".base_layer.weight"))
+        if layer is not None and name.endswith(".base_layer.weight"):
+            for adapter in layer.active_adapters:
+                if adapter in layer.lora_A:
+                    delta = _full(layer.lora_B[adapter].weight) @ _full(layer.lora_A[adapter].weight)
+                    weight = weight + transpose(delta, layer.fan_in_fan_out) * layer.scaling[adapter]
+        yield _hf_name(name), weight
+
+
+def _hf_name(peft_name: str) -> str:
+    # peft renames an adapted layer's weight ``.base_layer.`` and a fully trained head ``.modules_to_save.<a>.``.
+    return re.sub(r"\.modules_to_save\.[^.]+\.", ".", peft_name.replace(".base_layer.", "."))
+
+
+def move_model(model: torch.nn.Module, device: torch.device) -> None:
+    """Move the sharded parameters and gradients to ``device``: parameter offload between calls."""
+    # A module left unsharded (e.g. with reshard_after_forward=False) holds plain tensors that FSDP2
+    # cannot move as shards: reshard everything first.
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    model.to(device)
+
+
+@contextlib.contextmanager
+def parameters_on(model: torch.nn.Module, device: torch.device, offload: bool) -> Iterator[None]:
+    """With ``offload``, the parameters visit ``device`` for the block and go back to CPU after it."""
+    if offload:
+        move_model(model, device)
+    try:
+        yield
+    finally:
+        if offload:
+            move_model(model, torch.device("cpu"))
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move the optimizer's moment tensors to ``device``: optimizer offload between updates.
+
+    Adam's ``step`` counters stay where they are (on CPU, as the non-capturable kernels require).
+    """
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device, non_blocking=True)

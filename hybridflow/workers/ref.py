@@ -1,0 +1,86 @@
+"""The reference role: log-probs of the frozen initial policy, for the KL penalty or KL loss.
+
+Two ways to have one: load the base model a second time, frozen and sharded (``RefPart.load``); or, when
+the actor trains a LoRA adapter, run the actor's own model with the adapter switched off
+(``RefPart.from_lora_actor``): the base weights never change, so no second copy is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Callable, ContextManager
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+from hybridflow.models.lora import adapter_disabled
+from hybridflow.protocol import DataProto
+from hybridflow.workers.actor import LOG_PROB_INPUTS, ActorPart, log_prob_forward
+from hybridflow.workers.batching import MicroBatching, run_in_micro_batches
+from hybridflow.workers.config import ModelConfig, RefConfig
+from hybridflow.workers.fsdp import move_model, parameters_on
+from hybridflow.workers.model_setup import load_policy_model, shard_frozen
+
+CPU = torch.device("cpu")
+
+
+def ref_batching(config: RefConfig) -> MicroBatching:
+    return MicroBatching(
+        config.log_prob_micro_batch_size_per_gpu, config.log_prob_use_dynamic_bsz, config.log_prob_max_token_len_per_gpu
+    )
+
+
+class RefPart:
+    """Computes ``ref_log_prob [B, R]``; ``scope()`` is entered around every forward (device placement,
+    adapter switched off)."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        batching: MicroBatching,
+        use_remove_padding: bool,
+        device: torch.device,
+        scope: Callable[[], ContextManager],
+    ):
+        self.module = module
+        self.batching = batching
+        self.use_remove_padding = use_remove_padding
+        self.device = device
+        self.scope = scope
+
+    @classmethod
+    def load(cls, model_config: ModelConfig, config: RefConfig, mesh: DeviceMesh, device: torch.device) -> "RefPart":
+        """A frozen, sharded copy of the base model (no adapter even when the actor has one)."""
+        module = shard_frozen(load_policy_model(model_config), config.fsdp_config, mesh, device)
+        offload = config.fsdp_config.param_offload
+        if offload:
+            move_model(module, CPU)
+        scope = functools.partial(parameters_on, module, device, offload)
+        return cls(module, ref_batching(config), model_config.use_remove_padding, device, scope)
+
+    @classmethod
+    def from_lora_actor(cls, actor: ActorPart, config: RefConfig) -> "RefPart":
+        """The actor's model with its LoRA adapter switched off: exactly the base model."""
+
+        @contextlib.contextmanager
+        def base_model():
+            with actor.trainer.on_device(), adapter_disabled(actor.module):
+                yield
+
+        return cls(actor.module, ref_batching(config), actor.model_config.use_remove_padding, actor.device, base_model)
+
+    def compute_ref_log_prob(self, data: DataProto, temperature: float) -> torch.Tensor:
+        """Reference log-probs ``[B, R]`` of the responses, on CPU."""
+        inputs = data.select(batch_keys=list(LOG_PROB_INPUTS))
+        was_training = self.module.training
+        self.module.eval()
+        with self.scope():
+            (log_probs,) = run_in_micro_batches(
+                inputs,
+                self.batching,
+                self.device,
+                lambda micro: log_prob_forward(self.module, micro, temperature, self.use_remove_padding, False)[0],
+            )
+        self.module.train(was_training)
+        return log_probs.cpu()

@@ -1,0 +1,76 @@
+"""The reward-model worker: a learned scalar score per sample, placed on its last response token.
+
+The reward model reads the policy's token ids as they are, so it must share the policy's tokenizer (and
+chat template); a reward model with another tokenizer needs the samples re-tokenized first (not done here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hybridflow.distributed import Dispatch, Worker, register
+from hybridflow.models.value_model import forward_reward_scores, load_reward_model
+from hybridflow.protocol import DataProto
+from hybridflow.workers.batching import MicroBatching, run_in_micro_batches
+from hybridflow.workers.config import RewardModelConfig, WorkerConfigError, as_config
+from hybridflow.workers.fsdp import build_device_mesh, move_model, parameters_on
+from hybridflow.workers.model_setup import shard_frozen
+
+SCORE_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+def place_on_last_response_token(scores: torch.Tensor, response_attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` scores -> ``[B, R]`` zeros with each score at its sample's last real response token
+    (column 0 for an empty response)."""
+    columns = torch.arange(response_attention_mask.shape[1])
+    last = (columns * response_attention_mask.bool()).argmax(dim=1)
+    placed = torch.zeros(response_attention_mask.shape, dtype=torch.float32)
+    placed[torch.arange(scores.shape[0]), last] = scores.float()
+    return placed
+
+
+class RewardModelWorker(Worker):
+    """SPMD worker over the ``reward_model`` config section: ``compute_rm_score`` -> ``rm_scores``."""
+
+    def __init__(self, config: Any):
+        super().__init__()
+        self.config = as_config(RewardModelConfig, config)
+        self.module: torch.nn.Module | None = None
+        self.batching = MicroBatching(
+            self.config.micro_batch_size_per_gpu, self.config.use_dynamic_bsz, self.config.forward_max_token_len_per_gpu
+        )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        model_config = self.config.model
+        if not model_config.path:
+            raise WorkerConfigError("reward_model.model.path is empty: set it to the reward model's folder")
+        model = load_reward_model(model_config.path, model_config.dtype, trust_remote_code=model_config.trust_remote_code)
+        mesh = build_device_mesh(model_config.fsdp_config.fsdp_size, self.device)
+        self.module = shard_frozen(model, model_config.fsdp_config, mesh, self.device)
+        if model_config.fsdp_config.param_offload:
+            move_model(self.module, torch.device("cpu"))
+
+    def _scores(self, micro: DataProto) -> torch.Tensor:
+        batch = micro.batch
+        return forward_reward_scores(
+            self.module,
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["position_ids"],
+            use_remove_padding=self.config.model.use_remove_padding,
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """``rm_scores`` [B, R]: the reward model's score of each whole sequence, on its last response token."""
+        if self.module is None:
+            raise RuntimeError("RewardModelWorker: call init_model before compute_rm_score")
+        inputs = data.select(batch_keys=list(SCORE_INPUTS))
+        with parameters_on(self.module, self.device, self.config.model.fsdp_config.param_offload):
+            (scores,) = run_in_micro_batches(inputs, self.batching, self.device, self._scores)
+        response_length = inputs.batch["responses"].shape[1]
+        response_attention = inputs.batch["attention_mask"][:, -response_length:]
+        return DataProto.from_dict({"rm_scores": place_on_last_response_token(scores.cpu(), response_attention)})

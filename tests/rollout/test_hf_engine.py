@@ -1,0 +1,150 @@
+"""The "hf" engine's generate_sequences contract, seeding, stop conditions, validation and sleep/wake."""
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from hybridflow.rollout import EngineAsleepError, GenerationRequest, SamplingParams, create_rollout_engine
+from hybridflow.rollout.config import RolloutConfig
+from tests.rollout.prompts import TOOL_CALL_TEXT, TOOL_QUESTION, left_padded
+
+PROMPTS = ["hi", "what is 12 * 7?", "tell me a story about a cat"]
+
+
+def _stop_ids(tokenizer):
+    """Forty common byte tokens: random-weight samples then stop after a few tokens, at varied lengths."""
+    return tokenizer.convert_tokens_to_ids(list("abcdefghijklmnopqrstuvwxyz0123456789 .,!"))
+
+
+def test_shapes_masks_and_positions_for_several_samples_per_prompt(make_engine, tokenizer):
+    engine = make_engine(n=3, response_length=16, calculate_log_probs=True)
+    prompts = left_padded(tokenizer, PROMPTS)
+    prompts.meta_info["eos_token_id"] = _stop_ids(tokenizer)
+    out = engine.generate_sequences(prompts).batch
+    rows, width, length = 9, prompts.batch["input_ids"].shape[1], 16
+    for key, shape in [("prompts", (rows, width)), ("responses", (rows, length)), ("response_mask", (rows, length)),
+                       ("rollout_log_probs", (rows, length)), ("input_ids", (rows, width + length)),
+                       ("attention_mask", (rows, width + length)), ("position_ids", (rows, width + length))]:
+        assert tuple(out[key].shape) == shape, key
+    assert torch.equal(out["prompts"], prompts.batch["input_ids"].repeat_interleave(3, dim=0))
+    assert torch.equal(out["input_ids"], torch.cat([out["prompts"], out["responses"]], dim=1))
+    mask = out["response_mask"]
+    lengths = mask.sum(dim=1)
+    assert torch.equal(mask, (torch.arange(length)[None, :] < lengths[:, None]).long()), "mask is a prefix of ones"
+    assert torch.all(out["responses"][mask == 0] == tokenizer.pad_token_id)
+    assert torch.equal(out["attention_mask"][:, width:], mask)
+    assert torch.equal(out["attention_mask"][:, :width], prompts.batch["attention_mask"].repeat_interleave(3, dim=0))
+    last_prompt_position = out["position_ids"][:, width - 1 : width]
+    assert torch.equal(out["position_ids"][:, width:], last_prompt_position + torch.arange(1, length + 1))
+    assert torch.all(out["rollout_log_probs"][mask == 1] < 0) and torch.all(out["rollout_log_probs"][mask == 0] == 0)
+    assert len(set(lengths.tolist())) > 1, "stop ids should give varied lengths"
+
+
+def test_each_sequence_ends_at_its_own_first_stop_token(make_engine, tokenizer):
+    engine = make_engine(n=4, response_length=24)
+    prompts = left_padded(tokenizer, PROMPTS)
+    prompts.meta_info["eos_token_id"] = _stop_ids(tokenizer)
+    stop_ids = set(_stop_ids(tokenizer)) | engine.eos_token_ids
+    out = engine.generate_sequences(prompts).batch
+    for response, length in zip(out["responses"].tolist(), out["response_mask"].sum(dim=1).tolist()):
+        stops = [i for i, token in enumerate(response[:length]) if token in stop_ids]
+        if length < 24:
+            assert stops == [length - 1], "the sequence ends with its first stop token, which is kept"
+        else:
+            assert not stops[:-1] and (not stops or stops[-1] == 23)
+
+
+def test_eos_ends_the_sequence_and_is_in_the_mask(make_engine, tokenizer, tool_calling_model_dir):
+    engine = make_engine(tool_calling_model_dir, response_length=64, do_sample=False)
+    out = engine.generate_sequences(left_padded(tokenizer, [TOOL_QUESTION])).batch
+    length = int(out["response_mask"].sum())
+    expected = tokenizer.encode(TOOL_CALL_TEXT, add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert out["responses"][0, :length].tolist() == expected
+    assert torch.all(out["responses"][0, length:] == tokenizer.pad_token_id)
+
+
+@pytest.mark.parametrize("stop", ["</tool_call>", '"calc'])
+def test_stop_strings_end_the_sequence_and_are_kept(make_engine, tokenizer, tool_calling_model_dir, stop):
+    engine = make_engine(tool_calling_model_dir, response_length=64, do_sample=False, stop=[stop])
+    out = engine.generate_sequences(left_padded(tokenizer, [TOOL_QUESTION])).batch
+    length = int(out["response_mask"].sum())
+    text = tokenizer.decode(out["responses"][0, :length])
+    assert text.endswith(stop) and text.count(stop) == 1
+    assert TOOL_CALL_TEXT.startswith(text)
+
+
+def test_same_seed_same_samples_and_successive_calls_differ(make_engine, tokenizer):
+    prompts = left_padded(tokenizer, PROMPTS)
+    first, second, other = (make_engine(n=2, response_length=12, seed=seed) for seed in (7, 7, 8))
+    a1, a2 = (first.generate_sequences(prompts).batch["responses"] for _ in range(2))
+    b1, b2 = (second.generate_sequences(prompts).batch["responses"] for _ in range(2))
+    assert torch.equal(a1, b1) and torch.equal(a2, b2)
+    assert not torch.equal(a1, a2)
+    assert not torch.equal(a1, other.generate_sequences(prompts).batch["responses"])
+
+
+def test_validation_is_greedy_with_its_own_n_and_matches_transformers_generate(make_engine, tokenizer):
+    engine = make_engine(n=5, response_length=10, val_kwargs={"n": 2, "do_sample": False})
+    prompts = left_padded(tokenizer, PROMPTS)
+    prompts.meta_info["validate"] = True
+    out = engine.generate_sequences(prompts).batch
+    assert out["responses"].shape == (6, 10)
+    assert torch.equal(out["responses"][0::2], out["responses"][1::2])
+    reference = engine.model.generate(
+        input_ids=prompts.batch["input_ids"], attention_mask=prompts.batch["attention_mask"], do_sample=False,
+        max_new_tokens=10, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )[:, prompts.batch["input_ids"].shape[1]:]
+    for row in range(3):
+        length = int(out["response_mask"][2 * row].sum())
+        assert out["responses"][2 * row, :length].tolist() == reference[row, :length].tolist()
+
+
+def test_sleep_frees_the_kv_cache_and_wake_restores_generation(make_engine, tokenizer):
+    engine = make_engine(response_length=200)
+    request = GenerationRequest(tokenizer.encode("hello there"), SamplingParams(max_new_tokens=200, seed=3))
+    future = engine._scheduler.submit(request)
+    deadline = time.monotonic() + 30
+    while engine.kv_cache_bytes() == 0 and not future.done() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    held = engine.kv_cache_bytes()
+    engine.sleep()  # finishes the in-flight request first
+    assert held > 0 and future.done() and future.result().finish_reason in ("eos", "length")
+    assert not engine.is_awake and engine.kv_cache_bytes() == 0
+    with pytest.raises(EngineAsleepError, match="wake"):
+        engine.generate_batch([request])
+    engine.wake()
+    assert engine.is_awake
+    assert engine.generate_batch([request])[0].token_ids == future.result().token_ids
+
+
+def test_async_generate_serves_concurrent_callers(make_engine, tokenizer):
+    engine = make_engine()
+    prompt = tokenizer.encode("abc")
+
+    async def ask_all():
+        requests = [GenerationRequest(prompt, SamplingParams(max_new_tokens=4 + i, seed=i)) for i in range(6)]
+        return await asyncio.gather(*(engine.generate(r) for r in requests))
+
+    results = asyncio.run(ask_all())
+    for i, result in enumerate(results):
+        assert (len(result.token_ids), result.finish_reason) == (4 + i, "length") or result.finish_reason == "eos"
+
+
+def test_create_rollout_engine_picks_hf_by_name(tiny_model_dir, tokenizer):
+    engine = create_rollout_engine(RolloutConfig(name="hf"), tiny_model_dir)
+    try:
+        assert type(engine).__name__ == "HFRolloutEngine" and engine.is_awake
+    finally:
+        engine.close()
+
+
+def test_a_failing_batch_fails_its_requests_and_the_engine_keeps_serving(make_engine, tokenizer):
+    engine = make_engine()
+    bad = GenerationRequest([10_000], SamplingParams(max_new_tokens=3, seed=0))  # id outside the vocabulary
+    with pytest.raises(IndexError):
+        engine.generate_batch([bad])
+    good = GenerationRequest(tokenizer.encode("ok"), SamplingParams(max_new_tokens=3, seed=0))
+    result = engine.generate_batch([good])[0]
+    assert result.token_ids and result.finish_reason in ("eos", "length")

@@ -1,0 +1,37 @@
+import asyncio
+import time
+
+from hybridflow.rollout.tools.python_executor import PythonExecutorTool
+
+
+def _run(code, **config):
+    return asyncio.run(PythonExecutorTool(config).execute("i", {"code": code}))
+
+
+def test_prints_come_back_and_the_working_directory_is_fresh():
+    result = _run("import os\nprint(6 * 7)\nprint(sorted(os.listdir('.')))")
+    assert result.text.splitlines() == ["42", "['main.py', 'runner.py']"]
+    assert result.metrics["exit_code"] == 0
+
+
+def test_wall_time_limit_stops_the_code():
+    started = time.monotonic()
+    result = _run("while True:\n    pass", timeout=1)
+    assert "did not finish within 1 s" in result.text
+    assert time.monotonic() - started < 5
+
+
+def test_memory_limit_and_errors_come_back_as_text():
+    result = _run("x = bytearray(1024 * 1024 * 1024)", memory_mb=256)
+    assert "MemoryError" in result.text and "exit code 1" in result.text
+
+
+def test_no_network():
+    result = _run("import socket\nsocket.create_connection(('127.0.0.1', 9))")
+    assert "OSError" in result.text
+    assert result.metrics["network_isolation"] in ("namespace", "socket_patch")
+
+
+def test_long_output_is_cut():
+    result = _run("print('x' * 10000)", max_output_chars=100)
+    assert len(result.text) < 200 and "cut at 100 characters" in result.text

@@ -1,0 +1,146 @@
+"""The actor part through ActorRolloutRefWorker, in this process on a 1-rank group: PPO update, metrics,
+split invariance, KL loss, LoRA."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hybridflow.models.loading import load_causal_lm
+from hybridflow.models.log_probs import forward_log_probs
+from hybridflow.workers import ActorRolloutRefWorker, MissingPartError
+from hybridflow.workers.actor import policy_loss_options
+from hybridflow.workers.config import ActorConfig
+
+from .helpers import actor_rollout_ref_config, full_parameters, rollout_batch
+
+pytestmark = pytest.mark.usefixtures("process_group")
+
+ACTOR_METRICS = {"pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "grad_norm", "lr"}
+
+
+def make_worker(model_dir, role="actor", **overrides) -> ActorRolloutRefWorker:
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir, **overrides), role)
+    worker.init_model()
+    return worker
+
+
+def batch_for(worker, num_samples=8, seed=0):
+    batch = rollout_batch(num_samples, seed=seed)
+    batch.meta_info["temperature"] = 1.0
+    return batch.union(worker.compute_log_prob(batch))
+
+
+def test_ppo_update_reduces_the_loss_on_a_fixed_batch_and_reports_metrics(tiny_model_dir):
+    worker = make_worker(tiny_model_dir, role="actor_rollout_ref", actor={"use_kl_loss": True, "ppo_epochs": 2})
+    batch = batch_for(worker)
+    batch = batch.union(worker.compute_ref_log_prob(batch))
+    losses = []
+    for _ in range(4):
+        metrics = worker.update_actor(batch).meta_info["metrics"]
+        losses.append(metrics["pg_loss"][0])
+    assert ACTOR_METRICS | {"kl_loss", "kl_coef"} <= set(metrics)
+    assert len(metrics["pg_loss"]) == len(metrics["grad_norm"]) == 2  # 2 epochs x 1 mini-batch
+    assert all(math.isfinite(value) for key in ACTOR_METRICS - {"lr"} for value in metrics[key])
+    assert metrics["lr"] == pytest.approx(1e-3)
+    # The first step of the first call starts at the data's own policy: ratio 1, nothing clipped.
+    assert losses[-1] < losses[0] - 0.05
+    assert metrics["kl_loss"][-1] > 0
+    assert 0.0 <= metrics["pg_clipfrac"][-1] <= 1.0
+
+
+def test_old_log_probs_and_entropy_shapes_and_padding(tiny_model_dir):
+    worker = make_worker(tiny_model_dir)
+    batch = rollout_batch(6, seed=3)
+    output = worker.compute_log_prob(batch)
+    log_probs, entropys = output.batch["old_log_probs"], output.batch["entropys"]
+    assert log_probs.shape == entropys.shape == batch.batch["responses"].shape
+    padding = batch.batch["response_mask"] == 0
+    assert torch.all(log_probs[padding] == 0) and torch.all(log_probs[~padding] < 0)
+    assert torch.all(entropys[~padding] > 0)
+
+
+@pytest.mark.parametrize(
+    "actor_batching",
+    [{"ppo_micro_batch_size_per_gpu": 1}, {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 24}],
+    ids=["micro-1", "token-budget"],
+)
+def test_update_does_not_depend_on_the_micro_batch_split(tiny_model_dir, actor_batching):
+    reference = make_worker(tiny_model_dir, actor={"ppo_micro_batch_size_per_gpu": 8})
+    other = make_worker(tiny_model_dir, actor=actor_batching)
+    batch = batch_for(reference)
+    reference_metrics = reference.update_actor(batch).meta_info["metrics"]
+    other_metrics = other.update_actor(batch).meta_info["metrics"]
+    for key in ("pg_loss", "entropy", "ppo_kl", "grad_norm"):
+        assert other_metrics[key] == pytest.approx(reference_metrics[key], rel=1e-5, abs=1e-7), key
+    assert_same_adam_step(full_parameters(other.parts["actor"].module), full_parameters(reference.parts["actor"].module))
+
+
+def assert_same_adam_step(params: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], lr: float = 1e-3) -> None:
+    """Weights after one AdamW step agree up to float noise.
+
+    Adam's first step is ``lr * g / (|g| + eps)``, about ``lr * sign(g)``: an entry whose gradient is ~0
+    turns summation-order noise into a visible difference, so a few entries may differ by a few percent of
+    ``lr``; all others agree to ~1e-6.
+    """
+    assert params.keys() == expected.keys()
+    differences = torch.cat([(tensor - expected[name]).abs().flatten() for name, tensor in params.items()])
+    assert differences.max() < 0.05 * lr
+    assert (differences > 1e-6).float().mean() < 1e-3
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"actor": {"fsdp_config": {"param_offload": True, "optimizer_offload": True}}},
+        {"model": {"enable_gradient_checkpointing": True, "use_remove_padding": False}},
+    ],
+    ids=["offload", "checkpointing-padded"],
+)
+def test_memory_options_keep_the_update(tiny_model_dir, overrides):
+    reference = make_worker(tiny_model_dir)
+    other = make_worker(tiny_model_dir, **overrides)
+    batch = batch_for(reference)
+    expected = reference.update_actor(batch).meta_info["metrics"]
+    metrics = other.update_actor(batch).meta_info["metrics"]
+    for key in ("pg_loss", "entropy", "grad_norm"):
+        assert metrics[key] == pytest.approx(expected[key], rel=1e-5), key
+    assert_same_adam_step(full_parameters(other.parts["actor"].module), full_parameters(reference.parts["actor"].module))
+
+
+def test_lora_actor_trains_only_the_adapter_and_its_reference_is_the_base_model(tiny_model_dir):
+    worker = make_worker(tiny_model_dir, role="actor_rollout_ref", model={"lora_rank": 4, "lora_alpha": 8})
+    actor = worker.parts["actor"]
+    before = full_parameters(actor.module)
+    batch = batch_for(worker)
+    worker.update_actor(batch)
+    after = full_parameters(actor.module)
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    trainable = {name for name, param in actor.module.named_parameters() if param.requires_grad}
+    assert trainable and all(".lora_" in name for name in trainable)
+    assert changed and changed <= trainable
+
+    plain = load_causal_lm(tiny_model_dir)
+    tensors = batch.batch
+    with torch.no_grad():
+        base_log_probs, _ = forward_log_probs(
+            plain, tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], response_length=5
+        )
+    ref_log_prob = worker.compute_ref_log_prob(batch).batch["ref_log_prob"]
+    torch.testing.assert_close(ref_log_prob, base_log_probs, rtol=0, atol=1e-5)
+    new_log_probs = worker.compute_log_prob(batch).batch["old_log_probs"]
+    assert (new_log_probs - ref_log_prob).abs().max() > 1e-3
+
+
+def test_a_method_outside_the_role_names_the_missing_part(tiny_model_dir):
+    worker = make_worker(tiny_model_dir, role="actor")
+    with pytest.raises(MissingPartError, match="compute_ref_log_prob needs the ref part.*role='actor'"):
+        worker.compute_ref_log_prob(rollout_batch(2))
+
+
+def test_policy_loss_options_fall_back_to_the_actor_clip_ratio():
+    options = policy_loss_options(ActorConfig(clip_ratio=0.3, clip_ratio_high=0.28))
+    assert (options["clip_ratio_low"], options["clip_ratio_high"]) == (0.3, 0.28)
+    assert options["loss_mode"] == "vanilla"

@@ -1,0 +1,119 @@
+"""Checkpoints of the actor: exact resumption, atomic saves, and Hugging Face export."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hybridflow.models.log_probs import forward_log_probs
+from hybridflow.workers import ActorRolloutRefWorker
+from hybridflow.workers import checkpoint as checkpoint_module
+from hybridflow.workers.checkpoint import CheckpointContentError, read_manifest
+
+from .helpers import actor_rollout_ref_config, full_parameters, rollout_batch
+
+pytestmark = pytest.mark.usefixtures("process_group")
+
+# Two mini-batches per update, shuffled; warmup then cosine: every piece of state matters for the next step.
+RESUME_OVERRIDES = {
+    "actor": {
+        "ppo_mini_batch_size": 4,
+        "ppo_micro_batch_size_per_gpu": 2,
+        "shuffle": True,
+        "optim": {"warmup_style": "cosine", "lr_warmup_steps": 1, "total_training_steps": 4, "min_lr_ratio": 0.1},
+    }
+}
+
+
+def make_worker(model_dir, **overrides) -> ActorRolloutRefWorker:
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir, **overrides), "actor")
+    worker.init_model()
+    return worker
+
+
+def training_batches(worker):
+    batches = []
+    for seed in (10, 11):
+        batch = rollout_batch(8, seed=seed)
+        batches.append(batch.union(worker.compute_log_prob(batch)))
+    return batches
+
+
+def test_save_load_then_update_is_bit_identical_to_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    uninterrupted = make_worker(tiny_model_dir, **RESUME_OVERRIDES)
+    first, second = training_batches(uninterrupted)
+    uninterrupted.update_actor(first)
+    expected_metrics = uninterrupted.update_actor(second).meta_info["metrics"]
+
+    interrupted = make_worker(tiny_model_dir, **RESUME_OVERRIDES)
+    interrupted.update_actor(first)
+    interrupted.save_checkpoint(str(tmp_path / "actor"), global_step=1)
+    del interrupted
+    resumed = make_worker(tiny_model_dir, **RESUME_OVERRIDES)
+    manifest = resumed.load_checkpoint(str(tmp_path / "actor"))
+    metrics = resumed.update_actor(second).meta_info["metrics"]
+
+    assert manifest["global_step"] == 1 and set(manifest["contents"]) == {"model", "optimizer", "extra"}
+    assert metrics == expected_metrics
+    expected = full_parameters(uninterrupted.parts["actor"].module)
+    for name, tensor in full_parameters(resumed.parts["actor"].module).items():
+        assert torch.equal(tensor, expected[name]), name
+
+
+def test_a_crash_mid_save_leaves_the_previous_checkpoint_usable(tiny_model_dir, tmp_path, monkeypatch):
+    worker = make_worker(tiny_model_dir)
+    batch = training_batches(worker)[0]
+    worker.update_actor(batch)
+    saved = full_parameters(worker.parts["actor"].module)
+    worker.save_checkpoint(str(tmp_path / "actor"), global_step=1)
+    worker.update_actor(batch)
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint_module.dcp, "save", crash)
+    for target in ("actor", "actor_step2"):
+        with pytest.raises(OSError, match="disk full"):
+            worker.save_checkpoint(str(tmp_path / target), global_step=2)
+    monkeypatch.undo()
+
+    assert not (tmp_path / "actor_step2").exists()
+    assert read_manifest(tmp_path / "actor")["global_step"] == 1
+    with pytest.raises(CheckpointContentError, match="not a complete checkpoint"):
+        worker.load_checkpoint(str(tmp_path / "actor_step2"))
+    worker.load_checkpoint(str(tmp_path / "actor"))
+    for name, tensor in full_parameters(worker.parts["actor"].module).items():
+        assert torch.equal(tensor, saved[name]), name
+
+
+@pytest.mark.parametrize("model", [{}, {"lora_rank": 4, "lora_alpha": 8}], ids=["full", "lora"])
+def test_exported_folder_loads_with_from_pretrained_and_matches_the_actor(tiny_model_dir, tmp_path, model):
+    worker = make_worker(tiny_model_dir, model=model)
+    batch = training_batches(worker)[0]
+    worker.update_actor(batch)
+    trained = worker.compute_log_prob(batch).batch["old_log_probs"]
+    folder = worker.export_hf(str(tmp_path / "hf"))
+
+    assert not any("lora" in key for key in load_file(f"{folder}/model.safetensors"))
+    exported = AutoModelForCausalLM.from_pretrained(folder)
+    assert AutoTokenizer.from_pretrained(folder).eos_token == "<|im_end|>"
+    tensors = batch.batch
+    with torch.no_grad():
+        log_probs, _ = forward_log_probs(
+            exported, tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], response_length=5
+        )
+    torch.testing.assert_close(log_probs, trained, rtol=0, atol=1e-5)
+
+
+def test_hf_model_in_save_contents_writes_an_exported_folder(tiny_model_dir, tmp_path):
+    worker = make_worker(tiny_model_dir, actor={"checkpoint": {"save_contents": ["model", "hf_model"]}})
+    worker.save_checkpoint(str(tmp_path / "actor"), global_step=3)
+    manifest = json.loads((tmp_path / "actor" / "manifest.json").read_text())
+    assert manifest["contents"] == ["model"] and manifest["global_step"] == 3
+    assert (tmp_path / "actor" / "huggingface" / "model.safetensors").is_file()
+    with pytest.raises(CheckpointContentError, match=r"holds \['model'\], not \['extra'\]"):
+        worker.load_checkpoint(str(tmp_path / "actor"))

@@ -1,0 +1,44 @@
+"""Worker config sections: built from dicts or DictConfigs, unknown keys rejected, help on every field."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from omegaconf import OmegaConf
+
+from hybridflow.workers import config as worker_config
+from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, WorkerConfigError, as_config
+
+
+def test_a_nested_dict_config_becomes_typed_sections():
+    section = OmegaConf.create(
+        {
+            "model": {"path": "/m", "lora_rank": 8, "target_modules": ["q_proj", "v_proj"]},
+            "actor": {"optim": {"lr": 3e-6, "warmup_style": "cosine"}, "policy_loss": {"loss_mode": "gspo"}},
+            "rollout": {"n": 4},
+        }
+    )
+    config = as_config(ActorRolloutRefConfig, section)
+    assert config.model.lora_rank == 8 and config.model.target_modules == ["q_proj", "v_proj"]
+    assert config.actor.optim.lr == 3e-6 and config.actor.policy_loss.loss_mode == "gspo"
+    assert config.rollout.n == 4 and config.actor.fsdp_config.mixed_precision.param_dtype == "float32"
+    assert config.model.tokenizer_dir == "/m"
+    assert as_config(ActorRolloutRefConfig, config) is config
+
+
+def test_an_unknown_key_is_rejected_with_its_full_name():
+    with pytest.raises(WorkerConfigError, match="actor.optim.learning_rate"):
+        as_config(ActorRolloutRefConfig, {"actor": {"optim": {"learning_rate": 1e-6}}})
+
+
+def test_critic_keeps_fsdp_options_under_model_as_verl_does():
+    config = as_config(CriticConfig, {"model": {"path": "/c", "fsdp_config": {"param_offload": True}}, "rollout_n": 2})
+    assert config.model.fsdp_config.param_offload and config.rollout_n == 2
+
+
+def test_every_field_has_help():
+    classes = [obj for obj in vars(worker_config).values() if dataclasses.is_dataclass(obj)]
+    classes = [cls for cls in classes if cls.__module__ == worker_config.__name__]
+    missing = [f"{cls.__name__}.{f.name}" for cls in classes for f in dataclasses.fields(cls) if not f.metadata.get("help")]
+    assert not missing
