@@ -100,7 +100,7 @@ class AgentLoop:
         return cls(engine, engine.tokenizer, tools, config.multi_turn, config.response_length)
 
     async def generate(
-        self, prompts: DataProto, n: int, sampling: SamplingParams, seed: int
+        self, prompts: DataProto, n: int, sampling: SamplingParams, seed: int, first_prompt: int = 0
     ) -> tuple[list[SampleOutput], dict[str, np.ndarray]]:
         """All ``B * n`` samples concurrently (samples of one prompt adjacent) -> outputs and extra columns."""
         token_lists = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
@@ -108,7 +108,7 @@ class AgentLoop:
         runs = []
         for index, prompt_ids in enumerate(token_lists):
             for sample in range(n):
-                row = index * n + sample
+                row = (first_prompt + index) * n + sample
                 trajectory = Trajectory(prompt_ids, sample_seed(seed, row), f"{seed}-{row}", kwargs_column[index])
                 runs.append(self.run(trajectory, sampling))
         trajectories = await asyncio.gather(*runs)

@@ -88,7 +88,8 @@ class RolloutEngine(ABC):
 
         Input ``batch``: ``input_ids``, ``attention_mask``, ``position_ids`` [B, P]. ``meta_info`` may set
         ``validate`` (use ``val_kwargs``: its n, temperature, top_p, top_k, do_sample), ``do_sample`` (False =
-        greedy), ``eos_token_id`` and ``pad_token_id``. Output ``batch``: ``prompts`` [B*n, P], ``responses``
+        greedy), ``eos_token_id`` and ``pad_token_id``, ``seed`` (this call's sampling seed; default ``seed`` + the call count)
+        and ``first_prompt_index`` (the global index of the first prompt, so row seeds do not depend on sharding). Output ``batch``: ``prompts`` [B*n, P], ``responses``
         and ``response_mask`` [B*n, R] (R = ``response_length``; mask 1 on generated tokens including the EOS,
         0 on padding and tool-result tokens), ``input_ids``, ``attention_mask``, ``position_ids`` [B*n, P+R],
         and ``rollout_log_probs`` [B*n, R] when ``calculate_log_probs`` (or ``meta_info['calculate_log_probs']``).
@@ -102,14 +103,17 @@ class RolloutEngine(ABC):
         if meta.get("eos_token_id") is not None:
             eos = meta["eos_token_id"]
             sampling.stop_token_ids += list(eos) if isinstance(eos, (list, tuple)) else [eos]
-        seed = self.config.seed + self._calls
+        # The driver sends the seed of each call so a resumed run samples as an uninterrupted one would;
+        # first_prompt_index places this data-parallel shard's rows in the global batch.
+        seed = int(meta["seed"]) if "seed" in meta else self.config.seed + self._calls
         self._calls += 1
+        first_prompt = int(meta.get("first_prompt_index", 0))
         extras = {}
         if self.config.multi_turn.enable:
-            outputs, extras = asyncio.run(self.agent_loop.generate(prompts, n, sampling, seed))
+            outputs, extras = asyncio.run(self.agent_loop.generate(prompts, n, sampling, seed, first_prompt))
         else:
             token_lists = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
-            results = self.generate_batch(build_requests(token_lists, n, sampling, seed))
+            results = self.generate_batch(build_requests(token_lists, n, sampling, seed, first_prompt))
             outputs = [(r.token_ids, [1] * len(r.token_ids), r.log_probs) for r in results]
         with_log_probs = bool(meta.get("calculate_log_probs", self.config.calculate_log_probs))
         pad_id = meta.get("pad_token_id", self.pad_token_id)

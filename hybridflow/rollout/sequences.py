@@ -24,11 +24,11 @@ def sample_seed(seed: int, row: int) -> int:
 
 
 def build_requests(
-    prompts: list[list[int]], n: int, sampling: SamplingParams, seed: int
+    prompts: list[list[int]], n: int, sampling: SamplingParams, seed: int, first_prompt: int = 0
 ) -> list[GenerationRequest]:
-    """``n`` requests per prompt, samples of one prompt adjacent, each with its own seed."""
+    """``n`` requests per prompt, samples of one prompt adjacent, each seeded by its global row."""
     requests = []
-    for index, prompt in enumerate(prompts):
+    for index, prompt in enumerate(prompts, start=first_prompt):
         for sample in range(n):
             row = index * n + sample
             params = dataclasses.replace(sampling, seed=sample_seed(seed, row))

@@ -96,6 +96,8 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """``B`` prompts -> ``B * n`` samples (syncing the actor's weights first when they changed)."""
+        # DP_COMPUTE_PROTO hands each rank a contiguous shard: its rows start at rank * shard length.
+        prompts.meta_info["first_prompt_index"] = self.rank * len(prompts)
         return self._part("rollout", "generate_sequences").generate_sequences(prompts)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -85,6 +85,22 @@ def test_same_seed_same_samples_and_successive_calls_differ(make_engine, tokeniz
     assert not torch.equal(a1, other.generate_sequences(prompts).batch["responses"])
 
 
+def test_seed_from_meta_info_and_shards_sample_as_the_whole_batch(make_engine, tokenizer):
+    """The driver's seed wins over the call counter (resume), and a data-parallel shard given its
+    first_prompt_index samples exactly the rows it would have in the unsharded batch."""
+    prompts = left_padded(tokenizer, PROMPTS)
+    engine = make_engine(n=2, response_length=12, seed=0)
+    prompts.meta_info["seed"] = 41
+    whole = engine.generate_sequences(prompts).batch["responses"]
+    fresh = make_engine(n=2, response_length=12, seed=0)
+    fresh.generate_sequences(prompts)  # a later call on a fresh engine, with the same seed sent again
+    assert torch.equal(fresh.generate_sequences(prompts).batch["responses"], whole)
+    head, tail = prompts[:1], prompts[1:]
+    head.meta_info, tail.meta_info = {"seed": 41}, {"seed": 41, "first_prompt_index": 1}
+    shards = torch.cat([engine.generate_sequences(part).batch["responses"] for part in (head, tail)])
+    assert torch.equal(shards, whole)
+
+
 def test_validation_is_greedy_with_its_own_n_and_matches_transformers_generate(make_engine, tokenizer):
     engine = make_engine(n=5, response_length=10, val_kwargs={"n": 2, "do_sample": False})
     prompts = left_padded(tokenizer, PROMPTS)

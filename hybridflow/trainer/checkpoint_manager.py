@@ -1,0 +1,135 @@
+"""The driver's side of checkpointing: the run folder layout, the ``latest`` pointer, and what to resume.
+
+Layout under ``trainer.default_local_dir``::
+
+    global_step_4/
+        actor/              written by the actor workers (model, optimizer, scheduler, worker RNG)
+        critic/             written by the critic workers, when there is a critic
+        driver_state.pt     global step, data position, driver RNG, KL controller, rollout seed
+    latest                  "global_step_4": written last, atomically, once every part above is on disk
+
+A run killed mid-save leaves a folder without a ``latest`` pointing at it, so a resume ignores it.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+import re
+import shutil
+from typing import Any
+
+import numpy as np
+import torch
+
+LATEST_FILE = "latest"
+DRIVER_STATE_FILE = "driver_state.pt"
+STEP_DIR_PATTERN = re.compile(r"^global_step_(\d+)$")
+RESUME_MODES = ("auto", "disable", "resume_path")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint to resume from is missing or incomplete."""
+
+
+def step_dir_name(global_step: int) -> str:
+    return f"global_step_{global_step}"
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The driver process's Python, numpy and torch random states."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+class CheckpointManager:
+    """Decides where checkpoints go and which one (if any) a run resumes from.
+
+    ``resume_mode``: ``auto`` resumes from ``latest`` when there is one, ``disable`` always starts fresh,
+    ``resume_path`` resumes from ``resume_from_path``; any other value is itself taken as the path.
+    """
+
+    def __init__(
+        self,
+        root_dir: str | os.PathLike,
+        resume_mode: str = "auto",
+        resume_from_path: str | None = None,
+        max_to_keep: int | None = None,
+    ):
+        self.root_dir = pathlib.Path(root_dir)
+        self.resume_mode = resume_mode
+        self.resume_from_path = resume_from_path
+        self.max_to_keep = max_to_keep
+
+    def step_dir(self, global_step: int) -> pathlib.Path:
+        return self.root_dir / step_dir_name(global_step)
+
+    def latest_step_dir(self) -> pathlib.Path | None:
+        """The folder ``latest`` points at, or None when nothing was ever fully saved."""
+        pointer = self.root_dir / LATEST_FILE
+        if not pointer.exists():
+            return None
+        step_dir = self.root_dir / pointer.read_text().strip()
+        if not (step_dir / DRIVER_STATE_FILE).exists():
+            raise CheckpointError(
+                f"{pointer} points at {step_dir}, which has no {DRIVER_STATE_FILE}; delete {pointer} "
+                "to start fresh or set trainer.resume_mode=<path of a complete global_step_N folder>"
+            )
+        return step_dir
+
+    def resume_dir(self) -> pathlib.Path | None:
+        """The checkpoint folder to resume from under the configured ``resume_mode``, or None."""
+        if self.resume_mode == "disable":
+            return None
+        if self.resume_mode == "auto":
+            return self.latest_step_dir()
+        path = self.resume_from_path if self.resume_mode == "resume_path" else self.resume_mode
+        step_dir = pathlib.Path(path)
+        if not (step_dir / DRIVER_STATE_FILE).exists():
+            raise CheckpointError(
+                f"trainer.resume_mode={self.resume_mode!r} asks to resume from {step_dir}, which has no "
+                f"{DRIVER_STATE_FILE}; point it at a global_step_N folder written by a previous run"
+            )
+        return step_dir
+
+    def prepare_step_dir(self, global_step: int) -> pathlib.Path:
+        """An empty folder for step ``global_step`` (a half-written one from a killed run is removed)."""
+        step_dir = self.step_dir(global_step)
+        if step_dir.exists():
+            shutil.rmtree(step_dir)
+        step_dir.mkdir(parents=True)
+        return step_dir
+
+    def save_driver_state(self, step_dir: pathlib.Path, state: dict[str, Any]) -> None:
+        torch.save(state, step_dir / DRIVER_STATE_FILE)
+
+    def load_driver_state(self, step_dir: pathlib.Path) -> dict[str, Any]:
+        # Our own file, holding numpy RNG state and sampler state, so not a weights-only load.
+        return torch.load(step_dir / DRIVER_STATE_FILE, weights_only=False)
+
+    def mark_latest(self, global_step: int) -> None:
+        """Point ``latest`` at this step (temp file + os.replace, so a reader never sees half a name),
+        then delete the oldest checkpoints beyond ``max_to_keep``."""
+        pointer = self.root_dir / LATEST_FILE
+        temporary = self.root_dir / f".{LATEST_FILE}.tmp"
+        temporary.write_text(step_dir_name(global_step) + "\n")
+        os.replace(temporary, pointer)
+        self._prune(keep=self.step_dir(global_step))
+
+    def _prune(self, keep: pathlib.Path) -> None:
+        if not self.max_to_keep or self.max_to_keep <= 0:
+            return
+        saved = sorted(
+            (int(match.group(1)), path)
+            for path in self.root_dir.iterdir()
+            if path.is_dir() and (match := STEP_DIR_PATTERN.match(path.name))
+        )
+        for _, path in saved[: max(0, len(saved) - self.max_to_keep)]:
+            if path != keep:
+                shutil.rmtree(path, ignore_errors=True)

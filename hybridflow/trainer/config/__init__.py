@@ -1,0 +1,1 @@
+"""Hydra configs of the trainers (``ppo_trainer.yaml``), loadable as a Python package."""

@@ -1,0 +1,84 @@
+"""Entry point: ``python -m hybridflow.trainer.main_ppo key=value ...`` (Hydra overrides on ppo_trainer.yaml).
+
+Order matters: the config is checked and the data loaded before Ray starts, so a typo costs seconds, not
+a cluster start-up. Then a local Ray cluster is started (or ``ray_init.address`` / ``RAY_ADDRESS`` joined),
+the workers are built, and the driver loop runs in this process.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from hybridflow.data.rl_dataset import RLDataset
+from hybridflow.data.sampler import StatefulDataLoader
+from hybridflow.distributed import init_local_ray
+from hybridflow.models.loading import load_tokenizer
+from hybridflow.rewards import build_reward_manager, check_data_sources, load_custom_reward_function
+from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.ppo_trainer import RayPPOTrainer
+from hybridflow.trainer.validate import ConfigError, derived_sizes, load_config
+
+
+def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
+    """Tokenizer, datasets, loaders and reward manager for ``config`` (no Ray needed yet)."""
+    data, model = config.data, config.actor_rollout_ref.model
+    tokenizer = load_tokenizer(model.tokenizer_dir, trust_remote_code=model.trust_remote_code)
+
+    def dataset(files: object) -> RLDataset:
+        return RLDataset(
+            files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key,
+            truncation=data.truncation, filter_overlong_prompts=data.filter_overlong_prompts,
+        )
+
+    train_dataset = dataset(data.train_files)
+    val_dataset = dataset(data.val_files) if data.val_files else None
+    custom = config.custom_reward_function
+    compute_score = load_custom_reward_function(custom.path, custom.name, custom.reward_kwargs) if custom.path else None
+    if compute_score is None and not config.reward_model.enable:
+        check_data_sources(train_dataset.data_sources() + (val_dataset.data_sources() if val_dataset else []))
+    train_loader = StatefulDataLoader(
+        train_dataset, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=True
+    )
+    val_loader = None
+    if val_dataset is not None:
+        val_batch_size = data.val_batch_size or len(val_dataset)
+        val_loader = StatefulDataLoader(val_dataset, val_batch_size, shuffle=False, drop_last=False)
+    reward_manager = build_reward_manager(
+        config.reward_model.reward_manager, tokenizer, compute_score, reward_fn_key=data.reward_fn_key
+    )
+    return RayPPOTrainer(
+        config, tokenizer=tokenizer, train_loader=train_loader, val_loader=val_loader, reward_manager=reward_manager
+    )
+
+
+def run_ppo(config: PPOTrainerConfig) -> None:
+    trainer = build_trainer(config)
+    for line in derived_sizes(config, steps=trainer.total_training_steps):
+        print(f"[hybridflow] {line}")
+    ray_config = config.ray_init
+    init_local_ray(
+        num_cpus=ray_config.num_cpus, num_gpus=ray_config.num_gpus, object_store_memory=ray_config.object_store_memory,
+        temp_dir=ray_config.temp_dir, address=ray_config.address,
+    )
+    try:
+        trainer.init_workers()
+        trainer.fit()
+    finally:
+        trainer.shutdown()
+
+
+@hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
+def main(cfg: DictConfig) -> None:
+    try:
+        config = load_config(cfg)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        sys.exit(2)
+    run_ppo(config)
+
+
+if __name__ == "__main__":
+    main()

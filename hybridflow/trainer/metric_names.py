@@ -1,0 +1,85 @@
+"""Every metric name the PPO driver logs, in one place, spelled as verl spells them.
+
+Dashboards built for verl read hybridflow runs unchanged. Workers return un-prefixed dicts
+(``pg_loss``, ``vf_loss``); the driver adds :data:`ACTOR_PREFIX` / :data:`CRITIC_PREFIX`. Statistics
+over a batch are ``<group>/mean``, ``<group>/max``, ``<group>/min`` (see :func:`stat`).
+"""
+
+from __future__ import annotations
+
+ACTOR_PREFIX = "actor/"
+CRITIC_PREFIX = "critic/"
+
+# Groups reduced to mean/max/min over the batch (sequence sums for scores and rewards,
+# response tokens for advantages, returns and values).
+SCORE = "critic/score"
+REWARDS = "critic/rewards"
+ADVANTAGES = "critic/advantages"
+RETURNS = "critic/returns"
+VALUES = "critic/values"
+VF_EXPLAINED_VAR = "critic/vf_explained_var"
+RESPONSE_LENGTH = "response_length"
+PROMPT_LENGTH = "prompt_length"
+CLIP_RATIO = "clip_ratio"
+
+# KL in the reward (Ziegler et al., arXiv 1909.08593): the measured KL and the controller's coefficient.
+KL_IN_REWARD = "actor/reward_kl_penalty"
+KL_COEF_IN_REWARD = "actor/reward_kl_penalty_coeff"
+
+# Per-phase wall time; the suffixes are the phase names used by the driver's timer.
+TIMING_PREFIX = "timing_s/"
+TIMING_PER_TOKEN_PREFIX = "timing_per_token_ms/"
+PHASE_GEN = "gen"
+PHASE_REWARD = "reward"
+PHASE_OLD_LOG_PROB = "old_log_prob"
+PHASE_REF = "ref"
+PHASE_VALUES = "values"
+PHASE_ADV = "adv"
+PHASE_UPDATE_CRITIC = "update_critic"
+PHASE_UPDATE_ACTOR = "update_actor"
+PHASE_UPDATE_WEIGHTS = "update_weights"
+PHASE_STEP = "step"
+PHASE_TESTING = "testing"
+
+# Throughput and hardware utilisation.
+PERF_TOTAL_NUM_TOKENS = "perf/total_num_tokens"
+PERF_TIME_PER_STEP = "perf/time_per_step"
+PERF_THROUGHPUT = "perf/throughput"
+PERF_MFU_ACTOR = "perf/mfu/actor"
+
+# Where the run is.
+GLOBAL_STEP = "training/global_step"
+EPOCH = "training/epoch"
+
+# DAPO dynamic sampling (arXiv 2503.14476): generation batches spent and groups kept for this step.
+NUM_GEN_BATCHES = "train/num_gen_batches"
+NUM_KEPT_GROUPS = "train/num_kept_groups"
+
+# Validation metrics are named by hybridflow.rewards.process_validation_metrics, as verl names them:
+# ``val-core/<data_source>/<metric>/mean@<n>`` for the headline numbers, ``val-aux/...`` for the rest.
+VAL_CORE_PREFIX = "val-core/"
+
+
+def stat(group: str, reduction: str) -> str:
+    """``stat(SCORE, "mean") == "critic/score/mean"``."""
+    return f"{group}/{reduction}"
+
+
+def timing(phase: str) -> str:
+    """``timing("gen") == "timing_s/gen"``."""
+    return f"{TIMING_PREFIX}{phase}"
+
+
+def timing_per_token(phase: str) -> str:
+    """``timing_per_token("gen") == "timing_per_token_ms/gen"``."""
+    return f"{TIMING_PER_TOKEN_PREFIX}{phase}"
+
+
+def with_prefix(prefix: str, metrics: dict) -> dict:
+    """Prefix every key of a worker's un-prefixed metrics dict (``pg_loss`` -> ``actor/pg_loss``)."""
+    return {f"{prefix}{name}": value for name, value in metrics.items()}
+
+
+def is_timing(name: str) -> bool:
+    """True for wall-clock metrics, which differ between otherwise identical runs."""
+    return name.startswith((TIMING_PREFIX, TIMING_PER_TOKEN_PREFIX, "perf/"))

@@ -1,0 +1,144 @@
+"""Per-step metrics computed by the driver from the batch it already holds: pure functions, no I/O.
+
+Names come from :mod:`hybridflow.trainer.metric_names` (verl's spelling). Shapes: ``responses`` and
+``response_mask`` are [B, R]; ``attention_mask`` is [B, P + R]; token-level tensors are [B, R].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.trainer import metric_names as names
+
+
+def reduce_worker_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Mean of each value that a worker returned as a list (one entry per micro-batch or rank)."""
+    reduced = {}
+    for name, value in metrics.items():
+        if isinstance(value, (list, tuple, np.ndarray, torch.Tensor)):
+            reduced[name] = float(np.mean(np.asarray(value, dtype=np.float64)))
+        else:
+            reduced[name] = float(value)
+    return reduced
+
+
+def sequence_lengths(batch: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt lengths [B], response lengths [B]) as float tensors, counted from the masks."""
+    response_width = batch.batch["responses"].shape[-1]
+    prompt_length = batch.batch["attention_mask"][:, :-response_width].sum(-1).float()
+    response_length = batch.batch["response_mask"].sum(-1).float()
+    return prompt_length, response_length
+
+
+def _stats(group: str, values: torch.Tensor) -> dict[str, float]:
+    values = values.detach().float()
+    return {
+        names.stat(group, "mean"): values.mean().item(),
+        names.stat(group, "max"): values.max().item(),
+        names.stat(group, "min"): values.min().item(),
+    }
+
+
+def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]:
+    """Scores, rewards, advantages, returns, values and lengths of one training batch.
+
+    Scores and rewards are per-sequence sums of ``token_level_scores`` / ``token_level_rewards``;
+    advantages, returns and values are taken over response tokens only. ``clip_ratio`` is the share of
+    responses that hit the length limit (prompts: the share that fill the prompt window).
+    """
+    tensors = batch.batch
+    response_mask = tensors["response_mask"].bool()
+    prompt_length, response_length = sequence_lengths(batch)
+    max_response_length = tensors["responses"].shape[-1]
+    max_prompt_length = tensors["attention_mask"].shape[-1] - max_response_length
+
+    metrics = {
+        **_stats(names.SCORE, tensors["token_level_scores"].sum(-1)),
+        **_stats(names.REWARDS, tensors["token_level_rewards"].sum(-1)),
+        **_stats(names.ADVANTAGES, torch.masked_select(tensors["advantages"], response_mask)),
+        **_stats(names.RETURNS, torch.masked_select(tensors["returns"], response_mask)),
+        **_stats(names.RESPONSE_LENGTH, response_length),
+        names.stat(names.RESPONSE_LENGTH, names.CLIP_RATIO): (
+            (response_length == max_response_length).float().mean().item()
+        ),
+        **_stats(names.PROMPT_LENGTH, prompt_length),
+        names.stat(names.PROMPT_LENGTH, names.CLIP_RATIO): (prompt_length == max_prompt_length).float().mean().item(),
+    }
+    if use_critic:
+        values = torch.masked_select(tensors["values"], response_mask)
+        returns = torch.masked_select(tensors["returns"], response_mask)
+        metrics.update(_stats(names.VALUES, values))
+        # Explained variance 1 - Var[G - V] / Var[G]: 1 is a perfect critic, 0 no better than a constant.
+        metrics[names.VF_EXPLAINED_VAR] = (1.0 - torch.var(returns - values) / (torch.var(returns) + 1e-5)).item()
+    return metrics
+
+
+def compute_timing_metrics(batch: DataProto, timing_s: Mapping[str, float]) -> dict[str, float]:
+    """``timing_s/<phase>`` for every timed phase, plus milliseconds per token for the token-bound ones.
+
+    Generation is normalised by response tokens; the forward/backward phases by all tokens.
+    """
+    prompt_length, response_length = sequence_lengths(batch)
+    num_response_tokens = response_length.sum().item()
+    num_all_tokens = num_response_tokens + prompt_length.sum().item()
+    tokens_of_phase = {
+        names.PHASE_GEN: num_response_tokens,
+        names.PHASE_OLD_LOG_PROB: num_all_tokens,
+        names.PHASE_REF: num_all_tokens,
+        names.PHASE_VALUES: num_all_tokens,
+        names.PHASE_UPDATE_CRITIC: num_all_tokens,
+        names.PHASE_UPDATE_ACTOR: num_all_tokens,
+    }
+    metrics = {names.timing(phase): float(seconds) for phase, seconds in timing_s.items()}
+    for phase, num_tokens in tokens_of_phase.items():
+        if phase in timing_s and num_tokens > 0:
+            metrics[names.timing_per_token(phase)] = timing_s[phase] * 1000.0 / num_tokens
+    return metrics
+
+
+def count_tokens(batch: DataProto) -> int:
+    """Prompt plus response tokens in the batch (padding excluded)."""
+    return int(batch.batch["attention_mask"].sum().item())
+
+
+def compute_throughput_metrics(batch: DataProto, step_seconds: float, num_processes: int) -> dict[str, float]:
+    """Tokens in the step, seconds per step, and tokens per second per worker process."""
+    num_tokens = count_tokens(batch)
+    return {
+        names.PERF_TOTAL_NUM_TOKENS: float(num_tokens),
+        names.PERF_TIME_PER_STEP: float(step_seconds),
+        names.PERF_THROUGHPUT: num_tokens / (step_seconds * num_processes) if step_seconds > 0 else 0.0,
+    }
+
+
+def training_flops(num_parameters: int, num_tokens: int, ppo_epochs: int) -> float:
+    """FLOPs of the actor update: 6 N D per epoch (forward 2 N D, backward 4 N D; Kaplan et al.,
+    arXiv 2001.08361, eq. 2.1). Differs from the paper: attention FLOPs are left out, which
+    under-counts long sequences slightly."""
+    return 6.0 * num_parameters * num_tokens * ppo_epochs
+
+
+def compute_mfu(flops: float, seconds: float, peak_flops_per_process: float, num_processes: int) -> float:
+    """Model FLOPs utilisation: achieved FLOP/s over the peak of all processes, in [0, 1]."""
+    if seconds <= 0 or peak_flops_per_process <= 0:
+        return 0.0
+    return flops / (seconds * peak_flops_per_process * num_processes)
+
+
+def compute_actor_mfu_metrics(
+    batch: DataProto,
+    update_actor_seconds: float,
+    *,
+    num_parameters: int,
+    ppo_epochs: int,
+    peak_flops_per_process: float,
+    num_processes: int,
+) -> dict[str, float]:
+    """``perf/mfu/actor`` for this step's actor update."""
+    flops = training_flops(num_parameters, count_tokens(batch), ppo_epochs)
+    return {names.PERF_MFU_ACTOR: compute_mfu(flops, update_actor_seconds, peak_flops_per_process, num_processes)}

@@ -1,0 +1,105 @@
+"""Where each role's worker processes run (``trainer.placement``).
+
+``colocated`` (the default, HybridFlow's hybrid engine, arXiv 2409.19256 section 5): one resource pool of
+``nnodes x n_gpus_per_node`` processes, and every role (actor/rollout/ref, critic, reward model) fused into
+one Ray actor per process, so they share the device and hand weights over without copies.
+``split``: each role gets its own pool of the same shape, so roles run in separate processes (and can
+overlap when their calls are non-blocking); it needs that many times the resources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridflow.distributed import (
+    RayClassWithInitArgs,
+    RayWorkerGroup,
+    ResourcePool,
+    create_colocated_worker_cls,
+)
+
+PLACEMENTS = ("colocated", "split")
+GLOBAL_POOL = "global_pool"
+
+
+@dataclass
+class ResourcePlan:
+    """Pools by name and the pool each role runs in."""
+
+    pools: dict[str, ResourcePool]
+    role_pool: dict[str, str]
+
+    def roles_in(self, pool_name: str) -> list[str]:
+        return [role for role, pool in self.role_pool.items() if pool == pool_name]
+
+    def total_cpus(self) -> float:
+        return sum(pool.world_size * pool.num_cpus_per_process for pool in self.pools.values())
+
+
+def make_resource_plan(
+    placement: str,
+    roles: list[str],
+    *,
+    nnodes: int,
+    processes_per_node: int,
+    use_gpu: bool,
+    cpus_per_process: float,
+) -> ResourcePlan:
+    """Pools for ``roles`` under ``placement`` (one of :data:`PLACEMENTS`)."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"trainer.placement={placement!r} is not one of {list(PLACEMENTS)}")
+
+    def pool(name: str) -> ResourcePool:
+        return ResourcePool(
+            [processes_per_node] * nnodes,
+            use_gpu=use_gpu,
+            num_cpus_per_process=cpus_per_process,
+            num_gpus_per_process=1.0,
+            name_prefix=name,
+        )
+
+    if placement == "colocated":
+        return ResourcePlan({GLOBAL_POOL: pool(GLOBAL_POOL)}, {role: GLOBAL_POOL for role in roles})
+    role_pool = {role: f"{role}_pool" for role in roles}
+    return ResourcePlan({name: pool(name) for name in role_pool.values()}, role_pool)
+
+
+@dataclass
+class WorkerGroups:
+    """The started groups: ``roles[role]`` is what the driver calls (a group, or a view of a fused one)."""
+
+    roles: dict[str, object]
+    groups: list[RayWorkerGroup]
+    plan: ResourcePlan
+
+    def shutdown(self) -> None:
+        """End the worker processes and free their reservations."""
+        for group in self.groups:
+            group.kill()
+        for pool in self.plan.pools.values():
+            pool.release()
+
+
+def create_worker_groups(plan: ResourcePlan, role_classes: dict[str, RayClassWithInitArgs]) -> WorkerGroups:
+    """Start every pool's workers.
+
+    A pool with one role gets a plain group; a pool with several fuses them and hands out per-role views,
+    so the driver calls ``roles["critic"].compute_values(batch)`` either way.
+    """
+    roles: dict[str, object] = {}
+    groups: list[RayWorkerGroup] = []
+    try:
+        for pool_name, pool in plan.pools.items():
+            pool_roles = plan.roles_in(pool_name)
+            if len(pool_roles) == 1:
+                group = RayWorkerGroup(pool, role_classes[pool_roles[0]], name_prefix=pool_roles[0])
+                roles[pool_roles[0]] = group
+            else:
+                fused = create_colocated_worker_cls({role: role_classes[role] for role in pool_roles})
+                group = RayWorkerGroup(pool, fused, name_prefix=pool_name)
+                roles.update(group.spawn())
+            groups.append(group)
+    except BaseException:
+        WorkerGroups(roles, groups, plan).shutdown()
+        raise
+    return WorkerGroups(roles, groups, plan)

@@ -1,0 +1,297 @@
+"""The PPO driver: one Python loop on the single controller calling SPMD worker groups (arXiv 2409.19256).
+
+``RayPPOTrainer.fit`` runs the steps in ARCHITECTURE.md for every advantage estimator in
+``hybridflow.algos``. What a run needs (critic, reference policy, KL in the reward, dynamic sampling, a
+greedy ReMax baseline, rollout dumps) is decided once in ``__init__``/``init_workers`` by choosing phase
+objects; the step reads the same for all of them. Each phase is timed as ``timing_s/<phase>``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pathlib
+from collections import defaultdict
+from typing import Any, Callable
+
+from hybridflow.distributed import RayClassWithInitArgs
+from hybridflow.rewards import process_validation_metrics
+from hybridflow.trainer import metric_names as names
+from hybridflow.trainer.checkpoint_manager import CheckpointManager, capture_rng_state, restore_rng_state
+from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.hooks import RolloutDump, StepHook
+from hybridflow.trainer.metrics import (
+    compute_actor_mfu_metrics,
+    compute_data_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+)
+from hybridflow.trainer.perf import count_parameters, peak_flops_per_process
+from hybridflow.trainer.phases import (
+    AdvantageEstimator,
+    Critic,
+    KLInReward,
+    NoCritic,
+    NoReference,
+    ReferencePolicy,
+    ScoresAsRewards,
+    StepTimer,
+    worker_metrics,
+)
+from hybridflow.trainer.placement import ResourcePlan, WorkerGroups, create_worker_groups, make_resource_plan
+from hybridflow.trainer.rollout_collection import (
+    DynamicSamplingCollector,
+    EndOfData,
+    Generation,
+    GreedyBaseline,
+    ModelRewardScorer,
+    PromptSource,
+    RewardScorer,
+    RolloutCollector,
+    assign_uids,
+    union_columns,
+)
+from hybridflow.trainer.tracking import RunInfo, Tracking
+from hybridflow.trainer.validate import num_processes, uses_critic, uses_reference
+from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+
+
+class RayPPOTrainer:
+    """Trains ``config.actor_rollout_ref`` with PPO-family RL on the prompts of ``train_loader``.
+
+    ``train_loader``/``val_loader`` are ``hybridflow.data.sampler.StatefulDataLoader``s (``val_loader`` may
+    be None); ``reward_manager`` is a ``hybridflow.rewards`` manager. Call ``init_workers()``, then ``fit()``.
+    """
+
+    def __init__(
+        self, config: PPOTrainerConfig, *, tokenizer: Any, train_loader: Any, val_loader: Any, reward_manager: Any
+    ):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.reward_manager = reward_manager
+        trainer = config.trainer
+        # val_only: validate once, train zero steps.
+        self.total_training_steps = 0 if trainer.val_only else (
+            trainer.total_training_steps or len(train_loader) * trainer.total_epochs
+        )
+        self.prompts = PromptSource(train_loader, trainer.total_epochs)
+        self.run_dir = pathlib.Path(trainer.default_local_dir)
+        self.checkpoints = CheckpointManager(
+            self.run_dir, trainer.resume_mode, trainer.resume_from_path, trainer.max_actor_ckpt_to_keep
+        )
+        self.reward_shaping = KLInReward(config.algorithm) if config.algorithm.use_kl_in_reward else ScoresAsRewards()
+        self.advantage = AdvantageEstimator(config.algorithm)
+        self.uses_critic = uses_critic(config)
+        self.hooks: list[StepHook] = []
+        if trainer.rollout_data_dir:
+            self.hooks.append(RolloutDump(trainer.rollout_data_dir, trainer.rollout_dump_freq, tokenizer))
+        self.global_step = 0
+        self._saved_step = -1
+        self.workers = None
+
+    # ----------------------------------------------------------------------------------------- workers
+    def init_workers(
+        self, start_workers: Callable[[ResourcePlan, dict], WorkerGroups] = create_worker_groups
+    ) -> None:
+        """Start the worker groups (colocated or split), load their models, and pick the phase objects.
+
+        ``start_workers`` turns the resource plan and {role: RayClassWithInitArgs} into running groups.
+        """
+        config, trainer = self.config, self.config.trainer
+        actor_role = "actor_rollout_ref" if uses_reference(config) else "actor_rollout"
+        actor_config = self._with_run_length(config.actor_rollout_ref, "actor")
+        role_classes = {
+            "actor_rollout_ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=actor_config, role=actor_role)
+        }
+        if self.uses_critic:
+            critic_config = self._with_run_length(config.critic, None)
+            role_classes["critic"] = RayClassWithInitArgs(CriticWorker, config=critic_config)
+        if config.reward_model.enable:
+            role_classes["reward_model"] = RayClassWithInitArgs(RewardModelWorker, config=config.reward_model)
+        plan = make_resource_plan(
+            trainer.placement, list(role_classes), nnodes=trainer.nnodes, processes_per_node=trainer.n_gpus_per_node,
+            use_gpu=trainer.device == "cuda", cpus_per_process=trainer.cpus_per_worker,
+        )
+        self.workers = start_workers(plan, role_classes)
+        groups = self.workers.roles
+        for group in groups.values():
+            group.init_model()
+        self.actor_rollout = groups["actor_rollout_ref"]
+        self.reference = ReferencePolicy(self.actor_rollout) if uses_reference(config) else NoReference()
+        self.critic = Critic(groups["critic"]) if self.uses_critic else NoCritic()
+        self.collector = self._make_collector(groups.get("reward_model"))
+        self.num_processes = num_processes(config)
+        self.num_parameters = count_parameters(config.actor_rollout_ref.model.path)
+        self.peak_flops = peak_flops_per_process(
+            trainer.peak_flops_per_device, trainer.device, trainer.cpus_per_worker
+        )
+
+    def _with_run_length(self, section: Any, optim_owner: str | None) -> Any:
+        """A copy of ``section`` whose lr schedule spans this run when its ``total_training_steps`` is -1."""
+        section = copy.deepcopy(section)
+        optim = (getattr(section, optim_owner) if optim_owner else section).optim
+        if optim.total_training_steps < 0:
+            optim.total_training_steps = self.total_training_steps
+        return section
+
+    def _make_collector(self, reward_model_group: Any) -> RolloutCollector:
+        rollout = self.config.actor_rollout_ref.rollout
+        meta = {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id}
+        self.generate = Generation(self.actor_rollout, meta, temperature=rollout.temperature, seed=rollout.seed)
+        if reward_model_group is not None:
+            self.score = ModelRewardScorer(self.reward_manager, reward_model_group)
+        else:
+            self.score = RewardScorer(self.reward_manager)
+        baseline = GreedyBaseline() if "reward_baselines" in self.advantage.readers else None
+        filter_groups = self.config.algorithm.filter_groups
+        if not filter_groups.enable:
+            return RolloutCollector(self.generate, self.score, baseline)
+        return DynamicSamplingCollector(
+            self.generate, self.score, baseline, train_batch_size=self.config.data.train_batch_size,
+            metric=filter_groups.metric, max_num_gen_batches=filter_groups.max_num_gen_batches,
+        )
+
+    def shutdown(self) -> None:
+        """Stop the workers and the reward manager's scoring threads."""
+        if self.workers is not None:
+            self.workers.shutdown()
+        self.reward_manager.close()
+
+    # --------------------------------------------------------------------------------------------- fit
+    def fit(self) -> None:
+        """Train for ``total_training_steps`` steps (or until the prompts run out)."""
+        tracker = self._start_run()
+        try:
+            while self.global_step < self.total_training_steps:
+                self.global_step += 1
+                timer = StepTimer()
+                with timer(names.PHASE_STEP):
+                    # 1 rollout and 2 reward (dynamic sampling repeats both until enough groups vary)
+                    batch, reward_metrics = self.collector.collect(self.prompts, timer, self.global_step)
+                    # 3 old and reference log-probs
+                    with timer(names.PHASE_OLD_LOG_PROB):
+                        batch = union_columns(batch, self.actor_rollout.compute_log_prob(batch))
+                    batch = self.reference.log_probs(batch, timer)
+                    # 4 values (critic only)
+                    batch = self.critic.values(batch, timer)
+                    # 5 advantages, after the KL penalty in the reward when it is used
+                    with timer(names.PHASE_ADV):
+                        batch, kl_metrics = self.reward_shaping(batch)
+                        batch = self.advantage(batch)
+                    # 6 critic update
+                    critic_metrics = self.critic.update(batch, timer)
+                    # 7 actor update; the new weights reach the rollout engine before the next generation
+                    with timer(names.PHASE_UPDATE_ACTOR):
+                        actor_output = self.actor_rollout.update_actor(batch)
+                metrics = {**reward_metrics, **kl_metrics, **critic_metrics, **self._step_metrics(batch, timer)}
+                metrics.update(worker_metrics(actor_output, names.ACTOR_PREFIX))
+                for hook in self.hooks:
+                    hook.after_step(self.global_step, batch, metrics)
+                self._end_step(metrics, tracker, last=self.global_step == self.total_training_steps)
+        except EndOfData as end:
+            self.global_step -= 1
+            print(f"stopping after step {self.global_step}: {end}")
+            if self.config.trainer.save_freq > 0 and self._saved_step != self.global_step:
+                self.save_checkpoint()
+        finally:
+            tracker.close()
+
+    def _end_step(self, metrics: dict[str, float], tracker: Tracking, last: bool) -> None:
+        """Validate and save on their schedules (and at the end); metrics are logged before the save, so a
+        run killed while saving redoes this step after resuming."""
+        trainer = self.config.trainer
+        validate_now = trainer.test_freq > 0 and (last or self.global_step % trainer.test_freq == 0)
+        if validate_now and self.val_loader is not None:
+            metrics.update(self.validate())
+        tracker.log(metrics, self.global_step)
+        if trainer.save_freq > 0 and (last or self.global_step % trainer.save_freq == 0):
+            self.save_checkpoint()
+
+    def _start_run(self) -> Tracking:
+        """Resume if a checkpoint says so, open the trackers, and validate a fresh run's starting policy."""
+        resume_dir = self.checkpoints.resume_dir()
+        if resume_dir is not None:
+            self.load_checkpoint(resume_dir)
+            print(f"resumed from {resume_dir} at step {self.global_step}")
+        trainer = self.config.trainer
+        run = RunInfo(
+            trainer.project_name, trainer.experiment_name, self.run_dir, self.total_training_steps,
+            first_step=self.global_step + 1 if resume_dir is not None else 0, config=dataclasses.asdict(self.config),
+        )
+        tracker = Tracking(trainer.logger, run)
+        # A resumed run's policy was validated (or not) by the run that saved it; validating again would
+        # also shift the rollout seeds away from an uninterrupted run's.
+        fresh = resume_dir is None
+        if self.val_loader is not None and (trainer.val_only or (fresh and trainer.val_before_train)):
+            tracker.log(self.validate(), step=self.global_step)
+        return tracker
+
+    def _step_metrics(self, batch: Any, timer: StepTimer) -> dict[str, float]:
+        seconds = timer.seconds
+        metrics = {
+            **compute_data_metrics(batch, use_critic=self.uses_critic),
+            **compute_timing_metrics(batch, seconds),
+            **compute_throughput_metrics(batch, seconds[names.PHASE_STEP], self.num_processes),
+            names.GLOBAL_STEP: float(self.global_step),
+            names.EPOCH: float(self.prompts.epoch),
+        }
+        if self.peak_flops:
+            mfu = compute_actor_mfu_metrics(
+                batch,
+                seconds[names.PHASE_UPDATE_ACTOR],
+                num_parameters=self.num_parameters,
+                ppo_epochs=self.config.actor_rollout_ref.actor.ppo_epochs,
+                peak_flops_per_process=self.peak_flops,
+                num_processes=self.num_processes,
+            )
+            metrics.update(mfu)
+        return metrics
+
+    # ------------------------------------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        """Generate for every validation prompt (``rollout.val_kwargs``) and score them:
+        ``val-core/<data_source>/<metric>/mean@<n>`` and the rest of the per-source breakdown."""
+        timer = StepTimer()
+        data_sources, uids, infos = [], [], defaultdict(list)
+        with timer(names.PHASE_TESTING):
+            for index, prompts in enumerate(self.val_loader):
+                batch = self.generate(assign_uids(prompts, f"val{index}"), timer, validate=True)
+                batch, extra, _ = self.score(batch)
+                extra = extra or {"score": batch.batch["token_level_scores"].sum(-1).tolist()}
+                data_sources += [str(s) for s in batch.non_tensor_batch[self.config.data.reward_fn_key]]
+                uids += list(batch.non_tensor_batch["uid"])
+                for key, values in extra.items():
+                    infos[key] += list(values)
+        metrics = process_validation_metrics(data_sources, uids, infos)
+        metrics[names.timing(names.PHASE_TESTING)] = timer.seconds[names.PHASE_TESTING]
+        return metrics
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> None:
+        """Workers' model/optimizer/scheduler/RNG, then the driver's state, then the ``latest`` pointer."""
+        step_dir = self.checkpoints.prepare_step_dir(self.global_step)
+        self.actor_rollout.save_checkpoint(str(step_dir / "actor"), self.global_step)
+        self.critic.save_checkpoint(str(step_dir / "critic"), self.global_step)
+        state = {
+            "global_step": self.global_step,
+            "data_loader": self.train_loader.state_dict(),
+            "rng": capture_rng_state(),
+            "rollout_calls": self.generate.calls,
+            "reward_shaping": self.reward_shaping.state_dict(),
+        }
+        self.checkpoints.save_driver_state(step_dir, state)
+        self.checkpoints.mark_latest(self.global_step)
+        self._saved_step = self.global_step
+
+    def load_checkpoint(self, step_dir: pathlib.Path) -> None:
+        self.actor_rollout.load_checkpoint(str(step_dir / "actor"))
+        self.critic.load_checkpoint(str(step_dir / "critic"))
+        state = self.checkpoints.load_driver_state(step_dir)
+        self.global_step = state["global_step"]
+        self.train_loader.load_state_dict(state["data_loader"])
+        restore_rng_state(state["rng"])
+        self.generate.calls = state["rollout_calls"]
+        self.reward_shaping.load_state_dict(state["reward_shaping"])
+

@@ -1,0 +1,227 @@
+"""Phases 1 (rollout) and 2 (reward) of a PPO step: from a batch of prompts to scored samples.
+
+:class:`RolloutCollector` generates ``n`` responses per prompt and scores them. With DAPO's dynamic
+sampling (arXiv 2503.14476, section 3.2), :class:`DynamicSamplingCollector` drops the prompt groups whose
+samples all score the same (they carry no GRPO gradient) and keeps generating until ``train_batch_size``
+prompts remain, bounded by ``algorithm.filter_groups.max_num_gen_batches``. ReMax (arXiv 2310.10505)
+adds a greedy response per prompt whose reward is the baseline (:class:`GreedyBaseline`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.trainer import metric_names as names
+from hybridflow.trainer.phases import StepTimer
+
+# What the rollout engine reads from a prompt batch (verl's names); the rest stays with the driver.
+PROMPT_TENSORS = ["input_ids", "attention_mask", "position_ids"]
+PROMPT_COLUMNS_FOR_ROLLOUT = ("raw_prompt", "tools_kwargs")
+
+
+class EndOfData(Exception):
+    """The training prompts ran out (every epoch consumed) before the step's batch was complete."""
+
+
+class DynamicSamplingError(RuntimeError):
+    """Dynamic sampling could not fill the batch within its generation budget."""
+
+
+class PromptSource:
+    """Prompt batches across epochs from a resumable loader (``hybridflow.data.sampler.StatefulDataLoader``)."""
+
+    def __init__(self, loader: Any, total_epochs: int):
+        self.loader = loader
+        self.total_epochs = total_epochs
+        self._batches = iter(())
+
+    def next(self) -> DataProto:
+        while True:
+            batch = next(self._batches, None)
+            if batch is not None:
+                return batch
+            if self.loader.epoch >= self.total_epochs:
+                raise EndOfData(f"all {self.total_epochs} epoch(s) of training prompts are used up")
+            self._batches = iter(self.loader)
+
+    @property
+    def epoch(self) -> int:
+        return self.loader.epoch
+
+
+def union_columns(batch: DataProto, output: DataProto) -> DataProto:
+    """Add a worker output's tensors and columns to ``batch`` (its meta_info carries metrics, not data)."""
+    return batch.union(DataProto(batch=output.batch, non_tensor_batch=output.non_tensor_batch))
+
+
+class RewardScorer:
+    """Phase 2: ``token_level_scores`` [B, R] from the reward manager; the per-sample extras it returns
+    (``score``, ``acc``, ``pred``, ...) become columns of the batch."""
+
+    def __init__(self, reward_manager: Any):
+        self.reward_manager = reward_manager
+
+    def __call__(self, batch: DataProto) -> tuple[DataProto, dict[str, list], dict[str, float]]:
+        result = self.reward_manager(batch)
+        batch.batch["token_level_scores"] = result.token_level_scores.to(torch.float32)
+        for key, values in result.extra.items():
+            if key not in batch.non_tensor_batch and len(values) == len(batch):
+                batch.non_tensor_batch[key] = np.asarray(values, dtype=object)
+        return batch, result.extra, dict(result.metrics)
+
+
+class ModelRewardScorer(RewardScorer):
+    """Phase 2 with a learned reward model: its ``rm_scores`` are the scores (as in verl)."""
+
+    def __init__(self, reward_manager: Any, reward_model_group: Any):
+        super().__init__(reward_manager)
+        self.reward_model_group = reward_model_group
+
+    def __call__(self, batch: DataProto) -> tuple[DataProto, dict[str, list], dict[str, float]]:
+        return super().__call__(union_columns(batch, self.reward_model_group.compute_rm_score(batch)))
+
+
+class Generation:
+    """Phase 1: ``n`` responses per prompt from the actor's rollout engine, joined to their prompts.
+
+    Call ``k`` of the run samples with seed ``rollout.seed + k``; the driver counts the calls (``calls``,
+    saved in checkpoints) so a resumed run draws the samples an uninterrupted one would.
+    """
+
+    def __init__(self, actor_rollout: Any, meta_info: dict[str, Any], temperature: float, seed: int):
+        self.actor_rollout = actor_rollout
+        self.meta_info = meta_info
+        self.temperature = temperature
+        self.seed = seed
+        self.calls = 0
+
+    def __call__(self, prompts: DataProto, timer: StepTimer, **meta: Any) -> DataProto:
+        """``prompts`` [B] (consumed) -> samples [B * n] with prompt columns repeated next to each response."""
+        gen_input = prompts.pop(batch_keys=PROMPT_TENSORS)
+        for key in PROMPT_COLUMNS_FOR_ROLLOUT:
+            if key in prompts.non_tensor_batch:
+                gen_input.non_tensor_batch[key] = prompts.non_tensor_batch[key]
+        gen_input.meta_info.update(self.meta_info, seed=self.seed + self.calls, **meta)
+        self.calls += 1
+        with timer(names.PHASE_GEN):
+            output = self.actor_rollout.generate_sequences(gen_input)
+        for key, seconds in output.meta_info.items():
+            if key.startswith(names.TIMING_PREFIX):
+                timer.add(key[len(names.TIMING_PREFIX) :], seconds)
+        samples_per_prompt = len(output) // len(prompts)
+        batch = union_columns(prompts.repeat(samples_per_prompt, interleave=True), output)
+        # Log-probs are recomputed at the temperature the samples were drawn with (as in verl).
+        batch.meta_info["temperature"] = self.temperature
+        return batch
+
+
+def assign_uids(prompts: DataProto, prefix: str) -> DataProto:
+    """``uid`` column ``<prefix>-<row>``: the samples of one prompt share it (their group for GRPO & co)."""
+    prompts.non_tensor_batch["uid"] = np.array([f"{prefix}-{i}" for i in range(len(prompts))], dtype=object)
+    return prompts
+
+
+class GreedyBaseline:
+    """ReMax's baseline: the score of the greedy response to each prompt, ``reward_baselines`` [B * n]."""
+
+    def __call__(self, prompts: DataProto, generate: Generation, score: RewardScorer, timer: StepTimer) -> torch.Tensor:
+        greedy = generate(prompts, timer, do_sample=False)
+        samples_per_prompt = len(greedy) // len(prompts)
+        with timer(names.PHASE_REWARD):
+            greedy, _, _ = score(greedy)
+        return greedy.batch["token_level_scores"].sum(-1)[::samples_per_prompt]
+
+
+class RolloutCollector:
+    """Phases 1 and 2 for one batch of prompts: generate, then score."""
+
+    def __init__(self, generate: Generation, score: RewardScorer, baseline: GreedyBaseline | None):
+        self.generate = generate
+        self.score = score
+        self.baseline = baseline
+
+    def generate_and_score(
+        self, prompts: DataProto, timer: StepTimer, uid_prefix: str
+    ) -> tuple[DataProto, dict[str, float]]:
+        assign_uids(prompts, uid_prefix)
+        baseline_prompts = prompts.select(batch_keys=PROMPT_TENSORS) if self.baseline else None
+        batch = self.generate(prompts, timer)
+        with timer(names.PHASE_REWARD):
+            batch, _, metrics = self.score(batch)
+        if self.baseline:
+            baselines = self.baseline(baseline_prompts, self.generate, self.score, timer)
+            batch.batch["reward_baselines"] = baselines.repeat_interleave(len(batch) // len(baselines))
+        return batch, metrics
+
+    def collect(self, source: PromptSource, timer: StepTimer, step: int) -> tuple[DataProto, dict[str, float]]:
+        return self.generate_and_score(source.next(), timer, uid_prefix=f"step{step}")
+
+
+def group_metric(batch: DataProto, metric: str) -> np.ndarray:
+    """Per-sample values compared within a prompt group: ``score`` is the summed token score, any other
+    name a column the reward manager returned (e.g. ``acc``)."""
+    if metric == "score":
+        return batch.batch["token_level_scores"].sum(-1).numpy()
+    if metric not in batch.non_tensor_batch:
+        raise DynamicSamplingError(
+            f"algorithm.filter_groups.metric={metric!r} is neither 'score' nor a value the reward manager "
+            f"returned ({sorted(batch.non_tensor_batch)}); choose one of those"
+        )
+    return np.asarray(batch.non_tensor_batch[metric], dtype=np.float64)
+
+
+def varied_group_rows(uids: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Indices of the rows whose uid group has a non-zero std of ``values`` (single-sample groups count
+    as varied, as in verl), in their original order."""
+    keep_uid = {}
+    for uid in dict.fromkeys(uids):
+        group = values[uids == uid]
+        keep_uid[uid] = len(group) == 1 or float(np.std(group)) > 0
+    return np.array([i for i, uid in enumerate(uids) if keep_uid[uid]], dtype=np.int64)
+
+
+class DynamicSamplingCollector(RolloutCollector):
+    """DAPO dynamic sampling: keep generating batches, dropping groups whose samples all score the same,
+    until ``train_batch_size`` prompt groups are collected (the surplus of the last batch is dropped)."""
+
+    def __init__(
+        self,
+        generate: Generation,
+        score: RewardScorer,
+        baseline: GreedyBaseline | None,
+        *,
+        train_batch_size: int,
+        metric: str,
+        max_num_gen_batches: int,
+    ):
+        super().__init__(generate, score, baseline)
+        self.train_batch_size = train_batch_size
+        self.metric = metric
+        self.max_num_gen_batches = max_num_gen_batches
+
+    def collect(self, source: PromptSource, timer: StepTimer, step: int) -> tuple[DataProto, dict[str, float]]:
+        kept, num_groups, metrics = [], 0, {}
+        for gen_batch in range(self.max_num_gen_batches):
+            prompts = source.next()
+            batch, batch_metrics = self.generate_and_score(prompts, timer, uid_prefix=f"step{step}-gen{gen_batch}")
+            metrics = {key: metrics.get(key, 0.0) + value for key, value in batch_metrics.items()}
+            rows = varied_group_rows(batch.non_tensor_batch["uid"], group_metric(batch, self.metric))
+            if len(rows):
+                kept.append(batch[rows])
+                num_groups += len(dict.fromkeys(batch.non_tensor_batch["uid"][rows]))
+            if num_groups >= self.train_batch_size:
+                batch = DataProto.concat(kept)
+                samples_per_prompt = len(batch) // num_groups
+                metrics[names.NUM_GEN_BATCHES] = float(gen_batch + 1)
+                metrics[names.NUM_KEPT_GROUPS] = float(num_groups)
+                return batch[: self.train_batch_size * samples_per_prompt], metrics
+        raise DynamicSamplingError(
+            f"dynamic sampling kept {num_groups} of the {self.train_batch_size} prompt groups a step needs after "
+            f"algorithm.filter_groups.max_num_gen_batches={self.max_num_gen_batches} generation batches (the others "
+            f"scored the same on every sample); raise max_num_gen_batches, use easier/harder-mixed prompts, or "
+            f"set algorithm.filter_groups.enable=false"
+        )

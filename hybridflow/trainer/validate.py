@@ -1,0 +1,413 @@
+"""Check the whole PPO config before any worker starts, and say every problem at once.
+
+:func:`load_config` turns the Hydra/OmegaConf config into :class:`PPOTrainerConfig`: unknown keys (with a
+close match), values of the wrong type, names no registry knows, batch sizes that do not divide, missing
+model or data files, and combinations that cannot run (an estimator that needs a critic without one) are
+collected and raised as one :class:`ConfigError`, one line per problem naming the key and the fix. No
+value is ever rewritten. :func:`derived_sizes` gives the sizes the run will use, printed at start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import pathlib
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, estimator_inputs, needs_critic
+from hybridflow.algos.kl import KL_ESTIMATORS
+from hybridflow.algos.kl_controllers import KL_CONTROLLERS
+from hybridflow.algos.loss_agg import LOSS_AGG_MODES
+from hybridflow.algos.policy_loss_registry import POLICY_LOSSES
+from hybridflow.data.rl_dataset import TRUNCATION_MODES
+from hybridflow.rewards import REWARD_MANAGERS
+from hybridflow.rollout.config import RolloutConfigError
+from hybridflow.trainer.checkpoint_manager import RESUME_MODES
+from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.placement import PLACEMENTS
+from hybridflow.trainer.tracking import LOGGER_BACKENDS, OPTIONAL_BACKEND_PACKAGES
+
+DEVICES = ("cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """The config cannot run; ``errors`` holds one line per problem."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = list(errors)
+        count = f"{len(self.errors)} problem{'s' if len(self.errors) != 1 else ''}"
+        super().__init__(f"invalid config ({count}):\n" + "\n".join(f"  - {error}" for error in self.errors))
+
+
+def load_config(config: DictConfig | dict) -> PPOTrainerConfig:
+    """``config`` checked against the schema and every cross-key rule, as a :class:`PPOTrainerConfig`."""
+    if not isinstance(config, DictConfig):
+        config = OmegaConf.create(config)
+    errors = unknown_key_errors(config, PPOTrainerConfig)
+    typed, type_errors = _to_dataclass(config, keys_known=not errors)
+    errors += type_errors
+    if typed is not None:
+        errors += semantic_errors(typed)
+    if errors:
+        raise ConfigError(errors)
+    return typed
+
+
+def unknown_key_errors(node: DictConfig | dict, schema: type, prefix: str = "") -> list[str]:
+    """One line per key of ``node`` that the dataclass ``schema`` (recursively) does not have."""
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=False)
+    errors = []
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key, value in node.items():
+        full_key = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"did you mean {prefix}{close[0]}?" if close else f"valid keys: {', '.join(fields)}"
+            errors.append(f"{full_key} is not a config key; {hint}")
+            continue
+        nested = _nested_schema(fields[key])
+        if nested is not None and isinstance(value, dict):
+            errors += unknown_key_errors(value, nested, prefix=f"{full_key}.")
+    return errors
+
+
+def _nested_schema(field: dataclasses.Field) -> type | None:
+    if field.default_factory is dataclasses.MISSING:
+        return None
+    default = field.default_factory()
+    return type(default) if dataclasses.is_dataclass(default) else None
+
+
+def _to_dataclass(config: DictConfig, keys_known: bool) -> tuple[PPOTrainerConfig | None, list[str]]:
+    """Merge each section onto the schema separately so one bad section does not hide another's errors.
+
+    Unknown keys are reported by :func:`unknown_key_errors`; here they are skipped, and no typed config is
+    built while any remain.
+    """
+    schema = OmegaConf.structured(PPOTrainerConfig)
+    errors = []
+    for section in config.keys():
+        if section not in schema:
+            continue
+        try:
+            OmegaConf.merge(schema[section], config[section])
+        except ConfigKeyError:
+            continue
+        except OmegaConfBaseException as error:
+            errors.append(_one_line(error, section))
+        except (ValueError, TypeError) as error:
+            errors.append(f"{section}: {error}")
+    if errors or not keys_known:
+        return None, errors
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(schema, config)), []
+    except OmegaConfBaseException as error:
+        return None, [_one_line(error, "")]
+    except (ValueError, TypeError) as error:  # a section's __post_init__ refused a value
+        return None, [" ".join(str(error).split())]
+
+
+def _one_line(error: OmegaConfBaseException, section: str) -> str:
+    key = getattr(error, "full_key", None) or ""
+    full_key = f"{section}.{key}" if section and key and not key.startswith(section) else (key or section)
+    message = str(error).splitlines()[0]
+    return f"{full_key}: {message}; give a value of the type in the schema (hybridflow.trainer.config_schema)"
+
+
+def semantic_errors(config: PPOTrainerConfig) -> list[str]:
+    """Every cross-key rule the typed config breaks."""
+    return (
+        _registry_errors(config)
+        + _section_errors(config)
+        + _batch_size_errors(config)
+        + _path_errors(config)
+        + _algorithm_errors(config)
+        + _trainer_errors(config)
+        + _resource_errors(config)
+    )
+
+
+def _not_in(key: str, value: Any, allowed: Any) -> str:
+    return f"{key}={value!r} is not one of [{', '.join(allowed)}]; choose one of them"
+
+
+def _registry_errors(config: PPOTrainerConfig) -> list[str]:
+    actor = config.actor_rollout_ref.actor
+    checks = [
+        ("algorithm.adv_estimator", config.algorithm.adv_estimator, ADV_ESTIMATORS),
+        ("algorithm.kl_penalty", config.algorithm.kl_penalty, KL_ESTIMATORS),
+        ("algorithm.kl_ctrl.type", config.algorithm.kl_ctrl.type, KL_CONTROLLERS),
+        ("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_ESTIMATORS),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, POLICY_LOSSES),
+        ("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES),
+        ("critic.loss_agg_mode", config.critic.loss_agg_mode, LOSS_AGG_MODES),
+        ("reward_model.reward_manager", config.reward_model.reward_manager, REWARD_MANAGERS),
+        ("trainer.placement", config.trainer.placement, PLACEMENTS),
+        ("trainer.device", config.trainer.device, DEVICES),
+        ("data.truncation", config.data.truncation, TRUNCATION_MODES),
+    ]
+    errors = [_not_in(key, value, list(allowed)) for key, value, allowed in checks if value not in allowed]
+    for backend in config.trainer.logger:
+        if backend not in LOGGER_BACKENDS:
+            errors.append(_not_in("trainer.logger entry", backend, LOGGER_BACKENDS.names()))
+            continue
+        module, extra = OPTIONAL_BACKEND_PACKAGES.get(backend, (None, None))
+        if module is not None and importlib.util.find_spec(module) is None:
+            errors.append(
+                f"trainer.logger includes {backend!r} but {module!r} is not installed; "
+                f"pip install 'hybridflow[{extra}]' or remove it from trainer.logger"
+            )
+    return errors
+
+
+def _section_errors(config: PPOTrainerConfig) -> list[str]:
+    """Problems the lower layers' own checks find in their sections."""
+    try:
+        config.actor_rollout_ref.rollout.validate()
+    except RolloutConfigError as error:
+        return [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
+    return []
+
+
+def uses_critic(config: PPOTrainerConfig) -> bool:
+    """The estimator reads critic values (e.g. gae), so a critic is built."""
+    return config.algorithm.adv_estimator in ADV_ESTIMATORS and needs_critic(config.algorithm.adv_estimator)
+
+
+def uses_reference(config: PPOTrainerConfig) -> bool:
+    """A KL term (in the reward or as a loss) needs the reference policy's log-probs."""
+    return config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
+
+
+def num_processes(config: PPOTrainerConfig) -> int:
+    return config.trainer.nnodes * config.trainer.n_gpus_per_node
+
+
+def _positive(key: str, value: Any) -> list[str]:
+    return [] if value is None or value >= 1 else [f"{key}={value} must be a positive integer (or null)"]
+
+
+def _minibatch_errors(
+    role: str, train_batch: int, mini: int, micro: int | None, dynamic: bool, n: int, world: int
+) -> list[str]:
+    """``train_batch`` prompts split into mini-batches of ``mini`` prompts, each sample-split over ``world``
+    ranks and then into micro-batches of ``micro`` samples."""
+    if mini < 1:
+        return [f"{role}.ppo_mini_batch_size={mini} must be >= 1"]
+    errors = []
+    if train_batch % mini:
+        errors.append(
+            f"data.train_batch_size={train_batch} is not a multiple of {role}.ppo_mini_batch_size={mini}; "
+            f"choose a mini-batch size that divides it (e.g. {_largest_divisor(train_batch, mini)})"
+        )
+    samples = mini * n
+    if samples % world:
+        errors.append(
+            f"{role}.ppo_mini_batch_size={mini} x rollout.n={n} = {samples} samples do not split over "
+            f"{world} worker processes (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of {world}"
+        )
+    elif micro is not None and not dynamic and (samples // world) % micro:
+        errors.append(
+            f"{role}.ppo_micro_batch_size_per_gpu={micro} does not divide the {samples // world} samples "
+            f"per rank of a mini-batch; choose a divisor of {samples // world} or set {role}.use_dynamic_bsz=true"
+        )
+    return errors
+
+
+def _largest_divisor(number: int, at_most: int) -> int:
+    return max(d for d in range(1, max(1, min(number, at_most)) + 1) if number % d == 0)
+
+
+def _batch_size_errors(config: PPOTrainerConfig) -> list[str]:
+    data, actor = config.data, config.actor_rollout_ref.actor
+    n, world = config.actor_rollout_ref.rollout.n, num_processes(config)
+    positives = {
+        "data.train_batch_size": data.train_batch_size,
+        "data.val_batch_size": data.val_batch_size,
+        "actor_rollout_ref.rollout.n": n,
+        "trainer.n_gpus_per_node": config.trainer.n_gpus_per_node,
+        "trainer.nnodes": config.trainer.nnodes,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": actor.ppo_micro_batch_size_per_gpu,
+    }
+    errors = [error for key, value in positives.items() for error in _positive(key, value)]
+    if errors:
+        return errors
+    errors += _minibatch_errors(
+        "actor_rollout_ref.actor", data.train_batch_size, actor.ppo_mini_batch_size,
+        actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz, n, world,
+    )
+    if uses_critic(config):
+        critic = config.critic
+        errors += _positive("critic.ppo_micro_batch_size_per_gpu", critic.ppo_micro_batch_size_per_gpu)
+        errors += _minibatch_errors(
+            "critic", data.train_batch_size, critic.ppo_mini_batch_size,
+            critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz, critic.rollout_n, world,
+        )
+        if critic.rollout_n != n:
+            errors.append(
+                f"critic.rollout_n={critic.rollout_n} differs from actor_rollout_ref.rollout.n={n}; "
+                "remove the critic.rollout_n override (it follows rollout.n)"
+            )
+    return errors
+
+
+def _files(value: Any) -> list[str]:
+    if value is None or value == "":
+        return []
+    return [str(value)] if isinstance(value, str) else [str(v) for v in value]
+
+
+def _model_dir_error(key: str, path: str, why: str) -> list[str]:
+    if not path:
+        return [f"{key} is empty; {why}"]
+    folder = pathlib.Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        return [
+            f"{key}={path!r} is not a Hugging Face model folder (no {folder / 'config.json'}); "
+            "point it at a local model folder"
+        ]
+    return []
+
+
+def _path_errors(config: PPOTrainerConfig) -> list[str]:
+    model = config.actor_rollout_ref.model
+    errors = _model_dir_error("actor_rollout_ref.model.path", model.path, "set it to a local Hugging Face model folder")
+    if model.tokenizer_path:
+        tokenizer = pathlib.Path(model.tokenizer_path).expanduser()
+        if not tokenizer.is_dir():
+            errors.append(
+                f"actor_rollout_ref.model.tokenizer_path={model.tokenizer_path!r} does not exist; "
+                "point it at a tokenizer folder or set it to null"
+            )
+    if uses_critic(config):
+        errors += _model_dir_error(
+            "critic.model.path", config.critic.model.path,
+            f"algorithm.adv_estimator={config.algorithm.adv_estimator!r} needs a critic: set critic.model.path "
+            f"(e.g. to the actor's model) or choose an estimator without one: "
+            f"{', '.join(name for name in ADV_ESTIMATORS.names() if not needs_critic(name))}",
+        )
+    if config.reward_model.enable:
+        errors += _model_dir_error(
+            "reward_model.model.path", config.reward_model.model.path, "set it or reward_model.enable=false"
+        )
+    train_files = _files(config.data.train_files)
+    if not train_files:
+        errors.append("data.train_files is empty; set it to a parquet file (or a list of them)")
+    for key, files in (("data.train_files", train_files), ("data.val_files", _files(config.data.val_files))):
+        missing = [f for f in files if not pathlib.Path(f).expanduser().is_file()]
+        errors += [f"{key} entry {f!r} does not exist; fix the path or generate the file first" for f in missing]
+    reward_path = config.custom_reward_function.path
+    if reward_path and not pathlib.Path(reward_path).expanduser().is_file():
+        errors.append(
+            f"custom_reward_function.path={reward_path!r} does not exist; point it at a .py file or set it to null"
+        )
+    return errors
+
+
+def _algorithm_errors(config: PPOTrainerConfig) -> list[str]:
+    algorithm, rollout = config.algorithm, config.actor_rollout_ref.rollout
+    errors = []
+    estimator = algorithm.adv_estimator
+    if estimator in ADV_ESTIMATORS and "index" in estimator_inputs(estimator) and rollout.n < 2:
+        errors.append(
+            f"algorithm.adv_estimator={estimator!r} compares the samples of each prompt, but "
+            f"actor_rollout_ref.rollout.n={rollout.n}; set rollout.n>=2"
+        )
+    if algorithm.filter_groups.enable:
+        if rollout.n < 2:
+            errors.append(
+                "algorithm.filter_groups.enable=true drops groups whose samples all score the same, "
+                "which needs actor_rollout_ref.rollout.n>=2"
+            )
+        if algorithm.filter_groups.max_num_gen_batches < 1:
+            errors.append(
+                f"algorithm.filter_groups.max_num_gen_batches={algorithm.filter_groups.max_num_gen_batches} "
+                "must be >= 1 (dynamic sampling is bounded)"
+            )
+    if algorithm.kl_ctrl.type == "adaptive" and (algorithm.kl_ctrl.horizon <= 0 or algorithm.kl_ctrl.target_kl <= 0):
+        errors.append("algorithm.kl_ctrl.type=adaptive needs kl_ctrl.horizon > 0 and kl_ctrl.target_kl > 0")
+    lengths = {"response_length": config.data.max_response_length, "prompt_length": config.data.max_prompt_length}
+    for key, configured in lengths.items():
+        value = getattr(rollout, key)
+        if value != configured:
+            data_key = f"data.max_{key}"
+            errors.append(
+                f"actor_rollout_ref.rollout.{key}={value} differs from {data_key}={configured}; "
+                f"set {data_key} instead (the rollout follows it)"
+            )
+    return errors
+
+
+def _trainer_errors(config: PPOTrainerConfig) -> list[str]:
+    trainer = config.trainer
+    errors = []
+    for key in ("save_freq", "test_freq"):
+        value = getattr(trainer, key)
+        if value == 0 or value < -1:
+            errors.append(f"trainer.{key}={value} must be -1 (never) or a positive number of steps")
+    errors += _positive("trainer.total_epochs", trainer.total_epochs)
+    errors += _positive("trainer.total_training_steps", trainer.total_training_steps)
+    errors += _positive("trainer.rollout_dump_freq", trainer.rollout_dump_freq)
+    if trainer.resume_mode == "resume_path":
+        if not trainer.resume_from_path:
+            errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N folder>")
+        elif not pathlib.Path(trainer.resume_from_path).is_dir():
+            errors.append(
+                f"trainer.resume_from_path={trainer.resume_from_path!r} does not exist; "
+                "point it at a global_step_N folder"
+            )
+    elif trainer.resume_mode not in RESUME_MODES and not pathlib.Path(trainer.resume_mode).is_dir():
+        errors.append(
+            f"trainer.resume_mode={trainer.resume_mode!r} is neither one of [{', '.join(RESUME_MODES)}] "
+            "nor an existing checkpoint folder; fix the path or use auto"
+        )
+    if trainer.cpus_per_worker <= 0:
+        errors.append(f"trainer.cpus_per_worker={trainer.cpus_per_worker} must be > 0")
+    return errors
+
+
+def _resource_errors(config: PPOTrainerConfig) -> list[str]:
+    """A local cluster too small for the worker processes would leave them pending forever."""
+    trainer, ray_config = config.trainer, config.ray_init
+    if ray_config.address or ray_config.num_cpus is None or trainer.placement not in PLACEMENTS:
+        return []
+    pools = 1 if trainer.placement == "colocated" else 1 + uses_critic(config) + config.reward_model.enable
+    needed = pools * num_processes(config) * trainer.cpus_per_worker
+    if needed <= ray_config.num_cpus:
+        return []
+    return [
+        f"trainer.placement={trainer.placement} needs {needed:g} CPUs ({pools} pool(s) x {num_processes(config)} "
+        f"process(es) x trainer.cpus_per_worker={trainer.cpus_per_worker:g}) but ray_init.num_cpus="
+        f"{ray_config.num_cpus}; lower trainer.cpus_per_worker or raise ray_init.num_cpus"
+    ]
+
+
+def derived_sizes(config: PPOTrainerConfig, steps: int | None = None) -> list[str]:
+    """The sizes the run will use, one line each, for the start-up banner."""
+    data, actor = config.data, config.actor_rollout_ref.actor
+    n, world = config.actor_rollout_ref.rollout.n, num_processes(config)
+    samples_per_mini = actor.ppo_mini_batch_size * n
+    per_rank = samples_per_mini // world
+    lines = [
+        f"samples per step: {data.train_batch_size} prompts x {n} = {data.train_batch_size * n}",
+        f"actor mini-batches per epoch: {data.train_batch_size // actor.ppo_mini_batch_size} "
+        f"({samples_per_mini} samples, {per_rank} per rank on {world} process(es)), ppo_epochs={actor.ppo_epochs}",
+    ]
+    if actor.use_dynamic_bsz:
+        lines.append(f"actor micro-batches: by token budget {actor.ppo_max_token_len_per_gpu} per rank")
+    elif actor.ppo_micro_batch_size_per_gpu:
+        lines.append(
+            f"actor micro-batches per mini-batch per rank: {per_rank // actor.ppo_micro_batch_size_per_gpu} "
+            f"of {actor.ppo_micro_batch_size_per_gpu} samples"
+        )
+    lines.append(f"tokens per sample: <= {data.max_prompt_length} prompt + {data.max_response_length} response")
+    if steps is not None:
+        lines.append(f"training steps: {steps}")
+    yes_no = {True: "yes", False: "no"}
+    lines.append(f"critic: {yes_no[uses_critic(config)]}; reference: {yes_no[uses_reference(config)]}")
+    return lines

@@ -1,0 +1,154 @@
+"""In-process stand-ins for the worker groups, so the driver's logic is tested in milliseconds without Ray.
+
+They keep the worker contract (DataProto in, DataProto out, metrics in ``meta_info["metrics"]``) and record
+every call. Responses are seeded by ``meta_info["seed"]``; a prompt whose row number in its batch is odd gets
+the same response for all its samples (a group DAPO must drop); the samples of an even row differ in their
+first character.
+"""
+
+import pathlib
+
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.trainer.placement import WorkerGroups
+
+
+class FakeActorRollout:
+    def __init__(self, config, role, calls):
+        self.config, self.role, self.calls = config, role, calls
+        self.version = 0
+
+    def init_model(self):
+        self.calls.append(("init_model", self.role))
+
+    def generate_sequences(self, prompts):
+        meta = prompts.meta_info
+        self.calls.append(("generate_sequences", dict(meta)))
+        rollout = self.config.rollout
+        n = rollout.val_kwargs.n if meta.get("validate") else rollout.n
+        width = rollout.response_length
+        generator = torch.Generator().manual_seed(int(meta["seed"]))
+        prompt_ids = prompts.batch["input_ids"].repeat_interleave(n, dim=0)
+        prompt_mask = prompts.batch["attention_mask"].repeat_interleave(n, dim=0)
+        responses = torch.randint(40, 120, (len(prompt_ids), width), generator=generator)
+        lengths = torch.randint(1, width + 1, (len(prompt_ids),), generator=generator)
+        for row in range(0, len(prompt_ids), n):
+            responses[row : row + n] = responses[row]
+            lengths[row : row + n] = lengths[row]
+            if (row // n) % 2 == 0 and meta.get("do_sample") is not False:
+                # Sample j starts with an even or odd character: the dense test reward differs within the group.
+                responses[row : row + n, 0] = 66 + torch.arange(n) % 2
+        response_mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+        responses = responses.masked_fill(response_mask == 0, meta["pad_token_id"])
+        attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+        return DataProto.from_dict(
+            {
+                "prompts": prompt_ids,
+                "responses": responses,
+                "response_mask": response_mask,
+                "input_ids": torch.cat([prompt_ids, responses], dim=1),
+                "attention_mask": attention_mask,
+                "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+            },
+            meta_info={"timing_s/update_weights": 0.001},
+        )
+
+    def compute_log_prob(self, data):
+        self.calls.append(("compute_log_prob", len(data)))
+        log_probs = -(data.batch["responses"] % 7).float() / 10 - 0.01 * self.version
+        meta_info = {"temperature": data.meta_info["temperature"]}
+        return DataProto.from_dict({"old_log_probs": log_probs}, meta_info=meta_info)
+
+    def compute_ref_log_prob(self, data):
+        self.calls.append(("compute_ref_log_prob", len(data)))
+        return DataProto.from_dict({"ref_log_prob": -(data.batch["responses"] % 7).float() / 10 - 0.01})
+
+    def update_actor(self, data):
+        self.calls.append(("update_actor", data))
+        self.version += 1
+        advantages = data.batch["advantages"]
+        metrics = {"pg_loss": [float(advantages.mean()), 0.0], "grad_norm": [1.0, 3.0], "lr": 0.1}
+        return DataProto(meta_info={"metrics": metrics})
+
+    def save_checkpoint(self, local_path, global_step=0):
+        self.calls.append(("save_checkpoint", local_path))
+        pathlib.Path(local_path).mkdir(parents=True)
+        (pathlib.Path(local_path) / "version").write_text(str(self.version))
+
+    def load_checkpoint(self, local_path):
+        self.calls.append(("load_checkpoint", local_path))
+        self.version = int((pathlib.Path(local_path) / "version").read_text())
+
+
+class FakeCritic:
+    def __init__(self, config, calls):
+        self.config, self.calls = config, calls
+
+    def init_model(self):
+        self.calls.append(("init_model", "critic"))
+
+    def compute_values(self, data):
+        self.calls.append(("compute_values", len(data)))
+        return DataProto.from_dict({"values": torch.full(data.batch["responses"].shape, 0.25)})
+
+    def update_critic(self, data):
+        self.calls.append(("update_critic", data))
+        return DataProto(meta_info={"metrics": {"vf_loss": [0.5, 1.5], "grad_norm": 2.0}})
+
+    def save_checkpoint(self, local_path, global_step=0):
+        pathlib.Path(local_path).mkdir(parents=True)
+
+    def load_checkpoint(self, local_path):
+        pass
+
+
+class FakeRewardModel:
+    """Scores every sample 0.75 on its last response token."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def init_model(self):
+        self.calls.append(("init_model", "reward_model"))
+
+    def compute_rm_score(self, data):
+        self.calls.append(("compute_rm_score", len(data)))
+        mask = data.batch["response_mask"]
+        last = mask.sum(-1) - 1
+        scores = torch.zeros(mask.shape)
+        scores[torch.arange(len(mask)), last] = 0.75
+        return DataProto.from_dict({"rm_scores": scores})
+
+
+class FakeWorkerGroups(WorkerGroups):
+    def __init__(self, roles, groups, plan, owner):
+        super().__init__(roles, groups, plan)
+        self.owner = owner
+
+    def shutdown(self):
+        self.owner.shut_down = True
+
+
+class FakeWorkers:
+    """A ``start_workers`` for ``RayPPOTrainer.init_workers``: records the plan and builds fakes."""
+
+    def __init__(self):
+        self.calls = []
+        self.plan = None
+        self.shut_down = False
+
+    def __call__(self, plan, role_classes):
+        self.plan = plan
+        roles = {}
+        for role, spec in role_classes.items():
+            if role == "actor_rollout_ref":
+                roles[role] = FakeActorRollout(spec.kwargs["config"], spec.kwargs["role"], self.calls)
+            elif role == "critic":
+                roles[role] = FakeCritic(spec.kwargs["config"], self.calls)
+            elif role == "reward_model":
+                roles[role] = FakeRewardModel(self.calls)
+        return FakeWorkerGroups(roles, [], plan, owner=self)
+
+    def names(self):
+        return [call[0] for call in self.calls]

@@ -1,0 +1,134 @@
+"""End to end through the command line: GRPO and PPO (with a critic) on a tiny model, a tiny parquet file and a
+local Ray cluster; then a kill -9 mid-run and a resume whose steps equal an uninterrupted run's."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from hybridflow.trainer import metric_names as names
+from hybridflow.trainer.tracking import read_metrics
+
+from .cli import RayTempDir, cli_env, command, run_cli
+from .helpers import tiny_run_overrides
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+
+
+def _run_overrides(tiny_model_dir, tiny_parquet, run_dir, estimator):
+    return tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir, estimator) + [
+        f"trainer.total_training_steps={STEPS}",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "trainer.save_freq=1",
+        "trainer.test_freq=2",
+    ]
+
+
+@pytest.fixture(scope="module")
+def grpo_run(tiny_model_dir, tiny_parquet, tmp_path_factory):
+    """An uninterrupted GRPO run (with GRPO's KL loss): its folder and its command-line overrides."""
+    work = tmp_path_factory.mktemp("grpo")
+    overrides = _run_overrides(tiny_model_dir, tiny_parquet, work / "run", "grpo")
+    run_cli(overrides + ["trainer.logger=[console,jsonl]"], cwd=work)
+    return work / "run", overrides
+
+
+def _steps(run_dir):
+    return {record["step"]: record for record in read_metrics(run_dir)}
+
+
+def test_grpo_writes_metrics_and_checkpoints(grpo_run):
+    run_dir, _ = grpo_run
+    steps = _steps(run_dir)
+    assert sorted(steps) == [0, 1, 2, 3]
+    assert "val-core/arithmetic/acc/mean@1" in steps[0]  # validation before training
+    assert "val-core/arithmetic/acc/mean@1" in steps[2]  # test_freq=2
+    assert "val-core/arithmetic/acc/mean@1" in steps[3]  # and at the end
+    for step in (1, 2, 3):
+        record = steps[step]
+        assert record[names.GLOBAL_STEP] == step
+        assert 0 <= record["critic/score/min"] <= record["critic/score/mean"] <= record["critic/score/max"] <= 1
+        assert record["critic/advantages/max"] > 0 > record["critic/advantages/min"]
+        assert record["actor/pg_loss"] != 0 and record["actor/grad_norm"] > 0
+        assert record["response_length/max"] <= 8
+        for phase in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "step"):
+            assert names.timing(phase) in record
+        assert names.timing("values") not in record and "critic/values/mean" not in record
+        assert "actor/kl_loss" in record
+        assert record[names.PERF_THROUGHPUT] > 0 and record[names.PERF_MFU_ACTOR] > 0
+    assert (run_dir / "latest").read_text().strip() == "global_step_3"
+    for step in (1, 2, 3):
+        assert (run_dir / f"global_step_{step}" / "driver_state.pt").is_file()
+        assert (run_dir / f"global_step_{step}" / "actor").is_dir()
+        assert not (run_dir / f"global_step_{step}" / "critic").exists()
+
+
+def test_ppo_with_critic(tiny_model_dir, tiny_parquet, tmp_path):
+    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run", "gae") + [
+        "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.val_before_train=false",
+        "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+    ]
+    run_cli(overrides, cwd=tmp_path)
+    steps = _steps(tmp_path / "run")
+    assert sorted(steps) == [1, 2]
+    for record in steps.values():
+        critic_keys = ("critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "critic/returns/mean")
+        for key in (*critic_keys, names.KL_IN_REWARD):
+            assert key in record, key
+        for phase in ("ref", "values", "update_critic"):
+            assert names.timing(phase) in record
+    # The adaptive controller moved the KL coefficient after the first step.
+    assert steps[2][names.KL_COEF_IN_REWARD] != steps[1][names.KL_COEF_IN_REWARD]
+    step_dir = tmp_path / "run" / "global_step_2"
+    assert (step_dir / "actor").is_dir() and (step_dir / "critic").is_dir()
+    assert (tmp_path / "run" / "latest").read_text().strip() == "global_step_2"
+
+
+def _comparable(record):
+    return {key: value for key, value in record.items() if not names.is_timing(key)}
+
+
+def _wait_for_first_checkpoint(run_dir, process, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "latest").exists():
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended (exit {process.returncode}) before its first checkpoint")
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint within the timeout")
+
+
+def test_kill_9_then_resume_matches_an_uninterrupted_run(grpo_run, tmp_path):
+    reference_dir, overrides = grpo_run
+    run_dir = tmp_path / "run"
+    overrides = [o for o in overrides if not o.startswith("trainer.default_local_dir=")]
+    overrides.append(f"trainer.default_local_dir={run_dir}")
+    with RayTempDir() as ray_temp_dir:
+        process = subprocess.Popen(command(overrides, ray_temp_dir), cwd=tmp_path, env=cli_env(),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            _wait_for_first_checkpoint(run_dir, process)
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        finally:
+            # The Ray processes this run started share its session; end them, not anyone else's.
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    killed_at = int((run_dir / "latest").read_text().strip().removeprefix("global_step_"))
+    assert killed_at < STEPS, "the run finished before it could be killed"
+
+    run_cli(overrides, cwd=tmp_path)
+    resumed, reference = _steps(run_dir), _steps(reference_dir)
+    assert sorted(resumed) == sorted(reference)
+    for step in range(killed_at + 1, STEPS + 1):
+        assert _comparable(resumed[step]) == _comparable(reference[step]), f"step {step} differs"
+    # The steps before the kill are kept from the first attempt, not redone.
+    assert json.dumps(_comparable(resumed[1]), sort_keys=True) == json.dumps(_comparable(reference[1]), sort_keys=True)

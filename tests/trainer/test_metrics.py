@@ -1,0 +1,79 @@
+"""Hand-computed cases for the driver's per-step metrics."""
+
+import pytest
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.trainer import metric_names as names
+from hybridflow.trainer.metrics import (
+    compute_actor_mfu_metrics,
+    compute_data_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    reduce_worker_metrics,
+)
+
+
+def _batch() -> DataProto:
+    # Two samples, prompt window 3, response window 4.
+    # Sample 0: prompt 2 tokens (left-padded), response 4 tokens (hits the limit).
+    # Sample 1: prompt 3 tokens, response 2 tokens.
+    attention_mask = torch.tensor([[0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 0]])
+    response_mask = attention_mask[:, 3:]
+    scores = torch.tensor([[0, 0, 0, 1.0], [0, 0.5, 0, 0]])
+    return DataProto.from_dict(
+        {
+            "responses": torch.zeros(2, 4, dtype=torch.long),
+            "attention_mask": attention_mask,
+            "response_mask": response_mask,
+            "token_level_scores": scores,
+            "token_level_rewards": scores - 0.25 * response_mask,
+            "advantages": torch.tensor([[1.0, 2.0, 3.0, 4.0], [-1.0, -2.0, 9.0, 9.0]]),
+            "returns": torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 9.0, 9.0]]),
+            "values": torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 5.0, 5.0]]),
+        }
+    )
+
+
+def test_data_metrics_by_hand():
+    metrics = compute_data_metrics(_batch(), use_critic=True)
+    assert metrics["critic/score/mean"] == pytest.approx(0.75)
+    assert metrics["critic/score/max"] == 1.0 and metrics["critic/score/min"] == 0.5
+    assert metrics["critic/rewards/mean"] == pytest.approx((0.0 + 0.0) / 2)  # 1-4*.25, .5-2*.25
+    # Advantages over response tokens only: 1,2,3,4,-1,-2.
+    assert metrics["critic/advantages/mean"] == pytest.approx(7 / 6)
+    assert metrics["critic/advantages/max"] == 4.0 and metrics["critic/advantages/min"] == -2.0
+    assert metrics["response_length/mean"] == 3.0 and metrics["response_length/max"] == 4.0
+    assert metrics["response_length/clip_ratio"] == 0.5
+    assert metrics["prompt_length/mean"] == 2.5 and metrics["prompt_length/clip_ratio"] == 0.5
+    # Returns equal values on the masked tokens, so the critic explains everything.
+    assert metrics["critic/vf_explained_var"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["critic/values/mean"] == pytest.approx(4 / 6)
+
+
+def test_data_metrics_without_critic_have_no_values():
+    metrics = compute_data_metrics(_batch(), use_critic=False)
+    assert not any(key.startswith("critic/values") for key in metrics)
+    assert names.VF_EXPLAINED_VAR not in metrics
+
+
+def test_timing_per_token_uses_response_tokens_for_generation():
+    metrics = compute_timing_metrics(_batch(), {"gen": 0.6, "update_actor": 1.1, "step": 2.0})
+    assert metrics["timing_s/gen"] == 0.6 and metrics["timing_s/step"] == 2.0
+    assert metrics["timing_per_token_ms/gen"] == pytest.approx(600 / 6)
+    assert metrics["timing_per_token_ms/update_actor"] == pytest.approx(1100 / 11)
+    assert "timing_per_token_ms/step" not in metrics
+
+
+def test_throughput_and_mfu():
+    batch = _batch()
+    perf = compute_throughput_metrics(batch, step_seconds=2.0, num_processes=2)
+    assert perf["perf/total_num_tokens"] == 11 and perf["perf/throughput"] == pytest.approx(11 / 4)
+    mfu = compute_actor_mfu_metrics(
+        batch, 0.5, num_parameters=1000, ppo_epochs=2, peak_flops_per_process=1e6, num_processes=1
+    )
+    assert mfu["perf/mfu/actor"] == pytest.approx(6 * 1000 * 11 * 2 / (0.5 * 1e6))
+
+
+def test_worker_lists_are_averaged():
+    assert reduce_worker_metrics({"pg_loss": [1.0, 3.0], "lr": 0.1}) == {"pg_loss": 2.0, "lr": 0.1}

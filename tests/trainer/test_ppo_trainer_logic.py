@@ -1,0 +1,171 @@
+"""The driver's step logic against in-process fake workers: which phases run, what they receive, DAPO dynamic
+sampling, the ReMax baseline, KL in the reward, validation, rollout dumps and resuming."""
+
+import json
+
+import pytest
+
+from hybridflow.trainer import metric_names as names
+from hybridflow.trainer.main_ppo import build_trainer
+from hybridflow.trainer.rollout_collection import DynamicSamplingError
+from hybridflow.trainer.tracking import read_metrics
+from hybridflow.trainer.validate import load_config
+
+from .cli import DENSE_REWARD
+from .fake_workers import FakeWorkers
+from .helpers import compose_config, tiny_run_overrides
+
+
+@pytest.fixture()
+def run(tiny_model_dir, tiny_parquet, tmp_path):
+    """``run(estimator, *overrides)`` -> (trainer, fakes) after fit() with fake workers."""
+
+    def run_with(estimator="grpo", *overrides, run_dir=None):
+        base = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir or tmp_path / "run", estimator) + [
+            "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.peak_flops_per_device=1e9",
+            f"custom_reward_function.path={DENSE_REWARD}",
+        ]
+        trainer = build_trainer(load_config(compose_config(base + list(overrides))))
+        fakes = FakeWorkers()
+        trainer.init_workers(start_workers=fakes)
+        try:
+            trainer.fit()
+        finally:
+            trainer.shutdown()
+        assert fakes.shut_down
+        return trainer, fakes
+
+    return run_with
+
+
+def _updates(fakes):
+    return [call[1] for call in fakes.calls if call[0] == "update_actor"]
+
+
+def test_grpo_runs_only_the_phases_it_needs(run, tmp_path):
+    _, fakes = run("grpo")
+    step = ["generate_sequences", "compute_log_prob", "update_actor"]
+    assert fakes.names() == ["init_model"] + step + step
+    assert fakes.calls[0] == ("init_model", "actor_rollout")  # no reference part is built
+    assert fakes.plan.role_pool == {"actor_rollout_ref": "global_pool"}
+    batch = _updates(fakes)[0]
+    assert len(batch) == 8
+    uids = list(batch.non_tensor_batch["uid"])
+    assert uids == [uid for uid in dict.fromkeys(uids) for _ in range(2)]  # the 2 samples of a prompt are adjacent
+    assert (batch.batch["token_level_rewards"] == batch.batch["token_level_scores"]).all()
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[0]["actor/grad_norm"] == 2.0  # the worker's list of per-step values, averaged
+    assert names.timing("ref") not in records[0] and names.timing("values") not in records[0]
+    assert records[0][names.timing("update_weights")] == pytest.approx(0.001)
+    assert records[0][names.PERF_MFU_ACTOR] > 0
+
+
+def test_gae_with_kl_in_reward_uses_critic_and_reference(run, tmp_path):
+    _, fakes = run("gae", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.5")
+    step = ["generate_sequences", "compute_log_prob", "compute_ref_log_prob", "compute_values"]
+    step += ["update_critic", "update_actor"]
+    assert fakes.names() == ["init_model", "init_model"] + step + step
+    assert fakes.plan.role_pool == {"actor_rollout_ref": "global_pool", "critic": "global_pool"}
+    batch = _updates(fakes)[0]
+    mask = batch.batch["response_mask"]
+    # old - ref = 0.01 on every token before the first update: r = score - 0.5 * 0.01 per response token.
+    expected = batch.batch["token_level_scores"] - 0.5 * 0.01 * mask
+    assert batch.batch["token_level_rewards"] == pytest.approx(expected, abs=1e-6)
+    record = read_metrics(tmp_path / "run")[0]
+    assert record[names.KL_IN_REWARD] == pytest.approx(0.01, abs=1e-6)
+    assert record[names.KL_COEF_IN_REWARD] == 0.5
+    assert record["critic/vf_loss"] == 1.0 and record["critic/values/mean"] == 0.25
+
+
+def test_kl_loss_needs_the_reference_but_not_in_the_reward(run):
+    _, fakes = run("grpo", "actor_rollout_ref.actor.use_kl_loss=true")
+    step = ["generate_sequences", "compute_log_prob", "compute_ref_log_prob", "update_actor"]
+    assert fakes.names() == ["init_model"] + step + step
+    assert fakes.calls[0] == ("init_model", "actor_rollout_ref")
+    batch = _updates(fakes)[0]
+    assert "ref_log_prob" in batch.batch.keys()
+    assert (batch.batch["token_level_rewards"] == batch.batch["token_level_scores"]).all()
+
+
+def test_dynamic_sampling_keeps_only_groups_whose_scores_vary(run, tmp_path):
+    _, fakes = run("grpo", "algorithm.filter_groups.enable=true")
+    generations = fakes.names().count("generate_sequences")
+    assert generations == 4  # half of each batch's groups are identical, so 2 batches per step
+    for batch in _updates(fakes):
+        assert len(batch) == 8
+        scores = batch.batch["token_level_scores"].sum(-1).view(4, 2)
+        assert (scores[:, 0] != scores[:, 1]).all()
+    record = read_metrics(tmp_path / "run")[0]
+    assert record[names.NUM_GEN_BATCHES] == 2 and record[names.NUM_KEPT_GROUPS] == 4
+
+
+def test_dynamic_sampling_stops_at_its_budget(run):
+    with pytest.raises(DynamicSamplingError, match="algorithm.filter_groups.max_num_gen_batches=1"):
+        run("grpo", "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=1")
+
+
+def test_remax_generates_a_greedy_baseline(run):
+    _, fakes = run("remax")
+    greedy = [call[1] for call in fakes.calls if call[0] == "generate_sequences" and call[1].get("do_sample") is False]
+    assert len(greedy) == 2  # one per step
+    batch = _updates(fakes)[0]
+    baselines = batch.batch["reward_baselines"]
+    assert baselines.shape == (8,) and (baselines[0::2] == baselines[1::2]).all()
+
+
+def test_rollout_seeds_count_generation_calls(run):
+    _, fakes = run("grpo", "actor_rollout_ref.rollout.seed=100", "trainer.val_before_train=true")
+    seeds = [call[1]["seed"] for call in fakes.calls if call[0] == "generate_sequences"]
+    assert seeds == [100, 101, 102]  # validation, step 1, step 2
+
+
+def test_validation_before_training_and_on_schedule(run, tmp_path):
+    _, fakes = run(
+        "grpo", "trainer.val_before_train=true", "trainer.test_freq=1", "actor_rollout_ref.rollout.val_kwargs.n=2"
+    )
+    validations = [call[1] for call in fakes.calls if call[0] == "generate_sequences" and call[1].get("validate")]
+    assert len(validations) == 3
+    records = {r["step"]: r for r in read_metrics(tmp_path / "run")}
+    for step in (0, 1, 2):
+        assert "val-core/arithmetic/acc/mean@2" in records[step]
+        assert 0 <= records[step]["val-aux/arithmetic/score/mean@2"] <= 1
+    assert names.timing("testing") in records[1]
+
+
+def test_a_reward_model_scores_instead_of_the_rules(run, tiny_model_dir):
+    _, fakes = run("grpo", "reward_model.enable=true", f"reward_model.model.path={tiny_model_dir}")
+    assert fakes.names().count("compute_rm_score") == 2
+    assert fakes.plan.role_pool == {"actor_rollout_ref": "global_pool", "reward_model": "global_pool"}
+    batch = _updates(fakes)[0]
+    assert (batch.batch["token_level_scores"].sum(-1) == 0.75).all()
+
+
+def test_rollout_dump_every_n_steps(run, tmp_path):
+    run("grpo", f"trainer.rollout_data_dir={tmp_path / 'dumps'}", "trainer.rollout_dump_freq=2")
+    assert [p.name for p in (tmp_path / "dumps").iterdir()] == ["step_2.jsonl"]
+    lines = [json.loads(line) for line in (tmp_path / "dumps" / "step_2.jsonl").read_text().splitlines()]
+    assert len(lines) == 8
+    assert lines[0]["data_source"] == "arithmetic" and "What is" in lines[0]["prompt"]
+    assert 0 <= lines[0]["score"] <= 1 and "acc" in lines[0] and lines[0]["uid"] == lines[1]["uid"]
+
+
+def test_split_placement_gives_each_role_its_pool(run):
+    _, fakes = run("gae", "trainer.placement=split")
+    assert fakes.plan.role_pool == {"actor_rollout_ref": "actor_rollout_ref_pool", "critic": "critic_pool"}
+
+
+def test_resume_continues_where_the_saved_run_stopped(run, tmp_path):
+    _, uninterrupted = run("grpo", "trainer.total_training_steps=4", run_dir=tmp_path / "a")
+    run("grpo", "trainer.save_freq=1", run_dir=tmp_path / "b")
+    _, resumed = run("grpo", "trainer.total_training_steps=4", "trainer.save_freq=1", run_dir=tmp_path / "b")
+    assert ("load_checkpoint", str(tmp_path / "b" / "global_step_2" / "actor")) in resumed.calls
+    for before, after in zip(_updates(uninterrupted)[2:], _updates(resumed)):
+        assert list(before.non_tensor_batch["uid"]) == list(after.non_tensor_batch["uid"])
+        assert (before.batch["input_ids"] == after.batch["input_ids"]).all()  # same prompts, same samples
+        assert (before.batch["advantages"] == after.batch["advantages"]).all()
+    def without_timing(run_dir):
+        return [{k: v for k, v in r.items() if not names.is_timing(k)} for r in read_metrics(run_dir)]
+
+    assert without_timing(tmp_path / "a") == without_timing(tmp_path / "b")
+    assert (tmp_path / "b" / "latest").read_text().strip() == "global_step_4"

@@ -1,0 +1,159 @@
+"""Config errors are caught before anything starts, all at once, each naming its key and the fix."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.validate import ConfigError, derived_sizes, load_config
+
+from .helpers import compose_config, tiny_run_overrides
+
+
+@pytest.fixture()
+def base(tiny_model_dir, tiny_parquet, tmp_path):
+    return tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run")
+
+
+def _errors(overrides) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_config(compose_config(overrides))
+    return caught.value.errors
+
+
+def _one_error(overrides, *fragments) -> str:
+    errors = _errors(overrides)
+    assert len(errors) == 1, errors
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    assert "\n" not in errors[0]
+    return errors[0]
+
+
+def test_a_valid_config_loads_as_the_schema(base):
+    config = load_config(compose_config(base))
+    assert isinstance(config, PPOTrainerConfig)
+    # Interpolations follow their sources: the rollout lengths and the critic's samples per prompt.
+    assert config.actor_rollout_ref.rollout.response_length == 8
+    assert config.critic.rollout_n == 2
+
+
+def test_unknown_key_names_the_close_match(base):
+    _one_error(base + ["+trainer.sav_freq=1"], "trainer.sav_freq", "did you mean trainer.save_freq?")
+    _one_error(
+        base + ["+actor_rollout_ref.actor.optim.learning_rate=1"],
+        "actor_rollout_ref.actor.optim.learning_rate", "valid keys: lr,",
+    )
+
+
+def test_batch_size_that_does_not_divide(base):
+    _one_error(
+        base + ["data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=4"],
+        "data.train_batch_size=6 is not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "choose a mini-batch size that divides it",
+    )
+    _one_error(
+        base + ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"],
+        "ppo_micro_batch_size_per_gpu=3 does not divide the 4 samples per rank",
+    )
+    _one_error(
+        base + ["trainer.n_gpus_per_node=3"],
+        "do not split over 3 worker processes", "make it a multiple of 3",
+    )
+
+
+def test_missing_model_and_data_files(base, tmp_path):
+    _one_error(
+        base + [f"actor_rollout_ref.model.path={tmp_path / 'nope'}"],
+        "actor_rollout_ref.model.path=", "point it at a local model folder",
+    )
+    _one_error(base + [f"data.train_files={tmp_path / 'nope.parquet'}"], "data.train_files entry", "does not exist")
+    _one_error(base + [f"data.val_files=[{tmp_path / 'a.parquet'}]"], "data.val_files entry", "a.parquet")
+
+
+def test_estimator_that_needs_a_critic_without_one(base):
+    no_critic = ["algorithm.adv_estimator=gae", "critic.model.path=''"]
+    message = _one_error(base + no_critic, "critic.model.path is empty", "'gae' needs a critic")
+    assert "grpo" in message  # the estimators that work without one are listed
+    load_config(compose_config(base + ["algorithm.adv_estimator=grpo", "critic.model.path=''"]))
+
+
+def test_wrong_type_and_unknown_names(base):
+    _one_error(base + ["data.train_batch_size=many"], "data.train_batch_size", "could not be converted to Integer")
+    _one_error(base + ["algorithm.adv_estimator=gpro"], "algorithm.adv_estimator='gpro'", "grpo")
+    _one_error(base + ["trainer.logger=[console,tensorbord]"], "trainer.logger entry", "tensorboard")
+    _one_error(base + ["actor_rollout_ref.rollout.temperature=-1"], "actor_rollout_ref.rollout.temperature=-1.0")
+
+
+def test_group_estimators_and_dynamic_sampling_need_several_samples(base):
+    _one_error(
+        base + ["actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=gae", "algorithm.filter_groups.enable=true"],
+        "filter_groups", "rollout.n>=2",
+    )
+    _one_error(base + ["actor_rollout_ref.rollout.n=1"], "algorithm.adv_estimator='grpo'", "rollout.n>=2")
+
+
+def test_local_cluster_too_small_for_the_workers(base):
+    _one_error(
+        base + ["algorithm.adv_estimator=gae", "trainer.placement=split", "ray_init.num_cpus=1"],
+        "needs 2 CPUs (2 pool(s) x 1 process(es) x trainer.cpus_per_worker=1)", "ray_init.num_cpus=1",
+    )
+    fits = ["algorithm.adv_estimator=gae", "trainer.placement=split", "ray_init.num_cpus=1"]
+    fits.append("trainer.cpus_per_worker=0.5")
+    load_config(compose_config(base + fits))
+
+
+def test_resume_path_must_exist(base, tmp_path):
+    _one_error(
+        base + [f"trainer.resume_mode={tmp_path / 'global_step_3'}"], "trainer.resume_mode=", "fix the path or use auto"
+    )
+    _one_error(base + ["trainer.resume_mode=resume_path"], "trainer.resume_from_path")
+
+
+def test_every_problem_is_reported_at_once(base, tmp_path):
+    errors = _errors(base + ["+trainer.sav_freq=1", "data.train_batch_size=many"])
+    assert len(errors) == 2
+    errors = _errors(
+        base + [f"actor_rollout_ref.model.path={tmp_path}", "data.train_batch_size=5", "trainer.save_freq=0"]
+    )
+    assert len(errors) == 3, errors  # model path, actor mini-batch, save_freq
+
+
+def _keys(node, prefix=""):
+    keys = set()
+    for key, value in node.items():
+        keys.add(prefix + key)
+        if isinstance(value, dict):
+            keys |= _keys(value, f"{prefix}{key}.")
+    return keys
+
+
+def test_yaml_lists_exactly_the_schema_keys():
+    """Every key can be overridden on the command line without '+', and the yaml has no stale key."""
+    from_yaml = OmegaConf.to_container(compose_config([]), resolve=False)
+    from_schema = dataclasses.asdict(PPOTrainerConfig())
+    assert _keys(from_yaml) == _keys(from_schema)
+
+
+def test_derived_sizes_are_spelled_out(base):
+    lines = derived_sizes(load_config(compose_config(base)), steps=4)
+    assert "samples per step: 4 prompts x 2 = 8" in lines
+    assert any("actor mini-batches per epoch: 2" in line for line in lines)
+    assert any("micro-batches per mini-batch per rank: 2 of 2 samples" in line for line in lines)
+    assert "training steps: 4" in lines
+
+
+def test_cli_refuses_a_bad_config_before_starting_ray(base, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "hybridflow.trainer.main_ppo", *base, "+trainer.sav_freq=1", "data.train_batch_size=6"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "trainer.sav_freq is not a config key; did you mean trainer.save_freq?" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
