@@ -1,0 +1,396 @@
+"""GRPO step throughput, hybridflow vs TRL's ``GRPOTrainer``, measured side by side in one run.
+
+Both systems train the same ~4M-parameter Qwen2 (``build_tiny_model`` with hidden 256, 4 layers,
+intermediate 1024) on the same synthetic arithmetic prompts (one parquet file; TRL reads its rows as a
+``datasets.Dataset`` with chat-message prompts), scored by the same ``default_compute_score``. Matched
+settings: 16 prompts x 4 samples per step, at most 16 new tokens, temperature 1.0, fp32, no reference
+model or KL, one optimiser step per step (one mini-batch, one epoch, whole batch in one micro-batch),
+token-mean loss, group-std advantages, lr 1e-6 constant, grad clip 1.0.
+
+Each system runs in its own process with ``OMP_NUM_THREADS=--threads`` and ``OMP_WAIT_POLICY=PASSIVE``.
+TRL trains in that one process with ``--threads`` torch threads. hybridflow runs its normal driver (in
+that process) over one Ray worker process given ``trainer.cpus_per_worker=--threads``, hence the same
+torch thread count, on a local Ray cluster of ``--threads`` CPUs.
+
+Per system: the median wall seconds of a step over the steps after ``--warmup`` (start-up such as Ray
+init and model loading is never inside a step), samples/s and generated tokens/s over those steps, CPU
+seconds per step of the whole process tree (for hybridflow: driver, Ray worker and Ray's own daemons;
+the main process's share on its own line), the share of zero-signal prompt groups (all samples scored
+the same, so their advantages are 0), and the 1-minute load average when the measured steps start and end. Phase times come from TRL
+(``model.generate``; generate + score) and from hybridflow's ``timing_s/*`` metrics.
+Run: ``.venv/bin/python -m bench.bench_vs_trl [--steps 12] [--only trl|hybridflow] [--repeats 3]``
+(needs ``pip install -c constraints.txt 'hybridflow[bench]'`` for TRL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import psutil
+
+REPO_DIR = pathlib.Path(__file__).resolve().parent.parent
+MODEL_SIZE = {
+    "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 1024,
+}
+PROMPTS_PER_STEP, SAMPLES_PER_PROMPT, MAX_NEW_TOKENS = 16, 4, 16
+SYSTEMS = ("trl", "hybridflow")
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    try:
+        times = process.cpu_times()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return times.user + times.system
+
+
+def process_tree_cpu_seconds() -> tuple[float, float]:
+    """User + system CPU seconds of this process and of it plus all its live descendants."""
+    root = psutil.Process()
+    own = cpu_seconds(root)
+    return own, own + sum(cpu_seconds(child) for child in root.children(recursive=True))
+
+
+class StepRecorder:
+    """Wall clock, process-tree CPU seconds and 1-minute load average at the start and at each step end."""
+
+    def __init__(self) -> None:
+        self.start_mark: dict[str, Any] | None = None
+        self.marks: list[dict[str, Any]] = []
+
+    @staticmethod
+    def _now() -> dict[str, Any]:
+        own_cpu, tree_cpu = process_tree_cpu_seconds()
+        return {"wall": time.perf_counter(), "cpu": tree_cpu, "own_cpu": own_cpu, "load1": os.getloadavg()[0]}
+
+    def start(self) -> None:
+        self.start_mark = self._now()
+
+    def mark(self, **extra: Any) -> None:
+        self.marks.append({**self._now(), **extra})
+
+
+# ------------------------------------------------------------------------------------ hybridflow side
+def hybridflow_overrides(spec: dict[str, Any]) -> list[str]:
+    """``main_ppo`` command-line overrides matching the TRL settings (see the module docstring)."""
+    return [
+        f"data.train_files={spec['train_file']}",
+        "data.val_files=null",
+        f"data.train_batch_size={PROMPTS_PER_STEP}",
+        f"data.max_prompt_length={spec['max_prompt_length']}",
+        f"data.max_response_length={MAX_NEW_TOKENS}",
+        f"data.seed={spec['seed']}",
+        f"actor_rollout_ref.model.path={spec['model_dir']}",
+        "actor_rollout_ref.model.dtype=float32",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS_PER_STEP}",
+        "actor_rollout_ref.actor.ppo_epochs=1",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        "actor_rollout_ref.actor.entropy_coeff=0.0",
+        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        f"actor_rollout_ref.actor.clip_ratio={spec['clip_ratio']}",
+        f"actor_rollout_ref.actor.grad_clip={spec['grad_clip']}",
+        f"actor_rollout_ref.actor.optim.lr={spec['lr']}",
+        "actor_rollout_ref.actor.optim.weight_decay=0.0",
+        "actor_rollout_ref.actor.optim.warmup_style=constant",
+        f"actor_rollout_ref.rollout.n={SAMPLES_PER_PROMPT}",
+        f"actor_rollout_ref.rollout.temperature={spec['temperature']}",
+        "actor_rollout_ref.rollout.top_p=1.0",
+        "actor_rollout_ref.rollout.top_k=-1",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "algorithm.adv_estimator=grpo",
+        "algorithm.norm_adv_by_std_in_grpo=true",
+        "algorithm.use_kl_in_reward=false",
+        f"trainer.total_training_steps={spec['total_steps']}",
+        "trainer.total_epochs=1",
+        "trainer.logger=[jsonl]",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.resume_mode=disable",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.cpus_per_worker={spec['threads']}",
+        f"trainer.default_local_dir={spec['hybridflow_run_dir']}",
+        f"ray_init.num_cpus={spec['threads']}",
+        f"ray_init.temp_dir={spec['ray_temp_dir']}",
+        *spec["hybridflow_extra_overrides"],
+    ]
+
+
+class StepEndHook:
+    """A ``hybridflow.trainer.hooks.StepHook`` that marks the recorder after every step."""
+
+    def __init__(self, recorder: StepRecorder):
+        self.recorder = recorder
+
+    def after_step(self, global_step: int, batch: Any, metrics: dict[str, float]) -> None:
+        phases = {key.removeprefix("timing_s/"): value for key, value in metrics.items() if key.startswith("timing_s/")}
+        self.recorder.mark(tokens=int(batch.batch["response_mask"].sum()), phases=phases, zero_signal=zero_signal_share(batch))
+
+
+def zero_signal_share(batch: Any) -> float:
+    """Share of prompt groups (same ``uid``) whose samples all have the same sequence score."""
+    scores = batch.batch["token_level_scores"].sum(dim=-1).tolist()
+    groups: dict[Any, list[float]] = {}
+    for uid, score in zip(batch.non_tensor_batch["uid"], scores):
+        groups.setdefault(uid, []).append(score)
+    return sum(max(group) == min(group) for group in groups.values()) / len(groups)
+
+
+def run_hybridflow(spec: dict[str, Any]) -> dict[str, Any]:
+    """hybridflow's GRPO driver in this process, as ``main_ppo.run_ppo`` runs it, with a timing hook."""
+    import ray
+    import torch
+    from hydra import compose, initialize_config_module
+
+    from hybridflow.distributed import init_local_ray
+    from hybridflow.trainer.main_ppo import build_trainer
+    from hybridflow.trainer.validate import load_config
+
+    torch.set_num_threads(spec["threads"])
+    setup_start = time.perf_counter()
+    with initialize_config_module("hybridflow.trainer.config", version_base=None):
+        config = load_config(compose("ppo_trainer", overrides=hybridflow_overrides(spec)))
+    trainer = build_trainer(config)
+    ray_config = config.ray_init
+    init_local_ray(
+        num_cpus=ray_config.num_cpus, object_store_memory=ray_config.object_store_memory, temp_dir=ray_config.temp_dir
+    )
+    recorder = StepRecorder()
+    try:
+        trainer.init_workers()
+        trainer.hooks.append(StepEndHook(recorder))
+        setup_s = time.perf_counter() - setup_start
+        recorder.start()
+        trainer.fit()
+    finally:
+        trainer.shutdown()
+        ray.shutdown()
+    return {
+        "setup_s": setup_s, "start": recorder.start_mark, "steps": recorder.marks,
+        "settings": {
+            "overrides": hybridflow_overrides(spec),
+            # RayWorkerGroup gives each actor OMP_NUM_THREADS=int(cpus_per_worker); the worker sets torch's from it.
+            "worker_torch_threads": int(config.trainer.cpus_per_worker),
+            "driver_torch_threads": torch.get_num_threads(),
+        },
+    }
+
+
+# -------------------------------------------------------------------------------------------- set-up
+def prepare_inputs(work_dir: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Build the model and the prompt parquet once; returns the spec both sides read."""
+    from hybridflow.data.parquet_io import write_parquet_rows
+    from hybridflow.data.synthetic import arithmetic_problems, to_verl_rows
+    from hybridflow.models.loading import load_tokenizer
+    from hybridflow.models.tiny import build_tiny_model
+    from hybridflow.trainer.perf import count_parameters
+
+    total_steps = args.warmup + args.steps
+    model_dir = build_tiny_model(work_dir / "model", seed=0, **MODEL_SIZE)
+    rows = to_verl_rows(arithmetic_problems(PROMPTS_PER_STEP * total_steps, seed=args.seed), "arithmetic", "math", "train")
+    train_file = write_parquet_rows(rows, work_dir / "train.parquet")
+    tokenizer = load_tokenizer(model_dir)
+    texts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False) for row in rows]
+    prompt_lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return {
+        "model_dir": str(model_dir), "train_file": str(train_file), "max_prompt_length": max(prompt_lengths),
+        "mean_prompt_length": statistics.mean(prompt_lengths), "total_steps": total_steps,
+        "prompts_per_step": PROMPTS_PER_STEP, "samples_per_prompt": SAMPLES_PER_PROMPT, "max_new_tokens": MAX_NEW_TOKENS,
+        "temperature": 1.0, "lr": 1e-6, "clip_ratio": 0.2, "grad_clip": 1.0, "seed": args.seed, "threads": args.threads,
+        "hybridflow_extra_overrides": args.override, "num_parameters": count_parameters(model_dir),
+    }
+
+
+def child_env(threads: int) -> dict[str, str]:
+    return {
+        **os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE",
+        "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "RAY_AUTH_MODE": "disabled",
+        "PYTHONPATH": str(REPO_DIR),
+    }
+
+
+def launch(system: str, spec: dict[str, Any], run_dir: pathlib.Path) -> dict[str, Any]:
+    """Run one system in a fresh process; returns what it wrote (step marks, settings)."""
+    run_dir.mkdir(parents=True)
+    ray_temp_dir = tempfile.mkdtemp(prefix="hfbench", dir="/tmp")  # Ray's socket paths must stay short
+    spec = {**spec, "trl_output_dir": str(run_dir / "trl"), "hybridflow_run_dir": str(run_dir / "hybridflow"),
+            "ray_temp_dir": ray_temp_dir}
+    spec_path, out_path = run_dir / "spec.json", run_dir / "result.json"
+    spec_path.write_text(json.dumps(spec))
+    module = ["bench.trl_side"] if system == "trl" else ["bench.bench_vs_trl", "--child", "hybridflow"]
+    try:
+        completed = subprocess.run(
+            [sys.executable, "-m", *module, str(spec_path), str(out_path)], cwd=REPO_DIR, env=child_env(spec["threads"]),
+            capture_output=True, text=True, timeout=1800,
+        )
+    finally:
+        shutil.rmtree(ray_temp_dir, ignore_errors=True)
+    if completed.returncode != 0:
+        sys.exit(f"{system} run failed (exit {completed.returncode}):\n{completed.stdout[-3000:]}\n{completed.stderr[-6000:]}")
+    return json.loads(out_path.read_text())
+
+
+# ------------------------------------------------------------------------------------------ analysis
+# hybridflow's phases nested inside another phase (the weight sync happens inside generation).
+NESTED_PHASES = ("step", "update_weights")
+
+
+def with_remainder(phases: dict[str, float], wall: float) -> dict[str, float]:
+    """The step's phases plus the time outside them: for TRL everything after generate-and-score (the loss,
+    backward and optimiser step), for hybridflow the driver's work outside its timed phases."""
+    if "generate_and_score" in phases:
+        return {**phases, "rest_of_step": wall - phases["generate_and_score"]}
+    return {**phases, "outside_phases": wall - sum(v for k, v in phases.items() if k not in NESTED_PHASES)}
+
+
+def summarize(result: dict[str, Any], warmup: int) -> dict[str, Any]:
+    """Per-step deltas between consecutive marks, reduced over the steps after ``warmup``."""
+    marks = [result["start"], *result["steps"]]
+    steps = [
+        {"wall": after["wall"] - before["wall"], "cpu": after["cpu"] - before["cpu"],
+         "own_cpu": after["own_cpu"] - before["own_cpu"], "tokens": after["tokens"],
+         "phases": with_remainder(after["phases"], after["wall"] - before["wall"]), "zero_signal": after["zero_signal"]}
+        for before, after in zip(marks, marks[1:])
+    ]
+    measured = steps[warmup:]
+    if not measured:
+        raise ValueError(f"no steps left after {warmup} warm-up steps; pass --steps >= 1")
+    walls = [step["wall"] for step in measured]
+    samples = PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
+    phase_names = sorted({name for step in measured for name in step["phases"]})
+    return {
+        "s_per_step": statistics.median(walls),
+        "s_min": min(walls),
+        "s_max": max(walls),
+        "samples_per_s": samples / statistics.median(walls),
+        "tokens_per_s": sum(step["tokens"] for step in measured) / sum(walls),
+        "mean_response_tokens": statistics.mean(step["tokens"] for step in measured) / samples,
+        "zero_signal_pct": 100 * statistics.mean(step["zero_signal"] for step in measured),
+        "cpu_s_per_step": statistics.median(step["cpu"] for step in measured),
+        "own_cpu_s_per_step": statistics.median(step["own_cpu"] for step in measured),
+        "load_start": marks[warmup]["load1"],
+        "load_end": marks[-1]["load1"],
+        "setup_s": result["setup_s"],
+        "phases": {name: statistics.median(step["phases"].get(name, 0.0) for step in measured) for name in phase_names},
+        "steps_measured": len(measured),
+    }
+
+
+ROWS = (
+    ("s/step (median)", "s_per_step", "{:.3f}"),
+    ("s/step min..max", None, None),
+    ("samples/s", "samples_per_s", "{:.1f}"),
+    ("generated tokens/s", "tokens_per_s", "{:.0f}"),
+    ("mean response tokens", "mean_response_tokens", "{:.1f}"),
+    ("zero-signal groups %", "zero_signal_pct", "{:.0f}"),
+    ("CPU s/step (process tree)", "cpu_s_per_step", "{:.3f}"),
+    ("  of which the main process", "own_cpu_s_per_step", "{:.3f}"),
+    ("load1 at start", "load_start", "{:.2f}"),
+    ("load1 at end", "load_end", "{:.2f}"),
+    ("start-up s (not in steps)", "setup_s", "{:.1f}"),
+)
+
+
+def print_table(summaries: dict[str, dict[str, Any]]) -> None:
+    systems = list(summaries)
+    print(f"{'':<28}" + "".join(f"{system:>14}" for system in systems))
+    for label, key, fmt in ROWS:
+        if key is None:
+            cells = [f"{s['s_min']:.3f}..{s['s_max']:.3f}" for s in summaries.values()]
+        else:
+            cells = [fmt.format(s[key]) for s in summaries.values()]
+        print(f"{label:<28}" + "".join(f"{cell:>14}" for cell in cells))
+    if set(systems) == set(SYSTEMS):
+        trl, ours = summaries["trl"], summaries["hybridflow"]
+        print(f"{'speed-up (TRL s/step / hybridflow s/step)':<44}{trl['s_per_step'] / ours['s_per_step']:.2f}x")
+        print(f"{'CPU ratio (TRL CPU s / hybridflow CPU s)':<44}{trl['cpu_s_per_step'] / ours['cpu_s_per_step']:.2f}x")
+    for system, summary in summaries.items():
+        phases = ", ".join(f"{name} {seconds:.3f}" for name, seconds in summary["phases"].items())
+        print(f"  {system} phases (median s): {phases}")
+
+
+def print_settings(spec: dict[str, Any], results: dict[str, dict[str, Any]]) -> None:
+    print("== Settings (shared)")
+    shared = {key: spec[key] for key in (
+        "num_parameters", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "temperature", "lr", "clip_ratio",
+        "grad_clip", "seed", "threads", "max_prompt_length", "mean_prompt_length", "total_steps")}
+    print("  " + json.dumps(shared))
+    print(f"  model: Qwen2 {json.dumps(MODEL_SIZE)}, vocab 263, fp32, sdpa; task: arithmetic, default_compute_score")
+    print(f"  env of both processes: OMP_NUM_THREADS={spec['threads']} OMP_WAIT_POLICY=PASSIVE; machine: {os.cpu_count()} CPUs")
+    for system, result in results.items():
+        print(f"== Settings ({system})")
+        for key, value in result["settings"].items():
+            print(f"  {key}: {' '.join(value) if key == 'overrides' else value}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=12, help="measured steps per run (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=2, help="steps run but not measured")
+    parser.add_argument("--only", choices=SYSTEMS, help="run one system only")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each system's compute process")
+    parser.add_argument("--repeats", type=int, default=1, help="alternate the systems this many times (busy machines)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra main_ppo override for the hybridflow side, applied last (repeatable; for profiling)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (model, parquet, run outputs)")
+    parser.add_argument("--child", choices=["hybridflow"], help=argparse.SUPPRESS)
+    parser.add_argument("child_args", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        spec_path, out_path = args.child_args
+        result = run_hybridflow(json.loads(pathlib.Path(spec_path).read_text()))
+        pathlib.Path(out_path).write_text(json.dumps(result))
+        return
+    if args.only != "hybridflow" and importlib.util.find_spec("trl") is None:
+        sys.exit("TRL is not installed: pip install -c constraints.txt 'hybridflow[bench]', or pass --only hybridflow")
+    work_dir = pathlib.Path(tempfile.mkdtemp(prefix="bench_vs_trl_"))
+    try:
+        run_all(args, work_dir)
+    finally:
+        if args.keep:
+            print(f"work folder kept: {work_dir}")
+        else:
+            shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def run_all(args: argparse.Namespace, work_dir: pathlib.Path) -> None:
+    spec = prepare_inputs(work_dir, args)
+    systems = [args.only] if args.only else list(SYSTEMS)
+    runs: list[dict[str, dict[str, Any]]] = []
+    results: dict[str, dict[str, Any]] = {}
+    for repeat in range(args.repeats):
+        summaries = {}
+        for system in systems:
+            print(f"running {system} (repeat {repeat + 1}/{args.repeats}), load1 {os.getloadavg()[0]:.2f} ...", flush=True)
+            results[system] = launch(system, spec, work_dir / f"run{repeat}_{system}")
+            summaries[system] = summarize(results[system], args.warmup)
+        runs.append(summaries)
+    print()
+    print_settings(spec, results)
+    for repeat, summaries in enumerate(runs):
+        print(f"\n== Repeat {repeat + 1}: {args.steps} measured steps after {args.warmup} warm-up")
+        print_table(summaries)
+    if args.repeats > 1 and len(systems) == 2:
+        print()
+        for label, key in (("speed-up (wall)", "s_per_step"), ("CPU ratio", "cpu_s_per_step")):
+            ratios = [s["trl"][key] / s["hybridflow"][key] for s in runs]
+            print(f"{label} over {args.repeats} repeats: median {statistics.median(ratios):.2f}x, "
+                  f"range {min(ratios):.2f}x..{max(ratios):.2f}x (target >= 2x)")
+
+
+if __name__ == "__main__":
+    main()
