@@ -51,6 +51,7 @@ from hybridflow.algos.masked_stats import (
 from hybridflow.algos.policy_loss_config import (
     PolicyLossConfig,
     PolicyLossConfigError,
+    PolicyLossModeConfig,
     loss_option,
     policy_loss_config_errors,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "MaskedStatisticsError",
     "PolicyLossConfig",
     "PolicyLossConfigError",
+    "PolicyLossModeConfig",
     "agg_loss",
     "apply_kl_penalty",
     "compute_entropy_loss",

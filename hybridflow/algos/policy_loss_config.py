@@ -1,23 +1,22 @@
 """Options read by the policy losses, with verl's defaults, and the one function that resolves them.
 
-A loss receives whatever config the worker holds: verl's actor config (``clip_ratio`` etc. at the top,
-``clip_cov_ratio`` etc. under ``policy_loss``), a flat :class:`PolicyLossConfig`, a dict or a DictConfig.
-:func:`loss_option` looks at the top level, then under ``policy_loss``, then falls back to the default.
+The config has verl's two levels: :class:`PolicyLossModeConfig` is the ``actor.policy_loss`` section (the loss
+mode and the knobs only some losses read); the clip settings every loss shares sit on the actor itself.
+:class:`PolicyLossConfig` is both levels flat, as a worker hands them to a loss. A loss also accepts verl's
+actor config, a dict or a DictConfig: :func:`loss_option` looks at the top level, then under
+``policy_loss``, then falls back to the default.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from hybridflow.algos.config_fields import read_field
 from hybridflow.algos.loss_agg import LOSS_AGG_MODES
+from hybridflow.help_fields import option
 
 _FIELD_DEFAULT = object()
-
-
-def _option(default: Any, help_text: str) -> Any:
-    return field(default=default, metadata={"help": help_text})
 
 
 class PolicyLossConfigError(ValueError):
@@ -25,27 +24,34 @@ class PolicyLossConfigError(ValueError):
 
 
 @dataclass
-class PolicyLossConfig:
-    """Every option a registered policy loss reads; defaults equal verl's ``ActorConfig``/``PolicyLossConfig``."""
+class PolicyLossModeConfig:
+    """The ``actor_rollout_ref.actor.policy_loss`` section: which loss, and the options only some losses read."""
 
-    loss_mode: str = _option("vanilla", "Registered policy loss to use (vanilla, gspo, sapo, ...).")
-    clip_ratio: float = _option(0.2, "PPO clip epsilon (arXiv:1707.06347); fallback for the two bounds below.")
-    clip_ratio_low: float | None = _option(0.2, "Lower clip: ratio >= 1 - clip_ratio_low; None means clip_ratio.")
-    clip_ratio_high: float | None = _option(
+    loss_mode: str = option("vanilla", "Registered policy loss to use (vanilla, gspo, sapo, ...).")
+    tau_pos: float = option(1.0, "SAPO gate temperature for positive advantages (arXiv:2511.20347).")
+    tau_neg: float = option(1.05, "SAPO gate temperature for non-positive advantages.")
+    clip_cov_ratio: float = option(0.0002, "Clip-Cov: fraction of tokens whose gradient is cut (arXiv:2505.22617).")
+    clip_cov_lb: float = option(1.0, "Clip-Cov: lower bound of the covariance window eligible for dropping.")
+    clip_cov_ub: float = option(5.0, "Clip-Cov: upper bound of the covariance window eligible for dropping.")
+    kl_cov_ratio: float = option(0.0002, "KL-Cov: fraction of highest-covariance tokens that get a KL penalty.")
+    ppo_kl_coef: float = option(0.1, "KL-Cov: coefficient of |log ratio| added on the selected tokens.")
+
+
+@dataclass
+class PolicyLossConfig(PolicyLossModeConfig):
+    """Every option a registered policy loss reads: the mode's options plus the clip settings shared by all
+    losses (verl keeps those on the actor). Defaults equal verl's ``ActorConfig``/``PolicyLossConfig``."""
+
+    clip_ratio: float = option(0.2, "PPO clip epsilon (arXiv:1707.06347); fallback for the two bounds below.")
+    clip_ratio_low: float | None = option(0.2, "Lower clip: ratio >= 1 - clip_ratio_low; None means clip_ratio.")
+    clip_ratio_high: float | None = option(
         0.2, "Upper clip: ratio <= 1 + clip_ratio_high (DAPO's clip-higher, arXiv:2503.14476); None means clip_ratio."
     )
-    clip_ratio_c: float = _option(3.0, "Dual-clip bound for negative advantages, > 1 (arXiv:1912.09729).")
-    loss_agg_mode: str = _option("token-mean", "How the per-token loss becomes a scalar (hybridflow.algos.loss_agg).")
-    loss_scale_factor: float | None = _option(
+    clip_ratio_c: float = option(3.0, "Dual-clip bound for negative advantages, > 1 (arXiv:1912.09729).")
+    loss_agg_mode: str = option("token-mean", "How the per-token loss becomes a scalar (hybridflow.algos.loss_agg).")
+    loss_scale_factor: float | None = option(
         None, "Constant divisor of seq-mean-token-sum-norm; None means the padded response length."
     )
-    tau_pos: float = _option(1.0, "SAPO gate temperature for positive advantages (arXiv:2511.20347).")
-    tau_neg: float = _option(1.05, "SAPO gate temperature for non-positive advantages.")
-    clip_cov_ratio: float = _option(0.0002, "Clip-Cov: fraction of tokens whose gradient is cut (arXiv:2505.22617).")
-    clip_cov_lb: float = _option(1.0, "Clip-Cov: lower bound of the covariance window eligible for dropping.")
-    clip_cov_ub: float = _option(5.0, "Clip-Cov: upper bound of the covariance window eligible for dropping.")
-    kl_cov_ratio: float = _option(0.0002, "KL-Cov: fraction of highest-covariance tokens that get a KL penalty.")
-    ppo_kl_coef: float = _option(0.1, "KL-Cov: coefficient of |log ratio| added on the selected tokens.")
 
     def __post_init__(self) -> None:
         errors = policy_loss_config_errors(self)

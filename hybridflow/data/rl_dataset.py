@@ -19,11 +19,10 @@ import pyarrow.parquet as pq
 import torch
 
 from hybridflow.data.collate import collate_to_dataproto
+from hybridflow.data.truncation import TRUNCATION_MODES, truncate_prompt
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
-
-TRUNCATION_MODES = ("error", "left", "right", "middle", "filter")
 
 
 class DatasetError(ValueError):
@@ -143,7 +142,7 @@ class RLDataset:
             kept = [i for i in range(len(rows)) if i not in dropped]
             return [rows[i] for i in kept], [token_ids[i] for i in kept], len(overlong), 0
         for i in overlong:
-            token_ids[i] = _truncate(token_ids[i], limit, self.truncation)
+            token_ids[i] = truncate_prompt(token_ids[i], limit, self.truncation)
         return rows, token_ids, 0, len(overlong)
 
     def summary(self) -> str:
@@ -208,12 +207,3 @@ def _as_messages(prompt: Any, path: pathlib.Path, row_number: int, prompt_key: s
         f"{path} row {row_number}: column {prompt_key!r} must be a non-empty list of chat messages "
         f"{{'role': ..., 'content': ...}} (or a string), got {prompt!r:.200}"
     )
-
-
-def _truncate(token_ids: list[int], limit: int, mode: str) -> list[int]:
-    if mode == "left":
-        return token_ids[-limit:]
-    if mode == "right":
-        return token_ids[:limit]
-    head = limit // 2
-    return token_ids[:head] + token_ids[len(token_ids) - (limit - head) :]

@@ -2,34 +2,23 @@
 
 ``init_local_ray`` starts or joins Ray; a ``ResourcePool`` reserves processes (placement groups); a
 ``RayWorkerGroup`` runs a ``Worker`` subclass on each of them and exposes its ``@register``-ed methods;
-``create_colocated_worker_cls`` fuses several roles into one process per rank.
+``create_colocated_worker_cls`` fuses several roles into one process per rank. The names load their
+modules (and Ray) on first use.
 """
 
-from hybridflow.distributed.class_with_init import RayClassWithInitArgs
-from hybridflow.distributed.colocate import ColocatedClassWithInitArgs, WorkerGroupView, create_colocated_worker_cls
-from hybridflow.distributed.decorator import Dispatch, Execute, register
-from hybridflow.distributed.errors import InsufficientResourcesError, WorkerError, WorkerTimeoutError
-from hybridflow.distributed.futures import GroupFuture
-from hybridflow.distributed.ray_init import init_local_ray
-from hybridflow.distributed.resource_pool import RayResourcePool, ResourcePool
-from hybridflow.distributed.worker import Worker
-from hybridflow.distributed.worker_group import RayWorkerGroup
+from hybridflow.lazy_exports import lazy_exports
 
-__all__ = [
-    "ColocatedClassWithInitArgs",
-    "Dispatch",
-    "Execute",
-    "GroupFuture",
-    "InsufficientResourcesError",
-    "RayClassWithInitArgs",
-    "RayResourcePool",
-    "RayWorkerGroup",
-    "ResourcePool",
-    "Worker",
-    "WorkerError",
-    "WorkerGroupView",
-    "WorkerTimeoutError",
-    "create_colocated_worker_cls",
-    "init_local_ray",
-    "register",
-]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "class_with_init": ["RayClassWithInitArgs"],
+        "colocate": ["ColocatedClassWithInitArgs", "WorkerGroupView", "create_colocated_worker_cls"],
+        "decorator": ["Dispatch", "Execute", "register"],
+        "errors": ["InsufficientResourcesError", "WorkerError", "WorkerTimeoutError"],
+        "futures": ["GroupFuture"],
+        "ray_init": ["init_local_ray"],
+        "resource_pool": ["RayResourcePool", "ResourcePool"],
+        "worker": ["Worker"],
+        "worker_group": ["RayWorkerGroup"],
+    },
+)

@@ -10,6 +10,8 @@ from hybridflow.rewards.managers import (
     NaiveRewardManager,
     RewardResult,
     build_reward_manager,
+    manager_parameters,
+    overlong_buffer_error,
     overlong_penalty,
 )
 from hybridflow.rewards.response_batch import RewardInputError
@@ -37,6 +39,8 @@ __all__ = [
     "check_data_sources",
     "default_compute_score",
     "load_custom_reward_function",
+    "manager_parameters",
+    "overlong_buffer_error",
     "overlong_penalty",
     "process_validation_metrics",
 ]

@@ -17,15 +17,17 @@ import functools
 import inspect
 import logging
 import numbers
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import torch
 
-from hybridflow.protocol import DataProto
 from hybridflow.registry import Registry
 from hybridflow.rewards.response_batch import ResponseBatch, read_response_batch, scores_on_last_token
 from hybridflow.rewards.scoring import check_data_sources, default_compute_score
 from hybridflow.rewards.timed_calls import CallOutcome, TimedCallRunner
+
+if TYPE_CHECKING:  # DataProto loads tensordict (~2 s): not needed to check a config
+    from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +202,16 @@ def overlong_penalty(
     return max(min(-exceed / overlong_buffer_len * penalty_factor, 0.0), -penalty_factor)
 
 
+def overlong_buffer_error(max_resp_len: int, overlong_buffer_len: int) -> str | None:
+    """Why DAPO's overlong buffer cannot be used with these lengths, or None when it can."""
+    if 0 < overlong_buffer_len <= max_resp_len:
+        return None
+    return (
+        f"overlong_buffer_len={overlong_buffer_len} must be in (0, max_resp_len={max_resp_len}]; "
+        "it is the stretch of tokens before the length limit over which the penalty grows"
+    )
+
+
 class DAPORewardManager(NaiveRewardManager):
     """Naive scoring plus DAPO's overlong penalty; ``extra`` gains ``overlong_reward`` and ``overlong``.
 
@@ -220,11 +232,9 @@ class DAPORewardManager(NaiveRewardManager):
         overlong_buffer_len: int,
         overlong_penalty_factor: float = 1.0,
     ):
-        if not 0 < overlong_buffer_len <= max_resp_len:
-            raise ValueError(
-                f"overlong_buffer_len={overlong_buffer_len} must be in (0, max_resp_len={max_resp_len}]; "
-                f"it is the stretch of tokens before the length limit over which the penalty grows"
-            )
+        error = overlong_buffer_error(max_resp_len, overlong_buffer_len)
+        if error:
+            raise ValueError(error)
         super().__init__(tokenizer, compute_score, num_examine, timeout_s, max_workers, reward_fn_key)
         self.max_resp_len = max_resp_len
         self.overlong_buffer_len = overlong_buffer_len
@@ -248,12 +258,18 @@ REWARD_MANAGERS.add("batch", BatchRewardManager)
 REWARD_MANAGERS.add("dapo", DAPORewardManager)
 
 
+def manager_parameters(name: str) -> dict[str, inspect.Parameter]:
+    """The options of the manager registered as ``name``: its constructor's parameters after the tokenizer
+    and ``compute_score``, by name (a parameter without a default is required)."""
+    parameters = inspect.signature(REWARD_MANAGERS.get(name)).parameters
+    return {key: parameter for key, parameter in parameters.items() if key not in ("tokenizer", "compute_score")}
+
+
 def build_reward_manager(name: str, tokenizer: Any, compute_score: Callable[..., Any] | None = None, **options: Any):
     """The manager registered as ``name`` (``reward_model.reward_manager``), built with ``options``."""
     manager_class = REWARD_MANAGERS.get(name)
     try:
         inspect.signature(manager_class).bind(tokenizer, compute_score, **options)
     except TypeError as error:
-        accepted = [p for p in inspect.signature(manager_class).parameters if p not in ("tokenizer", "compute_score")]
-        raise TypeError(f"reward manager {name!r}: {error}; its options are {accepted}") from None
+        raise TypeError(f"reward manager {name!r}: {error}; its options are {list(manager_parameters(name))}") from None
     return manager_class(tokenizer, compute_score, **options)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hybridflow.protocol import DataProto
+if TYPE_CHECKING:  # DataProto loads tensordict (~2 s): not needed to check a config
+    from hybridflow.protocol import DataProto
 
 
 class RewardInputError(ValueError):

@@ -1,28 +1,21 @@
 """Rollout: engines behind one interface (generate, load weights, sleep/wake), the CPU default on transformers,
 the agent loop for multi-turn rollouts with tools, and the tool registry.
 
-Importing this package registers the built-in engines: "hf" (always) and "vllm" (needs ``hybridflow[vllm]``).
+The names below load their modules on first use, so the rollout config is read without loading transformers.
+``ROLLOUT_ENGINES`` and ``create_rollout_engine`` come with the built-in engines registered: "hf" (always)
+and "vllm" (needs ``hybridflow[vllm]``).
 """
 
-from hybridflow.rollout import hf_engine, vllm_engine  # noqa: F401 - register the engines
-from hybridflow.rollout.base import ROLLOUT_ENGINES, MissingExtraError, RolloutEngine, create_rollout_engine
-from hybridflow.rollout.config import MultiTurnConfig, RolloutConfig, RolloutConfigError, SamplingParams, ValKwargs
-from hybridflow.rollout.hf_engine import HFRolloutEngine
-from hybridflow.rollout.requests import GenerationRequest, GenerationResult
-from hybridflow.rollout.scheduler import EngineAsleepError
+from hybridflow.lazy_exports import lazy_exports
 
-__all__ = [
-    "ROLLOUT_ENGINES",
-    "EngineAsleepError",
-    "GenerationRequest",
-    "GenerationResult",
-    "HFRolloutEngine",
-    "MissingExtraError",
-    "MultiTurnConfig",
-    "RolloutConfig",
-    "RolloutConfigError",
-    "RolloutEngine",
-    "SamplingParams",
-    "ValKwargs",
-    "create_rollout_engine",
-]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "base": ["MissingExtraError", "RolloutEngine"],
+        "config": ["MultiTurnConfig", "RolloutConfig", "RolloutConfigError", "SamplingParams", "ValKwargs"],
+        "engines": ["ROLLOUT_ENGINES", "create_rollout_engine"],
+        "hf_engine": ["HFRolloutEngine"],
+        "requests": ["GenerationRequest", "GenerationResult"],
+        "scheduler": ["EngineAsleepError"],
+    },
+)

@@ -1,6 +1,6 @@
 """Rollout configuration: the ``actor_rollout_ref.rollout`` section, with verl's key names.
 
-Every field carries a help string (``field(metadata={"help": ...})``). ``RolloutConfig.from_dict`` builds the
+Every field carries a help string (``hybridflow.help_fields``). ``RolloutConfig.from_dict`` builds the
 nested dataclasses from a plain (Hydra/OmegaConf-resolved) dict and rejects unknown keys; ``validate()`` collects
 every problem and raises once with all of them.
 """
@@ -8,8 +8,10 @@ every problem and raises once with all of them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
+
+from hybridflow.help_fields import option, section
 
 CONFIG_PREFIX = "actor_rollout_ref.rollout"
 
@@ -18,24 +20,18 @@ class RolloutConfigError(ValueError):
     """One or more rollout config values are invalid; the message lists each key, its value and the fix."""
 
 
-def _help(text: str, default: Any = None, factory: Any = None) -> Any:
-    if factory is not None:
-        return field(default_factory=factory, metadata={"help": text})
-    return field(default=default, metadata={"help": text})
-
-
 @dataclass
 class SamplingParams:
     """How one request is decoded. Built from ``RolloutConfig`` (or ``val_kwargs``) by ``RolloutConfig.sampling``."""
 
-    max_new_tokens: int = _help("Most tokens to generate for this request (the EOS counts).", 64)
-    temperature: float = _help("Softmax temperature; ignored when do_sample is False.", 1.0)
-    top_p: float = _help("Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p.", 1.0)
-    top_k: int = _help("Keep only the k most likely tokens; -1 (or 0) turns it off.", -1)
-    do_sample: bool = _help("Sample (True) or take the argmax (False, greedy).", True)
-    stop: list[str] = _help("Strings that end the sequence once generated (kept in the output).", factory=list)
-    stop_token_ids: list[int] = _help("Token ids that end the sequence, besides the EOS (kept).", factory=list)
-    seed: int | None = _help("Seed of this request's own random generator; None draws one from the OS.", None)
+    max_new_tokens: int = option(64, "Most tokens to generate for this request (the EOS counts).")
+    temperature: float = option(1.0, "Softmax temperature; ignored when do_sample is False.")
+    top_p: float = option(1.0, "Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p.")
+    top_k: int = option(-1, "Keep only the k most likely tokens; -1 (or 0) turns it off.")
+    do_sample: bool = option(True, "Sample (True) or take the argmax (False, greedy).")
+    stop: list[str] = option([], "Strings that end the sequence once generated (kept in the output).")
+    stop_token_ids: list[int] = option([], "Token ids that end the sequence, besides the EOS (kept).")
+    seed: int | None = option(None, "Seed of this request's own random generator; None draws one from the OS.")
 
     @property
     def greedy(self) -> bool:
@@ -46,50 +42,50 @@ class SamplingParams:
 class ValKwargs:
     """Overrides used for validation generation (``meta_info['validate'] = True``)."""
 
-    n: int = _help("Samples per prompt during validation.", 1)
-    temperature: float = _help("Validation temperature.", 0.0)
-    top_p: float = _help("Validation nucleus threshold.", 1.0)
-    top_k: int = _help("Validation top-k (-1 = off).", -1)
-    do_sample: bool = _help("Sample during validation (False = greedy).", False)
+    n: int = option(1, "Samples per prompt during validation.")
+    temperature: float = option(0.0, "Validation temperature.")
+    top_p: float = option(1.0, "Validation nucleus threshold.")
+    top_k: int = option(-1, "Validation top-k (-1 = off).")
+    do_sample: bool = option(False, "Sample during validation (False = greedy).")
 
 
 @dataclass
 class MultiTurnConfig:
     """Multi-turn rollouts with tools (the agent loop)."""
 
-    enable: bool = _help("Run rollouts through the agent loop (tool calls, several assistant turns).", False)
-    max_assistant_turns: int | None = _help("Most assistant turns per sample; None = bounded by length only.", None)
-    max_user_turns: int | None = _help("Most tool-response turns per sample; None = bounded by length only.", None)
-    tool_config_path: str | None = _help("YAML file listing the tools (see hybridflow/rollout/tools/registry.py).")
-    max_parallel_calls: int = _help("Tool calls of one assistant turn that run at the same time.", 1)
-    max_tool_response_length: int = _help("Characters of a tool's output kept in the tool message.", 512)
-    format: str = _help("Tool-call format parsed from the model output (see rollout/tool_parser.py).", "hermes")
+    enable: bool = option(False, "Run rollouts through the agent loop (tool calls, several assistant turns).")
+    max_assistant_turns: int | None = option(None, "Most assistant turns per sample; None = bounded by length only.")
+    max_user_turns: int | None = option(None, "Most tool-response turns per sample; None = bounded by length only.")
+    tool_config_path: str | None = option(None, "YAML file listing the tools (see rollout/tools/registry.py).")
+    max_parallel_calls: int = option(1, "Tool calls of one assistant turn that run at the same time.")
+    max_tool_response_length: int = option(512, "Characters of a tool's output kept in the tool message.")
+    format: str = option("hermes", "Tool-call format parsed from the model output (see rollout/tool_parser.py).")
 
 
 @dataclass
 class RolloutConfig:
     """``actor_rollout_ref.rollout``: which engine generates, and how."""
 
-    name: str = _help("Rollout engine: 'hf' (CPU/GPU, transformers) or 'vllm' (pip install 'hybridflow[vllm]').", "hf")
-    n: int = _help("Samples per prompt (GRPO group size).", 1)
-    temperature: float = _help("Sampling temperature for training rollouts.", 1.0)
-    top_p: float = _help("Nucleus sampling threshold for training rollouts.", 1.0)
-    top_k: int = _help("Top-k for training rollouts; -1 = off.", -1)
-    do_sample: bool = _help("Sample during training rollouts (False = greedy).", True)
-    prompt_length: int = _help("Longest prompt in tokens (the data loader pads/truncates to it).", 512)
-    response_length: int = _help("Longest response in tokens; outputs are right-padded to exactly this length.", 512)
-    stop: list[str] = _help("Stop strings: generation of a sample ends once its text contains one.", factory=list)
-    stop_token_ids: list[int] = _help("Extra token ids that end a sample (besides the tokenizer's EOS).", factory=list)
-    calculate_log_probs: bool = _help("Return 'rollout_log_probs' [B*n, R] from the engine.", False)
-    seed: int = _help("Base seed; call k of generate_sequences uses seed+k, so a rerun repeats the samples.", 0)
-    dtype: str = _help("Weights dtype of the generation model: float32, bfloat16 or float16.", "float32")
-    max_num_seqs: int = _help("'hf' engine: most sequences decoding together in one batched forward.", 256)
-    max_batch_tokens: int = _help("'hf' engine: most (padded) prompt tokens prefilled in one forward.", 8192)
-    free_cache_engine: bool = _help("Call sleep() after each rollout so training gets the memory back.", True)
-    gpu_memory_utilization: float = _help("'vllm' engine: fraction of GPU memory it may take.", 0.5)
-    tensor_model_parallel_size: int = _help("'vllm' engine: tensor-parallel size.", 1)
-    val_kwargs: ValKwargs = _help("Sampling overrides for validation.", factory=ValKwargs)
-    multi_turn: MultiTurnConfig = _help("Agent loop: multi-turn generation with tools.", factory=MultiTurnConfig)
+    name: str = option("hf", "Rollout engine: 'hf' (CPU/GPU, transformers) or 'vllm' (pip install 'hybridflow[vllm]').")
+    n: int = option(1, "Samples per prompt (GRPO group size).")
+    temperature: float = option(1.0, "Sampling temperature for training rollouts.")
+    top_p: float = option(1.0, "Nucleus sampling threshold for training rollouts.")
+    top_k: int = option(-1, "Top-k for training rollouts; -1 = off.")
+    do_sample: bool = option(True, "Sample during training rollouts (False = greedy).")
+    prompt_length: int = option(512, "Longest prompt in tokens (the data loader pads/truncates to it).")
+    response_length: int = option(512, "Longest response in tokens; outputs are right-padded to exactly this length.")
+    stop: list[str] = option([], "Stop strings: generation of a sample ends once its text contains one.")
+    stop_token_ids: list[int] = option([], "Extra token ids that end a sample (besides the tokenizer's EOS).")
+    calculate_log_probs: bool = option(False, "Return 'rollout_log_probs' [B*n, R] from the engine.")
+    seed: int = option(0, "Base seed; call k of generate_sequences uses seed+k, so a rerun repeats the samples.")
+    dtype: str = option("float32", "Weights dtype of the generation model: float32, bfloat16 or float16.")
+    max_num_seqs: int = option(256, "'hf' engine: most sequences decoding together in one batched forward.")
+    max_batch_tokens: int = option(8192, "'hf' engine: most (padded) prompt tokens prefilled in one forward.")
+    free_cache_engine: bool = option(True, "Call sleep() after each rollout so training gets the memory back.")
+    gpu_memory_utilization: float = option(0.5, "'vllm' engine: fraction of GPU memory it may take.")
+    tensor_model_parallel_size: int = option(1, "'vllm' engine: tensor-parallel size.")
+    val_kwargs: ValKwargs = section(ValKwargs, "Sampling overrides for validation.")
+    multi_turn: MultiTurnConfig = section(MultiTurnConfig, "Agent loop: multi-turn generation with tools.")
 
     @classmethod
     def from_dict(cls, values: Mapping | None) -> "RolloutConfig":

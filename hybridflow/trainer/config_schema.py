@@ -1,107 +1,98 @@
 """The full PPO trainer config schema: every key ``ppo_trainer.yaml`` and the command line may set.
 
 The worker sections come from the layers that read them (``hybridflow.workers.config``, which composes
-``hybridflow.rollout.config.RolloutConfig`` and ``hybridflow.algos.PolicyLossConfig``); the sections only
+``hybridflow.rollout.config.RolloutConfig`` and ``hybridflow.algos.PolicyLossModeConfig``); the sections only
 the driver reads (``data``, ``algorithm``, ``trainer``, ``ray_init``, ``custom_reward_function``) are
 defined here. Key names follow verl's ``ppo_trainer.yaml`` so a verl command line ports with few edits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
+from hybridflow.help_fields import option, section
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
-
-
-def _option(default: Any, help_text: str) -> Any:
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help_text})
-    return field(default=default, metadata={"help": help_text})
-
-
-def _section(cls: type, help_text: str) -> Any:
-    return field(default_factory=cls, metadata={"help": help_text})
 
 
 @dataclass
 class DataConfig:
     """Prompts to train and validate on: parquet files in verl's row schema (``data``)."""
 
-    train_files: Any = _option("", "Training parquet file or list of files.")
-    val_files: Any = _option("", "Validation parquet file(s); empty disables validation.")
-    prompt_key: str = _option("prompt", "Column holding the chat messages of the prompt.")
-    reward_fn_key: str = _option("data_source", "Column that picks the scoring function and groups val metrics.")
-    max_prompt_length: int = _option(512, "Prompt tokens after the chat template; longer prompts follow `truncation`.")
-    max_response_length: int = _option(512, "Tokens generated per response.")
-    train_batch_size: int = _option(1024, "Prompts per training step (each sampled rollout.n times).")
-    val_batch_size: Optional[int] = _option(None, "Prompts per validation batch; None means the whole set at once.")
-    shuffle: bool = _option(True, "Shuffle the training prompts each epoch.")
-    seed: int = _option(1, "Seed of the training shuffle (and of the rollout sampling seeds).")
-    filter_overlong_prompts: bool = _option(False, "Drop prompts longer than max_prompt_length when loading.")
-    truncation: str = _option("error", "Overlong prompts: error, filter (drop), left, right or middle (cut).")
+    train_files: Any = option("", "Training parquet file or list of files.")
+    val_files: Any = option("", "Validation parquet file(s); empty disables validation.")
+    prompt_key: str = option("prompt", "Column holding the chat messages of the prompt.")
+    reward_fn_key: str = option("data_source", "Column that picks the scoring function and groups val metrics.")
+    max_prompt_length: int = option(512, "Prompt tokens after the chat template; longer prompts follow `truncation`.")
+    max_response_length: int = option(512, "Tokens generated per response.")
+    train_batch_size: int = option(1024, "Prompts per training step (each sampled rollout.n times).")
+    val_batch_size: Optional[int] = option(None, "Prompts per validation batch; None means the whole set at once.")
+    shuffle: bool = option(True, "Shuffle the training prompts each epoch.")
+    seed: int = option(1, "Seed of the training shuffle (and of the rollout sampling seeds).")
+    filter_overlong_prompts: bool = option(False, "Drop prompts longer than max_prompt_length when loading.")
+    truncation: str = option("error", "Overlong prompts: error, filter (drop), left, right or middle (cut).")
 
 
 @dataclass
 class KLControlConfig:
     """The coefficient of the KL penalty in the reward (``algorithm.kl_ctrl``)."""
 
-    type: str = _option("fixed", "fixed: constant kl_coef; adaptive: Ziegler et al. (arXiv 1909.08593) controller.")
-    kl_coef: float = _option(0.001, "The (initial) KL coefficient.")
-    horizon: int = _option(10000, "Adaptive controller: samples over which the coefficient adapts.")
-    target_kl: float = _option(0.1, "Adaptive controller: the KL it steers towards.")
+    type: str = option("fixed", "fixed: constant kl_coef; adaptive: Ziegler et al. (arXiv 1909.08593) controller.")
+    kl_coef: float = option(0.001, "The (initial) KL coefficient.")
+    horizon: int = option(10000, "Adaptive controller: samples over which the coefficient adapts.")
+    target_kl: float = option(0.1, "Adaptive controller: the KL it steers towards.")
 
 
 @dataclass
 class FilterGroupsConfig:
     """DAPO dynamic sampling (arXiv 2503.14476): drop prompt groups whose samples all score the same."""
 
-    enable: bool = _option(False, "Keep only prompt groups whose `metric` varies, generating until the batch is full.")
-    metric: str = _option("score", "Per-sample value compared within a group: score, seq_reward or a reward extra key.")
-    max_num_gen_batches: int = _option(10, "Generation batches allowed per step before the run stops with an error.")
+    enable: bool = option(False, "Keep only prompt groups whose `metric` varies, generating until the batch is full.")
+    metric: str = option("score", "Per-sample value compared within a group: score, seq_reward or a reward extra key.")
+    max_num_gen_batches: int = option(10, "Generation batches allowed per step before the run stops with an error.")
 
 
 @dataclass
 class AlgorithmConfig:
     """Advantage estimation and the KL term in the reward (``algorithm``)."""
 
-    adv_estimator: str = _option("gae", "Registered advantage estimator: gae, grpo, rloo, remax, ...")
-    gamma: float = _option(1.0, "Discount factor.")
-    lam: float = _option(1.0, "GAE lambda (arXiv 1506.02438).")
-    norm_adv_by_std_in_grpo: bool = _option(
+    adv_estimator: str = option("gae", "Registered advantage estimator: gae, grpo, rloo, remax, ...")
+    gamma: float = option(1.0, "Discount factor.")
+    lam: float = option(1.0, "GAE lambda (arXiv 1506.02438).")
+    norm_adv_by_std_in_grpo: bool = option(
         True, "GRPO: divide by the group's std (False: Dr. GRPO, arXiv 2503.20783)."
     )
-    use_kl_in_reward: bool = _option(False, "Subtract kl_ctrl coefficient * KL(actor || ref) from the token rewards.")
-    kl_penalty: str = _option("kl", "KL estimator of the reward penalty: kl, abs, mse, low_var_kl, full.")
-    kl_ctrl: KLControlConfig = _section(KLControlConfig, "KL-in-reward coefficient controller.")
-    filter_groups: FilterGroupsConfig = _section(FilterGroupsConfig, "DAPO dynamic sampling.")
+    use_kl_in_reward: bool = option(False, "Subtract kl_ctrl coefficient * KL(actor || ref) from the token rewards.")
+    kl_penalty: str = option("kl", "KL estimator of the reward penalty: kl, abs, mse, low_var_kl, full.")
+    kl_ctrl: KLControlConfig = section(KLControlConfig, "KL-in-reward coefficient controller.")
+    filter_groups: FilterGroupsConfig = section(FilterGroupsConfig, "DAPO dynamic sampling.")
 
 
 @dataclass
 class TrainerConfig:
     """The run: length, placement, logging, validation and checkpoints (``trainer``)."""
 
-    total_epochs: int = _option(1, "Passes over the training prompts.")
-    total_training_steps: Optional[int] = _option(None, "Stop after this many steps; None means total_epochs passes.")
-    project_name: str = _option("hybridflow", "Project name in the trackers.")
-    experiment_name: str = _option("ppo", "Run name in the trackers.")
-    logger: list = _option(["console", "jsonl"], "Trackers: any of console, jsonl, tensorboard, mlflow, wandb.")
-    nnodes: int = _option(1, "Nodes of the cluster to use.")
-    n_gpus_per_node: int = _option(1, "Worker processes per node (one per GPU; on CPU, processes sharing the cores).")
-    cpus_per_worker: float = _option(1.0, "CPUs Ray reserves for each worker process (fractions allowed).")
-    device: str = _option("cpu", "cpu or cuda.")
-    placement: str = _option("colocated", "colocated: every role in one process per device; split: one pool per role.")
-    save_freq: int = _option(-1, "Save a checkpoint every N steps (and at the end); -1 never.")
-    test_freq: int = _option(-1, "Validate every N steps (and at the end); -1 never.")
-    val_before_train: bool = _option(True, "Validate before the first step of a fresh run.")
-    val_only: bool = _option(False, "Validate once and exit.")
-    default_local_dir: str = _option("checkpoints/hybridflow/ppo", "The run folder: checkpoints, metrics.jsonl, dumps.")
-    resume_mode: str = _option("auto", "auto: resume from the run folder's latest; disable; resume_path; or a path.")
-    resume_from_path: Optional[str] = _option(None, "Checkpoint folder (global_step_N) when resume_mode=resume_path.")
-    max_actor_ckpt_to_keep: Optional[int] = _option(None, "Keep only the newest N global_step folders; None keeps all.")
-    rollout_data_dir: Optional[str] = _option(None, "Dump prompt, response and score of each sample as jsonl here.")
-    rollout_dump_freq: int = _option(1, "Dump rollouts every N steps (when rollout_data_dir is set).")
-    peak_flops_per_device: Optional[float] = _option(
+    total_epochs: int = option(1, "Passes over the training prompts.")
+    total_training_steps: Optional[int] = option(None, "Stop after this many steps; None means total_epochs passes.")
+    project_name: str = option("hybridflow", "Project name in the trackers.")
+    experiment_name: str = option("ppo", "Run name in the trackers.")
+    logger: list = option(["console", "jsonl"], "Trackers: any of console, jsonl, tensorboard, mlflow, wandb.")
+    nnodes: int = option(1, "Nodes of the cluster to use.")
+    n_gpus_per_node: int = option(1, "Worker processes per node (one per GPU; on CPU, processes sharing the cores).")
+    cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each worker process (fractions allowed).")
+    device: str = option("cpu", "cpu or cuda.")
+    placement: str = option("colocated", "colocated: every role in one process per device; split: one pool per role.")
+    save_freq: int = option(-1, "Save a checkpoint every N steps (and at the end); -1 never.")
+    test_freq: int = option(-1, "Validate every N steps (and at the end); -1 never.")
+    val_before_train: bool = option(True, "Validate before the first step of a fresh run.")
+    val_only: bool = option(False, "Validate once and exit.")
+    default_local_dir: str = option("checkpoints/hybridflow/ppo", "The run folder: checkpoints, metrics.jsonl, dumps.")
+    resume_mode: str = option("auto", "auto: resume from the run folder's latest; disable; resume_path; or a path.")
+    resume_from_path: Optional[str] = option(None, "Checkpoint folder (global_step_N) when resume_mode=resume_path.")
+    max_actor_ckpt_to_keep: Optional[int] = option(None, "Keep only the newest N global_step folders; None keeps all.")
+    rollout_data_dir: Optional[str] = option(None, "Dump prompt, response and score of each sample as jsonl here.")
+    rollout_dump_freq: int = option(1, "Dump rollouts every N steps (when rollout_data_dir is set).")
+    peak_flops_per_device: Optional[float] = option(
         None, "Peak FLOP/s of one worker for perf/mfu/actor; None measures a matmul on CPU, skips MFU on GPU."
     )
 
@@ -110,31 +101,31 @@ class TrainerConfig:
 class RayInitConfig:
     """Starting or joining Ray (``ray_init``)."""
 
-    address: Optional[str] = _option(None, "Join this cluster (also read from RAY_ADDRESS); None starts a local one.")
-    num_cpus: Optional[int] = _option(None, "CPUs of a local cluster; None means every core.")
-    num_gpus: Optional[int] = _option(None, "GPUs of a local cluster; None means Ray's detection.")
-    object_store_memory: int = _option(1 << 30, "Object store bytes of a local cluster.")
-    temp_dir: Optional[str] = _option(None, "Ray's session folder; None makes a fresh one.")
+    address: Optional[str] = option(None, "Join this cluster (also read from RAY_ADDRESS); None starts a local one.")
+    num_cpus: Optional[int] = option(None, "CPUs of a local cluster; None means every core.")
+    num_gpus: Optional[int] = option(None, "GPUs of a local cluster; None means Ray's detection.")
+    object_store_memory: int = option(1 << 30, "Object store bytes of a local cluster.")
+    temp_dir: Optional[str] = option(None, "Ray's session folder; None makes a fresh one.")
 
 
 @dataclass
 class CustomRewardFunctionConfig:
     """A user scoring function from a Python file (``custom_reward_function``)."""
 
-    path: Optional[str] = _option(None, "Python file defining the function; None uses the data_source registry.")
-    name: str = _option("compute_score", "Function name: (data_source, solution_str, ground_truth, extra_info).")
-    reward_kwargs: dict = _option({}, "Extra keyword arguments bound to the function.")
+    path: Optional[str] = option(None, "Python file defining the function; None uses the data_source registry.")
+    name: str = option("compute_score", "Function name: (data_source, solution_str, ground_truth, extra_info).")
+    reward_kwargs: dict = option({}, "Extra keyword arguments bound to the function.")
 
 
 @dataclass
 class PPOTrainerConfig:
     """Everything ``python -m hybridflow.trainer.main_ppo`` reads."""
 
-    data: DataConfig = _section(DataConfig, "Training and validation prompts.")
-    actor_rollout_ref: ActorRolloutRefConfig = _section(ActorRolloutRefConfig, "Policy model: actor, rollout, ref.")
-    critic: CriticConfig = _section(CriticConfig, "Value model (built only when the estimator needs values).")
-    reward_model: RewardModelConfig = _section(RewardModelConfig, "Learned reward model and the reward manager.")
-    custom_reward_function: CustomRewardFunctionConfig = _section(CustomRewardFunctionConfig, "User scoring function.")
-    algorithm: AlgorithmConfig = _section(AlgorithmConfig, "Advantage estimator and KL in reward.")
-    trainer: TrainerConfig = _section(TrainerConfig, "Run length, placement, logging, checkpoints.")
-    ray_init: RayInitConfig = _section(RayInitConfig, "Ray cluster.")
+    data: DataConfig = section(DataConfig, "Training and validation prompts.")
+    actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig, "Policy model: actor, rollout, ref.")
+    critic: CriticConfig = section(CriticConfig, "Value model (built only when the estimator needs values).")
+    reward_model: RewardModelConfig = section(RewardModelConfig, "Learned reward model and the reward manager.")
+    custom_reward_function: CustomRewardFunctionConfig = section(CustomRewardFunctionConfig, "User scoring function.")
+    algorithm: AlgorithmConfig = section(AlgorithmConfig, "Advantage estimator and KL in reward.")
+    trainer: TrainerConfig = section(TrainerConfig, "Run length, placement, logging, checkpoints.")
+    ray_init: RayInitConfig = section(RayInitConfig, "Ray cluster.")

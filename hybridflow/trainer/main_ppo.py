@@ -1,29 +1,36 @@
 """Entry point: ``python -m hybridflow.trainer.main_ppo key=value ...`` (Hydra overrides on ppo_trainer.yaml).
 
-Order matters: the config is checked and the data loaded before Ray starts, so a typo costs seconds, not
-a cluster start-up. Then a local Ray cluster is started (or ``ray_init.address`` / ``RAY_ADDRESS`` joined),
-the workers are built, and the driver loop runs in this process.
+Order matters: the config is checked before transformers, tensordict and Ray are even imported, and the
+data is loaded before Ray starts, so a typo costs a second or two, not a cluster start-up. Then a local Ray
+cluster is started (or ``ray_init.address`` / ``RAY_ADDRESS`` joined), the workers are built, and the
+driver loop runs in this process.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
 
-from hybridflow.data.rl_dataset import RLDataset
-from hybridflow.data.sampler import StatefulDataLoader
-from hybridflow.distributed import init_local_ray
-from hybridflow.models.loading import load_tokenizer
 from hybridflow.rewards import build_reward_manager, check_data_sources, load_custom_reward_function
 from hybridflow.trainer.config_schema import PPOTrainerConfig
-from hybridflow.trainer.ppo_trainer import RayPPOTrainer
-from hybridflow.trainer.validate import ConfigError, derived_sizes, load_config
+from hybridflow.trainer.reward_options import reward_manager_options
+from hybridflow.trainer.validate import ConfigError, derived_sizes, load_config, unknown_key_errors
+
+if TYPE_CHECKING:
+    from hybridflow.trainer.ppo_trainer import RayPPOTrainer
 
 
 def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     """Tokenizer, datasets, loaders and reward manager for ``config`` (no Ray needed yet)."""
+    # Imported once the config is known to be good: they load transformers, tensordict and Ray (seconds).
+    from hybridflow.data.rl_dataset import RLDataset
+    from hybridflow.data.sampler import StatefulDataLoader
+    from hybridflow.models.loading import load_tokenizer
+    from hybridflow.trainer.ppo_trainer import RayPPOTrainer
+
     data, model = config.data, config.actor_rollout_ref.model
     tokenizer = load_tokenizer(model.tokenizer_dir, trust_remote_code=model.trust_remote_code)
 
@@ -47,7 +54,7 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
         val_batch_size = data.val_batch_size or len(val_dataset)
         val_loader = StatefulDataLoader(val_dataset, val_batch_size, shuffle=False, drop_last=False)
     reward_manager = build_reward_manager(
-        config.reward_model.reward_manager, tokenizer, compute_score, reward_fn_key=data.reward_fn_key
+        config.reward_model.reward_manager, tokenizer, compute_score, **reward_manager_options(config)
     )
     return RayPPOTrainer(
         config, tokenizer=tokenizer, train_loader=train_loader, val_loader=val_loader, reward_manager=reward_manager
@@ -55,6 +62,8 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
 
 
 def run_ppo(config: PPOTrainerConfig) -> None:
+    from hybridflow.distributed import init_local_ray
+
     trainer = build_trainer(config)
     for line in derived_sizes(config, steps=trainer.total_training_steps):
         print(f"[hybridflow] {line}")
@@ -70,6 +79,24 @@ def run_ppo(config: PPOTrainerConfig) -> None:
         trainer.shutdown()
 
 
+def unknown_override_errors(args: list[str]) -> list[str]:
+    """The command line's ``key=value`` overrides whose key the schema lacks, each with a hint.
+
+    Hydra refuses those itself, but without naming the key that was meant; ``+key=value`` (adding a key) and
+    Hydra's own options are left to Hydra and to :func:`load_config`.
+    """
+    tree: dict = {}
+    for arg in args:
+        if "=" not in arg or arg.startswith(("+", "~", "-", "hydra.")):
+            continue
+        *parents, leaf = arg.split("=", 1)[0].split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = None
+    return unknown_key_errors(tree, PPOTrainerConfig)
+
+
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
     try:
@@ -81,4 +108,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    if errors := unknown_override_errors(sys.argv[1:]):
+        print(ConfigError(errors), file=sys.stderr)
+        sys.exit(2)
     main()

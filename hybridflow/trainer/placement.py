@@ -10,13 +10,13 @@ overlap when their calls are non-blocking); it needs that many times the resourc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from hybridflow.distributed import (
-    RayClassWithInitArgs,
-    RayWorkerGroup,
-    ResourcePool,
-    create_colocated_worker_cls,
-)
+# The package loads Ray on first use, so checking trainer.placement in a config does not start it.
+from hybridflow import distributed
+
+if TYPE_CHECKING:
+    from hybridflow.distributed import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
 
 PLACEMENTS = ("colocated", "split")
 GLOBAL_POOL = "global_pool"
@@ -50,7 +50,7 @@ def make_resource_plan(
         raise ValueError(f"trainer.placement={placement!r} is not one of {list(PLACEMENTS)}")
 
     def pool(name: str) -> ResourcePool:
-        return ResourcePool(
+        return distributed.ResourcePool(
             [processes_per_node] * nnodes,
             use_gpu=use_gpu,
             num_cpus_per_process=cpus_per_process,
@@ -92,11 +92,11 @@ def create_worker_groups(plan: ResourcePlan, role_classes: dict[str, RayClassWit
         for pool_name, pool in plan.pools.items():
             pool_roles = plan.roles_in(pool_name)
             if len(pool_roles) == 1:
-                group = RayWorkerGroup(pool, role_classes[pool_roles[0]], name_prefix=pool_roles[0])
+                group = distributed.RayWorkerGroup(pool, role_classes[pool_roles[0]], name_prefix=pool_roles[0])
                 roles[pool_roles[0]] = group
             else:
-                fused = create_colocated_worker_cls({role: role_classes[role] for role in pool_roles})
-                group = RayWorkerGroup(pool, fused, name_prefix=pool_name)
+                fused = distributed.create_colocated_worker_cls({role: role_classes[role] for role in pool_roles})
+                group = distributed.RayWorkerGroup(pool, fused, name_prefix=pool_name)
                 roles.update(group.spawn())
             groups.append(group)
     except BaseException:

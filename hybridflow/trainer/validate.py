@@ -22,16 +22,20 @@ from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, estimator_inputs
 from hybridflow.algos.kl import KL_ESTIMATORS
 from hybridflow.algos.kl_controllers import KL_CONTROLLERS
 from hybridflow.algos.loss_agg import LOSS_AGG_MODES
+from hybridflow.algos.policy_loss_config import PolicyLossModeConfig, policy_loss_config_errors
 from hybridflow.algos.policy_loss_registry import POLICY_LOSSES
-from hybridflow.data.rl_dataset import TRUNCATION_MODES
+from hybridflow.data.truncation import TRUNCATION_MODES
 from hybridflow.rewards import REWARD_MANAGERS
 from hybridflow.rollout.config import RolloutConfigError
 from hybridflow.trainer.checkpoint_manager import RESUME_MODES
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.placement import PLACEMENTS
+from hybridflow.trainer.reward_options import reward_manager_errors
 from hybridflow.trainer.tracking import LOGGER_BACKENDS, OPTIONAL_BACKEND_PACKAGES
 
 DEVICES = ("cpu", "cuda")
+ACTOR = "actor_rollout_ref.actor"
+POLICY_LOSS_MODE_KEYS = frozenset(field.name for field in dataclasses.fields(PolicyLossModeConfig))
 
 
 class ConfigError(ValueError):
@@ -57,8 +61,13 @@ def load_config(config: DictConfig | dict) -> PPOTrainerConfig:
     return typed
 
 
-def unknown_key_errors(node: DictConfig | dict, schema: type, prefix: str = "") -> list[str]:
-    """One line per key of ``node`` that the dataclass ``schema`` (recursively) does not have."""
+def unknown_key_errors(
+    node: DictConfig | dict, schema: type, prefix: str = "", parent: tuple[str, list[str]] | None = None
+) -> list[str]:
+    """One line per key of ``node`` that the dataclass ``schema`` (recursively) does not have.
+
+    ``parent`` is the enclosing section's ``(prefix, keys)``: a key set one level too deep is pointed there.
+    """
     if isinstance(node, DictConfig):
         node = OmegaConf.to_container(node, resolve=False)
     errors = []
@@ -66,14 +75,20 @@ def unknown_key_errors(node: DictConfig | dict, schema: type, prefix: str = "") 
     for key, value in node.items():
         full_key = f"{prefix}{key}"
         if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f"did you mean {prefix}{close[0]}?" if close else f"valid keys: {', '.join(fields)}"
+            hint = _unknown_key_hint(str(key), list(fields), prefix, parent)
             errors.append(f"{full_key} is not a config key; {hint}")
             continue
         nested = _nested_schema(fields[key])
         if nested is not None and isinstance(value, dict):
-            errors += unknown_key_errors(value, nested, prefix=f"{full_key}.")
+            errors += unknown_key_errors(value, nested, prefix=f"{full_key}.", parent=(prefix, list(fields)))
     return errors
+
+
+def _unknown_key_hint(key: str, keys: list[str], prefix: str, parent: tuple[str, list[str]] | None) -> str:
+    if parent is not None and key in parent[1]:
+        return f"did you mean {parent[0]}{key}?"
+    close = difflib.get_close_matches(key, keys, n=1)
+    return f"did you mean {prefix}{close[0]}?" if close else f"valid keys: {', '.join(keys)}"
 
 
 def _nested_schema(field: dataclasses.Field) -> type | None:
@@ -129,6 +144,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + _algorithm_errors(config)
         + _trainer_errors(config)
         + _resource_errors(config)
+        + reward_manager_errors(config)
     )
 
 
@@ -144,7 +160,6 @@ def _registry_errors(config: PPOTrainerConfig) -> list[str]:
         ("algorithm.kl_ctrl.type", config.algorithm.kl_ctrl.type, KL_CONTROLLERS),
         ("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_ESTIMATORS),
         ("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, POLICY_LOSSES),
-        ("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES),
         ("critic.loss_agg_mode", config.critic.loss_agg_mode, LOSS_AGG_MODES),
         ("reward_model.reward_manager", config.reward_model.reward_manager, REWARD_MANAGERS),
         ("trainer.placement", config.trainer.placement, PLACEMENTS),
@@ -167,11 +182,19 @@ def _registry_errors(config: PPOTrainerConfig) -> list[str]:
 
 def _section_errors(config: PPOTrainerConfig) -> list[str]:
     """Problems the lower layers' own checks find in their sections."""
+    errors = [_policy_loss_error(error) for error in policy_loss_config_errors(config.actor_rollout_ref.actor)]
     try:
         config.actor_rollout_ref.rollout.validate()
     except RolloutConfigError as error:
-        return [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
-    return []
+        errors += [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
+    return errors
+
+
+def _policy_loss_error(error: str) -> str:
+    """``tau_neg=0.0 must be > 0`` with its full key: the mode's options sit under ``actor.policy_loss``."""
+    name = error.split("=", 1)[0]
+    section = f"{ACTOR}.policy_loss" if name in POLICY_LOSS_MODE_KEYS else ACTOR
+    return f"{section}.{error}"
 
 
 def uses_critic(config: PPOTrainerConfig) -> bool:

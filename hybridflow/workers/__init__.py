@@ -1,47 +1,35 @@
 """Role workers, each SPMD inside: ``ActorRolloutRefWorker`` (actor | rollout | ref, any mix, one
 process), ``CriticWorker`` and ``RewardModelWorker``; FSDP2 sharding, checkpoints and weight sync.
+
+The names below load their modules on first use, so the config schema (``workers.config``) is read without
+loading the models and engines.
 """
 
-from hybridflow.workers.actor_rollout_ref import ROLE_PARTS, ActorRolloutRefWorker, MissingPartError
-from hybridflow.workers.config import (
-    ActorConfig,
-    ActorRolloutRefConfig,
-    CheckpointConfig,
-    CriticConfig,
-    CriticModelConfig,
-    FSDPConfig,
-    HybridEngineConfig,
-    MixedPrecisionConfig,
-    ModelConfig,
-    OptimConfig,
-    RefConfig,
-    RewardModelConfig,
-    RewardModelModelConfig,
-    WorkerConfigError,
-    as_config,
-)
-from hybridflow.workers.critic import CriticWorker
-from hybridflow.workers.reward_model import RewardModelWorker
+from hybridflow.lazy_exports import lazy_exports
 
-__all__ = [
-    "ROLE_PARTS",
-    "ActorConfig",
-    "ActorRolloutRefConfig",
-    "ActorRolloutRefWorker",
-    "CheckpointConfig",
-    "CriticConfig",
-    "CriticModelConfig",
-    "CriticWorker",
-    "FSDPConfig",
-    "HybridEngineConfig",
-    "MissingPartError",
-    "MixedPrecisionConfig",
-    "ModelConfig",
-    "OptimConfig",
-    "RefConfig",
-    "RewardModelConfig",
-    "RewardModelModelConfig",
-    "RewardModelWorker",
-    "WorkerConfigError",
-    "as_config",
-]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "actor_rollout_ref": ["ROLE_PARTS", "ActorRolloutRefWorker", "MissingPartError"],
+        "config": [
+            "ActorConfig",
+            "ActorRolloutRefConfig",
+            "CheckpointConfig",
+            "CriticConfig",
+            "CriticModelConfig",
+            "FSDPConfig",
+            "HybridEngineConfig",
+            "MixedPrecisionConfig",
+            "ModelConfig",
+            "OptimConfig",
+            "OverlongBufferConfig",
+            "RefConfig",
+            "RewardModelConfig",
+            "RewardModelModelConfig",
+            "WorkerConfigError",
+            "as_config",
+        ],
+        "critic": ["CriticWorker"],
+        "reward_model": ["RewardModelWorker"],
+    },
+)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from hybridflow.algos import agg_loss, get_policy_loss_fn, kl_penalty
+from hybridflow.algos import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.protocol import DataProto
 from hybridflow.workers import checkpoint
@@ -29,19 +29,20 @@ from hybridflow.workers.training import ShardedTrainer
 
 LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 UPDATE_INPUTS = LOG_PROB_INPUTS + ("response_mask", "old_log_probs", "advantages")
-# Keys verl keeps at the top of the actor section; they win over the same keys under policy_loss.
-TOP_LEVEL_LOSS_KEYS = ("clip_ratio", "clip_ratio_c", "loss_agg_mode", "loss_scale_factor")
 
 
-def policy_loss_options(config: ActorConfig) -> dict[str, Any]:
-    """The options handed to the policy loss: ``policy_loss`` overridden by the actor's top-level keys,
-    with unset clip bounds falling back to the actor's ``clip_ratio``."""
-    options = dataclasses.asdict(config.policy_loss)
-    for key in TOP_LEVEL_LOSS_KEYS:
-        options[key] = getattr(config, key)
-    options["clip_ratio_low"] = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
-    options["clip_ratio_high"] = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
-    return options
+def policy_loss_config(config: ActorConfig) -> PolicyLossConfig:
+    """What the policy loss reads: the ``policy_loss`` section (mode and its own options) plus the actor's
+    clip settings, an unset ``clip_ratio_low``/``clip_ratio_high`` meaning ``clip_ratio`` (as in verl)."""
+    return PolicyLossConfig(
+        **dataclasses.asdict(config.policy_loss),
+        clip_ratio=config.clip_ratio,
+        clip_ratio_low=config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low,
+        clip_ratio_high=config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high,
+        clip_ratio_c=config.clip_ratio_c,
+        loss_agg_mode=config.loss_agg_mode,
+        loss_scale_factor=config.loss_scale_factor,
+    )
 
 
 def log_prob_forward(model: torch.nn.Module, data: DataProto, temperature: float, use_remove_padding: bool, calculate_entropy: bool):
@@ -90,7 +91,7 @@ class ActorPart:
         self.update_batching = MicroBatching(
             config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz, config.ppo_max_token_len_per_gpu
         )
-        self.loss_options = policy_loss_options(config)
+        self.policy_loss_config = policy_loss_config(config)
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.weights_version = 0
 
@@ -141,7 +142,7 @@ class ActorPart:
             advantages=batch["advantages"],
             response_mask=response_mask,
             loss_agg_mode=config.loss_agg_mode,
-            config=self.loss_options,
+            config=self.policy_loss_config,
             rollout_is_weights=batch.get("rollout_is_weights", None),
             **counts_kwargs,
         )

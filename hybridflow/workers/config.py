@@ -8,13 +8,14 @@ which rejects keys the dataclass does not have.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, TypeVar
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hybridflow.algos.policy_loss_config import PolicyLossConfig
+from hybridflow.algos.policy_loss_config import PolicyLossModeConfig
+from hybridflow.help_fields import option, section
 from hybridflow.rollout.config import RolloutConfig
 
 T = TypeVar("T")
@@ -24,31 +25,21 @@ class WorkerConfigError(ValueError):
     """A worker config section has a key or value the worker cannot use."""
 
 
-def _option(default: Any, help_text: str) -> Any:
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help_text})
-    return field(default=default, metadata={"help": help_text})
-
-
-def _section(cls: type, help_text: str) -> Any:
-    return field(default_factory=cls, metadata={"help": help_text})
-
-
 @dataclass
 class ModelConfig:
     """Which Hugging Face model a worker loads and how (``actor_rollout_ref.model``, ``critic.model``)."""
 
-    path: str = _option("", "Local Hugging Face model folder (config.json + safetensors).")
-    tokenizer_path: Optional[str] = _option(None, "Tokenizer folder; None means the model path.")
-    use_remove_padding: bool = _option(True, "Pack the non-padding tokens of a micro-batch into one row.")
-    enable_gradient_checkpointing: bool = _option(False, "Recompute activations in backward to save memory.")
-    lora_rank: int = _option(0, "LoRA rank (arXiv:2106.09685); 0 trains all weights.")
-    lora_alpha: int = _option(16, "LoRA scaling numerator: the adapter output is scaled by alpha / rank.")
-    target_modules: Any = _option("all-linear", "Modules that get LoRA adapters: a list of names or 'all-linear'.")
-    override_config: dict = _option({}, "Keys overriding the model's config.json (e.g. attention_dropout).")
-    dtype: str = _option("float32", "Dtype the weights are held in: float32, bfloat16 or float16.")
-    attn_implementation: str = _option("sdpa", "Attention kernel passed to transformers (sdpa, eager, ...).")
-    trust_remote_code: bool = _option(False, "Allow model code from the model folder.")
+    path: str = option("", "Local Hugging Face model folder (config.json + safetensors).")
+    tokenizer_path: Optional[str] = option(None, "Tokenizer folder; None means the model path.")
+    use_remove_padding: bool = option(True, "Pack the non-padding tokens of a micro-batch into one row.")
+    enable_gradient_checkpointing: bool = option(False, "Recompute activations in backward to save memory.")
+    lora_rank: int = option(0, "LoRA rank (arXiv:2106.09685); 0 trains all weights.")
+    lora_alpha: int = option(16, "LoRA scaling numerator: the adapter output is scaled by alpha / rank.")
+    target_modules: Any = option("all-linear", "Modules that get LoRA adapters: a list of names or 'all-linear'.")
+    override_config: dict = option({}, "Keys overriding the model's config.json (e.g. attention_dropout).")
+    dtype: str = option("float32", "Dtype the weights are held in: float32, bfloat16 or float16.")
+    attn_implementation: str = option("sdpa", "Attention kernel passed to transformers (sdpa, eager, ...).")
+    trust_remote_code: bool = option(False, "Allow model code from the model folder.")
 
     @property
     def tokenizer_dir(self) -> str:
@@ -59,154 +50,170 @@ class ModelConfig:
 class OptimConfig:
     """AdamW and its learning-rate schedule (``actor.optim``, ``critic.optim``)."""
 
-    lr: float = _option(1e-6, "Peak learning rate.")
-    lr_warmup_steps: int = _option(-1, "Warmup steps; <= 0 means use lr_warmup_steps_ratio.")
-    lr_warmup_steps_ratio: float = _option(0.0, "Warmup as a fraction of total_training_steps.")
-    warmup_style: str = _option("constant", "After warmup: 'constant' or 'cosine' decay to min_lr_ratio * lr.")
-    min_lr_ratio: float = _option(0.0, "Cosine schedule's final lr as a fraction of lr.")
-    num_cycles: float = _option(0.5, "Cosine half-waves over the decay (0.5: decay once, no restart).")
-    weight_decay: float = _option(0.01, "AdamW decoupled weight decay (arXiv:1711.05101).")
-    betas: list = _option([0.9, 0.999], "AdamW betas.")
-    eps: float = _option(1e-8, "AdamW epsilon.")
-    total_training_steps: int = _option(-1, "Trainer steps of the run; set by the trainer (cosine needs it).")
+    lr: float = option(1e-6, "Peak learning rate.")
+    lr_warmup_steps: int = option(-1, "Warmup steps; <= 0 means use lr_warmup_steps_ratio.")
+    lr_warmup_steps_ratio: float = option(0.0, "Warmup as a fraction of total_training_steps.")
+    warmup_style: str = option("constant", "After warmup: 'constant' or 'cosine' decay to min_lr_ratio * lr.")
+    min_lr_ratio: float = option(0.0, "Cosine schedule's final lr as a fraction of lr.")
+    num_cycles: float = option(0.5, "Cosine half-waves over the decay (0.5: decay once, no restart).")
+    weight_decay: float = option(0.01, "AdamW decoupled weight decay (arXiv:1711.05101).")
+    betas: list = option([0.9, 0.999], "AdamW betas.")
+    eps: float = option(1e-8, "AdamW epsilon.")
+    total_training_steps: int = option(-1, "Trainer steps of the run; set by the trainer (cosine needs it).")
 
 
 @dataclass
 class MixedPrecisionConfig:
     """FSDP2 mixed precision: compute dtype of the gathered parameters and dtype of the gradient reduction."""
 
-    param_dtype: str = _option("float32", "Dtype parameters are cast to for forward/backward (bfloat16 on GPU).")
-    reduce_dtype: str = _option("float32", "Dtype gradients are reduced in across ranks.")
+    param_dtype: str = option("float32", "Dtype parameters are cast to for forward/backward (bfloat16 on GPU).")
+    reduce_dtype: str = option("float32", "Dtype gradients are reduced in across ranks.")
 
 
 @dataclass
 class FSDPConfig:
     """FSDP2 sharding options (``actor.fsdp_config``, ``ref.fsdp_config``, ``critic.model.fsdp_config``)."""
 
-    param_offload: bool = _option(False, "Keep parameters and gradients on CPU between calls (GPU only effect).")
-    optimizer_offload: bool = _option(False, "Keep optimizer states on CPU between updates (GPU only effect).")
-    mixed_precision: MixedPrecisionConfig = _section(MixedPrecisionConfig, "FSDP2 mixed precision policy.")
-    fsdp_size: int = _option(-1, "Ranks each parameter is sharded over; -1 means all ranks of the group.")
-    reshard_after_forward: bool = _option(True, "Free gathered parameters after forward (ZeRO-3) or keep them.")
+    param_offload: bool = option(False, "Keep parameters and gradients on CPU between calls (GPU only effect).")
+    optimizer_offload: bool = option(False, "Keep optimizer states on CPU between updates (GPU only effect).")
+    mixed_precision: MixedPrecisionConfig = section(MixedPrecisionConfig, "FSDP2 mixed precision policy.")
+    fsdp_size: int = option(-1, "Ranks each parameter is sharded over; -1 means all ranks of the group.")
+    reshard_after_forward: bool = option(True, "Free gathered parameters after forward (ZeRO-3) or keep them.")
 
 
 @dataclass
 class CheckpointConfig:
     """What ``save_checkpoint`` writes and ``load_checkpoint`` reads."""
 
-    save_contents: list = _option(
+    save_contents: list = option(
         ["model", "optimizer", "extra"],
         "Parts to save: model, optimizer, extra (lr scheduler and RNG states), hf_model (a Hugging Face folder).",
     )
-    load_contents: list = _option(["model", "optimizer", "extra"], "Parts to load from a checkpoint.")
+    load_contents: list = option(["model", "optimizer", "extra"], "Parts to load from a checkpoint.")
 
 
 @dataclass
 class ActorConfig:
     """The policy's PPO update (``actor_rollout_ref.actor``). Batch sizes follow verl's conventions."""
 
-    ppo_mini_batch_size: int = _option(256, "Prompts per optimizer step (multiplied by rollout.n inside).")
-    ppo_micro_batch_size_per_gpu: Optional[int] = _option(None, "Samples per forward/backward on one rank.")
-    use_dynamic_bsz: bool = _option(False, "Form micro-batches by a token budget instead of a sample count.")
-    ppo_max_token_len_per_gpu: int = _option(16384, "Token budget of a micro-batch when use_dynamic_bsz.")
-    ppo_epochs: int = _option(1, "Passes over the batch per update_actor call.")
-    shuffle: bool = _option(False, "Shuffle samples between mini-batches each epoch.")
-    seed: int = _option(1, "Seed of the mini-batch shuffle.")
-    clip_ratio: float = _option(0.2, "PPO clip epsilon (arXiv:1707.06347).")
-    clip_ratio_low: Optional[float] = _option(None, "Lower clip epsilon; None means clip_ratio.")
-    clip_ratio_high: Optional[float] = _option(None, "Upper clip epsilon (DAPO clip-higher); None means clip_ratio.")
-    clip_ratio_c: float = _option(3.0, "Dual-clip bound for negative advantages (arXiv:1912.09729).")
-    loss_agg_mode: str = _option("token-mean", "How the per-token loss becomes a scalar (algos.loss_agg).")
-    loss_scale_factor: Optional[float] = _option(None, "Constant divisor of seq-mean-token-sum-norm.")
-    entropy_coeff: float = _option(0.0, "Weight of the entropy bonus subtracted from the loss.")
-    use_kl_loss: bool = _option(False, "Add a KL(actor || ref) loss term (GRPO, arXiv:2402.03300).")
-    kl_loss_coef: float = _option(0.001, "Weight of the KL loss.")
-    kl_loss_type: str = _option("low_var_kl", "KL estimator of the KL loss (algos kl_penalty names).")
-    grad_clip: float = _option(1.0, "Clip the global gradient norm to this value.")
-    policy_loss: PolicyLossConfig = _section(PolicyLossConfig, "Policy loss choice and its options.")
-    optim: OptimConfig = _section(OptimConfig, "Optimizer and learning-rate schedule.")
-    fsdp_config: FSDPConfig = _section(FSDPConfig, "FSDP2 sharding, offload and mixed precision.")
-    checkpoint: CheckpointConfig = _section(CheckpointConfig, "What checkpoints hold.")
+    ppo_mini_batch_size: int = option(256, "Prompts per optimizer step (multiplied by rollout.n inside).")
+    ppo_micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per forward/backward on one rank.")
+    use_dynamic_bsz: bool = option(False, "Form micro-batches by a token budget instead of a sample count.")
+    ppo_max_token_len_per_gpu: int = option(16384, "Token budget of a micro-batch when use_dynamic_bsz.")
+    ppo_epochs: int = option(1, "Passes over the batch per update_actor call.")
+    shuffle: bool = option(False, "Shuffle samples between mini-batches each epoch.")
+    seed: int = option(1, "Seed of the mini-batch shuffle.")
+    clip_ratio: float = option(0.2, "PPO clip epsilon (arXiv:1707.06347).")
+    clip_ratio_low: Optional[float] = option(None, "Lower clip epsilon; None means clip_ratio.")
+    clip_ratio_high: Optional[float] = option(None, "Upper clip epsilon (DAPO clip-higher); None means clip_ratio.")
+    clip_ratio_c: float = option(3.0, "Dual-clip bound for negative advantages (arXiv:1912.09729).")
+    loss_agg_mode: str = option("token-mean", "How the per-token loss becomes a scalar (algos.loss_agg).")
+    loss_scale_factor: Optional[float] = option(None, "Constant divisor of seq-mean-token-sum-norm.")
+    entropy_coeff: float = option(0.0, "Weight of the entropy bonus subtracted from the loss.")
+    use_kl_loss: bool = option(False, "Add a KL(actor || ref) loss term (GRPO, arXiv:2402.03300).")
+    kl_loss_coef: float = option(0.001, "Weight of the KL loss.")
+    kl_loss_type: str = option("low_var_kl", "KL estimator of the KL loss (algos kl_penalty names).")
+    grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
+    policy_loss: PolicyLossModeConfig = section(
+        PolicyLossModeConfig, "Which policy loss and its own options; the clip keys above apply to every loss."
+    )
+    optim: OptimConfig = section(OptimConfig, "Optimizer and learning-rate schedule.")
+    fsdp_config: FSDPConfig = section(FSDPConfig, "FSDP2 sharding, offload and mixed precision.")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "What checkpoints hold.")
 
 
 @dataclass
 class RefConfig:
     """The frozen reference policy (``actor_rollout_ref.ref``)."""
 
-    log_prob_micro_batch_size_per_gpu: Optional[int] = _option(None, "Samples per reference forward on one rank.")
-    log_prob_use_dynamic_bsz: bool = _option(False, "Form micro-batches by a token budget.")
-    log_prob_max_token_len_per_gpu: int = _option(16384, "Token budget of a micro-batch when dynamic.")
-    fsdp_config: FSDPConfig = _section(FSDPConfig, "FSDP2 sharding of the reference model.")
+    log_prob_micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per reference forward on one rank.")
+    log_prob_use_dynamic_bsz: bool = option(False, "Form micro-batches by a token budget.")
+    log_prob_max_token_len_per_gpu: int = option(16384, "Token budget of a micro-batch when dynamic.")
+    fsdp_config: FSDPConfig = section(FSDPConfig, "FSDP2 sharding of the reference model.")
 
 
 @dataclass
 class HybridEngineConfig:
     """How the actor and the rollout engine share one process (``actor_rollout_ref.hybrid_engine``)."""
 
-    sleep_rollout: bool = _option(True, "Put the rollout engine to sleep (free its cache) after generating.")
+    sleep_rollout: bool = option(True, "Put the rollout engine to sleep (free its cache) after generating.")
 
 
 @dataclass
 class ActorRolloutRefConfig:
     """The ``actor_rollout_ref`` section: one model, played as actor, rollout and reference."""
 
-    model: ModelConfig = _section(ModelConfig, "The policy model.")
-    actor: ActorConfig = _section(ActorConfig, "PPO update of the policy.")
-    rollout: RolloutConfig = _section(RolloutConfig, "Generation engine and sampling.")
-    ref: RefConfig = _section(RefConfig, "Reference policy for the KL term.")
-    hybrid_engine: HybridEngineConfig = _section(HybridEngineConfig, "Actor/rollout sharing options.")
+    model: ModelConfig = section(ModelConfig, "The policy model.")
+    actor: ActorConfig = section(ActorConfig, "PPO update of the policy.")
+    rollout: RolloutConfig = section(RolloutConfig, "Generation engine and sampling.")
+    ref: RefConfig = section(RefConfig, "Reference policy for the KL term.")
+    hybrid_engine: HybridEngineConfig = section(HybridEngineConfig, "Actor/rollout sharing options.")
 
 
 @dataclass
 class CriticModelConfig(ModelConfig):
     """The value model (``critic.model``); verl keeps the critic's FSDP options here."""
 
-    fsdp_config: FSDPConfig = _section(FSDPConfig, "FSDP2 sharding, offload and mixed precision.")
+    fsdp_config: FSDPConfig = section(FSDPConfig, "FSDP2 sharding, offload and mixed precision.")
 
 
 @dataclass
 class CriticConfig:
     """The value model and its update (``critic``)."""
 
-    model: CriticModelConfig = _section(CriticModelConfig, "The value model (a causal LM gets a fresh value head).")
-    rollout_n: int = _option(1, "Samples per prompt; the trainer sets it to actor_rollout_ref.rollout.n.")
-    ppo_mini_batch_size: int = _option(256, "Prompts per optimizer step (multiplied by rollout_n inside).")
-    ppo_micro_batch_size_per_gpu: Optional[int] = _option(None, "Samples per forward/backward on one rank.")
-    forward_micro_batch_size_per_gpu: Optional[int] = _option(None, "Samples per compute_values forward.")
-    use_dynamic_bsz: bool = _option(False, "Form micro-batches by a token budget.")
-    ppo_max_token_len_per_gpu: int = _option(32768, "Token budget of an update micro-batch when dynamic.")
-    forward_max_token_len_per_gpu: int = _option(32768, "Token budget of a compute_values micro-batch.")
-    ppo_epochs: int = _option(1, "Passes over the batch per update_critic call.")
-    shuffle: bool = _option(False, "Shuffle samples between mini-batches each epoch.")
-    seed: int = _option(1, "Seed of the mini-batch shuffle.")
-    cliprange_value: float = _option(0.5, "Clip of the value update around the old values (PPO, arXiv:1707.06347).")
-    loss_agg_mode: str = _option("token-mean", "How the per-token value loss becomes a scalar.")
-    grad_clip: float = _option(1.0, "Clip the global gradient norm to this value.")
-    optim: OptimConfig = _section(OptimConfig, "Optimizer and learning-rate schedule.")
-    checkpoint: CheckpointConfig = _section(CheckpointConfig, "What checkpoints hold.")
+    model: CriticModelConfig = section(CriticModelConfig, "The value model (a causal LM gets a fresh value head).")
+    rollout_n: int = option(1, "Samples per prompt; the trainer sets it to actor_rollout_ref.rollout.n.")
+    ppo_mini_batch_size: int = option(256, "Prompts per optimizer step (multiplied by rollout_n inside).")
+    ppo_micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per forward/backward on one rank.")
+    forward_micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per compute_values forward.")
+    use_dynamic_bsz: bool = option(False, "Form micro-batches by a token budget.")
+    ppo_max_token_len_per_gpu: int = option(32768, "Token budget of an update micro-batch when dynamic.")
+    forward_max_token_len_per_gpu: int = option(32768, "Token budget of a compute_values micro-batch.")
+    ppo_epochs: int = option(1, "Passes over the batch per update_critic call.")
+    shuffle: bool = option(False, "Shuffle samples between mini-batches each epoch.")
+    seed: int = option(1, "Seed of the mini-batch shuffle.")
+    cliprange_value: float = option(0.5, "Clip of the value update around the old values (PPO, arXiv:1707.06347).")
+    loss_agg_mode: str = option("token-mean", "How the per-token value loss becomes a scalar.")
+    grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
+    optim: OptimConfig = section(OptimConfig, "Optimizer and learning-rate schedule.")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "What checkpoints hold.")
 
 
 @dataclass
 class RewardModelModelConfig:
     """The reward model's folder (``reward_model.model``)."""
 
-    path: str = _option("", "Hugging Face folder of a model with one output per token (score head).")
-    dtype: str = _option("float32", "Dtype of the reward model's weights.")
-    use_remove_padding: bool = _option(True, "Pack non-padding tokens into one row.")
-    trust_remote_code: bool = _option(False, "Allow model code from the model folder.")
-    fsdp_config: FSDPConfig = _section(FSDPConfig, "FSDP2 sharding of the reward model.")
+    path: str = option("", "Hugging Face folder of a model with one output per token (score head).")
+    dtype: str = option("float32", "Dtype of the reward model's weights.")
+    use_remove_padding: bool = option(True, "Pack non-padding tokens into one row.")
+    trust_remote_code: bool = option(False, "Allow model code from the model folder.")
+    fsdp_config: FSDPConfig = section(FSDPConfig, "FSDP2 sharding of the reward model.")
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, section 3.4), for ``reward_manager=dapo``."""
+
+    enable: bool = option(False, "Penalise responses that reach into the last `len` tokens before the length limit.")
+    len: int = option(0, "Tokens before data.max_response_length over which the penalty grows linearly.")
+    penalty_factor: float = option(1.0, "Penalty at the length limit, subtracted from the score.")
 
 
 @dataclass
 class RewardModelConfig:
-    """A learned reward model (``reward_model``); it reads the policy's tokens, so it shares its tokenizer."""
+    """A learned reward model and the reward manager (``reward_model``); the model reads the policy's tokens,
+    so it shares its tokenizer. The manager runs in the driver."""
 
-    enable: bool = _option(False, "Score samples with the reward model.")
-    reward_manager: str = _option("naive", "Reward manager that combines rule scores (used by the trainer).")
-    model: RewardModelModelConfig = _section(RewardModelModelConfig, "The reward model.")
-    micro_batch_size_per_gpu: Optional[int] = _option(None, "Samples per forward on one rank.")
-    use_dynamic_bsz: bool = _option(False, "Form micro-batches by a token budget.")
-    forward_max_token_len_per_gpu: int = _option(32768, "Token budget of a micro-batch when dynamic.")
+    enable: bool = option(False, "Score samples with the reward model.")
+    reward_manager: str = option(
+        "naive", "Reward manager: naive, batch (one call per batch) or dapo (with the overlong penalty)."
+    )
+    reward_kwargs: dict = option({}, "Further reward manager options, e.g. +reward_model.reward_kwargs.timeout_s=60.")
+    overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO's overlong penalty (dapo manager).")
+    model: RewardModelModelConfig = section(RewardModelModelConfig, "The reward model.")
+    micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per forward on one rank.")
+    use_dynamic_bsz: bool = option(False, "Form micro-batches by a token budget.")
+    forward_max_token_len_per_gpu: int = option(32768, "Token budget of a micro-batch when dynamic.")
 
 
 def as_config(cls: type[T], section: Any) -> T:

@@ -1,12 +1,22 @@
 """Helpers shared by the trainer tests: compose the trainer config and a small valid run's overrides."""
 
+import pytest
 from hydra import compose, initialize_config_module
+
+from hybridflow.trainer.validate import ConfigError, load_config
 
 
 def compose_config(overrides):
     """ppo_trainer.yaml with Hydra command-line style overrides, as main_ppo would see it."""
     with initialize_config_module("hybridflow.trainer.config", version_base=None):
         return compose("ppo_trainer", overrides=list(overrides))
+
+
+def config_errors(overrides) -> list[str]:
+    """The lines of the ConfigError that ``overrides`` must raise."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(compose_config(overrides))
+    return caught.value.errors
 
 
 def tiny_run_overrides(model_dir, parquet, run_dir, estimator="grpo"):

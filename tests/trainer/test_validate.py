@@ -5,28 +5,18 @@ import os
 import subprocess
 import sys
 
-import pytest
 from omegaconf import OmegaConf
 
 from hybridflow.trainer.config_schema import PPOTrainerConfig
-from hybridflow.trainer.validate import ConfigError, derived_sizes, load_config
+from hybridflow.trainer.main_ppo import unknown_override_errors
+from hybridflow.trainer.validate import derived_sizes, load_config
+from hybridflow.workers.actor import policy_loss_config
 
-from .helpers import compose_config, tiny_run_overrides
-
-
-@pytest.fixture()
-def base(tiny_model_dir, tiny_parquet, tmp_path):
-    return tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run")
-
-
-def _errors(overrides) -> list[str]:
-    with pytest.raises(ConfigError) as caught:
-        load_config(compose_config(overrides))
-    return caught.value.errors
+from .helpers import compose_config, config_errors
 
 
 def _one_error(overrides, *fragments) -> str:
-    errors = _errors(overrides)
+    errors = config_errors(overrides)
     assert len(errors) == 1, errors
     for fragment in fragments:
         assert fragment in errors[0], errors[0]
@@ -48,6 +38,37 @@ def test_unknown_key_names_the_close_match(base):
         base + ["+actor_rollout_ref.actor.optim.learning_rate=1"],
         "actor_rollout_ref.actor.optim.learning_rate", "valid keys: lr,",
     )
+
+
+def test_clip_keys_are_set_on_the_actor_and_reach_the_policy_loss(base):
+    _one_error(
+        base + ["+actor_rollout_ref.actor.policy_loss.clip_ratio_low=0.3"],
+        "actor_rollout_ref.actor.policy_loss.clip_ratio_low is not a config key",
+        "did you mean actor_rollout_ref.actor.clip_ratio_low?",
+    )
+
+    def bounds(*overrides):
+        loss_config = policy_loss_config(load_config(compose_config(base + list(overrides))).actor_rollout_ref.actor)
+        return loss_config.clip_ratio_low, loss_config.clip_ratio_high
+
+    assert bounds() == (0.2, 0.2)
+    assert bounds("actor_rollout_ref.actor.clip_ratio=0.3") == (0.3, 0.3)
+    assert bounds("actor_rollout_ref.actor.clip_ratio_high=0.28") == (0.2, 0.28)
+
+
+def test_command_line_keys_that_hydra_would_refuse_are_named_first():
+    overrides = ["actor_rollout_ref.actor.policy_loss.clip_ratio_low=0.3", "trainer.save_freq=1", "hydra.run.dir=x"]
+    assert unknown_override_errors(overrides + ["+trainer.added=1", "--multirun"]) == [
+        "actor_rollout_ref.actor.policy_loss.clip_ratio_low is not a config key; "
+        "did you mean actor_rollout_ref.actor.clip_ratio_low?"
+    ]
+
+
+def test_policy_loss_values_are_checked_under_their_full_key(base):
+    actor = "actor_rollout_ref.actor"
+    _one_error(base + [f"{actor}.clip_ratio_c=0.5"], f"{actor}.clip_ratio_c=0.5 must be > 1")
+    _one_error(base + [f"{actor}.policy_loss.tau_neg=0"], f"{actor}.policy_loss.tau_neg=0.0 must be > 0")
+    _one_error(base + [f"{actor}.loss_agg_mode=mean"], f"{actor}.loss_agg_mode='mean' must be one of [")
 
 
 def test_batch_size_that_does_not_divide(base):
@@ -115,9 +136,9 @@ def test_resume_path_must_exist(base, tmp_path):
 
 
 def test_every_problem_is_reported_at_once(base, tmp_path):
-    errors = _errors(base + ["+trainer.sav_freq=1", "data.train_batch_size=many"])
+    errors = config_errors(base + ["+trainer.sav_freq=1", "data.train_batch_size=many"])
     assert len(errors) == 2
-    errors = _errors(
+    errors = config_errors(
         base + [f"actor_rollout_ref.model.path={tmp_path}", "data.train_batch_size=5", "trainer.save_freq=0"]
     )
     assert len(errors) == 3, errors  # model path, actor mini-batch, save_freq
@@ -157,3 +178,20 @@ def test_cli_refuses_a_bad_config_before_starting_ray(base, tmp_path):
     assert "trainer.sav_freq is not a config key; did you mean trainer.save_freq?" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_checking_a_config_loads_no_models_engines_or_ray():
+    """So a config error shows in about a second: only torch (for the registries) and Hydra are loaded."""
+    script = (
+        "import sys\n"
+        "from hybridflow.trainer import main_ppo, validate\n"
+        "try:\n"
+        "    validate.load_config({'data': {'train_batch_size': 7}})\n"
+        "except validate.ConfigError:\n"
+        "    pass\n"
+        "print(sorted(name for name in ('transformers', 'ray', 'tensordict', 'peft', 'vllm') if name in sys.modules))\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -8,10 +8,11 @@ import math
 import pytest
 import torch
 
+from hybridflow.algos import PolicyLossConfig, PolicyLossModeConfig
 from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.workers import ActorRolloutRefWorker, MissingPartError
-from hybridflow.workers.actor import policy_loss_options
+from hybridflow.workers.actor import policy_loss_config
 from hybridflow.workers.config import ActorConfig
 
 from .helpers import actor_rollout_ref_config, full_parameters, rollout_batch
@@ -140,7 +141,13 @@ def test_a_method_outside_the_role_names_the_missing_part(tiny_model_dir):
         worker.compute_ref_log_prob(rollout_batch(2))
 
 
-def test_policy_loss_options_fall_back_to_the_actor_clip_ratio():
-    options = policy_loss_options(ActorConfig(clip_ratio=0.3, clip_ratio_high=0.28))
-    assert (options["clip_ratio_low"], options["clip_ratio_high"]) == (0.3, 0.28)
-    assert options["loss_mode"] == "vanilla"
+def test_policy_loss_config_takes_the_clip_settings_from_the_actor():
+    both = policy_loss_config(ActorConfig(clip_ratio=0.3))
+    assert (both.clip_ratio_low, both.clip_ratio_high) == (0.3, 0.3)
+    upper = policy_loss_config(ActorConfig(clip_ratio_high=0.28))
+    assert (upper.clip_ratio_low, upper.clip_ratio_high) == (0.2, 0.28)
+    sapo = PolicyLossModeConfig(loss_mode="sapo", tau_neg=2.0)
+    config = policy_loss_config(ActorConfig(clip_ratio_c=5.0, loss_agg_mode="seq-mean-token-mean", policy_loss=sapo))
+    assert isinstance(config, PolicyLossConfig)
+    assert (config.loss_mode, config.tau_neg, config.tau_pos) == ("sapo", 2.0, 1.0)
+    assert (config.clip_ratio_c, config.loss_agg_mode) == (5.0, "seq-mean-token-mean")
