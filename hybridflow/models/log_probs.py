@@ -4,7 +4,8 @@ and rollout log-prob calls.
 The model projects to the vocabulary only at the positions that predict response tokens
 (``logits_to_keep``), never at the prompt, and the log-softmax statistics are taken chunk by chunk
 (``hybridflow.models.chunked_softmax``), so no ``[tokens, vocab]`` log-softmax is ever materialised.
-With ``use_remove_padding`` the batch's real tokens run packed in one row (``hybridflow.models.padding``).
+With ``use_remove_padding`` the batch's real tokens run packed, in rows laid out for the model's attention
+kernel (``hybridflow.models.padding.pack_for_model``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.models.chunked_softmax import log_probs_and_entropy
-from hybridflow.models.padding import pack_padded, pack_values
+from hybridflow.models.padding import PackedBatch, pack_for_model, pack_values
 
 
 def response_prediction_mask(attention_mask: torch.Tensor, response_length: int) -> torch.Tensor:
@@ -48,20 +49,25 @@ def forward_log_probs(
 
     ``input_ids``, ``attention_mask``, ``position_ids`` are ``[B, L]`` with the response in the last
     ``R = response_length`` columns. Entries whose response token is padding are 0. With
-    ``use_remove_padding`` the real tokens are packed into one row (``position_ids`` are then derived
-    from ``attention_mask``); otherwise the padded rectangle is run as is. Gradients flow when enabled.
+    ``use_remove_padding`` the real tokens are packed (``position_ids`` are then derived from
+    ``attention_mask``) unless ``pack_for_model`` finds the padded rectangle cheaper; otherwise the
+    padded rectangle is run as is. Gradients flow when enabled.
     """
     predicts = response_prediction_mask(attention_mask, response_length)
     statistics = dict(temperature=temperature, calculate_entropy=calculate_entropy, chunk_size=chunk_size)
-    if use_remove_padding:
-        return _packed_log_probs(model, input_ids, attention_mask, response_length, predicts, statistics)
+    packed = pack_for_model(model, input_ids, attention_mask) if use_remove_padding else None
+    if packed is not None:
+        return _packed_log_probs(model, packed, input_ids, response_length, predicts, statistics)
     return _padded_log_probs(model, input_ids, attention_mask, position_ids, response_length, predicts, statistics)
 
 
-def _packed_log_probs(model, input_ids, attention_mask, response_length, predicts, statistics):
-    """Run the packed real tokens; project to the vocabulary only at the K predicting positions."""
-    packed = pack_padded(input_ids, attention_mask)
+def _packed_log_probs(model, packed: PackedBatch, input_ids, response_length, predicts, statistics):
+    """Run the packed rows; project to the vocabulary only at the K predicting positions."""
     keep = pack_values(predicts, packed).nonzero(as_tuple=True)[0]
+    # A boolean logits_to_keep returns the kept positions in row-major slot order: label them in that order.
+    keep = keep[torch.argsort(packed.slot_index[keep])]
+    keep_slots = torch.zeros(packed.input_ids.numel(), dtype=torch.bool, device=input_ids.device)
+    keep_slots[packed.slot_index[keep]] = True
     next_tokens = torch.roll(input_ids, shifts=-1, dims=1)
     labels = pack_values(next_tokens, packed)[keep]
     output = model(
@@ -69,9 +75,9 @@ def _packed_log_probs(model, input_ids, attention_mask, response_length, predict
         position_ids=packed.position_ids,
         attention_mask=None,
         use_cache=False,
-        logits_to_keep=keep,
+        logits_to_keep=keep_slots.view_as(packed.input_ids),
     )
-    log_probs, entropy = log_probs_and_entropy(output.logits[0], labels, **statistics)
+    log_probs, entropy = log_probs_and_entropy(output.logits, labels, **statistics)
     flat_index = packed.token_index[keep]
     rows = flat_index // packed.seq_len
     cols = flat_index % packed.seq_len - (packed.seq_len - response_length - 1)

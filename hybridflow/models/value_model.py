@@ -22,7 +22,7 @@ from hybridflow.models.loading import (
     resolve_dtype,
     resolve_model_path,
 )
-from hybridflow.models.padding import pack_padded, unpack
+from hybridflow.models.padding import pack_for_model, packed_outputs, unpack
 
 
 def load_value_model(
@@ -69,14 +69,15 @@ def forward_token_scores(
 ) -> torch.Tensor:
     """The scalar head's output at every position: ``[B, L]`` float32, 0 on padding.
 
-    With ``use_remove_padding`` the real tokens run packed in one row (see ``hybridflow.models.padding``).
+    With ``use_remove_padding`` the real tokens run packed unless the padded rectangle is cheaper (see
+    ``hybridflow.models.padding.pack_for_model``).
     """
-    if use_remove_padding:
-        packed = pack_padded(input_ids, attention_mask)
+    packed = pack_for_model(model, input_ids, attention_mask) if use_remove_padding else None
+    if packed is not None:
         output = model(
             input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False
         )
-        return unpack(output.logits[0, :, 0].float(), packed)
+        return unpack(packed_outputs(output.logits[..., 0], packed).float(), packed)
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return output.logits[..., 0].float() * attention_mask
 

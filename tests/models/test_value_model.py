@@ -4,6 +4,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
+from hybridflow.models import value_model as value_model_module
+from hybridflow.models.padding import pack_padded
 from hybridflow.models.value_model import (
     forward_reward_scores,
     forward_values,
@@ -41,6 +43,21 @@ def test_values_zero_on_padding_and_packed_equals_padded(tiny_model_dir, padded_
     torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)
     torch.testing.assert_close(packed[0], alone, atol=1e-5, rtol=0)
     assert torch.all(packed[response_mask == 0] == 0)
+
+
+@pytest.mark.parametrize("num_rows", [1, 2, 4])
+def test_values_packed_in_rows_equal_padded(tiny_model_dir, padded_batch, monkeypatch, num_rows):
+    monkeypatch.setattr(
+        value_model_module,
+        "pack_for_model",
+        lambda model, input_ids, attention_mask: pack_padded(input_ids, attention_mask, num_rows=num_rows),
+    )
+    critic = load_value_model(tiny_model_dir).eval()
+    batch = padded_batch([5, 2, 4, 1], [3, 1, 0, 3], 5, 3)
+    with torch.no_grad():
+        packed = forward_values(critic, *batch[:3], 3, use_remove_padding=True)
+        padded = forward_values(critic, *batch[:3], 3, use_remove_padding=False)
+    torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)
 
 
 def test_reward_scores_match_sequence_classification(reward_model_dir, padded_batch):
