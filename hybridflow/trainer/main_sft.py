@@ -1,0 +1,84 @@
+"""Entry point: ``python -m hybridflow.trainer.main_sft key=value ...`` (Hydra overrides on sft_trainer.yaml).
+
+    python -m hybridflow.trainer.main_sft data.train_files=~/data/sorting/train.parquet \\
+        data.prompt_key=extra_info data.prompt_dict_keys=[question] \\
+        data.response_key=extra_info data.response_dict_keys=[answer] \\
+        model.partial_pretrain=examples/tiny_base_model/random_init trainer.default_local_dir=/tmp/sft_run
+
+The config is checked and the data tokenized before Ray starts; the final model is written as a Hugging
+Face folder to ``<trainer.default_local_dir>/huggingface``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from hybridflow.data.sampler import StatefulDataLoader
+from hybridflow.data.sft_dataset import SFTDataset
+from hybridflow.distributed import init_local_ray
+from hybridflow.models.loading import load_tokenizer
+from hybridflow.trainer.sft_config import SFTTrainerConfig, load_sft_config
+from hybridflow.trainer.sft_trainer import SFTTrainer
+from hybridflow.trainer.validate import ConfigError
+
+
+def build_sft_trainer(config: SFTTrainerConfig) -> SFTTrainer:
+    """Tokenizer, datasets and loaders for ``config`` (no Ray needed yet)."""
+    data, model = config.data, config.model
+    tokenizer = load_tokenizer(model.tokenizer_path or model.partial_pretrain, trust_remote_code=model.trust_remote_code)
+
+    def dataset(files: object) -> SFTDataset:
+        return SFTDataset(
+            files, tokenizer, data.max_length, prompt_key=data.prompt_key, response_key=data.response_key,
+            prompt_dict_keys=data.prompt_dict_keys, response_dict_keys=data.response_dict_keys,
+            multiturn=data.multiturn.enable, messages_key=data.multiturn.messages_key, truncation=data.truncation,
+        )
+
+    train_dataset = dataset(data.train_files)
+    train_loader = StatefulDataLoader(train_dataset, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=True)
+    val_loader = None
+    if data.val_files:
+        val_loader = StatefulDataLoader(dataset(data.val_files), data.train_batch_size, shuffle=False, drop_last=False)
+    trainer = SFTTrainer(config, train_loader=train_loader, val_loader=val_loader)
+    print(f"[hybridflow] {train_dataset.summary()}")
+    print(
+        f"[hybridflow] {trainer.total_training_steps} steps of {data.train_batch_size} examples "
+        f"({len(train_loader)} steps per epoch, {train_dataset.num_loss_tokens()} loss tokens per epoch) on "
+        f"{config.trainer.nnodes * config.trainer.n_gpus_per_node} worker process(es)"
+    )
+    return trainer
+
+
+def run_sft(config: SFTTrainerConfig) -> pathlib.Path:
+    """Train and export; returns the Hugging Face folder of the fine-tuned model."""
+    trainer = build_sft_trainer(config)
+    ray_config = config.ray_init
+    init_local_ray(
+        num_cpus=ray_config.num_cpus, num_gpus=ray_config.num_gpus, object_store_memory=ray_config.object_store_memory,
+        temp_dir=ray_config.temp_dir, address=ray_config.address,
+    )
+    try:
+        trainer.init_workers()
+        exported = trainer.fit()
+    finally:
+        trainer.shutdown()
+    print(f"[hybridflow] fine-tuned model written to {exported}")
+    return exported
+
+
+@hydra.main(config_path="config", config_name="sft_trainer", version_base=None)
+def main(cfg: DictConfig) -> None:
+    try:
+        config = load_sft_config(cfg)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        sys.exit(2)
+    run_sft(config)
+
+
+if __name__ == "__main__":
+    main()

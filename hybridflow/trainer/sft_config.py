@@ -1,0 +1,207 @@
+"""The SFT trainer's config schema (every key ``sft_trainer.yaml`` and the command line may set) and its checks.
+
+Key names follow verl's ``sft_trainer.yaml`` (``data.prompt_key``, ``data.multiturn.enable``,
+``model.partial_pretrain``, ``optim.warmup_steps_ratio``, ``optim.clip_grad``, ``optim.lr_scheduler``,
+``use_remove_padding``). The model's FSDP options are hybridflow's ``FSDPConfig`` (the PPO trainer's keys),
+not verl's FSDP1 ones. :func:`load_sft_config` collects every problem and raises one ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hybridflow.data.sft_dataset import SFT_TRUNCATION_MODES
+from hybridflow.trainer.checkpoint_manager import RESUME_MODES
+from hybridflow.trainer.config_schema import RayInitConfig
+from hybridflow.trainer.tracking import LOGGER_BACKENDS
+from hybridflow.trainer.validate import DEVICES, ConfigError, unknown_key_errors
+from hybridflow.workers.config import FSDPConfig
+from hybridflow.workers.optim import WARMUP_STYLES
+
+
+def _option(default: Any, help_text: str) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help_text})
+    return field(default=default, metadata={"help": help_text})
+
+
+def _section(cls: type, help_text: str) -> Any:
+    return field(default_factory=cls, metadata={"help": help_text})
+
+
+@dataclass
+class SFTMultiturnConfig:
+    """Rows holding whole conversations (``data.multiturn``)."""
+
+    enable: bool = _option(False, "Read a messages column and train on every assistant turn.")
+    messages_key: str = _option("messages", "Column holding the chat messages.")
+
+
+@dataclass
+class SFTDataConfig:
+    """Training and validation examples (``data``)."""
+
+    train_files: Any = _option("", "Training parquet file or list of files.")
+    val_files: Any = _option("", "Validation parquet file(s); empty disables validation.")
+    prompt_key: str = _option("prompt", "Column of the prompt: a string or chat messages.")
+    response_key: str = _option("response", "Column of the response string.")
+    prompt_dict_keys: Optional[list] = _option(None, "Keys into a dict prompt column, e.g. ['question'].")
+    response_dict_keys: Optional[list] = _option(None, "Keys into a dict response column, e.g. ['answer'].")
+    multiturn: SFTMultiturnConfig = _section(SFTMultiturnConfig, "Multi-turn rows.")
+    max_length: int = _option(1024, "Tokens per example after the chat template; longer ones follow `truncation`.")
+    truncation: str = _option("error", "Over-long examples: error, left (keep the end), right (keep the start), filter.")
+    train_batch_size: int = _option(256, "Examples per optimizer step, over all worker processes.")
+    micro_batch_size_per_gpu: int = _option(4, "Examples per forward/backward on one worker process.")
+    use_dynamic_bsz: bool = _option(False, "Cut micro-batches by a token budget instead of micro_batch_size_per_gpu.")
+    max_token_len_per_gpu: int = _option(8192, "Token budget of a micro-batch when use_dynamic_bsz.")
+    shuffle: bool = _option(True, "Shuffle the training examples each epoch.")
+    seed: int = _option(1, "Seed of the shuffle.")
+
+
+@dataclass
+class SFTModelConfig:
+    """The model to fine-tune (``model``)."""
+
+    partial_pretrain: str = _option("", "Local Hugging Face model folder to start from.")
+    tokenizer_path: Optional[str] = _option(None, "Tokenizer folder; None means partial_pretrain.")
+    enable_gradient_checkpointing: bool = _option(False, "Recompute activations in backward to save memory.")
+    trust_remote_code: bool = _option(False, "Allow model code from the model folder.")
+    lora_rank: int = _option(0, "LoRA rank (arXiv:2106.09685); 0 trains all weights.")
+    lora_alpha: int = _option(16, "LoRA scaling numerator: the adapter output is scaled by alpha / rank.")
+    target_modules: Any = _option("all-linear", "Modules that get LoRA adapters: a list of names or 'all-linear'.")
+    dtype: str = _option("float32", "Dtype the weights are held in: float32, bfloat16 or float16.")
+    attn_implementation: str = _option("sdpa", "Attention kernel passed to transformers (sdpa, eager, ...).")
+    fsdp_config: FSDPConfig = _section(FSDPConfig, "FSDP2 sharding, offload and mixed precision.")
+
+
+@dataclass
+class SFTOptimConfig:
+    """AdamW and its schedule (``optim``)."""
+
+    lr: float = _option(1e-5, "Peak learning rate.")
+    betas: list = _option([0.9, 0.95], "AdamW betas.")
+    weight_decay: float = _option(0.01, "AdamW decoupled weight decay.")
+    warmup_steps_ratio: float = _option(0.1, "Linear warmup over this fraction of the training steps.")
+    clip_grad: float = _option(1.0, "Clip the global gradient norm to this value.")
+    lr_scheduler: str = _option("cosine", "After warmup: cosine (decay to min_lr_ratio * lr) or constant.")
+    min_lr_ratio: float = _option(0.0, "Cosine schedule's final lr as a fraction of lr.")
+
+
+@dataclass
+class SFTRunConfig:
+    """Run length, placement, logging, validation and checkpoints (``trainer``)."""
+
+    total_epochs: int = _option(1, "Passes over the training examples.")
+    total_training_steps: Optional[int] = _option(None, "Stop after this many steps; None means total_epochs passes.")
+    project_name: str = _option("hybridflow", "Project name in the trackers.")
+    experiment_name: str = _option("sft", "Run name in the trackers.")
+    logger: list = _option(["console", "jsonl"], "Trackers: any of console, jsonl, tensorboard, mlflow, wandb.")
+    nnodes: int = _option(1, "Nodes of the cluster to use.")
+    n_gpus_per_node: int = _option(1, "Worker processes per node (one per GPU; on CPU, processes sharing the cores).")
+    cpus_per_worker: float = _option(1.0, "CPUs Ray reserves for each worker process (fractions allowed).")
+    device: str = _option("cpu", "cpu or cuda.")
+    save_freq: int = _option(-1, "Save a checkpoint every N steps (and at the end); -1 only the final model.")
+    test_freq: int = _option(-1, "Compute the validation loss every N steps (and at the end); -1 only at the end.")
+    default_local_dir: str = _option("checkpoints/hybridflow/sft", "The run folder: checkpoints, metrics, final model.")
+    resume_mode: str = _option("auto", "auto: resume from the run folder's latest; disable; resume_path; or a path.")
+    resume_from_path: Optional[str] = _option(None, "Checkpoint folder (global_step_N) when resume_mode=resume_path.")
+    max_ckpt_to_keep: Optional[int] = _option(None, "Keep only the newest N global_step folders; None keeps all.")
+
+
+@dataclass
+class SFTTrainerConfig:
+    """Everything ``python -m hybridflow.trainer.main_sft`` reads."""
+
+    data: SFTDataConfig = _section(SFTDataConfig, "Training and validation examples.")
+    model: SFTModelConfig = _section(SFTModelConfig, "Model to fine-tune.")
+    optim: SFTOptimConfig = _section(SFTOptimConfig, "Optimizer and learning-rate schedule.")
+    use_remove_padding: bool = _option(True, "Pack the real tokens of a micro-batch into one row (no padding compute).")
+    trainer: SFTRunConfig = _section(SFTRunConfig, "Run length, placement, logging, checkpoints.")
+    ray_init: RayInitConfig = _section(RayInitConfig, "Ray cluster.")
+
+
+def load_sft_config(config: DictConfig | dict) -> SFTTrainerConfig:
+    """``config`` checked against :class:`SFTTrainerConfig` and the cross-key rules; one error lists all problems."""
+    if not isinstance(config, DictConfig):
+        config = OmegaConf.create(config)
+    errors = unknown_key_errors(config, SFTTrainerConfig)
+    if errors:
+        raise ConfigError(errors)
+    try:
+        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SFTTrainerConfig), config))
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", "") or ""
+        raise ConfigError([f"{key}: {str(error).splitlines()[0]}; give a value of the type in sft_config.py"]) from error
+    errors = sft_config_errors(typed)
+    if errors:
+        raise ConfigError(errors)
+    return typed
+
+
+def sft_config_errors(config: SFTTrainerConfig) -> list[str]:
+    """Every rule the typed config breaks, one line each (empty when it can run)."""
+    data, run, optim = config.data, config.trainer, config.optim
+    errors = []
+    processes = run.nnodes * run.n_gpus_per_node
+    for key, value in [
+        ("data.train_batch_size", data.train_batch_size), ("data.micro_batch_size_per_gpu", data.micro_batch_size_per_gpu),
+        ("data.max_length", data.max_length), ("data.max_token_len_per_gpu", data.max_token_len_per_gpu),
+        ("trainer.total_epochs", run.total_epochs), ("trainer.nnodes", run.nnodes),
+        ("trainer.n_gpus_per_node", run.n_gpus_per_node),
+    ]:
+        if value < 1:
+            errors.append(f"{key}={value} must be >= 1")
+    if processes >= 1 and data.train_batch_size % processes:
+        errors.append(
+            f"data.train_batch_size={data.train_batch_size} must be divisible by the {processes} worker processes "
+            f"(trainer.nnodes x trainer.n_gpus_per_node); change one of them"
+        )
+    if data.use_dynamic_bsz and data.max_token_len_per_gpu < data.max_length:
+        errors.append(
+            f"data.max_token_len_per_gpu={data.max_token_len_per_gpu} is below data.max_length={data.max_length}, "
+            f"so one example may not fit a micro-batch; raise it"
+        )
+    if run.total_training_steps is not None and run.total_training_steps < 1:
+        errors.append(f"trainer.total_training_steps={run.total_training_steps} must be >= 1 or null")
+    errors += _choice("data.truncation", data.truncation, SFT_TRUNCATION_MODES)
+    errors += _choice("optim.lr_scheduler", optim.lr_scheduler, WARMUP_STYLES)
+    errors += _choice("trainer.device", run.device, DEVICES)
+    errors += [f"trainer.logger has {name!r}, not one of {LOGGER_BACKENDS.names()}" for name in run.logger if name not in LOGGER_BACKENDS.names()]
+    if run.resume_mode == "resume_path" and not run.resume_from_path:
+        errors.append(f"trainer.resume_mode='resume_path' needs trainer.resume_from_path (modes: {list(RESUME_MODES)} or a path)")
+    if not 0.0 <= optim.warmup_steps_ratio < 1.0:
+        errors.append(f"optim.warmup_steps_ratio={optim.warmup_steps_ratio} must be in [0, 1)")
+    return errors + _path_errors(config)
+
+
+def _choice(key: str, value: Any, allowed: Any) -> list[str]:
+    return [] if value in allowed else [f"{key}={value!r} is not one of {list(allowed)}"]
+
+
+def _path_errors(config: SFTTrainerConfig) -> list[str]:
+    errors = []
+    model_dir = pathlib.Path(config.model.partial_pretrain).expanduser()
+    if not config.model.partial_pretrain or not (model_dir / "config.json").is_file():
+        errors.append(
+            f"model.partial_pretrain={config.model.partial_pretrain!r} is not a Hugging Face model folder (no "
+            f"config.json); point it at a local folder (examples/tiny_base_model/build.py makes one)"
+        )
+    for key in ("train_files", "val_files"):
+        value = getattr(config.data, key)
+        files = [value] if isinstance(value, str) else list(value or [])
+        files = [file for file in files if file]
+        if key == "train_files" and not files:
+            errors.append("data.train_files is empty; give one or more parquet files")
+        errors += [f"data.{key} has {file!r}, which does not exist" for file in files if not pathlib.Path(file).expanduser().is_file()]
+    return errors
+
+
+def to_plain_dict(config: SFTTrainerConfig) -> dict[str, Any]:
+    """The config as nested plain dicts (for the trackers' run record)."""
+    return dataclasses.asdict(config)
