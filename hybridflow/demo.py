@@ -1,11 +1,11 @@
 """`make demo`: GRPO on a laptop CPU that visibly learns, with no network.
 
-    python -m hybridflow.demo [--seed 0] [--steps 150] [--run_dir outputs/demo-seed0]
+    python -m hybridflow.demo [--seed 0] [--steps 80] [--algo grpo|ppo] [--run_dir outputs/demo-seed0]
 
 1. The base model: a tiny Qwen2 SFT-ed to answer sorting prompts in the right format but often wrongly
    (``examples/tiny_base_model/model``, built by ``examples/tiny_base_model/build.py`` when missing).
 2. The task: "sort four digits", written as verl-schema parquet (``examples/data_preprocess/sorting.py``).
-3. GRPO through the same entry point a user runs, ``python -m hybridflow.trainer.main_ppo`` with the
+3. GRPO (or, with ``--algo ppo``, PPO with a critic and GAE) through the same entry point a user runs, ``python -m hybridflow.trainer.main_ppo`` with the
    overrides printed at start-up, validating greedily every ``--test_freq`` steps.
 4. A summary (validation accuracy before and after, time, tokens/s) and a PNG plot in the run folder.
 
@@ -45,26 +45,39 @@ def write_task(data_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     return write_train_test(train_rows, test_rows, data_dir)
 
 
-def grpo_overrides(args: argparse.Namespace, model: pathlib.Path, train: pathlib.Path, val: pathlib.Path) -> list[str]:
+# PPO learns from fewer samples per prompt; its critic starts from the same model with a new value head.
+ALGORITHMS = {
+    "grpo": ["algorithm.adv_estimator=grpo", "data.train_batch_size=32", "actor_rollout_ref.rollout.n=8"],
+    "ppo": [
+        "algorithm.adv_estimator=gae",
+        "data.train_batch_size=64",
+        "actor_rollout_ref.rollout.n=4",
+        "critic.optim.lr=1e-3",
+        "critic.optim.lr_warmup_steps=5",
+        "critic.optim.weight_decay=0.0",
+        "critic.optim.betas=[0.9,0.99]",
+    ],
+}
+
+
+def overrides(args: argparse.Namespace, model: pathlib.Path, train: pathlib.Path, val: pathlib.Path) -> list[str]:
     """The demo's settings as main_ppo overrides (found by sweeping on this 2-core machine)."""
-    return [
+    critic = [f"critic.model.path={model}"] if args.algo == "ppo" else []
+    return ALGORITHMS[args.algo] + critic + [
         f"data.train_files={train}",
         f"data.val_files={val}",
-        "data.train_batch_size=32",
         "data.max_prompt_length=72",
         "data.max_response_length=16",
         f"data.seed={args.seed}",
         f"actor_rollout_ref.model.path={model}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={32 if args.algo == 'grpo' else 64}",
         "actor_rollout_ref.actor.optim.lr=3e-4",
         "actor_rollout_ref.actor.optim.lr_warmup_steps=10",
         "actor_rollout_ref.actor.optim.weight_decay=0.0",
         "actor_rollout_ref.actor.optim.betas=[0.9,0.99]",
         "actor_rollout_ref.actor.use_kl_loss=false",
-        "actor_rollout_ref.rollout.n=8",
         "actor_rollout_ref.rollout.temperature=1.0",
         f"actor_rollout_ref.rollout.seed={args.seed}",
-        "algorithm.adv_estimator=grpo",
         f"trainer.total_training_steps={args.steps}",
         f"trainer.test_freq={args.test_freq}",
         f"trainer.save_freq={args.test_freq}",
@@ -74,11 +87,11 @@ def grpo_overrides(args: argparse.Namespace, model: pathlib.Path, train: pathlib
         f"trainer.default_local_dir={args.run_dir}",
         "trainer.logger=[console,jsonl]",
         "trainer.resume_mode=auto",
-        f"trainer.experiment_name=demo-seed{args.seed}",
+        f"trainer.experiment_name=demo-{args.algo}-seed{args.seed}",
     ] + args.overrides
 
 
-def summarize(run_dir: pathlib.Path, seconds: float, seed: int) -> str:
+def summarize(run_dir: pathlib.Path, seconds: float, algo: str, seed: int) -> str:
     from hybridflow.trainer import metric_names as names
     from hybridflow.trainer.plotting import plot_run, read_metrics, series, validation_keys
 
@@ -87,7 +100,7 @@ def summarize(run_dir: pathlib.Path, seconds: float, seed: int) -> str:
     (val_key,) = validation_keys(rows)
     steps, accuracy = series(rows, val_key)
     _, throughput = series(rows, names.PERF_THROUGHPUT)
-    png = plot_run(metrics, run_dir / "demo.png", title=f"hybridflow demo: GRPO on sorting, seed {seed}")
+    png = plot_run(metrics, run_dir / "demo.png", title=f"hybridflow demo: {algo.upper()} on sorting, seed {seed}")
     tokens_per_s = sum(throughput) / max(len(throughput), 1)
     return "\n".join([
         f"validation accuracy ({val_key}): {100 * accuracy[0]:.1f}% at step {steps[0]} -> "
@@ -101,21 +114,23 @@ def summarize(run_dir: pathlib.Path, seconds: float, seed: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algo", choices=sorted(ALGORITHMS), default="grpo", help="grpo, or ppo with a critic")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data order and the rollout sampling")
     parser.add_argument("--steps", type=int, default=80, help="GRPO steps")
     parser.add_argument("--test_freq", type=int, default=10, help="validate (and checkpoint) every N steps")
-    parser.add_argument("--run_dir", type=pathlib.Path, default=None, help="default: outputs/demo-seed<seed>")
+    parser.add_argument("--run_dir", type=pathlib.Path, default=None, help="default: outputs/demo[-ppo]-seed<seed>")
     parser.add_argument("overrides", nargs="*", help="extra main_ppo overrides, key=value")
     args = parser.parse_args(argv)
-    args.run_dir = (args.run_dir or REPO / "outputs" / f"demo-seed{args.seed}").resolve()
+    name = "demo" if args.algo == "grpo" else f"demo-{args.algo}"
+    args.run_dir = (args.run_dir or REPO / "outputs" / f"{name}-seed{args.seed}").resolve()
     start = time.perf_counter()
     model = ensure_base_model()
     train, val = write_task(args.run_dir / "data")
-    command = [sys.executable, "-m", "hybridflow.trainer.main_ppo", *grpo_overrides(args, model, train, val)]
+    command = [sys.executable, "-m", "hybridflow.trainer.main_ppo", *overrides(args, model, train, val)]
     print("running:", shlex.join(command), flush=True)
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1")
     subprocess.run(command, check=True, env=env, cwd=args.run_dir.parent)
-    print(summarize(args.run_dir, time.perf_counter() - start, args.seed), flush=True)
+    print(summarize(args.run_dir, time.perf_counter() - start, args.algo, args.seed), flush=True)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,12 @@ from hybridflow.algos.policy_loss_config import (
     loss_option,
     policy_loss_config_errors,
 )
-from hybridflow.algos.policy_loss_registry import POLICY_LOSSES, get_policy_loss_fn, register_policy_loss
+from hybridflow.algos.policy_loss_registry import (
+    POLICY_LOSSES,
+    get_policy_loss_fn,
+    register_policy_loss,
+    zero_at_zero_advantage,
+)
 from hybridflow.algos.policy_losses import (
     compute_policy_loss_cispo,
     compute_policy_loss_geo_mean,
@@ -119,4 +124,5 @@ __all__ = [
     "read_field",
     "register_adv_est",
     "register_policy_loss",
+    "zero_at_zero_advantage",
 ]

@@ -4,6 +4,10 @@ Both rank tokens by the covariance between their advantage and their log-probabi
 drives entropy collapse, and treat a small fraction of the highest-covariance tokens differently:
 Clip-Cov drops their gradient, KL-Cov adds a ``|log ratio|`` penalty on them. Signature and metrics:
 :mod:`hybridflow.algos.policy_loss_registry`. As in verl, log-ratios are not clamped here.
+
+Neither is registered ``zero_at_zero_advantage``: both pick their tokens by a covariance taken over the
+whole micro-batch, so a zero-advantage row changes which tokens of the other rows are picked, and KL-Cov's
+penalty applies whatever the advantage.
 """
 
 from __future__ import annotations

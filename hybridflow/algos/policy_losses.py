@@ -27,7 +27,7 @@ def _clamped_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> to
     return (log_prob - old_log_prob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
-@register_policy_loss("vanilla")
+@register_policy_loss("vanilla", zero_at_zero_advantage=True)
 def compute_policy_loss_vanilla(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -72,7 +72,7 @@ def compute_policy_loss_vanilla(
     )
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", zero_at_zero_advantage=True)
 def compute_policy_loss_gspo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -106,7 +106,7 @@ def compute_policy_loss_gspo(
     return loss, loss_metrics(fraction(clipped > unclipped, response_mask), ppo_kl(log_ratio, response_mask), 0.0)
 
 
-@register_policy_loss("geo_mean")
+@register_policy_loss("geo_mean", zero_at_zero_advantage=True)
 def compute_policy_loss_geo_mean(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -148,7 +148,7 @@ def compute_policy_loss_geo_mean(
     )
 
 
-@register_policy_loss("sapo")
+@register_policy_loss("sapo", zero_at_zero_advantage=True)
 def compute_policy_loss_sapo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -180,7 +180,7 @@ def compute_policy_loss_sapo(
     return loss, loss_metrics(0.0, ppo_kl(log_ratio, response_mask), 0.0)
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", zero_at_zero_advantage=True)
 def compute_policy_loss_cispo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -209,7 +209,7 @@ def compute_policy_loss_cispo(
     return loss, loss_metrics(fraction(ratio != clipped_ratio, response_mask), ppo_kl(log_ratio, response_mask), 0.0)
 
 
-@register_policy_loss("reinforce", "gpg")
+@register_policy_loss("reinforce", "gpg", zero_at_zero_advantage=True)
 def compute_policy_loss_reinforce(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

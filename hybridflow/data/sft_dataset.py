@@ -52,7 +52,9 @@ class SFTDataset:
         if not isinstance(max_length, int) or max_length < 2:
             raise DatasetError(f"data.max_length={max_length!r} must be an integer >= 2")
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
-            raise DatasetError("the tokenizer needs a pad and an eos token for SFT; set them in its tokenizer_config.json")
+            raise DatasetError(
+                "the tokenizer needs a pad and an eos token for SFT; set them in its tokenizer_config.json"
+            )
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.truncation = truncation
@@ -120,7 +122,9 @@ def prompt_response_tokens(tokenizer: Any, messages: list[dict], response: str) 
     return prompt_ids + response_ids, [0] * len(prompt_ids) + [1] * len(response_ids)
 
 
-def conversation_tokens(tokenizer: Any, messages: list[dict], where: str = "conversation") -> tuple[list[int], list[int]]:
+def conversation_tokens(
+    tokenizer: Any, messages: list[dict], where: str = "conversation"
+) -> tuple[list[int], list[int]]:
     """The templated conversation and a loss mask on every assistant turn (up to its EOS token).
 
     Each assistant turn's tokens are found as the difference between the templated conversation up to it
@@ -158,7 +162,8 @@ def _template_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: b
 
 
 def collate_sft(items: list[dict[str, torch.Tensor]], pad_token_id: int) -> DataProto:
-    """Right-pad B examples to the longest: ``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask`` [B, L]."""
+    """Right-pad B examples to the longest: ``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``
+    [B, L]."""
     if not items:
         raise ValueError("cannot collate an empty list of SFT items")
     width = max(len(item["input_ids"]) for item in items)

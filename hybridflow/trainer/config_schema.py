@@ -66,6 +66,12 @@ class AlgorithmConfig:
     kl_penalty: str = option("kl", "KL estimator of the reward penalty: kl, abs, mse, low_var_kl, full.")
     kl_ctrl: KLControlConfig = section(KLControlConfig, "KL-in-reward coefficient controller.")
     filter_groups: FilterGroupsConfig = section(FilterGroupsConfig, "DAPO dynamic sampling.")
+    skip_zero_signal_samples: Optional[bool] = option(
+        None,
+        "Leave samples with all-zero advantages out of the log-prob and update passes (exact with one "
+        "mini-batch, no critic/KL/entropy term, a zero_at_zero_advantage loss). null: where exact; true: required; "
+        "false: never.",
+    )
 
 
 @dataclass

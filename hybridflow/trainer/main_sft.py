@@ -3,7 +3,10 @@
     python -m hybridflow.trainer.main_sft data.train_files=~/data/sorting/train.parquet \\
         data.prompt_key=extra_info data.prompt_dict_keys=[question] \\
         data.response_key=extra_info data.response_dict_keys=[answer] \\
-        model.partial_pretrain=examples/tiny_base_model/random_init trainer.default_local_dir=/tmp/sft_run
+        model.partial_pretrain=/path/to/hf_model_folder trainer.default_local_dir=/tmp/sft_run
+
+(the RL parquet files of ``examples/data_preprocess/`` keep each problem's question and reference answer in
+``extra_info``; ``examples/tiny_base_model/build.py`` runs this trainer from Python).
 
 The config is checked and the data tokenized before Ray starts; the final model is written as a Hugging
 Face folder to ``<trainer.default_local_dir>/huggingface``.
@@ -29,7 +32,8 @@ from hybridflow.trainer.validate import ConfigError
 def build_sft_trainer(config: SFTTrainerConfig) -> SFTTrainer:
     """Tokenizer, datasets and loaders for ``config`` (no Ray needed yet)."""
     data, model = config.data, config.model
-    tokenizer = load_tokenizer(model.tokenizer_path or model.partial_pretrain, trust_remote_code=model.trust_remote_code)
+    tokenizer_dir = model.tokenizer_path or model.partial_pretrain
+    tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=model.trust_remote_code)
 
     def dataset(files: object) -> SFTDataset:
         return SFTDataset(
@@ -39,7 +43,9 @@ def build_sft_trainer(config: SFTTrainerConfig) -> SFTTrainer:
         )
 
     train_dataset = dataset(data.train_files)
-    train_loader = StatefulDataLoader(train_dataset, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=True)
+    train_loader = StatefulDataLoader(
+        train_dataset, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=True
+    )
     val_loader = None
     if data.val_files:
         val_loader = StatefulDataLoader(dataset(data.val_files), data.train_batch_size, shuffle=False, drop_last=False)

@@ -22,6 +22,10 @@ RESPONSE_LENGTH = "response_length"
 PROMPT_LENGTH = "prompt_length"
 CLIP_RATIO = "clip_ratio"
 
+# Share of the batch's samples whose advantages are 0 on every response token (no policy gradient; e.g.
+# GRPO groups that all scored the same). With algorithm.skip_zero_signal_samples they skip the update.
+ZERO_SIGNAL_FRAC = "batch/zero_signal_frac"
+
 # KL in the reward (Ziegler et al., arXiv 1909.08593): the measured KL and the controller's coefficient.
 KL_IN_REWARD = "actor/reward_kl_penalty"
 KL_COEF_IN_REWARD = "actor/reward_kl_penalty_coeff"

@@ -35,6 +35,12 @@ def sequence_lengths(batch: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
     return prompt_length, response_length
 
 
+def samples_with_signal(batch: DataProto) -> torch.Tensor:
+    """[B] bool: the sample's ``advantages`` are non-zero on some response token (it has a policy gradient)."""
+    tensors = batch.batch
+    return ((tensors["advantages"] != 0) & tensors["response_mask"].bool()).any(dim=-1)
+
+
 def _stats(group: str, values: torch.Tensor) -> dict[str, float]:
     values = values.detach().float()
     return {
@@ -49,7 +55,8 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
 
     Scores and rewards are per-sequence sums of ``token_level_scores`` / ``token_level_rewards``;
     advantages, returns and values are taken over response tokens only. ``clip_ratio`` is the share of
-    responses that hit the length limit (prompts: the share that fill the prompt window).
+    responses that hit the length limit (prompts: the share that fill the prompt window);
+    ``batch/zero_signal_frac`` the share of samples whose advantages are all 0.
     """
     tensors = batch.batch
     response_mask = tensors["response_mask"].bool()
@@ -68,6 +75,7 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
         ),
         **_stats(names.PROMPT_LENGTH, prompt_length),
         names.stat(names.PROMPT_LENGTH, names.CLIP_RATIO): (prompt_length == max_prompt_length).float().mean().item(),
+        names.ZERO_SIGNAL_FRAC: 1.0 - samples_with_signal(batch).float().mean().item(),
     }
     if use_critic:
         values = torch.masked_select(tensors["values"], response_mask)

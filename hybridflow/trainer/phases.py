@@ -1,13 +1,15 @@
 """The phases of one PPO step after generation, each a small object picked once at start-up.
 
-Whether a run has a critic, a reference policy or a KL term in the reward is decided when the trainer is
-built: the absent ones are no-op objects with the same methods, so the step in ``RayPPOTrainer.fit``
-reads the same for every algorithm and never re-checks the config. Each real phase times itself under
-its metric name (``timing_s/ref``, ``timing_s/values``, ``timing_s/update_critic``).
+Whether a run has a critic, a reference policy or a KL term in the reward, and which exact shortcuts of
+``exact_skips`` it takes, is decided when the trainer is built: the absent phases are no-op objects with
+the same methods, so the step in ``RayPPOTrainer.fit`` reads the same for every algorithm and never
+re-checks the config. Each real phase times itself under its metric name (``timing_s/old_log_prob``,
+``timing_s/ref``, ``timing_s/values``, ``timing_s/adv``, ``timing_s/update_critic``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -17,7 +19,9 @@ from hybridflow.algos.kl import apply_kl_penalty
 from hybridflow.algos.kl_controllers import get_kl_controller
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import metric_names as names
-from hybridflow.trainer.metrics import reduce_worker_metrics
+from hybridflow.trainer.metrics import reduce_worker_metrics, samples_with_signal
+from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
+from hybridflow.workers.batching import LOSS_COUNTS_KEY, local_loss_counts
 
 
 class StepTimer:
@@ -41,6 +45,31 @@ class StepTimer:
 def worker_metrics(output: DataProto, prefix: str) -> dict[str, float]:
     """A worker call's ``meta_info["metrics"]``, averaged and prefixed (``actor/``, ``critic/``)."""
     return names.with_prefix(prefix, reduce_worker_metrics(output.meta_info.get("metrics", {})))
+
+
+def union_columns(batch: DataProto, output: DataProto) -> DataProto:
+    """Add a worker output's tensors and columns to ``batch`` (its meta_info carries metrics, not data)."""
+    return batch.union(DataProto(batch=output.batch, non_tensor_batch=output.non_tensor_batch))
+
+
+class OldLogProbs:
+    """Phase 3a: ``old_log_probs`` [B, R] (and ``entropys``) under the actor's weights before its update."""
+
+    def __init__(self, worker_group: Any):
+        self.worker_group = worker_group
+
+    def __call__(self, batch: DataProto, timer: StepTimer) -> DataProto:
+        with timer(names.PHASE_OLD_LOG_PROB):
+            return union_columns(batch, self.worker_group.compute_log_prob(batch))
+
+
+class OldLogProbsFromUpdate:
+    """Phase 3a skipped: the update is on-policy (one epoch of one mini-batch), so the actor takes its own
+    log-probs, detached, as the old ones (ratio exactly 1) and no separate forward runs."""
+
+    def __call__(self, batch: DataProto, timer: StepTimer) -> DataProto:
+        batch.meta_info[OLD_LOG_PROBS_FROM_UPDATE] = True
+        return batch
 
 
 class ReferencePolicy:
@@ -173,3 +202,59 @@ class AdvantageEstimator:
         batch.batch["advantages"] = advantages
         batch.batch["returns"] = returns
         return batch
+
+
+class AdvantagesAfterLogProbs:
+    """Phase 5 where the paper has it: after log-probs and values, for every sample, the KL penalty in the
+    reward (when used) first. Every sample goes on to phases 3-7."""
+
+    def __init__(self, reward_shaping: KLInReward | ScoresAsRewards, estimator: AdvantageEstimator):
+        self.reward_shaping = reward_shaping
+        self.estimator = estimator
+
+    def training_rows(self, batch: DataProto, timer: StepTimer) -> DataProto:
+        return batch
+
+    def __call__(self, batch: DataProto, timer: StepTimer) -> tuple[DataProto, dict[str, float]]:
+        with timer(names.PHASE_ADV):
+            batch, kl_metrics = self.reward_shaping(batch)
+            return self.estimator(batch), kl_metrics
+
+
+class ZeroSignalSkip:
+    """Phase 5 first, from the scores alone; then the samples whose advantages are all 0 leave the step.
+
+    Chosen only where that is exact (``exact_skips.zero_signal_skip_blockers``): such a sample adds nothing
+    to the loss or its gradient but its share of the loss's denominator, so the actor trains on the others
+    with the whole batch's counts (``batching.LOSS_COUNTS_KEY``). The full batch keeps its advantages for
+    the step's metrics and hooks.
+    """
+
+    def __init__(self, estimator: AdvantageEstimator, num_ranks: int):
+        self.scores_as_rewards = ScoresAsRewards()
+        self.estimator = estimator
+        self.num_ranks = num_ranks
+
+    def training_rows(self, batch: DataProto, timer: StepTimer) -> DataProto:
+        with timer(names.PHASE_ADV):
+            batch, _ = self.scores_as_rewards(batch)
+            return rows_with_signal(self.estimator(batch), self.num_ranks)
+
+    def __call__(self, batch: DataProto, timer: StepTimer) -> tuple[DataProto, dict[str, float]]:
+        return batch, {}
+
+
+def rows_with_signal(batch: DataProto, num_ranks: int) -> DataProto:
+    """The samples of ``batch`` with a non-zero advantage, in order, and ``batch``'s loss counts.
+
+    Padded to a multiple of ``num_ranks`` (so every rank gets the same number of rows) with copies whose
+    ``response_mask`` and ``advantages`` are 0: they add nothing to the loss, its gradient or the counts.
+    No sample with signal gives an empty batch, which the actor still steps on (zero gradients).
+    """
+    kept = batch[samples_with_signal(batch).nonzero().flatten()]
+    kept, pad_size = kept.pad_to_divisor(num_ranks)
+    if pad_size:
+        kept.batch["response_mask"][-pad_size:] = 0
+        kept.batch["advantages"][-pad_size:] = 0
+    kept.meta_info[LOSS_COUNTS_KEY] = dataclasses.asdict(local_loss_counts(batch.batch["response_mask"]))
+    return kept

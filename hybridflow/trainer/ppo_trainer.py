@@ -2,8 +2,10 @@
 
 ``RayPPOTrainer.fit`` runs the steps in ARCHITECTURE.md for every advantage estimator in
 ``hybridflow.algos``. What a run needs (critic, reference policy, KL in the reward, dynamic sampling, a
-greedy ReMax baseline, rollout dumps) is decided once in ``__init__``/``init_workers`` by choosing phase
-objects; the step reads the same for all of them. Each phase is timed as ``timing_s/<phase>``.
+greedy ReMax baseline, rollout dumps) and the work it can skip exactly (``exact_skips``: the old-log-prob
+pass of an on-policy update, the samples without policy gradient) is decided once in
+``__init__``/``init_workers`` by choosing phase objects; the step reads the same for all of them. Each
+phase is timed as ``timing_s/<phase>``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from hybridflow.rewards import process_validation_metrics
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.checkpoint_manager import CheckpointManager, capture_rng_state, restore_rng_state
 from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.exact_skips import skips_old_log_prob, skips_zero_signal_samples
 from hybridflow.trainer.hooks import RolloutDump, StepHook
 from hybridflow.trainer.metrics import (
     compute_actor_mfu_metrics,
@@ -29,13 +32,17 @@ from hybridflow.trainer.metrics import (
 from hybridflow.trainer.perf import count_parameters, peak_flops_per_process
 from hybridflow.trainer.phases import (
     AdvantageEstimator,
+    AdvantagesAfterLogProbs,
     Critic,
     KLInReward,
     NoCritic,
     NoReference,
+    OldLogProbs,
+    OldLogProbsFromUpdate,
     ReferencePolicy,
     ScoresAsRewards,
     StepTimer,
+    ZeroSignalSkip,
     worker_metrics,
 )
 from hybridflow.trainer.placement import ResourcePlan, WorkerGroups, create_worker_groups, make_resource_plan
@@ -49,7 +56,6 @@ from hybridflow.trainer.rollout_collection import (
     RewardScorer,
     RolloutCollector,
     assign_uids,
-    union_columns,
 )
 from hybridflow.trainer.tracking import RunInfo, Tracking
 from hybridflow.trainer.validate import num_processes, uses_critic, uses_reference
@@ -82,7 +88,11 @@ class RayPPOTrainer:
             self.run_dir, trainer.resume_mode, trainer.resume_from_path, trainer.max_actor_ckpt_to_keep
         )
         self.reward_shaping = KLInReward(config.algorithm) if config.algorithm.use_kl_in_reward else ScoresAsRewards()
-        self.advantage = AdvantageEstimator(config.algorithm)
+        self.estimator = AdvantageEstimator(config.algorithm)
+        if skips_zero_signal_samples(config):
+            self.advantages = ZeroSignalSkip(self.estimator, num_processes(config))
+        else:
+            self.advantages = AdvantagesAfterLogProbs(self.reward_shaping, self.estimator)
         self.uses_critic = uses_critic(config)
         self.hooks: list[StepHook] = []
         if trainer.rollout_data_dir:
@@ -119,6 +129,7 @@ class RayPPOTrainer:
         for group in groups.values():
             group.init_model()
         self.actor_rollout = groups["actor_rollout_ref"]
+        self.old_log_probs = OldLogProbsFromUpdate() if skips_old_log_prob(config) else OldLogProbs(self.actor_rollout)
         self.reference = ReferencePolicy(self.actor_rollout) if uses_reference(config) else NoReference()
         self.critic = Critic(groups["critic"]) if self.uses_critic else NoCritic()
         self.collector = self._make_collector(groups.get("reward_model"))
@@ -144,7 +155,7 @@ class RayPPOTrainer:
             self.score = ModelRewardScorer(self.reward_manager, reward_model_group)
         else:
             self.score = RewardScorer(self.reward_manager)
-        baseline = GreedyBaseline() if "reward_baselines" in self.advantage.readers else None
+        baseline = GreedyBaseline() if "reward_baselines" in self.estimator.readers else None
         filter_groups = self.config.algorithm.filter_groups
         if not filter_groups.enable:
             return RolloutCollector(self.generate, self.score, baseline)
@@ -170,22 +181,25 @@ class RayPPOTrainer:
                 with timer(names.PHASE_STEP):
                     # 1 rollout and 2 reward (dynamic sampling repeats both until enough groups vary)
                     batch, reward_metrics = self.collector.collect(self.prompts, timer, self.global_step)
-                    # 3 old and reference log-probs
-                    with timer(names.PHASE_OLD_LOG_PROB):
-                        batch = union_columns(batch, self.actor_rollout.compute_log_prob(batch))
-                    batch = self.reference.log_probs(batch, timer)
+                    # The samples phases 3-7 train on: all, or (exact_skips) those left once 5 has run
+                    # early on the scores and the samples whose advantages are all 0 are dropped
+                    train_batch = self.advantages.training_rows(batch, timer)
+                    # 3 old and reference log-probs (old: skipped when the update is on-policy)
+                    train_batch = self.old_log_probs(train_batch, timer)
+                    train_batch = self.reference.log_probs(train_batch, timer)
                     # 4 values (critic only)
-                    batch = self.critic.values(batch, timer)
-                    # 5 advantages, after the KL penalty in the reward when it is used
-                    with timer(names.PHASE_ADV):
-                        batch, kl_metrics = self.reward_shaping(batch)
-                        batch = self.advantage(batch)
+                    train_batch = self.critic.values(train_batch, timer)
+                    # 5 advantages, after the KL penalty in the reward when it is used (unless run early)
+                    train_batch, kl_metrics = self.advantages(train_batch, timer)
                     # 6 critic update
-                    critic_metrics = self.critic.update(batch, timer)
+                    critic_metrics = self.critic.update(train_batch, timer)
                     # 7 actor update; the new weights reach the rollout engine before the next generation
                     with timer(names.PHASE_UPDATE_ACTOR):
-                        actor_output = self.actor_rollout.update_actor(batch)
-                metrics = {**reward_metrics, **kl_metrics, **critic_metrics, **self._step_metrics(batch, timer)}
+                        actor_output = self.actor_rollout.update_actor(train_batch)
+                # Batch metrics describe every sample of the step, trained on or not.
+                metrics = {
+                    **reward_metrics, **kl_metrics, **critic_metrics, **self._step_metrics(batch, train_batch, timer)
+                }
                 metrics.update(worker_metrics(actor_output, names.ACTOR_PREFIX))
                 for hook in self.hooks:
                     hook.after_step(self.global_step, batch, metrics)
@@ -228,7 +242,7 @@ class RayPPOTrainer:
             tracker.log(self.validate(), step=self.global_step)
         return tracker
 
-    def _step_metrics(self, batch: Any, timer: StepTimer) -> dict[str, float]:
+    def _step_metrics(self, batch: Any, train_batch: Any, timer: StepTimer) -> dict[str, float]:
         seconds = timer.seconds
         metrics = {
             **compute_data_metrics(batch, use_critic=self.uses_critic),
@@ -239,7 +253,7 @@ class RayPPOTrainer:
         }
         if self.peak_flops:
             mfu = compute_actor_mfu_metrics(
-                batch,
+                train_batch,
                 seconds[names.PHASE_UPDATE_ACTOR],
                 num_parameters=self.num_parameters,
                 ppo_epochs=self.config.actor_rollout_ref.actor.ppo_epochs,

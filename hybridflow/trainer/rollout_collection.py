@@ -16,7 +16,7 @@ import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import metric_names as names
-from hybridflow.trainer.phases import StepTimer
+from hybridflow.trainer.phases import StepTimer, union_columns
 
 # What the rollout engine reads from a prompt batch (verl's names); the rest stays with the driver.
 PROMPT_TENSORS = ["input_ids", "attention_mask", "position_ids"]
@@ -51,11 +51,6 @@ class PromptSource:
     @property
     def epoch(self) -> int:
         return self.loader.epoch
-
-
-def union_columns(batch: DataProto, output: DataProto) -> DataProto:
-    """Add a worker output's tensors and columns to ``batch`` (its meta_info carries metrics, not data)."""
-    return batch.union(DataProto(batch=output.batch, non_tensor_batch=output.non_tensor_batch))
 
 
 class RewardScorer:

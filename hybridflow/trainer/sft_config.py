@@ -55,7 +55,7 @@ class SFTDataConfig:
     response_dict_keys: Optional[list] = _option(None, "Keys into a dict response column, e.g. ['answer'].")
     multiturn: SFTMultiturnConfig = _section(SFTMultiturnConfig, "Multi-turn rows.")
     max_length: int = _option(1024, "Tokens per example after the chat template; longer ones follow `truncation`.")
-    truncation: str = _option("error", "Over-long examples: error, left (keep the end), right (keep the start), filter.")
+    truncation: str = _option("error", "Over-long examples: error, left (keep end), right (keep start), filter (drop).")
     train_batch_size: int = _option(256, "Examples per optimizer step, over all worker processes.")
     micro_batch_size_per_gpu: int = _option(4, "Examples per forward/backward on one worker process.")
     use_dynamic_bsz: bool = _option(False, "Cut micro-batches by a token budget instead of micro_batch_size_per_gpu.")
@@ -137,7 +137,8 @@ def load_sft_config(config: DictConfig | dict) -> SFTTrainerConfig:
         typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SFTTrainerConfig), config))
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", "") or ""
-        raise ConfigError([f"{key}: {str(error).splitlines()[0]}; give a value of the type in sft_config.py"]) from error
+        message = str(error).splitlines()[0]
+        raise ConfigError([f"{key}: {message}; give a value of the type in sft_config.py"]) from error
     errors = sft_config_errors(typed)
     if errors:
         raise ConfigError(errors)
@@ -150,8 +151,10 @@ def sft_config_errors(config: SFTTrainerConfig) -> list[str]:
     errors = []
     processes = run.nnodes * run.n_gpus_per_node
     for key, value in [
-        ("data.train_batch_size", data.train_batch_size), ("data.micro_batch_size_per_gpu", data.micro_batch_size_per_gpu),
-        ("data.max_length", data.max_length), ("data.max_token_len_per_gpu", data.max_token_len_per_gpu),
+        ("data.train_batch_size", data.train_batch_size),
+        ("data.micro_batch_size_per_gpu", data.micro_batch_size_per_gpu),
+        ("data.max_length", data.max_length),
+        ("data.max_token_len_per_gpu", data.max_token_len_per_gpu),
         ("trainer.total_epochs", run.total_epochs), ("trainer.nnodes", run.nnodes),
         ("trainer.n_gpus_per_node", run.n_gpus_per_node),
     ]:
@@ -172,9 +175,12 @@ def sft_config_errors(config: SFTTrainerConfig) -> list[str]:
     errors += _choice("data.truncation", data.truncation, SFT_TRUNCATION_MODES)
     errors += _choice("optim.lr_scheduler", optim.lr_scheduler, WARMUP_STYLES)
     errors += _choice("trainer.device", run.device, DEVICES)
-    errors += [f"trainer.logger has {name!r}, not one of {LOGGER_BACKENDS.names()}" for name in run.logger if name not in LOGGER_BACKENDS.names()]
+    backends = LOGGER_BACKENDS.names()
+    errors += [f"trainer.logger has {name!r}, not one of {backends}" for name in run.logger if name not in backends]
     if run.resume_mode == "resume_path" and not run.resume_from_path:
-        errors.append(f"trainer.resume_mode='resume_path' needs trainer.resume_from_path (modes: {list(RESUME_MODES)} or a path)")
+        errors.append(
+            f"trainer.resume_mode='resume_path' needs trainer.resume_from_path (modes: {list(RESUME_MODES)} or a path)"
+        )
     if not 0.0 <= optim.warmup_steps_ratio < 1.0:
         errors.append(f"optim.warmup_steps_ratio={optim.warmup_steps_ratio} must be in [0, 1)")
     return errors + _path_errors(config)
@@ -198,7 +204,8 @@ def _path_errors(config: SFTTrainerConfig) -> list[str]:
         files = [file for file in files if file]
         if key == "train_files" and not files:
             errors.append("data.train_files is empty; give one or more parquet files")
-        errors += [f"data.{key} has {file!r}, which does not exist" for file in files if not pathlib.Path(file).expanduser().is_file()]
+        missing = [file for file in files if not pathlib.Path(file).expanduser().is_file()]
+        errors += [f"data.{key} has {file!r}, which does not exist" for file in missing]
     return errors
 
 

@@ -72,7 +72,9 @@ class SFTTrainer:
         trainer = config.trainer
         self.total_training_steps = trainer.total_training_steps or len(train_loader) * trainer.total_epochs
         self.run_dir = pathlib.Path(trainer.default_local_dir).expanduser()
-        self.checkpoints = CheckpointManager(self.run_dir, trainer.resume_mode, trainer.resume_from_path, trainer.max_ckpt_to_keep)
+        self.checkpoints = CheckpointManager(
+            self.run_dir, trainer.resume_mode, trainer.resume_from_path, trainer.max_ckpt_to_keep
+        )
         self.global_step = 0
         self.hooks: list[SFTStepHook] = []
         self.workers: WorkerGroups | None = None
@@ -115,7 +117,8 @@ class SFTTrainer:
                 started = time.perf_counter()
                 output = self.sft_group.train_step(batch)
                 seconds = time.perf_counter() - started
-                metrics = {f"{TRAIN_PREFIX}{k}": v for k, v in reduce_worker_metrics(output.meta_info["metrics"]).items()}
+                worker = reduce_worker_metrics(output.meta_info["metrics"])
+                metrics = {f"{TRAIN_PREFIX}{name}": value for name, value in worker.items()}
                 num_tokens = int(batch.batch["attention_mask"].sum())
                 metrics.update({
                     "train/epoch": float(self.train_loader.epoch), "perf/time_per_step": seconds,
@@ -134,7 +137,8 @@ class SFTTrainer:
 
     def _end_step(self, metrics: dict[str, float], tracker: Tracking, last: bool) -> None:
         trainer = self.config.trainer
-        if self.val_loader is not None and (last or (trainer.test_freq > 0 and self.global_step % trainer.test_freq == 0)):
+        scheduled = trainer.test_freq > 0 and self.global_step % trainer.test_freq == 0
+        if self.val_loader is not None and (last or scheduled):
             metrics[VAL_LOSS] = self.validation_loss()
         tracker.log(metrics, self.global_step)
         if trainer.save_freq > 0 and (last or self.global_step % trainer.save_freq == 0):
@@ -169,7 +173,9 @@ class SFTTrainer:
         """Worker states, then the driver's (step, data position, RNG), then the ``latest`` pointer."""
         step_dir = self.checkpoints.prepare_step_dir(self.global_step)
         self.sft_group.save_checkpoint(str(step_dir / WORKER_STATE_DIR), self.global_step)
-        state = {"global_step": self.global_step, "train_loader": self.train_loader.state_dict(), "rng": capture_rng_state()}
+        state = {
+            "global_step": self.global_step, "train_loader": self.train_loader.state_dict(), "rng": capture_rng_state()
+        }
         self.checkpoints.save_driver_state(step_dir, state)
         self.checkpoints.mark_latest(self.global_step)
 

@@ -78,7 +78,8 @@ class SFTWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> int:
         """Load, (LoRA-)wrap and shard the model and build its optimizer; returns the trainable parameter count."""
-        self.tokenizer = load_tokenizer(self.model_config.tokenizer_dir, trust_remote_code=self.model_config.trust_remote_code)
+        config = self.model_config
+        self.tokenizer = load_tokenizer(config.tokenizer_dir, trust_remote_code=config.trust_remote_code)
         model = load_policy_model(self.model_config)
         self.hf_config = copy.deepcopy(model.config)
         self.generation_config = copy.deepcopy(model.generation_config)
@@ -89,7 +90,10 @@ class SFTWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def train_step(self, data: DataProto) -> DataProto:
-        """One optimizer step on this rank's share of the global batch; ``meta_info['metrics']``: loss, grad_norm, lr."""
+        """One optimizer step on this rank's share of the global batch.
+
+        ``meta_info['metrics']``: ``loss`` (the global batch's mean token NLL), ``grad_norm``, ``lr``.
+        """
         metrics = self.trainer.update(
             with_target_mask(data),
             self._loss,
@@ -102,7 +106,8 @@ class SFTWorker(Worker):
 
     def _loss(self, micro: DataProto, counts: LossCounts) -> tuple[torch.Tensor, dict[str, float]]:
         log_probs = target_log_probs(self.module, micro, self.model_config.use_remove_padding)
-        loss = agg_loss(-log_probs, micro.batch["response_mask"], "token-mean", global_token_count=counts.global_token_count)
+        response_mask = micro.batch["response_mask"]
+        loss = agg_loss(-log_probs, response_mask, "token-mean", global_token_count=counts.global_token_count)
         return loss, {"loss": float(loss.detach())}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -128,7 +133,9 @@ class SFTWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> dict[str, Any]:
         with self.trainer.on_device(with_optimizer=True):
-            return checkpoint.load_checkpoint(local_path, self.trainer.training_state, self.checkpoint_config.load_contents)
+            return checkpoint.load_checkpoint(
+                local_path, self.trainer.training_state, self.checkpoint_config.load_contents
+            )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> str:

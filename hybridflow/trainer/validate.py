@@ -29,6 +29,7 @@ from hybridflow.rewards import REWARD_MANAGERS
 from hybridflow.rollout.config import RolloutConfigError
 from hybridflow.trainer.checkpoint_manager import RESUME_MODES
 from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.exact_skips import forced_skip_errors, skips_old_log_prob, skips_zero_signal_samples
 from hybridflow.trainer.placement import PLACEMENTS
 from hybridflow.trainer.reward_options import reward_manager_errors
 from hybridflow.trainer.tracking import LOGGER_BACKENDS, OPTIONAL_BACKEND_PACKAGES
@@ -145,6 +146,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + _trainer_errors(config)
         + _resource_errors(config)
         + reward_manager_errors(config)
+        + forced_skip_errors(config)
     )
 
 
@@ -433,4 +435,8 @@ def derived_sizes(config: PPOTrainerConfig, steps: int | None = None) -> list[st
         lines.append(f"training steps: {steps}")
     yes_no = {True: "yes", False: "no"}
     lines.append(f"critic: {yes_no[uses_critic(config)]}; reference: {yes_no[uses_reference(config)]}")
+    lines.append(
+        f"old-log-prob pass skipped (on-policy update): {yes_no[skips_old_log_prob(config)]}; "
+        f"zero-signal samples skipped: {yes_no[skips_zero_signal_samples(config)]}"
+    )
     return lines

@@ -4,6 +4,11 @@ The policy loss is the registered ``policy_loss.loss_mode`` (``hybridflow.algos`
 ``entropy_coeff`` times the entropy bonus, plus ``kl_loss_coef`` times the KL to the reference policy
 when ``use_kl_loss`` (GRPO's KL loss, arXiv:2402.03300). Every term is aggregated with the mini-batch's
 global counts, so the update does not depend on the micro-batch split or the number of ranks.
+
+Two ``meta_info`` keys of an update batch, set by the trainer only where they are exact, save work:
+:data:`OLD_LOG_PROBS_FROM_UPDATE` (no ``old_log_probs`` column: an on-policy update takes the old
+log-probs from its own forward) and ``batching.LOSS_COUNTS_KEY`` (only the rows that can change the
+gradient were sent, with the whole batch's counts).
 """
 
 from __future__ import annotations
@@ -21,14 +26,26 @@ from hybridflow.algos import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.protocol import DataProto
 from hybridflow.workers import checkpoint
-from hybridflow.workers.batching import LossCounts, MicroBatching, mini_batch_size_per_rank, run_in_micro_batches
+from hybridflow.workers.batching import (
+    LOSS_COUNTS_KEY,
+    LossCounts,
+    MicroBatching,
+    loss_counts,
+    mini_batch_size_per_rank,
+    run_in_micro_batches,
+)
 from hybridflow.workers.config import ActorConfig, ModelConfig
 from hybridflow.workers.fsdp import iter_hf_weights
 from hybridflow.workers.model_setup import load_policy_model, shard_for_training
-from hybridflow.workers.training import ShardedTrainer
+from hybridflow.workers.training import ShardedTrainer, UpdateBatchError
 
 LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
-UPDATE_INPUTS = LOG_PROB_INPUTS + ("response_mask", "old_log_probs", "advantages")
+UPDATE_INPUTS = LOG_PROB_INPUTS + ("response_mask", "advantages")
+
+OLD_LOG_PROBS_FROM_UPDATE = "old_log_probs_from_update"
+"""``meta_info`` key: the update is on-policy (one epoch of one mini-batch, so the weights it starts from
+sampled the batch) and carries no ``old_log_probs``; the update's own log-probs, detached, stand in for
+them, which makes the ratio exactly 1 (as verl's actor does when ``ppo_epochs == 1`` with one mini-batch)."""
 
 
 def policy_loss_config(config: ActorConfig) -> PolicyLossConfig:
@@ -111,33 +128,65 @@ class ActorPart:
         return outputs[0], (outputs[1] if calculate_entropy else None)
 
     def update(self, data: DataProto, temperature: float) -> dict[str, Any]:
-        """PPO epochs over ``data`` (this rank's share); returns verl's actor metrics, un-prefixed."""
-        keys = list(UPDATE_INPUTS) + [key for key in ("ref_log_prob", "rollout_is_weights") if key in data.batch.keys()]
-        if self.config.use_kl_loss and "ref_log_prob" not in data.batch.keys():
-            raise KeyError("actor.use_kl_loss=True needs 'ref_log_prob' in the batch: run compute_ref_log_prob first")
+        """PPO epochs over ``data`` (this rank's share); returns verl's actor metrics, un-prefixed.
+
+        With ``batching.LOSS_COUNTS_KEY`` in ``meta_info``, ``pg_loss`` is the whole batch's loss while
+        ``pg_clipfrac``, ``ppo_kl`` and ``entropy`` describe the rows trained on; an update of no rows
+        reports ``pg_loss`` 0 (every left-out row has advantage 0) and no entropy.
+        """
+        on_policy = bool(data.meta_info.get(OLD_LOG_PROBS_FROM_UPDATE, False))
+        whole_batch_counts = data.meta_info.get(LOSS_COUNTS_KEY)
+        keys = self._update_inputs(data, on_policy)
+        # Diagnostics describe the rows present; the loss is normalised by the whole batch.
+        rows_present = None if whole_batch_counts is None else loss_counts(data.batch["response_mask"].to(self.device))
         metrics = self.trainer.update(
             data.select(batch_keys=keys),
-            lambda micro, counts: self._loss(micro, counts, temperature),
+            lambda micro, counts: self._loss(micro, counts, temperature, on_policy, rows_present),
             mini_batch_size=self.mini_batch_size,
             epochs=self.config.ppo_epochs,
             batching=self.update_batching,
             grad_clip=self.config.grad_clip,
             shuffle=self.config.shuffle,
             seed=self.config.seed,
+            whole_batch_counts=None if whole_batch_counts is None else LossCounts(**whole_batch_counts),
         )
+        metrics.setdefault("pg_loss", [0.0] * len(metrics["grad_norm"]))
         self.weights_version += 1
         if self.config.use_kl_loss:
             metrics["kl_coef"] = self.config.kl_loss_coef
         return metrics
 
-    def _loss(self, micro: DataProto, counts: LossCounts, temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
-        """Policy loss - entropy bonus + KL loss of one micro-batch, and its additive metrics."""
+    def _update_inputs(self, data: DataProto, on_policy: bool) -> list[str]:
+        """The batch keys the update reads; raises when ``data`` lacks one or cannot be trained as it asks."""
+        if on_policy and (self.config.ppo_epochs != 1 or len(data) > self.mini_batch_size):
+            raise UpdateBatchError(
+                f"update_actor got no old_log_probs ({OLD_LOG_PROBS_FROM_UPDATE}=True), which is exact only for one "
+                f"epoch of one mini-batch; got actor.ppo_epochs={self.config.ppo_epochs} and {len(data)} rows on this "
+                f"rank for mini-batches of {self.mini_batch_size}; run compute_log_prob first"
+            )
+        present = data.batch.keys()
+        if self.config.use_kl_loss and "ref_log_prob" not in present:
+            raise KeyError("actor.use_kl_loss=True needs 'ref_log_prob' in the batch: run compute_ref_log_prob first")
+        if not on_policy and "old_log_probs" not in present:
+            raise KeyError(
+                f"update_actor needs 'old_log_probs' (run compute_log_prob first) or {OLD_LOG_PROBS_FROM_UPDATE}=True"
+            )
+        optional = ("ref_log_prob", "rollout_is_weights") + (() if on_policy else ("old_log_probs",))
+        return list(UPDATE_INPUTS) + [key for key in optional if key in present]
+
+    def _loss(
+        self, micro: DataProto, counts: LossCounts, temperature: float, on_policy: bool, rows_present: LossCounts | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Policy loss - entropy bonus + KL loss of one micro-batch, and its additive metrics.
+
+        ``counts`` normalise the loss; ``rows_present`` (default ``counts``) normalise the diagnostics.
+        """
         batch, config = micro.batch, self.config
         log_prob, entropy = log_prob_forward(self.module, micro, temperature, self.model_config.use_remove_padding, True)
         response_mask = batch["response_mask"]
         counts_kwargs = dataclasses.asdict(counts)
         pg_loss, pg_metrics = self.policy_loss_fn(
-            old_log_prob=batch["old_log_probs"],
+            old_log_prob=log_prob.detach() if on_policy else batch["old_log_probs"],
             log_prob=log_prob,
             advantages=batch["advantages"],
             response_mask=response_mask,
@@ -148,9 +197,12 @@ class ActorPart:
         )
         entropy_loss = agg_loss(entropy, response_mask, config.loss_agg_mode, **counts_kwargs)
         loss = pg_loss - config.entropy_coeff * entropy_loss
+        rows_present = rows_present or counts
+        if rows_present != counts:
+            entropy_loss = agg_loss(entropy, response_mask, config.loss_agg_mode, **dataclasses.asdict(rows_present))
         # The losses above are this micro-batch's share of the mini-batch value; the loss's own metrics
         # are means over the micro-batch's tokens, so weigh them by its share of the tokens.
-        token_share = float(response_mask.sum()) / max(counts.global_token_count, 1.0)
+        token_share = float(response_mask.sum()) / max(rows_present.global_token_count, 1.0)
         metrics = {key: value * token_share for key, value in pg_metrics.items()}
         metrics.update(pg_loss=float(pg_loss.detach()), entropy=float(entropy_loss.detach()))
         if config.use_kl_loss:

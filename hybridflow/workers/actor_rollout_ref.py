@@ -120,7 +120,10 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO update on the batch; ``meta_info['metrics']``: pg_loss, pg_clipfrac, pg_clipfrac_lower,
-        ppo_kl, entropy, grad_norm (lists, one entry per optimizer step), kl_loss when used, lr."""
+        ppo_kl, entropy, grad_norm (lists, one entry per optimizer step), kl_loss when used, lr.
+
+        The batch's ``meta_info`` may ask for the exact shortcuts of ``workers/actor.py``: no
+        ``old_log_probs`` (``old_log_probs_from_update``) and only some rows (``loss_counts``)."""
         metrics = self._part("actor", "update_actor").update(data, self._temperature(data))
         return DataProto(meta_info={"metrics": metrics})
 

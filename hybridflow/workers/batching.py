@@ -37,6 +37,13 @@ class LossCounts:
     global_seq_count: float
 
 
+LOSS_COUNTS_KEY = "loss_counts"
+"""``meta_info`` key of an update batch that holds only part of the step's batch: the whole batch's
+:class:`LossCounts` as a dict. The rows left out must change the loss only through these counts (rows whose
+advantages are all 0 under a ``zero_at_zero_advantage`` policy loss); ``ShardedTrainer.update`` then
+trains the part as one mini-batch with the whole batch's denominators."""
+
+
 def mini_batch_size_per_rank(ppo_mini_batch_size: int, rollout_n: int, world_size: int, key: str) -> int:
     """verl's convention: ``ppo_mini_batch_size`` counts prompts; a rank's mini-batch holds
     ``ppo_mini_batch_size * rollout_n / world_size`` samples."""
@@ -81,11 +88,21 @@ def split_micro_batches(
     return data.split(batching.micro_batch_size), None
 
 
+def _count_tensor(response_mask: torch.Tensor) -> torch.Tensor:
+    return torch.stack([response_mask.sum(), (response_mask.sum(dim=-1) > 0).sum()]).to(torch.float64)
+
+
+def local_loss_counts(response_mask: torch.Tensor) -> LossCounts:
+    """Masked tokens and non-empty sequences of ``response_mask [B, R]`` in this process only."""
+    local = _count_tensor(response_mask)
+    return LossCounts(global_token_count=float(local[0]), global_seq_count=float(local[1]))
+
+
 def loss_counts(response_mask: torch.Tensor) -> LossCounts:
     """Masked tokens and non-empty sequences of ``response_mask [B, R]``, summed over the group."""
-    local = torch.stack([response_mask.sum(), (response_mask.sum(dim=-1) > 0).sum()]).to(torch.float64)
-    dist.all_reduce(local)
-    return LossCounts(global_token_count=float(local[0]), global_seq_count=float(local[1]))
+    summed = _count_tensor(response_mask)
+    dist.all_reduce(summed)
+    return LossCounts(global_token_count=float(summed[0]), global_seq_count=float(summed[1]))
 
 
 def all_reduce_sums(values: dict[str, float], device: torch.device) -> dict[str, float]:

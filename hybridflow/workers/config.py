@@ -114,6 +114,11 @@ class ActorConfig:
     kl_loss_coef: float = option(0.001, "Weight of the KL loss.")
     kl_loss_type: str = option("low_var_kl", "KL estimator of the KL loss (algos kl_penalty names).")
     grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
+    skip_old_log_prob: Optional[bool] = option(
+        None,
+        "Skip the old-log-prob forward, using the update's own log-probs (exact on-policy: "
+        "ppo_epochs=1, one mini-batch per step, no KL in reward). null: where exact; true: required; false: never.",
+    )
     policy_loss: PolicyLossModeConfig = section(
         PolicyLossModeConfig, "Which policy loss and its own options; the clip keys above apply to every loss."
     )

@@ -4,7 +4,8 @@
 function supplied by the caller, and keeps the gradient of a mini-batch independent of how it is split:
 the loss function aggregates with the mini-batch's global counts (summed over ranks), so the micro-batch
 losses of all ranks add up to the mini-batch loss; FSDP2 averages gradients over ranks, so each
-micro-batch loss is multiplied by the world size before ``backward``.
+micro-batch loss is multiplied by the world size before ``backward``. A caller that left out rows which
+cannot change the gradient passes the whole batch's counts instead (``whole_batch_counts``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ from hybridflow.workers.optim import build_lr_scheduler, build_optimizer
 LossFn = Callable[[DataProto, LossCounts], tuple[torch.Tensor, dict[str, float]]]
 
 CPU = torch.device("cpu")
+
+
+class UpdateBatchError(ValueError):
+    """An update call's batch asks to be trained in a way that is not exact for this trainer's settings."""
 
 
 class ShardedTrainer:
@@ -93,8 +98,14 @@ class ShardedTrainer:
         grad_clip: float,
         shuffle: bool = False,
         seed: int = 0,
+        whole_batch_counts: LossCounts | None = None,
     ) -> dict[str, list[float] | float]:
         """One update call: ``epochs`` passes of mini-batch optimizer steps, then one scheduler step.
+
+        ``whole_batch_counts``: ``data`` is the part of a larger batch whose other rows change the loss only
+        through its counts (see ``batching.LOSS_COUNTS_KEY``). ``data`` is then a single mini-batch (at most
+        ``mini_batch_size`` rows) and each epoch is one optimizer step with these counts, taken even when
+        ``data`` is empty on every rank: zero gradients still move AdamW's moments and its weight decay.
 
         Returns, per mini-batch step, the summed ``loss_fn`` metrics (identical on every rank) and
         ``grad_norm``; and the ``lr`` the steps used.
@@ -102,22 +113,35 @@ class ShardedTrainer:
         # A shuffle stream per (seed, update call, rank): a resumed run draws the same permutations.
         stream = np.random.SeedSequence([seed, self.update_count, dist.get_rank()]).generate_state(1)[0]
         generator = torch.Generator().manual_seed(int(stream))
+        if whole_batch_counts is None:
+            mini_batches = iter_mini_batches(data, mini_batch_size, epochs, shuffle, generator)
+            steps = ((mini_batch, None) for mini_batch in mini_batches)
+        elif len(data) <= mini_batch_size:
+            steps = ((data, whole_batch_counts) for _ in range(epochs))
+        else:
+            raise UpdateBatchError(
+                f"an update with the whole batch's loss counts must be one mini-batch, but this rank got {len(data)} "
+                f"rows for mini-batches of {mini_batch_size}; send every row or raise the mini-batch size"
+            )
         metrics: dict[str, list[float]] = defaultdict(list)
         lr = self.lr_scheduler.get_last_lr()[0]
         self.model.train()
         with self.on_device(with_optimizer=True):
-            for mini_batch in iter_mini_batches(data, mini_batch_size, epochs, shuffle, generator):
-                step_metrics = self._mini_batch_step(mini_batch, loss_fn, batching, grad_clip)
+            for mini_batch, counts in steps:
+                step_metrics = self._mini_batch_step(mini_batch, counts, loss_fn, batching, grad_clip)
                 for key, value in step_metrics.items():
                     metrics[key].append(value)
         self.lr_scheduler.step()
         return {**metrics, "lr": lr}
 
     def _mini_batch_step(
-        self, mini_batch: DataProto, loss_fn: LossFn, batching: MicroBatching, grad_clip: float
+        self, mini_batch: DataProto, counts: LossCounts | None, loss_fn: LossFn, batching: MicroBatching,
+        grad_clip: float,
     ) -> dict[str, float]:
-        counts = loss_counts(mini_batch.batch["response_mask"].to(self.device))
-        micro_batches, _ = split_micro_batches(mini_batch, batching, self.device)
+        """One optimizer step; ``counts`` None means the mini-batch's own counts over the group."""
+        if counts is None:
+            counts = loss_counts(mini_batch.batch["response_mask"].to(self.device))
+        micro_batches = split_micro_batches(mini_batch, batching, self.device)[0] if len(mini_batch) else []
         summed: dict[str, float] = defaultdict(float)
         self.optimizer.zero_grad(set_to_none=True)
         for index, micro_batch in enumerate(micro_batches):
@@ -128,9 +152,17 @@ class ShardedTrainer:
             (loss * self.world_size).backward()
             for key, value in micro_metrics.items():
                 summed[key] += value
+        if not micro_batches:
+            self._zero_gradients()
         step_metrics = all_reduce_sums(dict(summed), self.device)
         step_metrics["grad_norm"] = self._clip_and_step(grad_clip)
         return step_metrics
+
+    def _zero_gradients(self) -> None:
+        """Zero gradients for a step without data: AdamW skips parameters whose gradient is None."""
+        for param in self.model.parameters():
+            if param.requires_grad and param.grad is None:
+                param.grad = torch.zeros_like(param)
 
     def _clip_and_step(self, grad_clip: float) -> float:
         """Clip the global gradient norm and step; a non-finite norm skips the step (verl does the same)."""

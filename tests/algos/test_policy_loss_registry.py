@@ -2,12 +2,14 @@ import pytest
 import torch
 
 import hybridflow.algos  # noqa: F401  (registers every loss)
+from hybridflow.algos import policy_loss_registry
 from hybridflow.algos.policy_loss_registry import (
     POLICY_LOSSES,
     aggregate_policy_loss,
     get_policy_loss_fn,
     loss_metrics,
     register_policy_loss,
+    zero_at_zero_advantage,
 )
 from hybridflow.registry import DuplicateNameError, UnknownNameError
 
@@ -53,3 +55,24 @@ def test_metrics_are_plain_floats():
     metrics = loss_metrics(torch.tensor(0.5), torch.tensor(0.1), 0.0)
     assert metrics == {"pg_clipfrac": 0.5, "ppo_kl": pytest.approx(0.1), "pg_clipfrac_lower": 0.0}
     assert all(type(value) is float for value in metrics.values())
+
+
+def test_zero_at_zero_advantage_is_registry_metadata_with_aliases():
+    flagged = {name for name in POLICY_LOSSES.names() if zero_at_zero_advantage(name)}
+    assert flagged >= {"vanilla", "gspo", "geo_mean", "sapo", "cispo", "reinforce", "gpg"}
+    assert not flagged & {"clip_cov", "kl_cov"}
+    with pytest.raises(UnknownNameError, match="loss_mode='ppo'"):
+        zero_at_zero_advantage("ppo")
+
+
+def test_a_user_loss_is_not_flagged_unless_it_says_so(monkeypatch):
+    monkeypatch.setattr(POLICY_LOSSES, "_entries", dict(POLICY_LOSSES._entries))
+    monkeypatch.setattr(policy_loss_registry, "_ZERO_AT_ZERO_ADVANTAGE", set(policy_loss_registry._ZERO_AT_ZERO_ADVANTAGE))
+
+    def loss(old_log_prob, log_prob, advantages, response_mask, **kwargs):
+        return -(advantages * log_prob * response_mask).sum(), loss_metrics(0.0, 0.0, 0.0)
+
+    register_policy_loss("test_only_unflagged")(loss)
+    register_policy_loss("test_only_flagged", "test_only_flagged_alias", zero_at_zero_advantage=True)(loss)
+    assert not zero_at_zero_advantage("test_only_unflagged")
+    assert zero_at_zero_advantage("test_only_flagged") and zero_at_zero_advantage("test_only_flagged_alias")

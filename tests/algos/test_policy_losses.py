@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import hybridflow.algos  # noqa: F401  (registers every loss)
 from hybridflow.algos.policy_loss_config import PolicyLossConfig, PolicyLossConfigError
-from hybridflow.algos.policy_loss_registry import POLICY_LOSSES, get_policy_loss_fn
+from hybridflow.algos.policy_loss_registry import POLICY_LOSSES, get_policy_loss_fn, zero_at_zero_advantage
 from hybridflow.algos.policy_losses import (
     compute_policy_loss_cispo,
     compute_policy_loss_geo_mean,
@@ -183,3 +183,56 @@ def test_micro_batch_losses_with_global_counts_sum_to_whole_batch(seed, num_spli
         )
     ]
     torch.testing.assert_close(sum(parts), whole)
+
+
+def _drop_rows_case(seed: int, loss_agg_mode: str):
+    """8 random rows, 3 of them with advantage 0 on every token; the kept rows and the whole batch's counts."""
+    _, old_log_prob, log_prob, advantages, weights, mask = _random_inputs(seed, 8, 5)
+    advantages[[1, 4, 5]] = 0.0
+    kept = torch.tensor([0, 2, 3, 6, 7])
+    counts = {"global_token_count": mask.sum(), "global_seq_count": mask.shape[0]}
+    return old_log_prob, log_prob, advantages, mask, weights, kept, counts
+
+
+def _loss_and_grad(loss_fn, old_log_prob, log_prob, advantages, mask, weights, loss_agg_mode, counts):
+    log_prob = log_prob.clone().requires_grad_(True)
+    torch.manual_seed(0)
+    loss, _ = loss_fn(old_log_prob, log_prob, advantages, mask, loss_agg_mode, config={}, rollout_is_weights=weights,
+                      **counts)
+    loss.backward()
+    return loss.detach(), log_prob.grad
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    name=st.sampled_from(sorted(name for name in POLICY_LOSSES.names() if zero_at_zero_advantage(name))),
+    loss_agg_mode=st.sampled_from(
+        ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+    ),
+)
+def test_losses_zero_at_zero_advantage_give_the_same_loss_and_gradient_without_those_rows(seed, name, loss_agg_mode):
+    """The promise of ``zero_at_zero_advantage``: rows with advantage 0 change nothing but the counts."""
+    old_log_prob, log_prob, advantages, mask, weights, kept, counts = _drop_rows_case(seed, loss_agg_mode)
+    loss_fn = get_policy_loss_fn(name)
+    whole, whole_grad = _loss_and_grad(loss_fn, old_log_prob, log_prob, advantages, mask, weights, loss_agg_mode, counts)
+    part, part_grad = _loss_and_grad(
+        loss_fn, *(t[kept] for t in (old_log_prob, log_prob, advantages, mask, weights)), loss_agg_mode, counts
+    )
+    torch.testing.assert_close(part, whole)
+    torch.testing.assert_close(part_grad, whole_grad[kept])
+    assert not whole_grad[[1, 4, 5]].any()
+
+
+@pytest.mark.parametrize("name", ["clip_cov", "kl_cov"])
+def test_covariance_losses_depend_on_zero_advantage_rows(name):
+    """Why clip_cov and kl_cov are not flagged: their token choice is taken over the whole batch."""
+    old_log_prob, log_prob, advantages, mask, weights, kept, counts = _drop_rows_case(3, "token-mean")
+    config = {"clip_cov_ratio": 0.2, "kl_cov_ratio": 0.2, "clip_cov_lb": -10.0, "clip_cov_ub": 10.0, "ppo_kl_coef": 1.0}
+    loss_fn = get_policy_loss_fn(name)
+    torch.manual_seed(0)
+    whole, _ = loss_fn(old_log_prob, log_prob, advantages, mask, config=config, **counts)
+    torch.manual_seed(0)
+    part, _ = loss_fn(*(t[kept] for t in (old_log_prob, log_prob, advantages, mask)), config=config, **counts)
+    assert not torch.isclose(part, whole)
+    assert not zero_at_zero_advantage(name)

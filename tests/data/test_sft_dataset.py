@@ -74,7 +74,9 @@ def test_missing_columns_name_the_row_and_the_setting(tokenizer, write_rows):
     with pytest.raises(DatasetError, match="row 0: column 'prompt' is missing.*data.prompt_key"):
         SFTDataset(path, tokenizer, max_length=64)
     with pytest.raises(DatasetError, match="'question.text' is missing"):
-        SFTDataset(path, tokenizer, max_length=64, prompt_key="question", prompt_dict_keys=["text"], response_key="answer")
+        SFTDataset(
+            path, tokenizer, max_length=64, prompt_key="question", prompt_dict_keys=["text"], response_key="answer"
+        )
 
 
 def test_collate_right_pads_and_positions_count_real_tokens():

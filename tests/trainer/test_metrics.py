@@ -77,3 +77,10 @@ def test_throughput_and_mfu():
 
 def test_worker_lists_are_averaged():
     assert reduce_worker_metrics({"pg_loss": [1.0, 3.0], "lr": 0.1}) == {"pg_loss": 2.0, "lr": 0.1}
+
+
+def test_zero_signal_frac_counts_samples_whose_response_advantages_are_all_zero():
+    batch = _batch()
+    assert compute_data_metrics(batch, use_critic=False)[names.ZERO_SIGNAL_FRAC] == 0.0
+    batch.batch["advantages"][1, :2] = 0.0  # only its masked-out tokens keep non-zero values
+    assert compute_data_metrics(batch, use_critic=False)[names.ZERO_SIGNAL_FRAC] == 0.5

@@ -1,6 +1,9 @@
 """The driver in-process on the shared local Ray cluster: every registered advantage estimator runs a step."""
 
+import pathlib
+
 import pytest
+from safetensors.torch import load_file
 
 from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, needs_critic
 from hybridflow.trainer import metric_names as names
@@ -10,6 +13,8 @@ from hybridflow.trainer.tracking import read_metrics
 from hybridflow.trainer.validate import load_config
 
 from .cli import DENSE_REWARD
+
+FIRST_PROMPTS_REWARD = pathlib.Path(__file__).with_name("first_prompts_reward.py")
 from .helpers import compose_config, tiny_run_overrides
 
 pytestmark = pytest.mark.slow
@@ -73,3 +78,44 @@ def test_split_placement_runs_each_role_in_its_own_processes(ray_cluster, tiny_m
         trainer.shutdown()
     (record,) = read_metrics(tmp_path / "run")
     assert record["critic/vf_loss"] > 0 and record["actor/grad_norm"] > 0
+
+
+def _trained_weights(overrides, run_dir):
+    """Run ``overrides`` to the end on fresh workers; returns the actor's weights and the logged metrics."""
+    trainer = build_trainer(load_config(compose_config(overrides)))
+    try:
+        trainer.init_workers()
+        trainer.fit()
+        trainer.actor_rollout.export_hf(str(run_dir / "weights"))
+    finally:
+        trainer.shutdown()
+    return load_file(run_dir / "weights" / "model.safetensors"), read_metrics(run_dir)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_skipping_zero_signal_samples_and_the_old_log_prob_pass_leaves_the_weights_unchanged(
+    ranks, ray_cluster, tiny_model_dir, tiny_parquet, tmp_path
+):
+    """Two GRPO steps, the first with some zero-signal groups, the second with nothing but."""
+    base = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "unused", "grpo") + [
+        "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.cpus_per_worker=0.5",
+        f"trainer.n_gpus_per_node={ranks}", "data.shuffle=false", f"custom_reward_function.path={FIRST_PROMPTS_REWARD}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    ]
+    runs = {}
+    for name, switches in (("full", ["false", "false"]), ("skipping", ["null", "null"])):
+        overrides = base + [
+            f"trainer.default_local_dir={tmp_path / name}", f"actor_rollout_ref.actor.skip_old_log_prob={switches[0]}",
+            f"algorithm.skip_zero_signal_samples={switches[1]}",
+        ]
+        runs[name] = _trained_weights(overrides, tmp_path / name)
+    (weights, records), (expected, expected_records) = runs["skipping"], runs["full"]
+    assert 0 < records[0][names.ZERO_SIGNAL_FRAC] < 1 and records[1][names.ZERO_SIGNAL_FRAC] == 1
+    assert names.timing("old_log_prob") not in records[0] and names.timing("old_log_prob") in expected_records[0]
+    for record, expected_record in zip(records, expected_records):
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/lr", "critic/advantages/mean"):
+            assert record[key] == pytest.approx(expected_record[key], rel=1e-6, abs=1e-9), key
+    assert weights.keys() == expected.keys()
+    for name, tensor in weights.items():
+        # Equal to 1e-6 of the tensor's largest entry (two ranks may sum the gradients in another order).
+        assert (tensor - expected[name]).abs().max() <= 1e-6 * expected[name].abs().max(), name

@@ -10,6 +10,8 @@ from hybridflow.trainer.main_ppo import build_trainer
 from hybridflow.trainer.rollout_collection import DynamicSamplingError
 from hybridflow.trainer.tracking import read_metrics
 from hybridflow.trainer.validate import load_config
+from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
+from hybridflow.workers.batching import LOSS_COUNTS_KEY
 
 from .cli import DENSE_REWARD
 from .fake_workers import FakeWorkers
@@ -20,11 +22,10 @@ from .helpers import compose_config, tiny_run_overrides
 def run(tiny_model_dir, tiny_parquet, tmp_path):
     """``run(estimator, *overrides)`` -> (trainer, fakes) after fit() with fake workers."""
 
-    def run_with(estimator="grpo", *overrides, run_dir=None):
+    def run_with(estimator="grpo", *overrides, run_dir=None, reward=DENSE_REWARD):
         base = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir or tmp_path / "run", estimator) + [
             "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.peak_flops_per_device=1e9",
-            f"custom_reward_function.path={DENSE_REWARD}",
-        ]
+        ] + ([f"custom_reward_function.path={reward}"] if reward else [])
         trainer = build_trainer(load_config(compose_config(base + list(overrides))))
         fakes = FakeWorkers()
         trainer.init_workers(start_workers=fakes)
@@ -169,3 +170,38 @@ def test_resume_continues_where_the_saved_run_stopped(run, tmp_path):
 
     assert without_timing(tmp_path / "a") == without_timing(tmp_path / "b")
     assert (tmp_path / "b" / "latest").read_text().strip() == "global_step_4"
+
+
+ONE_MINI_BATCH = "actor_rollout_ref.actor.ppo_mini_batch_size=4"  # on-policy: one optimizer step per batch
+
+
+def test_an_on_policy_grpo_step_skips_the_old_log_prob_pass_and_the_samples_without_signal(run, tmp_path):
+    _, fakes = run("grpo", ONE_MINI_BATCH)
+    assert fakes.names() == ["init_model"] + ["generate_sequences", "update_actor"] * 2
+    for batch in _updates(fakes):
+        assert batch.meta_info[OLD_LOG_PROBS_FROM_UPDATE] is True and "old_log_probs" not in batch.batch.keys()
+        # The fakes' odd prompts get one response for all their samples: those groups have no signal.
+        assert len(batch) == 4 and (batch.batch["advantages"].abs().sum(-1) > 0).all()
+        counts = batch.meta_info[LOSS_COUNTS_KEY]
+        assert counts["global_seq_count"] == 8 and counts["global_token_count"] > batch.batch["response_mask"].sum()
+    record = read_metrics(tmp_path / "run")[0]
+    assert record[names.ZERO_SIGNAL_FRAC] == 0.5
+    assert names.timing("old_log_prob") not in record and names.timing("adv") in record
+    assert record["critic/advantages/min"] < 0 < record["critic/advantages/max"]
+
+
+def test_a_step_without_any_signal_still_calls_the_update(run, tmp_path):
+    _, fakes = run("grpo", ONE_MINI_BATCH, reward=None)  # the arithmetic score: 0 for every fake response
+    assert fakes.names() == ["init_model"] + ["generate_sequences", "update_actor"] * 2
+    assert [len(batch) for batch in _updates(fakes)] == [0, 0]
+    assert read_metrics(tmp_path / "run")[0][names.ZERO_SIGNAL_FRAC] == 1.0
+
+
+def test_the_shortcuts_switch_off_one_at_a_time(run):
+    _, fakes = run("grpo", ONE_MINI_BATCH, "algorithm.skip_zero_signal_samples=false")
+    assert "compute_log_prob" not in fakes.names() and len(_updates(fakes)[0]) == 8
+    _, fakes = run("grpo", ONE_MINI_BATCH, "actor_rollout_ref.actor.skip_old_log_prob=false")
+    assert fakes.names().count("compute_log_prob") == 2
+    update = _updates(fakes)[0]
+    assert len(update) == 4 and "old_log_probs" in update.batch.keys()
+    assert OLD_LOG_PROBS_FROM_UPDATE not in update.meta_info

@@ -3,6 +3,7 @@ split invariance, KL loss, LoRA."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,8 +13,10 @@ from hybridflow.algos import PolicyLossConfig, PolicyLossModeConfig
 from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.workers import ActorRolloutRefWorker, MissingPartError
-from hybridflow.workers.actor import policy_loss_config
+from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE, policy_loss_config
+from hybridflow.workers.batching import LOSS_COUNTS_KEY, local_loss_counts
 from hybridflow.workers.config import ActorConfig
+from hybridflow.workers.training import UpdateBatchError
 
 from .helpers import actor_rollout_ref_config, full_parameters, rollout_batch
 
@@ -151,3 +154,81 @@ def test_policy_loss_config_takes_the_clip_settings_from_the_actor():
     assert isinstance(config, PolicyLossConfig)
     assert (config.loss_mode, config.tau_neg, config.tau_pos) == ("sapo", 2.0, 1.0)
     assert (config.clip_ratio_c, config.loss_agg_mode) == (5.0, "seq-mean-token-mean")
+
+
+def assert_same_weights(params: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """Equal to 1e-6 relative: the two updates summed the same per-row gradients in the same order."""
+    assert params.keys() == expected.keys()
+    for name, tensor in params.items():
+        torch.testing.assert_close(tensor, expected[name], rtol=1e-6, atol=1e-9, msg=name)
+
+
+def weights_of(worker) -> dict[str, torch.Tensor]:
+    return full_parameters(worker.parts["actor"].module)
+
+
+def on_policy_batch(num_samples=8, seed=0):
+    batch = rollout_batch(num_samples, seed=seed)
+    batch.meta_info.update(temperature=1.0, **{OLD_LOG_PROBS_FROM_UPDATE: True})
+    return batch
+
+
+def test_an_on_policy_update_without_old_log_probs_equals_the_one_with_the_separate_pass(tiny_model_dir):
+    separate, on_policy = make_worker(tiny_model_dir), make_worker(tiny_model_dir)
+    expected = separate.update_actor(batch_for(separate)).meta_info["metrics"]
+    metrics = on_policy.update_actor(on_policy_batch()).meta_info["metrics"]
+    assert_same_weights(weights_of(on_policy), weights_of(separate))
+    assert metrics["pg_clipfrac"] == [0.0] and metrics["ppo_kl"] == [0.0]  # the ratio is exactly 1
+    for key in ("pg_loss", "entropy", "grad_norm"):
+        assert metrics[key] == pytest.approx(expected[key], rel=1e-6), key
+
+
+def test_old_log_probs_from_the_update_are_refused_unless_the_update_is_on_policy(tiny_model_dir):
+    worker = make_worker(tiny_model_dir, actor={"ppo_mini_batch_size": 4})
+    with pytest.raises(UpdateBatchError, match="ppo_epochs=1 and 8 rows on this rank for mini-batches of 4"):
+        worker.update_actor(on_policy_batch())
+    with pytest.raises(KeyError, match="old_log_probs"):
+        worker.update_actor(rollout_batch(4))
+
+
+def only_rows(batch, rows, whole):
+    """``batch[rows]`` with ``whole``'s loss counts, as the trainer sends the rows with signal."""
+    part = batch[rows] if len(rows) else batch[0:0]
+    part.meta_info[LOSS_COUNTS_KEY] = dataclasses.asdict(local_loss_counts(whole.batch["response_mask"]))
+    return part
+
+
+# One row per micro-batch: the update sums per-row gradients in row order, so leaving out rows whose
+# gradient is exactly 0 changes no float operation that remains.
+ROW_MICRO_BATCHES = {"actor": {"ppo_micro_batch_size_per_gpu": 1, "optim": {"weight_decay": 0.01}}}
+
+
+@pytest.mark.parametrize("on_policy", [False, True], ids=["old-log-probs", "on-policy"])
+def test_an_update_of_the_rows_with_signal_equals_the_whole_batch_update(tiny_model_dir, on_policy):
+    whole, part = make_worker(tiny_model_dir, **ROW_MICRO_BATCHES), make_worker(tiny_model_dir, **ROW_MICRO_BATCHES)
+    batch = batch_for(whole)
+    batch.batch["advantages"][[1, 4, 5]] = 0.0
+    expected = whole.update_actor(batch).meta_info["metrics"]
+    sent = only_rows(on_policy_batch() if on_policy else batch, [0, 2, 3, 6, 7], whole=batch)
+    metrics = part.update_actor(sent).meta_info["metrics"]
+    assert_same_weights(weights_of(part), weights_of(whole))
+    assert metrics["pg_loss"] == pytest.approx(expected["pg_loss"], rel=1e-6)
+    assert metrics["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-6)
+
+
+def test_an_update_of_no_rows_still_steps_adamw_like_a_batch_of_zero_advantages(tiny_model_dir):
+    """Zero gradients move the weights through AdamW's momentum and weight decay; the schedule advances."""
+    whole, part = make_worker(tiny_model_dir, **ROW_MICRO_BATCHES), make_worker(tiny_model_dir, **ROW_MICRO_BATCHES)
+    first = batch_for(whole)
+    whole.update_actor(first)
+    part.update_actor(first)
+    after_first = weights_of(whole)
+    no_signal = batch_for(whole, seed=1)
+    no_signal.batch["advantages"].zero_()
+    expected = whole.update_actor(no_signal).meta_info["metrics"]
+    metrics = part.update_actor(only_rows(no_signal, [], whole=no_signal)).meta_info["metrics"]
+    assert_same_weights(weights_of(part), weights_of(whole))
+    assert any(not torch.equal(after_first[name], tensor) for name, tensor in weights_of(part).items())
+    assert part.parts["actor"].trainer.update_count == whole.parts["actor"].trainer.update_count == 2
+    assert expected["grad_norm"] == metrics["grad_norm"] == [0.0]
+    assert metrics["pg_loss"] == [0.0] and "entropy" not in metrics

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -9,6 +11,8 @@ from safetensors.torch import load_file
 from hybridflow.distributed import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
 from hybridflow.protocol import DataProto
 from hybridflow.workers import ActorRolloutRefWorker
+from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
+from hybridflow.workers.batching import LOSS_COUNTS_KEY, local_loss_counts
 
 from .helpers import actor_rollout_ref_config, full_parameters, rollout_batch
 
@@ -103,3 +107,64 @@ def test_a_two_rank_checkpoint_restores_on_two_ranks_and_on_one(two_rank_group, 
     for name, tensor in saved.items():
         assert torch.equal(restored[name], tensor), name
         assert torch.equal(resharded[name], tensor), name
+
+
+@pytest.fixture(scope="module")
+def two_rank_on_policy_group(ray_cluster, tiny_model_dir):
+    """Two ranks, one mini-batch of 8 samples per update (4 per rank), one row per micro-batch, no KL."""
+    overrides = {"actor": {"ppo_micro_batch_size_per_gpu": 1, "optim": {"weight_decay": 0.01}}}
+    pool = ResourcePool([2], num_cpus_per_process=0.5, name_prefix="on_policy_actor")
+    config = actor_rollout_ref_config(tiny_model_dir, **overrides)
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config, "actor"))
+    group.init_model()
+    yield group
+    group.kill()
+    pool.release()
+
+
+def assert_same_weights(weights: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """Every tensor equal to 1e-6 of its largest entry (the ranks summed the gradients in another order)."""
+    assert weights.keys() == expected.keys()
+    for name, tensor in weights.items():
+        assert (tensor - expected[name]).abs().max() <= 1e-6 * expected[name].abs().max(), name
+
+
+def rows_with_signal_padded(batch: DataProto, rows: list[int], whole: DataProto) -> DataProto:
+    """What the trainer sends when skipping zero-signal samples: ``rows``, padded to an even count with an
+    inert copy (response_mask and advantages 0), the whole batch's loss counts, no old_log_probs."""
+    part = batch[rows] if rows else batch[0:0]
+    part, pad_size = part.pad_to_divisor(2)
+    if pad_size:
+        part.batch["response_mask"][-pad_size:] = 0
+        part.batch["advantages"][-pad_size:] = 0
+    counts = local_loss_counts(whole.batch["response_mask"])
+    part.meta_info.update({LOSS_COUNTS_KEY: dataclasses.asdict(counts), OLD_LOG_PROBS_FROM_UPDATE: True})
+    return part
+
+
+def test_two_ranks_skipping_zero_signal_rows_and_old_log_probs_match_the_full_updates(two_rank_on_policy_group, tmp_path):
+    """Step 1: 5 of 8 samples have signal (padded to 6, so the ranks' rows differ from the full run's);
+    step 2: none. Weights after both match the full updates with separately computed old log-probs."""
+    group = two_rank_on_policy_group
+    # A first update, so the checkpoint holds AdamW moments for the restore to overwrite.
+    group.update_actor(rows_with_signal_padded(rollout_batch(8, seed=29), list(range(8)), whole=rollout_batch(8, seed=29)))
+    group.save_checkpoint(str(tmp_path / "start"))
+    with_signal = rollout_batch(8, seed=30)
+    with_signal.meta_info["temperature"] = 1.0
+    with_signal.batch["advantages"][[1, 2, 3]] = 0.0
+    no_signal = rollout_batch(8, seed=31)
+    no_signal.meta_info["temperature"] = 1.0
+    no_signal.batch["advantages"].zero_()
+    full_metrics = [group.update_actor(batch.union(group.compute_log_prob(batch))) for batch in (with_signal, no_signal)]
+    expected = exported_weights(group, tmp_path / "full")
+
+    group.load_checkpoint(str(tmp_path / "start"))
+    skipped = [
+        group.update_actor(rows_with_signal_padded(with_signal, [0, 4, 5, 6, 7], whole=with_signal)),
+        group.update_actor(rows_with_signal_padded(no_signal, [], whole=no_signal)),
+    ]
+    weights = exported_weights(group, tmp_path / "skipping")
+    assert_same_weights(weights, expected)
+    for full, skip in zip(full_metrics, skipped):
+        for key in ("pg_loss", "grad_norm"):
+            assert skip.meta_info["metrics"][key] == pytest.approx(full.meta_info["metrics"][key], rel=1e-6, abs=1e-9)
