@@ -1,22 +1,23 @@
 """Build the demo's base model: a tiny Qwen2 that answers sorting prompts in the right format but is often wrong.
 
-    python examples/tiny_base_model/build.py                 # writes examples/tiny_base_model/model (~1.3 MB)
+    python examples/tiny_base_model/build.py                 # writes examples/tiny_base_model/model (~5 MB)
     python examples/tiny_base_model/build.py --seed 1 --out /tmp/base_seed1
 
 No download: everything is made here, from a seed.
 
-1. A random ~0.33M-parameter Qwen2 and its character-level tokenizer with a ChatML chat template
-   (``hybridflow.models.tiny.build_tiny_model``).
+1. A random 1.25M-parameter Qwen2 (hidden 256, 2 layers) and its character-level tokenizer with a ChatML
+   chat template (``hybridflow.models.tiny.build_tiny_model``).
 2. SFT data: "Sort 7 2 9 2 ascending. End with '#### <list>'." -> "#### 2 2 7 9" (``hybridflow.data.synthetic``),
    written as {prompt, response} parquet rows, none of them among the validation prompts.
 3. SFT with the project's trainer (``hybridflow.trainer.main_sft``), stopped at the first check (every
    ``--eval_every`` steps) where greedy accuracy on the validation prompts reaches ``--target_accuracy``. The
-   model then writes ``#### <four digits>`` every time but sorts correctly only about a quarter of the time,
+   model then writes ``#### <four digits>`` almost always but sorts correctly only about a quarter of the time,
    while a correct answer is often among its samples: the situation RL is good at improving.
 4. The model and tokenizer are saved to ``--out`` with ``build_info.json`` (seed, steps, accuracy).
 
 The validation prompts are the first ``--num_val`` problems of ``sorting_problems(seed=0)``, which is exactly
-``test.parquet`` of ``examples/data_preprocess/sorting.py --seed 0 --num_test <num_val>``, the demo's validation set.
+``test.parquet`` of ``examples/data_preprocess/sorting.py --seed 0 --num_test <num_val>``: the demo's
+validation set.
 """
 
 from __future__ import annotations
@@ -50,10 +51,8 @@ def greedy_accuracy(model_dir: str | pathlib.Path, problems: list[Problem], batc
     correct = 0
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
-        texts = [
-            tokenizer.apply_chat_template([{"role": "user", "content": p.question}], add_generation_prompt=True, tokenize=False)
-            for p in chunk
-        ]
+        conversations = [[{"role": "user", "content": p.question}] for p in chunk]
+        texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
         inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         output = model.generate(**inputs, do_sample=False, max_new_tokens=16, pad_token_id=tokenizer.pad_token_id)
         responses = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -82,7 +81,9 @@ def sft_rows(num: int, seed: int, excluded: set[str]) -> list[dict]:
     return [{"prompt": p.question, "response": p.answer} for p in problems]
 
 
-def sft_overrides(args: argparse.Namespace, model_dir: pathlib.Path, sft_file: pathlib.Path, run_dir: pathlib.Path) -> list[str]:
+def sft_overrides(
+    args: argparse.Namespace, model_dir: pathlib.Path, sft_file: pathlib.Path, run_dir: pathlib.Path
+) -> list[str]:
     """The recipe: constant lr 2e-3 after 20 warmup steps, 64 examples a step, one process, padded batches."""
     return [
         f"data.train_files={sft_file}",
@@ -95,7 +96,7 @@ def sft_overrides(args: argparse.Namespace, model_dir: pathlib.Path, sft_file: p
         "optim.betas=[0.9,0.98]",
         "optim.weight_decay=0.0",
         "optim.lr_scheduler=constant",
-        f"optim.warmup_steps_ratio={20 / args.max_steps}",
+        f"optim.warmup_steps_ratio={min(20 / args.max_steps, 0.5)}",
         # Packing builds a dense [tokens, tokens] attention mask; for 70-token rows on CPU padding is cheaper.
         "use_remove_padding=false",
         f"trainer.total_training_steps={args.max_steps}",
@@ -119,7 +120,8 @@ def build(args: argparse.Namespace) -> dict:
         rows = sft_rows(args.num_sft, seed=args.seed + 1, excluded={p.question for p in val_problems})
         sft_file = write_parquet_rows(rows, scratch / "sft.parquet")
         with initialize_config_module("hybridflow.trainer.config", version_base=None):
-            config = load_sft_config(compose("sft_trainer", overrides=sft_overrides(args, model_dir, sft_file, scratch / "run")))
+            overrides = sft_overrides(args, model_dir, sft_file, scratch / "run")
+            config = load_sft_config(compose("sft_trainer", overrides=overrides))
         torch.manual_seed(args.seed)
         trainer = build_sft_trainer(config)
         stopper = StopAtAccuracy(val_problems, args.target_accuracy, args.eval_every, scratch)
@@ -152,8 +154,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--eval_every", type=int, default=10, help="SFT steps between accuracy checks")
     parser.add_argument("--max_steps", type=int, default=400, help="give up after this many SFT steps")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of the SFT worker")
-    info = build(parser.parse_args(argv))
-    print(f"base model written to {parser.parse_args(argv).out}: {json.dumps(info)}")
+    args = parser.parse_args(argv)
+    info = build(args)
+    print(f"base model written to {args.out}: {json.dumps(info)}")
     return info
 
 
