@@ -88,6 +88,7 @@ def overrides(args: argparse.Namespace, model: pathlib.Path, train: pathlib.Path
         "trainer.logger=[console,jsonl]",
         "trainer.resume_mode=auto",
         f"trainer.experiment_name=demo-{args.algo}-seed{args.seed}",
+        f"hydra.run.dir={args.run_dir / 'hydra'}",
     ] + args.overrides
 
 
