@@ -23,6 +23,16 @@ if TYPE_CHECKING:
     from hybridflow.trainer.ppo_trainer import RayPPOTrainer
 
 
+def prompt_tool_schemas(config: PPOTrainerConfig) -> list[dict] | None:
+    """The multi-turn tools' function schemas, rendered into each prompt by the chat template (None: no tools)."""
+    multi_turn = config.actor_rollout_ref.rollout.multi_turn
+    if not (multi_turn.enable and multi_turn.tool_config_path):
+        return None
+    from hybridflow.rollout.tools import load_tools
+
+    return [tool.schema for tool in load_tools(multi_turn.tool_config_path).values()] or None
+
+
 def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     """Tokenizer, datasets, loaders and reward manager for ``config`` (no Ray needed yet)."""
     # Imported once the config is known to be good: they load transformers, tensordict and Ray (seconds).
@@ -33,11 +43,12 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
 
     data, model = config.data, config.actor_rollout_ref.model
     tokenizer = load_tokenizer(model.tokenizer_dir, trust_remote_code=model.trust_remote_code)
+    tool_schemas = prompt_tool_schemas(config)
 
     def dataset(files: object) -> RLDataset:
         return RLDataset(
             files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key,
-            truncation=data.truncation, filter_overlong_prompts=data.filter_overlong_prompts,
+            truncation=data.truncation, filter_overlong_prompts=data.filter_overlong_prompts, tools=tool_schemas,
         )
 
     train_dataset = dataset(data.train_files)
