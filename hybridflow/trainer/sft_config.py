@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.data.sft_dataset import SFT_TRUNCATION_MODES
+from hybridflow.help_fields import option, section
 from hybridflow.trainer.checkpoint_manager import RESUME_MODES
 from hybridflow.trainer.config_schema import RayInitConfig
 from hybridflow.trainer.tracking import LOGGER_BACKENDS
@@ -25,105 +26,95 @@ from hybridflow.workers.config import FSDPConfig
 from hybridflow.workers.optim import WARMUP_STYLES
 
 
-def _option(default: Any, help_text: str) -> Any:
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help_text})
-    return field(default=default, metadata={"help": help_text})
-
-
-def _section(cls: type, help_text: str) -> Any:
-    return field(default_factory=cls, metadata={"help": help_text})
-
-
 @dataclass
 class SFTMultiturnConfig:
     """Rows holding whole conversations (``data.multiturn``)."""
 
-    enable: bool = _option(False, "Read a messages column and train on every assistant turn.")
-    messages_key: str = _option("messages", "Column holding the chat messages.")
+    enable: bool = option(False, "Read a messages column and train on every assistant turn.")
+    messages_key: str = option("messages", "Column holding the chat messages.")
 
 
 @dataclass
 class SFTDataConfig:
     """Training and validation examples (``data``)."""
 
-    train_files: Any = _option("", "Training parquet file or list of files.")
-    val_files: Any = _option("", "Validation parquet file(s); empty disables validation.")
-    prompt_key: str = _option("prompt", "Column of the prompt: a string or chat messages.")
-    response_key: str = _option("response", "Column of the response string.")
-    prompt_dict_keys: Optional[list] = _option(None, "Keys into a dict prompt column, e.g. ['question'].")
-    response_dict_keys: Optional[list] = _option(None, "Keys into a dict response column, e.g. ['answer'].")
-    multiturn: SFTMultiturnConfig = _section(SFTMultiturnConfig, "Multi-turn rows.")
-    max_length: int = _option(1024, "Tokens per example after the chat template; longer ones follow `truncation`.")
-    truncation: str = _option("error", "Over-long examples: error, left (keep end), right (keep start), filter (drop).")
-    train_batch_size: int = _option(256, "Examples per optimizer step, over all worker processes.")
-    micro_batch_size_per_gpu: int = _option(4, "Examples per forward/backward on one worker process.")
-    use_dynamic_bsz: bool = _option(False, "Cut micro-batches by a token budget instead of micro_batch_size_per_gpu.")
-    max_token_len_per_gpu: int = _option(8192, "Token budget of a micro-batch when use_dynamic_bsz.")
-    shuffle: bool = _option(True, "Shuffle the training examples each epoch.")
-    seed: int = _option(1, "Seed of the shuffle.")
+    train_files: Any = option("", "Training parquet file or list of files.")
+    val_files: Any = option("", "Validation parquet file(s); empty disables validation.")
+    prompt_key: str = option("prompt", "Column of the prompt: a string or chat messages.")
+    response_key: str = option("response", "Column of the response string.")
+    prompt_dict_keys: Optional[list] = option(None, "Keys into a dict prompt column, e.g. ['question'].")
+    response_dict_keys: Optional[list] = option(None, "Keys into a dict response column, e.g. ['answer'].")
+    multiturn: SFTMultiturnConfig = section(SFTMultiturnConfig, "Multi-turn rows.")
+    max_length: int = option(1024, "Tokens per example after the chat template; longer ones follow `truncation`.")
+    truncation: str = option("error", "Over-long examples: error, left (keep end), right (keep start), filter (drop).")
+    train_batch_size: int = option(256, "Examples per optimizer step, over all worker processes.")
+    micro_batch_size_per_gpu: int = option(4, "Examples per forward/backward on one worker process.")
+    use_dynamic_bsz: bool = option(False, "Cut micro-batches by a token budget instead of micro_batch_size_per_gpu.")
+    max_token_len_per_gpu: int = option(8192, "Token budget of a micro-batch when use_dynamic_bsz.")
+    shuffle: bool = option(True, "Shuffle the training examples each epoch.")
+    seed: int = option(1, "Seed of the shuffle.")
 
 
 @dataclass
 class SFTModelConfig:
     """The model to fine-tune (``model``)."""
 
-    partial_pretrain: str = _option("", "Local Hugging Face model folder to start from.")
-    tokenizer_path: Optional[str] = _option(None, "Tokenizer folder; None means partial_pretrain.")
-    enable_gradient_checkpointing: bool = _option(False, "Recompute activations in backward to save memory.")
-    trust_remote_code: bool = _option(False, "Allow model code from the model folder.")
-    lora_rank: int = _option(0, "LoRA rank (arXiv:2106.09685); 0 trains all weights.")
-    lora_alpha: int = _option(16, "LoRA scaling numerator: the adapter output is scaled by alpha / rank.")
-    target_modules: Any = _option("all-linear", "Modules that get LoRA adapters: a list of names or 'all-linear'.")
-    dtype: str = _option("float32", "Dtype the weights are held in: float32, bfloat16 or float16.")
-    attn_implementation: str = _option("sdpa", "Attention kernel passed to transformers (sdpa, eager, ...).")
-    fsdp_config: FSDPConfig = _section(FSDPConfig, "FSDP2 sharding, offload and mixed precision.")
+    partial_pretrain: str = option("", "Local Hugging Face model folder to start from.")
+    tokenizer_path: Optional[str] = option(None, "Tokenizer folder; None means partial_pretrain.")
+    enable_gradient_checkpointing: bool = option(False, "Recompute activations in backward to save memory.")
+    trust_remote_code: bool = option(False, "Allow model code from the model folder.")
+    lora_rank: int = option(0, "LoRA rank (arXiv:2106.09685); 0 trains all weights.")
+    lora_alpha: int = option(16, "LoRA scaling numerator: the adapter output is scaled by alpha / rank.")
+    target_modules: Any = option("all-linear", "Modules that get LoRA adapters: a list of names or 'all-linear'.")
+    dtype: str = option("float32", "Dtype the weights are held in: float32, bfloat16 or float16.")
+    attn_implementation: str = option("sdpa", "Attention kernel passed to transformers (sdpa, eager, ...).")
+    fsdp_config: FSDPConfig = section(FSDPConfig, "FSDP2 sharding, offload and mixed precision.")
 
 
 @dataclass
 class SFTOptimConfig:
     """AdamW and its schedule (``optim``)."""
 
-    lr: float = _option(1e-5, "Peak learning rate.")
-    betas: list = _option([0.9, 0.95], "AdamW betas.")
-    weight_decay: float = _option(0.01, "AdamW decoupled weight decay.")
-    warmup_steps_ratio: float = _option(0.1, "Linear warmup over this fraction of the training steps.")
-    clip_grad: float = _option(1.0, "Clip the global gradient norm to this value.")
-    lr_scheduler: str = _option("cosine", "After warmup: cosine (decay to min_lr_ratio * lr) or constant.")
-    min_lr_ratio: float = _option(0.0, "Cosine schedule's final lr as a fraction of lr.")
+    lr: float = option(1e-5, "Peak learning rate.")
+    betas: list = option([0.9, 0.95], "AdamW betas.")
+    weight_decay: float = option(0.01, "AdamW decoupled weight decay.")
+    warmup_steps_ratio: float = option(0.1, "Linear warmup over this fraction of the training steps.")
+    clip_grad: float = option(1.0, "Clip the global gradient norm to this value.")
+    lr_scheduler: str = option("cosine", "After warmup: cosine (decay to min_lr_ratio * lr) or constant.")
+    min_lr_ratio: float = option(0.0, "Cosine schedule's final lr as a fraction of lr.")
 
 
 @dataclass
 class SFTRunConfig:
     """Run length, placement, logging, validation and checkpoints (``trainer``)."""
 
-    total_epochs: int = _option(1, "Passes over the training examples.")
-    total_training_steps: Optional[int] = _option(None, "Stop after this many steps; None means total_epochs passes.")
-    project_name: str = _option("hybridflow", "Project name in the trackers.")
-    experiment_name: str = _option("sft", "Run name in the trackers.")
-    logger: list = _option(["console", "jsonl"], "Trackers: any of console, jsonl, tensorboard, mlflow, wandb.")
-    nnodes: int = _option(1, "Nodes of the cluster to use.")
-    n_gpus_per_node: int = _option(1, "Worker processes per node (one per GPU; on CPU, processes sharing the cores).")
-    cpus_per_worker: float = _option(1.0, "CPUs Ray reserves for each worker process (fractions allowed).")
-    device: str = _option("cpu", "cpu or cuda.")
-    save_freq: int = _option(-1, "Save a checkpoint every N steps (and at the end); -1 only the final model.")
-    test_freq: int = _option(-1, "Compute the validation loss every N steps (and at the end); -1 only at the end.")
-    default_local_dir: str = _option("checkpoints/hybridflow/sft", "The run folder: checkpoints, metrics, final model.")
-    resume_mode: str = _option("auto", "auto: resume from the run folder's latest; disable; resume_path; or a path.")
-    resume_from_path: Optional[str] = _option(None, "Checkpoint folder (global_step_N) when resume_mode=resume_path.")
-    max_ckpt_to_keep: Optional[int] = _option(None, "Keep only the newest N global_step folders; None keeps all.")
+    total_epochs: int = option(1, "Passes over the training examples.")
+    total_training_steps: Optional[int] = option(None, "Stop after this many steps; None means total_epochs passes.")
+    project_name: str = option("hybridflow", "Project name in the trackers.")
+    experiment_name: str = option("sft", "Run name in the trackers.")
+    logger: list = option(["console", "jsonl"], "Trackers: any of console, jsonl, tensorboard, mlflow, wandb.")
+    nnodes: int = option(1, "Nodes of the cluster to use.")
+    n_gpus_per_node: int = option(1, "Worker processes per node (one per GPU; on CPU, processes sharing the cores).")
+    cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each worker process (fractions allowed).")
+    device: str = option("cpu", "cpu or cuda.")
+    save_freq: int = option(-1, "Save a checkpoint every N steps (and at the end); -1 only the final model.")
+    test_freq: int = option(-1, "Compute the validation loss every N steps (and at the end); -1 only at the end.")
+    default_local_dir: str = option("checkpoints/hybridflow/sft", "The run folder: checkpoints, metrics, final model.")
+    resume_mode: str = option("auto", "auto: resume from the run folder's latest; disable; resume_path; or a path.")
+    resume_from_path: Optional[str] = option(None, "Checkpoint folder (global_step_N) when resume_mode=resume_path.")
+    max_ckpt_to_keep: Optional[int] = option(None, "Keep only the newest N global_step folders; None keeps all.")
 
 
 @dataclass
 class SFTTrainerConfig:
     """Everything ``python -m hybridflow.trainer.main_sft`` reads."""
 
-    data: SFTDataConfig = _section(SFTDataConfig, "Training and validation examples.")
-    model: SFTModelConfig = _section(SFTModelConfig, "Model to fine-tune.")
-    optim: SFTOptimConfig = _section(SFTOptimConfig, "Optimizer and learning-rate schedule.")
-    use_remove_padding: bool = _option(True, "Pack the real tokens of a micro-batch into one row (no padding compute).")
-    trainer: SFTRunConfig = _section(SFTRunConfig, "Run length, placement, logging, checkpoints.")
-    ray_init: RayInitConfig = _section(RayInitConfig, "Ray cluster.")
+    data: SFTDataConfig = section(SFTDataConfig, "Training and validation examples.")
+    model: SFTModelConfig = section(SFTModelConfig, "Model to fine-tune.")
+    optim: SFTOptimConfig = section(SFTOptimConfig, "Optimizer and learning-rate schedule.")
+    use_remove_padding: bool = option(True, "Pack the real tokens of a micro-batch into one row (no padding compute).")
+    trainer: SFTRunConfig = section(SFTRunConfig, "Run length, placement, logging, checkpoints.")
+    ray_init: RayInitConfig = section(RayInitConfig, "Ray cluster.")
 
 
 def load_sft_config(config: DictConfig | dict) -> SFTTrainerConfig:

@@ -18,7 +18,7 @@ from hybridflow.trainer.checkpoint_manager import CheckpointManager, capture_rng
 from hybridflow.trainer.metrics import reduce_worker_metrics
 from hybridflow.trainer.placement import WorkerGroups, create_worker_groups, make_resource_plan
 from hybridflow.trainer.sft_config import SFTTrainerConfig, to_plain_dict
-from hybridflow.trainer.sft_worker import SFTWorker
+from hybridflow.workers.sft_worker import SFTWorker
 from hybridflow.trainer.tracking import RunInfo, Tracking
 from hybridflow.workers.batching import MicroBatching
 from hybridflow.workers.config import ModelConfig, OptimConfig

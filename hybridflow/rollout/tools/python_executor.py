@@ -96,16 +96,22 @@ class PythonExecutorTool(BaseTool):
         try:
             output, _ = await asyncio.wait_for(process.communicate(), timeout=self.timeout)
         except asyncio.TimeoutError:
-            return ToolResult(f"Error: the code did not finish within {self.timeout:g} s and was stopped", 0.0, metrics)
+            return ToolResult(self._out_of_time(), 0.0, metrics)
         finally:
             _kill_group(process)
             await process.wait()
+        # RLIMIT_CPU ends a busy loop with SIGXCPU/SIGKILL, which can come before the wall timer on a busy machine.
+        if process.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
+            return ToolResult(self._out_of_time(), 0.0, {**metrics, "exit_code": process.returncode})
         text = output.decode("utf-8", errors="replace")
         if len(text) > self.max_output_chars:
             text = text[: self.max_output_chars] + f"\n... [output cut at {self.max_output_chars} characters]"
         if process.returncode != 0:
             text = f"{text}\n(exit code {process.returncode})".lstrip()
         return ToolResult(text, 0.0, {**metrics, "exit_code": process.returncode})
+
+    def _out_of_time(self) -> str:
+        return f"Error: the code did not finish within {self.timeout:g} s and was stopped"
 
 
 def _kill_group(process: asyncio.subprocess.Process) -> None:
