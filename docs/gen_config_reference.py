@@ -81,6 +81,8 @@ class ReferenceBuilder:
         section = Section(name, help_text)
         prefix = f"{name}." if name else ""
         for key_node, value_node in node.value:
+            if not name and key_node.value == "defaults":  # Hydra's defaults list, not a key
+                continue
             key = f"{prefix}{key_node.value}"
             self.seen.add(key)
             if isinstance(value_node, yaml.MappingNode) and value_node.value:
@@ -154,7 +156,34 @@ def generate(yaml_path: pathlib.Path = YAML_PATH) -> str:
     ]
     for child in top.children:
         lines += _render_section(child, 2)
+    lines += _verl_only_keys()
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _verl_only_keys() -> list[str]:
+    """One row per rule of hybridflow/trainer/verl_compat.py, with how many of verl's keys it covers."""
+    from hybridflow.trainer.verl_compat import COMPAT_YAML, RULES, compat_defaults, rule_for
+
+    counts: dict = {}
+    for key in compat_defaults():
+        counts[rule_for(key)] = counts.get(rule_for(key), 0) + 1
+    meaning = {"alias": "another name of `{what}`", "lacks": "refused unless at verl's default: needs {what}",
+               "unread": "accepted; listed at start-up when set: {what}"}
+    lines = [
+        "## verl's other keys",
+        "",
+        f"Keys of verl's config that hybridflow has no field for live in `{COMPAT_YAML.name}` with verl's",
+        "defaults (merged under the trainer config), and the first matching rule of",
+        "`hybridflow/trainer/verl_compat.py` says what each means here. A refused value stops the run before",
+        "anything starts, in one line naming the missing capability.",
+        "",
+        "| Keys | Means | verl keys |",
+        "|---|---|---|",
+    ]
+    for rule in RULES:
+        if counts.get(rule):
+            lines.append(f"| `{_cell(rule.pattern)}` | {_cell(meaning[rule.kind].format(what=rule.what))} | {counts[rule]} |")
+    return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> int:

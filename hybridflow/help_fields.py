@@ -12,11 +12,16 @@ from dataclasses import field
 from typing import Any
 
 
-def option(default: Any, help_text: str) -> Any:
-    """A config field with ``default`` and ``help_text``; a list or dict default is copied per instance."""
+def option(default: Any, help_text: str, read_by: tuple[str, ...] = ()) -> Any:
+    """A config field with ``default`` and ``help_text``; a list or dict default is copied per instance.
+
+    ``read_by`` names the rollout engines that read the field (an engine knob such as vLLM's
+    ``enforce_eager``); a run on another engine lists the field at start-up as set but not read.
+    """
+    metadata = {"help": help_text, "read_by": tuple(read_by)}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help_text})
-    return field(default=default, metadata={"help": help_text})
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def section(cls: type, help_text: str) -> Any:

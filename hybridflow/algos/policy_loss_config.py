@@ -83,11 +83,19 @@ def clip_bounds(config: Any) -> tuple[float, float]:
     return low, high
 
 
+# Losses whose clipped weight stays a valid importance weight below zero ratio: CISPO clips r to
+# [1 - low, 1 + high] as a constant weight, and verl's CISPO example sets clip_ratio_low=10 for "no lower clip".
+NO_LOWER_CLIP_MODES = frozenset({"cispo"})
+
+
 def policy_loss_config_errors(config: Any) -> list[str]:
     """Every problem with the options of ``config`` (empty when it is usable), for one combined error."""
     errors = []
     low, high = clip_bounds(config)
-    if not 0 < low <= 1:
+    if loss_option(config, "loss_mode") in NO_LOWER_CLIP_MODES:
+        if low <= 0:
+            errors.append(f"clip_ratio_low={low} must be > 0 (a value >= 1 means no lower clip)")
+    elif not 0 < low <= 1:
         errors.append(f"clip_ratio_low={low} must be in (0, 1]")
     if high <= 0:
         errors.append(f"clip_ratio_high={high} must be > 0")

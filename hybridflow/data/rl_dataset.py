@@ -15,6 +15,7 @@ import logging
 import pathlib
 from typing import Any, Sequence
 
+import numpy as np
 import pyarrow.parquet as pq
 import torch
 
@@ -53,6 +54,10 @@ class RLDataset:
         filter_overlong_prompts: bool = False,
         return_raw_chat: bool = True,
         tools: list[dict] | None = None,
+        apply_chat_template_kwargs: dict | None = None,
+        max_samples: int = -1,
+        shuffle: bool = False,
+        seed: int = 0,
     ):
         if truncation not in TRUNCATION_MODES:
             raise DatasetError(f"data.truncation={truncation!r} is not one of {list(TRUNCATION_MODES)}")
@@ -64,8 +69,9 @@ class RLDataset:
         self.truncation = "filter" if filter_overlong_prompts else truncation
         self.return_raw_chat = return_raw_chat
         self.tools = tools
+        self.apply_chat_template_kwargs = dict(apply_chat_template_kwargs or {})
         self.files = _as_paths(parquet_files)
-        rows, origins = self._read_rows()
+        rows, origins = _sample(*self._read_rows(), max_samples, shuffle, seed)
         self.num_rows_read = len(rows)
         token_ids = self._tokenize([row[prompt_key] for row in rows])
         self.rows, self.token_ids, self.num_filtered, self.num_truncated = self._fit_to_length(
@@ -115,7 +121,7 @@ class RLDataset:
         return rows, origins
 
     def _tokenize(self, conversations: list[list[dict]]) -> list[list[int]]:
-        template_options = {"tools": self.tools} if self.tools else {}
+        template_options = {**self.apply_chat_template_kwargs, **({"tools": self.tools} if self.tools else {})}
         texts = [
             self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=False, **template_options
@@ -152,6 +158,18 @@ class RLDataset:
             f"{self.num_filtered} over-long prompts filtered, {self.num_truncated} truncated "
             f"(data.max_prompt_length={self.max_prompt_length}, truncation={self.truncation})"
         )
+
+
+def _sample(rows: list[dict], origins: list, max_samples: int, shuffle: bool, seed: int) -> tuple[list[dict], list]:
+    """At most ``max_samples`` rows (-1: all): drawn without replacement with ``seed`` if ``shuffle``, else the
+    first ones (verl's ``train_max_samples`` / ``val_max_samples``)."""
+    if not 0 < max_samples < len(rows):
+        return rows, origins
+    if shuffle:
+        keep = sorted(np.random.default_rng(seed).choice(len(rows), size=max_samples, replace=False).tolist())
+    else:
+        keep = range(max_samples)
+    return [rows[i] for i in keep], [origins[i] for i in keep]
 
 
 def _as_paths(parquet_files: str | pathlib.Path | Sequence[str | pathlib.Path]) -> list[pathlib.Path]:

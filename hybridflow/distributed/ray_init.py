@@ -34,19 +34,22 @@ def init_local_ray(
     address: str | None = None,
     env_vars: dict[str, str] | None = None,
     namespace: str | None = None,
+    runtime_env: dict | None = None,
 ) -> dict[str, float]:
     """Join ``address`` (or ``$RAY_ADDRESS``) if given, else start a local cluster; returns its resources.
 
     A local cluster gets exactly ``num_cpus`` (default: every core) and ``num_gpus`` (default: Ray's
     detection), an object store of ``object_store_memory`` bytes, no dashboard, and its own temp folder
     (``temp_dir`` or a fresh one under the system temp dir). Calling it again while Ray is up is a no-op.
-    ``env_vars`` are added to every worker's environment.
+    ``env_vars`` are added to every worker's environment; ``runtime_env`` is the job's Ray runtime_env
+    (its own ``env_vars`` are merged with hybridflow's, which they override).
     """
     if ray.is_initialized():
         return ray.cluster_resources()
     for key, value in WORKER_ENV_VARS.items():
         os.environ.setdefault(key, value)
-    runtime_env = {"env_vars": {**WORKER_ENV_VARS, **(env_vars or {})}}
+    runtime_env = dict(runtime_env or {})
+    runtime_env["env_vars"] = {**WORKER_ENV_VARS, **(env_vars or {}), **runtime_env.get("env_vars", {})}
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         logger.info("joining the Ray cluster at %s; num_cpus, num_gpus, temp_dir apply only to a new one", address)

@@ -65,14 +65,20 @@ def load_model_config(path: str | os.PathLike, trust_remote_code: bool = False) 
     return from_pretrained_or_raise(AutoConfig, resolve_model_path(path), trust_remote_code=trust_remote_code)
 
 
-def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False, padding_side: str | None = None):
-    """The tokenizer saved with the model. A tokenizer without a pad token pads with its EOS token."""
+def load_tokenizer(
+    path: str | os.PathLike, trust_remote_code: bool = False, padding_side: str | None = None,
+    chat_template: str | None = None,
+):
+    """The tokenizer saved with the model. A tokenizer without a pad token pads with its EOS token;
+    ``chat_template`` (a Jinja string) replaces the saved chat template."""
     kwargs = {"trust_remote_code": trust_remote_code}
     if padding_side is not None:
         kwargs["padding_side"] = padding_side
     tokenizer = from_pretrained_or_raise(AutoTokenizer, resolve_model_path(path), **kwargs)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     return tokenizer
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from hybridflow.help_fields import option, section
 
 CONFIG_PREFIX = "actor_rollout_ref.rollout"
+VLLM = ("vllm",)
 
 
 class RolloutConfigError(ValueError):
@@ -84,6 +85,27 @@ class RolloutConfig:
     free_cache_engine: bool = option(True, "Call sleep() after each rollout so training gets the memory back.")
     gpu_memory_utilization: float = option(0.5, "'vllm' engine: fraction of GPU memory it may take.")
     tensor_model_parallel_size: int = option(1, "'vllm' engine: tensor-parallel size.")
+    ignore_eos: bool = option(False, "Keep generating past the EOS token until response_length (benchmarking).")
+    enforce_eager: bool = option(False, "'vllm' engine: no CUDA graphs.", VLLM)
+    cudagraph_capture_sizes: list | None = option(None, "'vllm' engine: batch sizes captured as CUDA graphs.", VLLM)
+    max_num_batched_tokens: int = option(8192, "'vllm' engine: most tokens scheduled in one step.", VLLM)
+    max_model_len: int | None = option(
+        None, "'vllm' engine: longest sequence; None means prompt_length + response_length.", VLLM
+    )
+    enable_chunked_prefill: bool = option(True, "'vllm' engine: split long prefills across steps.", VLLM)
+    enable_prefix_caching: bool = option(True, "'vllm' engine: reuse the KV cache of shared prefixes.", VLLM)
+    load_format: str = option("dummy", "'vllm' engine: how weights load at start ('dummy': synced from the actor).", VLLM)
+    disable_log_stats: bool = option(True, "'vllm' engine: no periodic throughput logs.", VLLM)
+    scheduling_policy: str = option("fcfs", "'vllm' engine: fcfs or priority.", VLLM)
+    quantization: str | None = option(None, "'vllm' engine: weight quantization method (e.g. fp8).", VLLM)
+    logprobs_mode: str = option("processed_logprobs", "'vllm' engine: which log-probs it returns.", VLLM)
+    data_parallel_size: int = option(1, "'vllm' engine: data-parallel replicas.", VLLM)
+    expert_parallel_size: int = option(1, "'vllm' engine: expert-parallel size (MoE models).", VLLM)
+    pipeline_model_parallel_size: int = option(1, "'vllm' engine: pipeline-parallel size.", VLLM)
+    engine_kwargs: dict = option(
+        {"vllm": {}, "sglang": {}, "trtllm": {}}, "Further engine arguments by engine name (vllm: passed to vllm.LLM).",
+        VLLM,
+    )
     val_kwargs: ValKwargs = section(ValKwargs, "Sampling overrides for validation.")
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "Agent loop: multi-turn generation with tools.")
 

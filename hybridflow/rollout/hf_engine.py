@@ -32,7 +32,8 @@ class HFRolloutEngine(RolloutEngine):
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self._eos_token_ids = _eos_ids(model, tokenizer)
-        decoder = BatchedDecoder(model, self._eos_token_ids, config.max_batch_tokens, decode_text=self._decode)
+        stop_ids = set() if config.ignore_eos else self._eos_token_ids
+        decoder = BatchedDecoder(model, stop_ids, config.max_batch_tokens, decode_text=self._decode)
         self._scheduler = DecodeScheduler(decoder, config.max_num_seqs)
         self._scheduler.start()
 

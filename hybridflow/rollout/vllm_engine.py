@@ -51,15 +51,7 @@ class VLLMRolloutEngine(RolloutEngine):
         """vLLM places the model itself (``device`` is not used) and keeps its own copy of the tokenizer."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         vllm = import_vllm()
-        llm = vllm.LLM(
-            model=str(model_path),
-            dtype=config.dtype,
-            seed=config.seed,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            tensor_parallel_size=config.tensor_model_parallel_size,
-            max_model_len=config.prompt_length + config.response_length,
-            enable_sleep_mode=True,
-        )
+        llm = vllm.LLM(model=str(model_path), **engine_arguments(config))
         return cls(llm, tokenizer if tokenizer is not None else llm.get_tokenizer(), config)
 
     @property
@@ -69,7 +61,7 @@ class VLLMRolloutEngine(RolloutEngine):
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         vllm = import_vllm()
         prompts = [vllm.TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests]
-        params = [_sampling_params(vllm, r.sampling) for r in requests]
+        params = [_sampling_params(vllm, r.sampling, self.config.ignore_eos) for r in requests]
         outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
         return [_result(output, request) for output, request in zip(outputs, requests)]
 
@@ -110,8 +102,39 @@ class VLLMRolloutEngine(RolloutEngine):
         self.llm.wake_up()
 
 
-def _sampling_params(vllm: Any, sampling: SamplingParams) -> Any:
+def engine_arguments(config: RolloutConfig) -> dict[str, Any]:
+    """``vllm.LLM``'s keyword arguments from verl's rollout keys, then ``engine_kwargs.vllm`` on top."""
+    arguments = dict(
+        dtype=config.dtype,
+        seed=config.seed,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        tensor_parallel_size=config.tensor_model_parallel_size,
+        pipeline_parallel_size=config.pipeline_model_parallel_size,
+        data_parallel_size=config.data_parallel_size,
+        enable_expert_parallel=config.expert_parallel_size > 1,
+        max_model_len=config.max_model_len or config.prompt_length + config.response_length,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        enforce_eager=config.enforce_eager,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        enable_prefix_caching=config.enable_prefix_caching,
+        disable_log_stats=config.disable_log_stats,
+        scheduling_policy=config.scheduling_policy,
+        quantization=config.quantization,
+        logprobs_mode=config.logprobs_mode,
+        enable_sleep_mode=True,
+    )
+    if config.cudagraph_capture_sizes:
+        arguments["compilation_config"] = {"cudagraph_capture_sizes": list(config.cudagraph_capture_sizes)}
+    # The model loads its real weights here; verl's 'dummy' relies on a sync before the first rollout.
+    if config.load_format != "dummy":
+        arguments["load_format"] = config.load_format
+    return {**arguments, **dict(config.engine_kwargs.get("vllm") or {})}
+
+
+def _sampling_params(vllm: Any, sampling: SamplingParams, ignore_eos: bool = False) -> Any:
     return vllm.SamplingParams(
+        ignore_eos=ignore_eos,
         n=1,
         temperature=0.0 if sampling.greedy else sampling.temperature,
         top_p=sampling.top_p,

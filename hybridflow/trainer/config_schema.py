@@ -2,7 +2,7 @@
 
 The worker sections come from the layers that read them (``hybridflow.workers.config``, which composes
 ``hybridflow.rollout.config.RolloutConfig`` and ``hybridflow.algos.PolicyLossModeConfig``); the sections only
-the driver reads (``data``, ``algorithm``, ``trainer``, ``ray_init``, ``custom_reward_function``) are
+the driver reads (``data``, ``algorithm``, ``trainer``, ``ray_kwargs``, ``custom_reward_function``) are
 defined here. Key names follow verl's ``ppo_trainer.yaml`` so a verl command line ports with few edits.
 """
 
@@ -31,6 +31,12 @@ class DataConfig:
     seed: int = option(1, "Seed of the training shuffle (and of the rollout sampling seeds).")
     filter_overlong_prompts: bool = option(False, "Drop prompts longer than max_prompt_length when loading.")
     truncation: str = option("error", "Overlong prompts: error, filter (drop), left, right or middle (cut).")
+    return_raw_chat: bool = option(True, "Keep each prompt's messages as the raw_prompt column (agent loop, rewards).")
+    train_max_samples: int = option(-1, "Use at most this many training prompts (-1: all); random with data.seed if shuffle.")
+    val_max_samples: int = option(-1, "Use at most this many validation prompts (-1: all); the first ones.")
+    validation_shuffle: bool = option(False, "Shuffle the validation prompts (with data.seed).")
+    trust_remote_code: bool = option(False, "Allow tokenizer code from the model folder for the prompts.")
+    apply_chat_template_kwargs: dict = option({}, "Extra arguments of the chat template (e.g. enable_thinking: false).")
 
 
 @dataclass
@@ -82,11 +88,11 @@ class TrainerConfig:
     total_training_steps: Optional[int] = option(None, "Stop after this many steps; None means total_epochs passes.")
     project_name: str = option("hybridflow", "Project name in the trackers.")
     experiment_name: str = option("ppo", "Run name in the trackers.")
-    logger: list = option(["console", "jsonl"], "Trackers: any of console, jsonl, tensorboard, mlflow, wandb.")
+    logger: Any = option(["console", "jsonl"], "Trackers: a list (or one name) of console, jsonl, tensorboard, mlflow, wandb.")
     nnodes: int = option(1, "Nodes of the cluster to use.")
     n_gpus_per_node: int = option(1, "Worker processes per node (one per GPU; on CPU, processes sharing the cores).")
     cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each worker process (fractions allowed).")
-    device: str = option("cpu", "cpu or cuda.")
+    device: Optional[str] = option(None, "cpu or cuda; None means cuda when this machine has a GPU, else cpu.")
     placement: str = option("colocated", "colocated: every role in one process per device; split: one pool per role.")
     save_freq: int = option(-1, "Save a checkpoint every N steps (and at the end); -1 never.")
     test_freq: int = option(-1, "Validate every N steps (and at the end); -1 never.")
@@ -105,13 +111,22 @@ class TrainerConfig:
 
 @dataclass
 class RayInitConfig:
-    """Starting or joining Ray (``ray_init``)."""
+    """Starting or joining Ray (``ray_kwargs.ray_init``; the older ``ray_init.*`` keys are aliases)."""
 
     address: Optional[str] = option(None, "Join this cluster (also read from RAY_ADDRESS); None starts a local one.")
     num_cpus: Optional[int] = option(None, "CPUs of a local cluster; None means every core.")
     num_gpus: Optional[int] = option(None, "GPUs of a local cluster; None means Ray's detection.")
     object_store_memory: int = option(1 << 30, "Object store bytes of a local cluster.")
     temp_dir: Optional[str] = option(None, "Ray's session folder; None makes a fresh one.")
+    runtime_env: dict = option({}, "Ray runtime_env of the job (env_vars, py_executable, ...), merged with hybridflow's.")
+
+
+@dataclass
+class RayKwargsConfig:
+    """Ray settings (``ray_kwargs``), verl 0.9's layout."""
+
+    ray_init: RayInitConfig = section(RayInitConfig, "Arguments of ray.init.")
+    timeline_json_file: Optional[str] = option(None, "Write Ray's task timeline (chrome://tracing JSON) here at the end.")
 
 
 @dataclass
@@ -134,4 +149,4 @@ class PPOTrainerConfig:
     custom_reward_function: CustomRewardFunctionConfig = section(CustomRewardFunctionConfig, "User scoring function.")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "Advantage estimator and KL in reward.")
     trainer: TrainerConfig = section(TrainerConfig, "Run length, placement, logging, checkpoints.")
-    ray_init: RayInitConfig = section(RayInitConfig, "Ray cluster.")
+    ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "Ray cluster.")

@@ -8,6 +8,7 @@ driver loop runs in this process.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -15,9 +16,14 @@ import hydra
 from omegaconf import DictConfig
 
 from hybridflow.rewards import build_reward_manager, check_data_sources, load_custom_reward_function
+from hybridflow.trainer.command_line import override_errors, without_redundant_plus
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.reward_options import reward_manager_options
-from hybridflow.trainer.validate import ConfigError, derived_sizes, load_config, unknown_key_errors
+from hybridflow.trainer.validate import ConfigError, derived_sizes, load_config_with_notes
+
+# "surface": check keys and values only, then exit; "full": also this machine's files, packages and
+# devices, then exit. Unset: check everything and run.
+CONFIG_CHECK_ENV = "HYBRIDFLOW_CONFIG_CHECK"
 
 if TYPE_CHECKING:
     from hybridflow.trainer.ppo_trainer import RayPPOTrainer
@@ -42,17 +48,22 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     from hybridflow.trainer.ppo_trainer import RayPPOTrainer
 
     data, model = config.data, config.actor_rollout_ref.model
-    tokenizer = load_tokenizer(model.tokenizer_dir, trust_remote_code=model.trust_remote_code)
+    tokenizer = load_tokenizer(
+        model.tokenizer_dir, trust_remote_code=data.trust_remote_code or model.trust_remote_code,
+        chat_template=model.custom_chat_template,
+    )
     tool_schemas = prompt_tool_schemas(config)
 
-    def dataset(files: object) -> RLDataset:
+    def dataset(files: object, max_samples: int, shuffle: bool) -> RLDataset:
         return RLDataset(
             files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key,
             truncation=data.truncation, filter_overlong_prompts=data.filter_overlong_prompts, tools=tool_schemas,
+            return_raw_chat=data.return_raw_chat, apply_chat_template_kwargs=data.apply_chat_template_kwargs,
+            max_samples=max_samples, shuffle=shuffle, seed=data.seed,
         )
 
-    train_dataset = dataset(data.train_files)
-    val_dataset = dataset(data.val_files) if data.val_files else None
+    train_dataset = dataset(data.train_files, data.train_max_samples, data.shuffle)
+    val_dataset = dataset(data.val_files, data.val_max_samples, False) if data.val_files else None
     custom = config.custom_reward_function
     compute_score = load_custom_reward_function(custom.path, custom.name, custom.reward_kwargs) if custom.path else None
     if compute_score is None and not config.reward_model.enable:
@@ -63,7 +74,9 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     val_loader = None
     if val_dataset is not None:
         val_batch_size = data.val_batch_size or len(val_dataset)
-        val_loader = StatefulDataLoader(val_dataset, val_batch_size, shuffle=False, drop_last=False)
+        val_loader = StatefulDataLoader(
+            val_dataset, val_batch_size, shuffle=data.validation_shuffle, seed=data.seed, drop_last=False
+        )
     reward_manager = build_reward_manager(
         config.reward_model.reward_manager, tokenizer, compute_score, **reward_manager_options(config)
     )
@@ -73,53 +86,49 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
 
 
 def run_ppo(config: PPOTrainerConfig) -> None:
+    import ray
+
     from hybridflow.distributed import init_local_ray
 
     trainer = build_trainer(config)
     for line in derived_sizes(config, steps=trainer.total_training_steps):
         print(f"[hybridflow] {line}")
-    ray_config = config.ray_init
+    ray_kwargs = config.ray_kwargs
+    ray_init = ray_kwargs.ray_init
     init_local_ray(
-        num_cpus=ray_config.num_cpus, num_gpus=ray_config.num_gpus, object_store_memory=ray_config.object_store_memory,
-        temp_dir=ray_config.temp_dir, address=ray_config.address,
+        num_cpus=ray_init.num_cpus, num_gpus=ray_init.num_gpus, object_store_memory=ray_init.object_store_memory,
+        temp_dir=ray_init.temp_dir, address=ray_init.address, runtime_env=dict(ray_init.runtime_env),
     )
     try:
         trainer.init_workers()
         trainer.fit()
     finally:
+        if ray_kwargs.timeline_json_file:
+            ray.timeline(filename=ray_kwargs.timeline_json_file)
         trainer.shutdown()
-
-
-def unknown_override_errors(args: list[str]) -> list[str]:
-    """The command line's ``key=value`` overrides whose key the schema lacks, each with a hint.
-
-    Hydra refuses those itself, but without naming the key that was meant; ``+key=value`` (adding a key) and
-    Hydra's own options are left to Hydra and to :func:`load_config`.
-    """
-    tree: dict = {}
-    for arg in args:
-        if "=" not in arg or arg.startswith(("+", "~", "-", "hydra.")):
-            continue
-        *parents, leaf = arg.split("=", 1)[0].split(".")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = None
-    return unknown_key_errors(tree, PPOTrainerConfig)
 
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
+    check = os.environ.get(CONFIG_CHECK_ENV)
     try:
-        config = load_config(cfg)
+        config, unread = load_config_with_notes(cfg, check_environment=check != "surface")
     except ConfigError as error:
         print(error, file=sys.stderr)
         sys.exit(2)
+    if unread:
+        print(f"[hybridflow] accepted, but not read by this run ({len(unread)}):")
+        for line in unread:
+            print(f"[hybridflow]   {line}")
+    if check:
+        print(f"[hybridflow] config check passed ({check}); {CONFIG_CHECK_ENV} is set, so nothing runs")
+        return
     run_ppo(config)
 
 
 if __name__ == "__main__":
-    if errors := unknown_override_errors(sys.argv[1:]):
+    sys.argv[1:] = without_redundant_plus(sys.argv[1:])
+    if errors := override_errors(sys.argv[1:]):
         print(ConfigError(errors), file=sys.stderr)
         sys.exit(2)
     main()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib.util
 import pathlib
 from typing import Any
 
@@ -32,7 +31,9 @@ from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.exact_skips import forced_skip_errors, skips_old_log_prob, skips_zero_signal_samples
 from hybridflow.trainer.placement import PLACEMENTS
 from hybridflow.trainer.reward_options import reward_manager_errors
-from hybridflow.trainer.tracking import LOGGER_BACKENDS, OPTIONAL_BACKEND_PACKAGES
+from hybridflow.trainer.tracking import LOGGER_BACKENDS
+from hybridflow.trainer.verl_compat import split_compat, unread_engine_options
+from hybridflow.trainer.environment import detected_device, environment_errors
 
 DEVICES = ("cpu", "cuda")
 ACTOR = "actor_rollout_ref.actor"
@@ -48,18 +49,45 @@ class ConfigError(ValueError):
         super().__init__(f"invalid config ({count}):\n" + "\n".join(f"  - {error}" for error in self.errors))
 
 
-def load_config(config: DictConfig | dict) -> PPOTrainerConfig:
+def load_config(config: DictConfig | dict, check_environment: bool = True) -> PPOTrainerConfig:
     """``config`` checked against the schema and every cross-key rule, as a :class:`PPOTrainerConfig`."""
+    return load_config_with_notes(config, check_environment)[0]
+
+
+def load_config_with_notes(
+    config: DictConfig | dict, check_environment: bool = True
+) -> tuple[PPOTrainerConfig, list[str]]:
+    """The checked config and the keys it sets that no component of this run reads ("key=value (why)").
+
+    verl's keys for capabilities hybridflow lacks are refused first, alone (a Megatron script gets one line,
+    not a hundred unknown Megatron keys). ``check_environment=False`` checks keys and values only: not the
+    files, packages and devices of this machine (``HYBRIDFLOW_CONFIG_CHECK=surface``).
+    """
     if not isinstance(config, DictConfig):
         config = OmegaConf.create(config)
-    errors = unknown_key_errors(config, PPOTrainerConfig)
+    config, compat = split_compat(config)
+    if compat.lacks:
+        raise ConfigError(list(dict.fromkeys(compat.lacks)))
+    config = accepted_forms(config)
+    errors = compat.errors + unknown_key_errors(config, PPOTrainerConfig)
     typed, type_errors = _to_dataclass(config, keys_known=not errors)
     errors += type_errors
     if typed is not None:
+        if check_environment:
+            typed.trainer.device = typed.trainer.device or detected_device()
+            errors += environment_errors(typed, uses_critic(typed))
         errors += semantic_errors(typed)
     if errors:
         raise ConfigError(errors)
-    return typed
+    return typed, compat.unread + unread_engine_options(typed)
+
+
+def accepted_forms(config: DictConfig) -> DictConfig:
+    """verl's shorter spellings of the same value: ``trainer.logger=console`` is the list ``[console]``."""
+    logger = OmegaConf.select(config, "trainer.logger")
+    if isinstance(logger, str):
+        config.trainer.logger = [logger]
+    return config
 
 
 def unknown_key_errors(
@@ -141,7 +169,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         _registry_errors(config)
         + _section_errors(config)
         + _batch_size_errors(config)
-        + _path_errors(config)
+        + _empty_path_errors(config)
         + _algorithm_errors(config)
         + _trainer_errors(config)
         + _resource_errors(config)
@@ -165,20 +193,16 @@ def _registry_errors(config: PPOTrainerConfig) -> list[str]:
         ("critic.loss_agg_mode", config.critic.loss_agg_mode, LOSS_AGG_MODES),
         ("reward_model.reward_manager", config.reward_model.reward_manager, REWARD_MANAGERS),
         ("trainer.placement", config.trainer.placement, PLACEMENTS),
-        ("trainer.device", config.trainer.device, DEVICES),
         ("data.truncation", config.data.truncation, TRUNCATION_MODES),
     ]
     errors = [_not_in(key, value, list(allowed)) for key, value, allowed in checks if value not in allowed]
-    for backend in config.trainer.logger:
-        if backend not in LOGGER_BACKENDS:
-            errors.append(_not_in("trainer.logger entry", backend, LOGGER_BACKENDS.names()))
-            continue
-        module, extra = OPTIONAL_BACKEND_PACKAGES.get(backend, (None, None))
-        if module is not None and importlib.util.find_spec(module) is None:
-            errors.append(
-                f"trainer.logger includes {backend!r} but {module!r} is not installed; "
-                f"pip install 'hybridflow[{extra}]' or remove it from trainer.logger"
-            )
+    if config.trainer.device is not None and config.trainer.device not in DEVICES:
+        errors.append(_not_in("trainer.device", config.trainer.device, DEVICES) + " (or null: this machine's)")
+    errors += [
+        _not_in("trainer.logger entry", backend, LOGGER_BACKENDS.names())
+        for backend in config.trainer.logger
+        if backend not in LOGGER_BACKENDS
+    ]
     return errors
 
 
@@ -200,7 +224,9 @@ def _policy_loss_error(error: str) -> str:
 
 
 def uses_critic(config: PPOTrainerConfig) -> bool:
-    """The estimator reads critic values (e.g. gae), so a critic is built."""
+    """A critic is built: ``critic.enable`` if set (verl), else when the estimator reads values (e.g. gae)."""
+    if config.critic.enable is not None:
+        return config.critic.enable
     return config.algorithm.adv_estimator in ADV_ESTIMATORS and needs_critic(config.algorithm.adv_estimator)
 
 
@@ -281,56 +307,21 @@ def _batch_size_errors(config: PPOTrainerConfig) -> list[str]:
     return errors
 
 
-def _files(value: Any) -> list[str]:
-    if value is None or value == "":
-        return []
-    return [str(value)] if isinstance(value, str) else [str(v) for v in value]
-
-
-def _model_dir_error(key: str, path: str, why: str) -> list[str]:
-    if not path:
-        return [f"{key} is empty; {why}"]
-    folder = pathlib.Path(path).expanduser()
-    if not (folder / "config.json").is_file():
-        return [
-            f"{key}={path!r} is not a Hugging Face model folder (no {folder / 'config.json'}); "
-            "point it at a local model folder"
-        ]
-    return []
-
-
-def _path_errors(config: PPOTrainerConfig) -> list[str]:
-    model = config.actor_rollout_ref.model
-    errors = _model_dir_error("actor_rollout_ref.model.path", model.path, "set it to a local Hugging Face model folder")
-    if model.tokenizer_path:
-        tokenizer = pathlib.Path(model.tokenizer_path).expanduser()
-        if not tokenizer.is_dir():
-            errors.append(
-                f"actor_rollout_ref.model.tokenizer_path={model.tokenizer_path!r} does not exist; "
-                "point it at a tokenizer folder or set it to null"
-            )
-    if uses_critic(config):
-        errors += _model_dir_error(
-            "critic.model.path", config.critic.model.path,
-            f"algorithm.adv_estimator={config.algorithm.adv_estimator!r} needs a critic: set critic.model.path "
-            f"(e.g. to the actor's model) or choose an estimator without one: "
-            f"{', '.join(name for name in ADV_ESTIMATORS.names() if not needs_critic(name))}",
-        )
-    if config.reward_model.enable:
-        errors += _model_dir_error(
-            "reward_model.model.path", config.reward_model.model.path, "set it or reward_model.enable=false"
-        )
-    train_files = _files(config.data.train_files)
-    if not train_files:
-        errors.append("data.train_files is empty; set it to a parquet file (or a list of them)")
-    for key, files in (("data.train_files", train_files), ("data.val_files", _files(config.data.val_files))):
-        missing = [f for f in files if not pathlib.Path(f).expanduser().is_file()]
-        errors += [f"{key} entry {f!r} does not exist; fix the path or generate the file first" for f in missing]
-    reward_path = config.custom_reward_function.path
-    if reward_path and not pathlib.Path(reward_path).expanduser().is_file():
+def _empty_path_errors(config: PPOTrainerConfig) -> list[str]:
+    """Paths the run cannot do without (whether they exist is :func:`environment_errors`' question)."""
+    errors = []
+    if not config.actor_rollout_ref.model.path:
+        errors.append("actor_rollout_ref.model.path is empty; set it to a Hugging Face model folder or hub id")
+    if uses_critic(config) and not config.critic.model.path:
         errors.append(
-            f"custom_reward_function.path={reward_path!r} does not exist; point it at a .py file or set it to null"
+            f"critic.model.path is empty, but algorithm.adv_estimator={config.algorithm.adv_estimator!r} needs a "
+            "critic: set critic.model.path (e.g. to the actor's model) or choose an estimator without one: "
+            f"{', '.join(name for name in ADV_ESTIMATORS.names() if not needs_critic(name))}"
         )
+    if config.reward_model.enable and not config.reward_model.model.path:
+        errors.append("reward_model.model.path is empty; set it or reward_model.enable=false")
+    if not config.data.train_files:
+        errors.append("data.train_files is empty; set it to a parquet file (or a list of them)")
     return errors
 
 
@@ -342,6 +333,11 @@ def _algorithm_errors(config: PPOTrainerConfig) -> list[str]:
         errors.append(
             f"algorithm.adv_estimator={estimator!r} compares the samples of each prompt, but "
             f"actor_rollout_ref.rollout.n={rollout.n}; set rollout.n>=2"
+        )
+    if config.critic.enable is False and estimator in ADV_ESTIMATORS and needs_critic(estimator):
+        errors.append(
+            f"critic.enable=false but algorithm.adv_estimator={estimator!r} reads critic values; "
+            "remove critic.enable or choose an estimator without a critic"
         )
     if algorithm.filter_groups.enable:
         if rollout.n < 2:
@@ -398,7 +394,7 @@ def _trainer_errors(config: PPOTrainerConfig) -> list[str]:
 
 def _resource_errors(config: PPOTrainerConfig) -> list[str]:
     """A local cluster too small for the worker processes would leave them pending forever."""
-    trainer, ray_config = config.trainer, config.ray_init
+    trainer, ray_config = config.trainer, config.ray_kwargs.ray_init
     if ray_config.address or ray_config.num_cpus is None or trainer.placement not in PLACEMENTS:
         return []
     pools = 1 if trainer.placement == "colocated" else 1 + uses_critic(config) + config.reward_model.enable
@@ -407,8 +403,8 @@ def _resource_errors(config: PPOTrainerConfig) -> list[str]:
         return []
     return [
         f"trainer.placement={trainer.placement} needs {needed:g} CPUs ({pools} pool(s) x {num_processes(config)} "
-        f"process(es) x trainer.cpus_per_worker={trainer.cpus_per_worker:g}) but ray_init.num_cpus="
-        f"{ray_config.num_cpus}; lower trainer.cpus_per_worker or raise ray_init.num_cpus"
+        f"process(es) x trainer.cpus_per_worker={trainer.cpus_per_worker:g}) but ray_kwargs.ray_init.num_cpus="
+        f"{ray_config.num_cpus}; lower trainer.cpus_per_worker or raise ray_kwargs.ray_init.num_cpus"
     ]
 
 

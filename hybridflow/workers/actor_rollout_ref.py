@@ -71,7 +71,10 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self) -> None:
         """Build the parts of this worker's role (every rank, collectively)."""
         config, wanted = self.config, ROLE_PARTS[self.role]
-        self.tokenizer = load_tokenizer(config.model.tokenizer_dir, trust_remote_code=config.model.trust_remote_code)
+        self.tokenizer = load_tokenizer(
+            config.model.tokenizer_dir, trust_remote_code=config.model.trust_remote_code,
+            chat_template=config.model.custom_chat_template,
+        )
         if "actor" in wanted:
             mesh = build_device_mesh(config.actor.fsdp_config.fsdp_size, self.device)
             self.parts["actor"] = ActorPart(

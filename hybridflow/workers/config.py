@@ -40,6 +40,7 @@ class ModelConfig:
     dtype: str = option("float32", "Dtype the weights are held in: float32, bfloat16 or float16.")
     attn_implementation: str = option("sdpa", "Attention kernel passed to transformers (sdpa, eager, ...).")
     trust_remote_code: bool = option(False, "Allow model code from the model folder.")
+    custom_chat_template: Optional[str] = option(None, "A Jinja chat template replacing the tokenizer's own.")
 
     @property
     def tokenizer_dir(self) -> str:
@@ -167,6 +168,7 @@ class CriticConfig:
     """The value model and its update (``critic``)."""
 
     model: CriticModelConfig = section(CriticModelConfig, "The value model (a causal LM gets a fresh value head).")
+    enable: Optional[bool] = option(None, "Train a critic: None decides by the estimator (gae needs one), true/false force it.")
     rollout_n: int = option(1, "Samples per prompt; the trainer sets it to actor_rollout_ref.rollout.n.")
     ppo_mini_batch_size: int = option(256, "Prompts per optimizer step (multiplied by rollout_n inside).")
     ppo_micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per forward/backward on one rank.")

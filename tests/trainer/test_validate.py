@@ -8,7 +8,7 @@ import sys
 from omegaconf import OmegaConf
 
 from hybridflow.trainer.config_schema import PPOTrainerConfig
-from hybridflow.trainer.main_ppo import unknown_override_errors
+from hybridflow.trainer.command_line import override_errors as unknown_override_errors
 from hybridflow.trainer.validate import derived_sizes, load_config
 from hybridflow.workers.actor import policy_loss_config
 

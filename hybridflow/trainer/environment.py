@@ -1,0 +1,104 @@
+"""What the config needs from this machine: files, cached models, installed packages, devices.
+
+Separate from the key and value checks (:mod:`hybridflow.trainer.validate`) so a config can be checked on one
+machine for another (``HYBRIDFLOW_CONFIG_CHECK=surface``, as ``tools/verl_surface.py`` does for verl's scripts).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import re
+from typing import Any
+
+from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.tracking import OPTIONAL_BACKEND_PACKAGES
+
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+ENGINE_PACKAGES = {"vllm": ("vllm", "vllm")}  # rollout.name -> (module, hybridflow extra)
+GPU_ONLY_ENGINES = ("vllm",)
+
+
+def detected_device() -> str:
+    """``cuda`` when torch sees a GPU here, else ``cpu`` (what ``trainer.device=null`` means)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
+    """One line per file, cached model, package or device the run needs and this machine lacks."""
+    model = config.actor_rollout_ref.model
+    errors = _model_errors("actor_rollout_ref.model.path", model.path)
+    if model.tokenizer_path and not pathlib.Path(model.tokenizer_path).expanduser().is_dir():
+        errors.append(
+            f"actor_rollout_ref.model.tokenizer_path={model.tokenizer_path!r} does not exist; "
+            "point it at a tokenizer folder or set it to null"
+        )
+    if uses_critic:
+        errors += _model_errors("critic.model.path", config.critic.model.path)
+    if config.reward_model.enable:
+        errors += _model_errors("reward_model.model.path", config.reward_model.model.path)
+    for key, files in (("data.train_files", _files(config.data.train_files)), ("data.val_files", _files(config.data.val_files))):
+        missing = [f for f in files if not pathlib.Path(f).expanduser().is_file()]
+        errors += [f"{key} entry {f!r} does not exist; fix the path or generate the file first" for f in missing]
+    reward_path = config.custom_reward_function.path
+    if reward_path and not pathlib.Path(reward_path).expanduser().is_file():
+        errors.append(
+            f"custom_reward_function.path={reward_path!r} does not exist; point it at a .py file or set it to null"
+        )
+    return errors + _package_errors(config) + _device_errors(config)
+
+
+def _files(value: Any) -> list[str]:
+    if value is None or value == "":
+        return []
+    return [str(value)] if isinstance(value, str) else [str(v) for v in value]
+
+
+def _model_errors(key: str, path: str) -> list[str]:
+    """A local model folder, or a hub id whose config.json is in the local Hugging Face cache."""
+    if not path:
+        return []
+    folder = pathlib.Path(path).expanduser()
+    if (folder / "config.json").is_file():
+        return []
+    if folder.exists() or not HUB_ID.match(path):
+        return [f"{key}={path!r} is not a Hugging Face model folder (no {folder / 'config.json'}); point it at a local model folder"]
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(path, "config.json"), str):
+        return []
+    return [
+        f"{key}={path!r} is a hub id that is not in the local Hugging Face cache; run `hf download {path}` "
+        "where there is network (or point it at a local model folder)"
+    ]
+
+
+def _package_errors(config: PPOTrainerConfig) -> list[str]:
+    errors = []
+    for backend in config.trainer.logger:
+        module, extra = OPTIONAL_BACKEND_PACKAGES.get(backend, (None, None))
+        if module is not None and importlib.util.find_spec(module) is None:
+            errors.append(
+                f"trainer.logger includes {backend!r} but {module!r} is not installed; "
+                f"pip install 'hybridflow[{extra}]' or remove it from trainer.logger"
+            )
+    engine = config.actor_rollout_ref.rollout.name
+    if engine in ENGINE_PACKAGES:
+        module, extra = ENGINE_PACKAGES[engine]
+        if importlib.util.find_spec(module) is None:
+            errors.append(
+                f"actor_rollout_ref.rollout.name={engine} but {module!r} is not installed; "
+                f"pip install 'hybridflow[{extra}]' on a GPU machine, or use rollout.name=hf"
+            )
+    return errors
+
+
+def _device_errors(config: PPOTrainerConfig) -> list[str]:
+    device, engine = config.trainer.device, config.actor_rollout_ref.rollout.name
+    if device == "cuda" and detected_device() != "cuda":
+        return ["trainer.device=cuda but torch sees no GPU on this machine; use trainer.device=cpu (or leave it null)"]
+    if device == "cpu" and engine in GPU_ONLY_ENGINES:
+        return [f"actor_rollout_ref.rollout.name={engine} runs on GPUs only, and trainer.device=cpu; use rollout.name=hf"]
+    return []

@@ -1,0 +1,360 @@
+"""verl's config keys that hybridflow has no field for: each one accepted, aliased, or refused in one line.
+
+A verl launch script passes keys from verl's whole generated ``ppo_trainer`` config. ``verl_compat.yaml``
+(merged under ``ppo_trainer.yaml`` by Hydra) holds every such key that the schema
+(:mod:`hybridflow.trainer.config_schema`) lacks, with verl's default, and :data:`RULES` says what each means
+here (first matching pattern wins; ``tests/trainer/test_verl_compat.py`` checks every key has a rule):
+
+- ``alias``: another name of a schema key (``ray_init.num_cpus`` -> ``ray_kwargs.ray_init.num_cpus``); a value
+  set there is moved to the schema key, and setting both differently is an error.
+- ``lacks``: a capability hybridflow does not have (Megatron, NPU, on-policy distillation, ...); a value other
+  than verl's default (or one in ``allowed``) is refused, naming the capability.
+- ``unread``: a knob of a component hybridflow does not run (profilers, Ulysses sequence parallelism, fused
+  kernels); accepted, and a value other than the default is listed once at start-up as not read by this run.
+
+:func:`split_compat` takes these keys out of the composed config before the schema sees it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import functools
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+COMPAT_YAML = pathlib.Path(__file__).parent / "config" / "verl_compat.yaml"
+ALIAS, LACKS, UNREAD = "alias", "lacks", "unread"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What the keys matching ``pattern`` (an fnmatch glob over the dotted key) mean in hybridflow."""
+
+    pattern: str
+    kind: str
+    what: str  # lacks: the missing capability; unread: why nothing reads it; alias: the schema key ('*' = suffix)
+    allowed: tuple = ()  # lacks: values besides the default that hybridflow serves itself
+
+    def target(self, key: str) -> str:
+        """The schema key an alias points at: ``what`` with ``*`` replaced by the part ``*`` matched."""
+        if "*" not in self.what:
+            return self.what
+        prefix = self.pattern.split("*", 1)[0]
+        return self.what.replace("*", key[len(prefix):])
+
+
+def _lacks(pattern: str, what: str, *allowed: Any) -> Rule:
+    return Rule(pattern, LACKS, what, tuple(allowed))
+
+
+def _unread(pattern: str, why: str) -> Rule:
+    return Rule(pattern, UNREAD, why)
+
+
+def _alias(pattern: str, target: str) -> Rule:
+    return Rule(pattern, ALIAS, target)
+
+
+SEQUENCE_PARALLEL = "Ulysses sequence parallelism is not implemented: each rank holds whole sequences (same math)"
+KERNELS = "fused/Liger/tiled kernels are not used: hybridflow runs the model's own transformers modules (same math)"
+FSDP1_KNOB = "an FSDP1/verl-engine tuning knob; hybridflow's FSDP2 engine has no such setting (same math)"
+PROFILER = "verl's profiler hooks (nsys, torch, npu) are not implemented; profile the workers with torch.profiler"
+VLLM_SERVER = "verl's async rollout-server infrastructure; hybridflow's engines run inside the actor workers"
+VISION = "vision/audio inputs: hybridflow trains text-only models"
+
+RULES: tuple[Rule, ...] = (
+    _lacks("model_engine", "the Megatron, VeOmni and TorchTitan training engines (model_engine=dp is FSDP2)", "dp"),
+    # Other names of schema keys.
+    _alias("ray_init.*", "ray_kwargs.ray_init.*"),
+    _alias("reward.reward_manager.name", "reward_model.reward_manager"),
+    _alias("reward.reward_kwargs", "reward_model.reward_kwargs"),
+    _alias("reward.custom_reward_function.path", "custom_reward_function.path"),
+    _alias("reward.custom_reward_function.name", "custom_reward_function.name"),
+    _alias("reward.custom_reward_function.reward_kwargs", "custom_reward_function.reward_kwargs"),
+    _alias("reward.reward_model.enable", "reward_model.enable"),
+    _alias("reward.reward_model.model_path", "reward_model.model.path"),
+    _alias("actor_rollout_ref.actor.tau_pos", "actor_rollout_ref.actor.policy_loss.tau_pos"),
+    _alias("actor_rollout_ref.actor.tau_neg", "actor_rollout_ref.actor.policy_loss.tau_neg"),
+    _alias("actor_rollout_ref.actor.use_remove_padding", "actor_rollout_ref.model.use_remove_padding"),
+    _alias("actor_rollout_ref.actor.optim.clip_grad", "actor_rollout_ref.actor.grad_clip"),
+    _alias("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor_rollout_ref.actor.optim.warmup_style"),
+    _alias("actor_rollout_ref.actor.data_loader_seed", "actor_rollout_ref.actor.seed"),
+    _alias("critic.optim.clip_grad", "critic.grad_clip"),
+    _alias("critic.optim.lr_scheduler_type", "critic.optim.warmup_style"),
+    _alias("critic.data_loader_seed", "critic.seed"),
+    _alias("critic.fsdp.param_offload", "critic.model.fsdp_config.param_offload"),
+    _alias("critic.fsdp.optimizer_offload", "critic.model.fsdp_config.optimizer_offload"),
+    _alias("critic.fsdp.reshard_after_forward", "critic.model.fsdp_config.reshard_after_forward"),
+    _alias("critic.fsdp.fsdp_size", "critic.model.fsdp_config.fsdp_size"),
+    # Capabilities hybridflow does not have: refused when chosen.
+    _lacks("*._target_", "verl's class targets (_target_): hybridflow picks implementations by registered name"),
+    _lacks("*strategy", "a training engine other than FSDP (Megatron, VeOmni, TorchTitan, fsdp_turbo; "
+           "strategy=fsdp or fsdp2 is FSDP2)", "fsdp", "fsdp2"),
+    _lacks("*.optim.optimizer", "optimizers other than AdamW"),
+    _lacks("*.optim.optimizer_impl", "optimizers other than torch.optim's AdamW"),
+    _lacks("*.optim.override_optimizer_config", "optimizer config overrides (AdamW takes lr, betas, eps, weight_decay)"),
+    _lacks("*qat.enable", "quantization-aware training (QAT)"),
+    _lacks("*mtp.enable*", "multi-token prediction (MTP) heads"),
+    _lacks("*router_replay.mode", "MoE router replay"),
+    _lacks("actor_rollout_ref.hybrid_engine", "a non-hybrid actor (use trainer.placement=split for separate pools)"),
+    _lacks("actor_rollout_ref.rollout.nnodes", "a standalone rollout pool (nnodes > 0)"),
+    _lacks("actor_rollout_ref.rollout.over_sample_rate", "over-sampled rollouts that abort the slowest samples"),
+    _lacks("actor_rollout_ref.rollout.disaggregation.enabled", "prefill/decode disaggregation"),
+    _lacks("actor_rollout_ref.rollout.agent.agent_loop_config_path", "agent loops defined in a config file"),
+    _lacks("actor_rollout_ref.rollout.agent.custom_async_server.*", "custom async rollout servers"),
+    _lacks("actor_rollout_ref.rollout.trace.backend", "rollout tracing backends (weave, mlflow traces)"),
+    _lacks("actor_rollout_ref.rollout.prometheus.enable", "the rollout servers' Prometheus metrics"),
+    _lacks("actor_rollout_ref.rollout.multi_turn.function_tool_path", "tools defined as Python functions by path"),
+    _lacks("*.lora.rank", "verl's model.lora block (Megatron LoRA); set model.lora_rank, lora_alpha, target_modules"),
+    _lacks("data.custom_cls.path", "custom dataset classes"),
+    _lacks("*sandbox_fusion.url", "the Sandbox Fusion code-execution service"),
+    _lacks("reward.reward_manager.source", "reward managers loaded from a module", "register"),
+    _lacks("reward.reward_manager.module.path", "reward managers loaded from a file"),
+    _lacks("reward_model.reward_loop_*", "custom reward-loop classes"),
+    _lacks("*reward_model.rollout.name", "reward models served by a rollout engine (generative reward models)"),
+    _lacks("algorithm.use_pf_ppo", "PF-PPO policy filtration"),
+    _lacks("algorithm.rollout_correction.*", "rollout correction (importance sampling / rejection on the rollout's "
+           "log-probs); it comes with one-step-off and async training"),
+    _lacks("distillation.enabled", "on-policy distillation"),
+    _lacks("transfer_queue.enable", "the TransferQueue data plane"),
+    _lacks("skip.*.enable", "verl's rollout skip/dump (use trainer.rollout_data_dir to dump rollouts)"),
+    _lacks("trainer.default_hdfs_dir", "copying checkpoints to HDFS"),
+    # Knobs nothing here reads: accepted, listed at start-up when set.
+    _unread("*ulysses*", SEQUENCE_PARALLEL),
+    _unread("*use_fused_kernels", KERNELS),
+    _unread("*fused_kernel_options.*", KERNELS),
+    _unread("*use_liger", KERNELS),
+    _unread("*tiled_mlp.*", KERNELS),
+    _unread("*.turbo_config.*", FSDP1_KNOB),
+    _unread("*fsdp*.wrap_policy.*", FSDP1_KNOB),
+    _unread("*fsdp*.offload_policy", FSDP1_KNOB),
+    _unread("*fsdp*.forward_prefetch", FSDP1_KNOB),
+    _unread("*fsdp*.use_orig_params", FSDP1_KNOB),
+    _unread("*fsdp*.pad_to_length*", FSDP1_KNOB),
+    _unread("*pad_to_length", FSDP1_KNOB),
+    _unread("*fsdp*.forward_only", FSDP1_KNOB),
+    _unread("*fsdp*.seed", FSDP1_KNOB),
+    _unread("*fsdp*.full_determinism", FSDP1_KNOB),
+    _unread("*fsdp*.model_dtype", "verl-engine dtype key; set actor_rollout_ref.model.dtype / critic.model.dtype"),
+    _unread("*fsdp*.dtype", "verl-engine dtype key; set fsdp_config.mixed_precision.param_dtype"),
+    _unread("*fsdp*.entropy_*", "verl-engine copy of the actor's entropy keys"),
+    _unread("*fsdp*.use_torch_compile", "verl-engine copy of use_torch_compile"),
+    _unread("*qat.*", "quantization-aware training is off"),
+    _unread("*mtp.*", "multi-token prediction is off"),
+    _unread("*mtp", "multi-token prediction is off"),
+    _unread("*router_replay.*", "MoE router replay is off"),
+    _unread("*.lora.*", "verl's model.lora block is Megatron's; hybridflow reads model.lora_rank and friends"),
+    _unread("*profiler*", PROFILER),
+    _unread("*.rollout_n", "follows actor_rollout_ref.rollout.n"),
+    _unread("*checkpoint.async_save", "checkpoints are saved synchronously (atomically, then renamed)"),
+    _unread("*checkpoint.strict", "checkpoints load strictly"),
+    _unread("*.optim.zero_indexed_step", "the lr schedule counts from step 0"),
+    _unread("*enable_activation_offload", "activation offload is not implemented (GPU memory knob)"),
+    _unread("*use_shm", "models and data load from disk, not shared memory"),
+    _unread("*hf_config_path", "the model's config.json is read from model.path"),
+    _unread("actor_rollout_ref.nccl_timeout", "the process-group timeout is HYBRIDFLOW_DIST_TIMEOUT_S"),
+    _unread("actor_rollout_ref.actor.freeze_vision_tower", VISION),
+    _unread("actor_rollout_ref.actor.use_prefix_grouper", "shared-prefix grouping is not implemented yet (same math)"),
+    _unread("actor_rollout_ref.actor.calculate_entropy", "entropy is computed when entropy_coeff != 0 and for metrics"),
+    _unread("actor_rollout_ref.rollout.mode", VLLM_SERVER),
+    _unread("actor_rollout_ref.rollout.skip_tokenizer_init", "the vllm engine decodes text (stop strings, tools)"),
+    _unread("actor_rollout_ref.rollout.full_determinism", "the hf engine is deterministic given its per-sample seeds"),
+    _unread("actor_rollout_ref.rollout.layered_summon", "weights are synced tensor by tensor already"),
+    _unread("actor_rollout_ref.rollout.multi_stage_wake_up", "weights are synced tensor by tensor already"),
+    _unread("actor_rollout_ref.rollout.enable_rollout_routing_replay", "MoE router replay is off"),
+    _unread("actor_rollout_ref.rollout.quantization_config_file", "rollout quantization is vLLM's quantization key"),
+    _unread("*entropy_checkpointing", "the chunked entropy's own backward keeps only per-row statistics, which is "
+            "what entropy checkpointing saves"),
+    _unread("actor_rollout_ref.rollout.agent.*", VLLM_SERVER),
+    _unread("actor_rollout_ref.rollout.checkpoint_engine.*", "weights are synced tensor by tensor, not in buckets"),
+    _unread("actor_rollout_ref.rollout.trace.*", "rollout tracing is off"),
+    _unread("actor_rollout_ref.rollout.prometheus.*", VLLM_SERVER),
+    _unread("actor_rollout_ref.rollout.disaggregation.*", "prefill/decode disaggregation is off"),
+    _unread("actor_rollout_ref.rollout.n_gpus_per_node", "the rollout runs in the actor's processes"),
+    _unread("actor_rollout_ref.rollout.moe_load_balance_metrics_interval", VLLM_SERVER),
+    _unread("actor_rollout_ref.rollout.multi_turn.*", "an sglang multi-turn option hybridflow's agent loop lacks"),
+    _unread("actor_rollout_ref.rollout.qat", "quantization-aware training is off"),
+    _unread("data.image_*", VISION),
+    _unread("data.video_key", VISION),
+    _unread("data.audio_key", VISION),
+    _unread("data.mm_processor_kwargs", VISION),
+    _unread("data.return_multi_modal_inputs", VISION),
+    _unread("data.dataloader_num_workers", "prompts are loaded in the driver from memory; no loader workers"),
+    _unread("data.custom_cls.*", "custom dataset classes are off"),
+    _unread("data.tool_config_path", "follows actor_rollout_ref.rollout.multi_turn.tool_config_path"),
+    _unread("data.function_tool_path", "tools defined as Python functions are off"),
+    _unread("data.tokenizer", "the tokenizer is actor_rollout_ref.model.tokenizer_path"),
+    _unread("data.return_raw_input_ids", "no component here reads raw_prompt_ids (reward models share the tokenizer)"),
+    _unread("data.return_full_prompt", "no component here reads full_prompts"),
+    _unread("data.filter_overlong_prompts_workers", "prompts are tokenized in one batched call of the fast tokenizer"),
+    _lacks("*external_lib", "importing extra model-code modules (external_lib)"),
+    _unread("reward.num_workers", "rule rewards are scored in the driver with a timeout per sample"),
+    _unread("reward.reward_manager.module.*", "reward managers loaded from a file are off"),
+    _unread("reward.reward_model.*", "a reward model is placed like the other roles (trainer.placement)"),
+    _unread("reward_model.*", "a reward model is placed like the other roles (trainer.placement)"),
+    _unread("*sandbox_fusion.*", "the Sandbox Fusion service is off"),
+    _unread("algorithm.pf_ppo.*", "PF-PPO is off"),
+    _unread("algorithm.filter_groups.max_inflight_gen_batches", "generation batches run one at a time"),
+    _unread("distillation.*", "on-policy distillation is off"),
+    _unread("transfer_queue.*", "the TransferQueue data plane is off"),
+    _unread("skip.*", "verl's rollout skip/dump is off"),
+    _unread("global_profiler.*", PROFILER),
+    _unread("trainer.use_v1", "hybridflow has one trainer"),
+    _unread("trainer.v1.*", "hybridflow has one trainer"),
+    _unread("trainer.esi_redundant_time", "elastic-instance checkpoint timing (ESI) is not implemented"),
+    _unread("trainer.ray_wait_register_center_timeout", VLLM_SERVER),
+    _unread("trainer.del_local_ckpt_after_load", "local checkpoints are kept after loading"),
+)
+
+
+# Values of schema keys that choose something hybridflow does not have.
+UNAVAILABLE_CHOICES = {
+    ("trainer.device", "npu"): "Ascend NPU support (trainer.device=cuda or cpu)",
+    ("actor_rollout_ref.rollout.name", "sglang"): "an SGLang rollout engine (rollout.name=vllm on GPU, or hf)",
+    ("actor_rollout_ref.rollout.name", "trtllm"): "a TensorRT-LLM rollout engine (rollout.name=vllm on GPU, or hf)",
+}
+
+
+def rule_for(key: str) -> Rule | None:
+    """The first rule whose pattern matches ``key``, or None."""
+    return next((rule for rule in RULES if fnmatch.fnmatchcase(key, rule.pattern)), None)
+
+
+@functools.cache
+def compat_defaults() -> dict[str, Any]:
+    """{dotted key: verl's default} for every key in ``verl_compat.yaml`` (empty mappings are leaves)."""
+    return flatten(yaml.safe_load(COMPAT_YAML.read_text()) or {})
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as {dotted key: leaf}; an empty mapping is a leaf (an open dict such as engine_kwargs)."""
+    flat = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+@dataclass
+class CompatReport:
+    """What the verl-only keys of one config amount to."""
+
+    lacks: list[str] = field(default_factory=list)  # one line per missing capability the config asks for
+    errors: list[str] = field(default_factory=list)  # an alias and its schema key set to different values
+    unread: list[str] = field(default_factory=list)  # "key=value (why)", for the start-up banner
+
+
+def split_compat(config: DictConfig) -> tuple[DictConfig, CompatReport]:
+    """``config`` without its verl-only keys (aliases moved to their schema keys), and what those keys meant."""
+    raw = OmegaConf.to_container(config, resolve=False)
+    values = flatten(raw)
+    report = CompatReport(lacks=lacks_lines(values))
+    for key, default in compat_defaults().items():
+        rule = rule_for(key)
+        for dotted, value in _values_under(values, key).items():
+            if value == default or rule is None:
+                continue
+            if rule.kind == ALIAS:
+                _move_alias(raw, values, dotted, rule.target(dotted), value, report)
+            elif rule.kind == UNREAD:
+                report.unread.append(f"{dotted}={_show(value)} ({rule.what})")
+        _drop(raw, key)
+    return OmegaConf.create(raw), report
+
+
+def lacks_lines(values: dict[str, Any]) -> list[str]:
+    """One line per capability that the dotted ``values`` ask for and hybridflow lacks (each named once)."""
+    lines = {}
+    for (key, choice), what in UNAVAILABLE_CHOICES.items():
+        if values.get(key) == choice:
+            lines.setdefault(what, _lacks_line(key, choice, what))
+    defaults = compat_defaults()
+    for dotted, value in values.items():
+        key = compat_key(dotted)
+        rule = rule_for(key) if key is not None else None
+        if rule is not None and rule.kind == LACKS and value != defaults[key] and value not in rule.allowed:
+            lines.setdefault(rule.what, _lacks_line(dotted, value, rule.what))
+    return list(lines.values())
+
+
+def compat_key(dotted: str) -> str | None:
+    """The verl-only key that ``dotted`` is, or lies under (an open dict such as engine_kwargs.vllm); else None."""
+    defaults = compat_defaults()
+    parts = dotted.split(".")
+    return next((key for i in range(len(parts), 0, -1) if (key := ".".join(parts[:i])) in defaults), None)
+
+
+def _values_under(values: dict[str, Any], key: str) -> dict[str, Any]:
+    """The leaves at ``key`` or below it (an open dict such as engine_kwargs.vllm may gain keys)."""
+    return {dotted: value for dotted, value in values.items() if dotted == key or dotted.startswith(f"{key}.")}
+
+
+def _move_alias(raw: dict, values: dict, alias: str, target: str, value: Any, report: CompatReport) -> None:
+    current = values.get(target)
+    if current != value and current != schema_yaml_defaults().get(target):
+        report.errors.append(f"{alias}={_show(value)} and {target}={_show(current)} set the same thing; keep one")
+        return
+    *parents, leaf = target.split(".")
+    node = raw
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
+@functools.cache
+def schema_yaml_defaults() -> dict[str, Any]:
+    """{dotted key: default} of ``ppo_trainer.yaml`` itself (interpolations unresolved)."""
+    tree = yaml.safe_load(COMPAT_YAML.with_name("ppo_trainer.yaml").read_text())
+    tree.pop("defaults", None)
+    return flatten(tree)
+
+
+def _drop(raw: dict, key: str) -> None:
+    """Remove ``key`` and then every section the removal left empty (verl-only sections vanish whole)."""
+    *parents, leaf = key.split(".")
+    chain, node = [], raw
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            return
+        chain.append((node, part))
+        node = node[part]
+    node.pop(leaf, None)
+    for parent, part in reversed(chain):
+        if parent[part] == {}:
+            del parent[part]
+
+
+def unread_engine_options(config: Any) -> list[str]:
+    """Engine knobs (fields with ``read_by``) set to a non-default value that this run's engine does not read."""
+    engine = config.actor_rollout_ref.rollout.name
+    return [
+        f"{key}={_show(value)} (read only by the {' and '.join(readers)} rollout engine; this run uses {engine})"
+        for key, value, default, readers in _engine_fields(config, "")
+        if engine not in readers and value != default
+    ]
+
+
+def _engine_fields(node: Any, prefix: str):
+    for item in dataclasses.fields(node):
+        value = getattr(node, item.name)
+        if dataclasses.is_dataclass(value):
+            yield from _engine_fields(value, f"{prefix}{item.name}.")
+        elif item.metadata.get("read_by"):
+            default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
+            yield f"{prefix}{item.name}", value, default, item.metadata["read_by"]
+
+
+def _lacks_line(key: str, value: Any, what: str) -> str:
+    return f"{key}={_show(value)} needs {what}, which hybridflow does not have"
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else str(value)

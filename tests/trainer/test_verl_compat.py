@@ -1,0 +1,242 @@
+"""verl's whole key surface: every verl key hybridflow lacks a field for is aliased, refused naming the missing
+capability, or accepted and listed as not read; verl-style command lines get through the config check."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from hybridflow.trainer.command_line import override_errors, without_redundant_plus
+from hybridflow.trainer.verl_compat import ALIAS, COMPAT_YAML, LACKS, compat_defaults, rule_for, schema_yaml_defaults
+from hybridflow.trainer.validate import ConfigError, load_config_with_notes
+
+from .helpers import compose_config
+
+
+def _check(overrides, check_environment=False):
+    """(config, unread notes) for a command line, as main_ppo sees it after its own pre-Hydra pass."""
+    args = without_redundant_plus(list(overrides))
+    errors = override_errors(args)
+    if errors:
+        raise ConfigError(errors)
+    return load_config_with_notes(compose_config(args), check_environment=check_environment)
+
+
+def _refusal(overrides) -> str:
+    with pytest.raises(ConfigError) as caught:
+        _check(overrides)
+    assert len(caught.value.errors) == 1, caught.value.errors
+    return caught.value.errors[0]
+
+
+# ------------------------------------------------------------------------------------------ the key table
+def test_every_verl_only_key_has_a_rule_and_none_shadows_a_schema_key():
+    schema = schema_yaml_defaults()
+    for key in compat_defaults():
+        assert rule_for(key) is not None, f"{key} has no rule in hybridflow/trainer/verl_compat.py"
+        assert key not in schema, f"{key} is both a schema key and a verl-only key"
+
+
+def test_every_alias_points_at_a_schema_key():
+    for key in compat_defaults():
+        rule = rule_for(key)
+        if rule.kind == ALIAS:
+            assert rule.target(key) in schema_yaml_defaults(), f"{key} -> {rule.target(key)}"
+
+
+def test_the_compat_yaml_is_what_hydra_merges_under_the_trainer_config():
+    config = compose_config([])
+    assert config.actor_rollout_ref.actor.strategy == "fsdp"
+    assert "verl_compat" in yaml.safe_load(COMPAT_YAML.with_name("ppo_trainer.yaml").read_text())["defaults"]
+
+
+# --------------------------------------------------------------------------------------------- aliases
+def test_old_and_new_names_of_a_key_reach_the_same_field(base):
+    config, _ = _check(base + ["ray_init.num_cpus=3"])
+    assert config.ray_kwargs.ray_init.num_cpus == 3
+    config, _ = _check(base + ["ray_kwargs.ray_init.num_cpus=3", "reward.reward_manager.name=batch"])
+    assert config.ray_kwargs.ray_init.num_cpus == 3
+    assert config.reward_model.reward_manager == "batch"
+    config, _ = _check(base + ["actor_rollout_ref.actor.optim.clip_grad=0.5", "actor_rollout_ref.actor.tau_pos=2.0"])
+    assert config.actor_rollout_ref.actor.grad_clip == 0.5
+    assert config.actor_rollout_ref.actor.policy_loss.tau_pos == 2.0
+
+
+def test_an_alias_and_its_key_set_differently_is_one_error(base):
+    with pytest.raises(ConfigError) as caught:
+        _check(base + ["ray_init.num_cpus=3", "ray_kwargs.ray_init.num_cpus=4"])
+    assert caught.value.errors == [
+        "ray_init.num_cpus=3 and ray_kwargs.ray_init.num_cpus=4 set the same thing; keep one"
+    ]
+
+
+# ------------------------------------------------------------------------------- capabilities refused
+@pytest.mark.parametrize(
+    "override, capability",
+    [
+        ("model_engine=megatron", "Megatron"),
+        ("actor_rollout_ref.actor.strategy=megatron", "Megatron"),
+        ("critic.strategy=veomni", "VeOmni"),
+        ("trainer.device=npu", "Ascend NPU"),
+        ("actor_rollout_ref.rollout.name=sglang", "SGLang"),
+        ("actor_rollout_ref.rollout.name=trtllm", "TensorRT-LLM"),
+        ("distillation.enabled=true", "on-policy distillation"),
+        ("actor_rollout_ref.model.mtp.enable=true", "multi-token prediction"),
+        ("--config-name=ppo_megatron_trainer", "Megatron"),
+    ],
+)
+def test_a_capability_hybridflow_lacks_is_refused_in_one_line(base, override, capability):
+    line = _refusal(base + [override])
+    assert capability in line and "which hybridflow does not have" in line, line
+
+
+def test_a_megatron_command_line_gets_one_line_not_its_unknown_keys(base):
+    megatron = [
+        "model_engine=megatron",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",
+    ]
+    assert "model_engine=megatron needs" in _refusal(base + megatron)
+
+
+def test_a_lacking_key_at_its_default_or_an_allowed_value_is_accepted(base):
+    for override in ("actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp",
+                     "model_engine=dp", "distillation.enabled=false"):
+        _check(base + [override])
+
+
+# -------------------------------------------------------------------------------------- read by nothing
+def test_a_knob_nothing_reads_is_accepted_and_listed_once(base):
+    _, unread = _check(base + [
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.model.use_liger=true",
+        "actor_rollout_ref.actor.fsdp_config.forward_prefetch=true",
+    ])
+    assert sorted(line.split(" ")[0] for line in unread) == [
+        "actor_rollout_ref.actor.fsdp_config.forward_prefetch=True",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.model.use_liger=True",
+    ]
+    assert all(line.endswith(")") for line in unread)
+    _, unread = _check(base)
+    assert unread == []
+
+
+def test_engine_knobs_go_to_their_engine_and_are_listed_on_another(base):
+    knobs = ["actor_rollout_ref.rollout.enforce_eager=true", "actor_rollout_ref.rollout.max_num_batched_tokens=4096"]
+    config, unread = _check(base + knobs + ["actor_rollout_ref.rollout.name=vllm"])
+    assert unread == []
+    assert config.actor_rollout_ref.rollout.enforce_eager is True
+    _, unread = _check(base + knobs)
+    assert len(unread) == 2 and all("read only by the vllm rollout engine; this run uses hf" in line for line in unread)
+
+
+def test_engine_kwargs_are_an_open_mapping(base):
+    config, _ = _check(base + ["+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4"])
+    assert config.actor_rollout_ref.rollout.engine_kwargs["vllm"] == {"swap_space": 4}
+
+
+# ------------------------------------------------------------------------------------- verl's habits
+def test_plus_is_dropped_for_keys_that_exist_and_kept_for_new_ones():
+    assert without_redundant_plus([
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=float32",
+        "+actor_rollout_ref.model.override_config.attention_dropout=0.0",
+        "++trainer.save_freq=2",
+    ]) == [
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=float32",
+        "+actor_rollout_ref.model.override_config.attention_dropout=0.0",
+        "++trainer.save_freq=2",
+    ]
+
+
+def test_logger_as_one_name_is_a_list_of_one(base):
+    config, _ = _check(base + ["trainer.logger=console"])
+    assert config.trainer.logger == ["console"]
+
+
+def test_cispo_wide_lower_clip_is_accepted(base):
+    config, _ = _check(base + [
+        "actor_rollout_ref.actor.policy_loss.loss_mode=cispo", "actor_rollout_ref.actor.clip_ratio_low=10",
+        "actor_rollout_ref.actor.clip_ratio_high=0.2",
+    ])
+    assert config.actor_rollout_ref.actor.clip_ratio_low == 10
+
+
+# ---------------------------------------------------------------- verl-style launch lines (our own)
+def _verl_style_grpo(model="Qwen/Qwen3-8B"):
+    """A GRPO launch line in the shape verl's FSDP examples use: vLLM, dynamic batch sizes, offload, wandb."""
+    return [
+        "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
+        "data.train_files=['/data/gsm8k/train.parquet', '/data/math/train.parquet']",
+        "data.val_files=/data/gsm8k/test.parquet", "data.train_batch_size=512", "data.max_prompt_length=1024",
+        "data.max_response_length=2048", "data.filter_overlong_prompts=True", "data.truncation=error",
+        "+data.apply_chat_template_kwargs.enable_thinking=False",
+        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True", "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.ppo_mini_batch_size=128",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n=5",
+        "actor_rollout_ref.rollout.enable_chunked_prefill=True", "actor_rollout_ref.rollout.enforce_eager=False",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=10240", "actor_rollout_ref.rollout.load_format=auto",
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+        "trainer.critic_warmup=0", "trainer.logger=['console','wandb']", "trainer.project_name=p",
+        "trainer.experiment_name=e", "trainer.n_gpus_per_node=8", "trainer.nnodes=1", "trainer.save_freq=20",
+        "trainer.test_freq=5", "trainer.total_epochs=15", "trainer.device=cuda",
+        "ray_kwargs.ray_init.runtime_env.env_vars.TOKENIZERS_PARALLELISM=false",
+        "actor_rollout_ref.actor.use_torch_compile=False",
+    ]
+
+
+def test_a_verl_style_fsdp_grpo_line_is_accepted_on_its_keys():
+    config, unread = _check(_verl_style_grpo())
+    assert config.actor_rollout_ref.rollout.name == "vllm"
+    assert config.data.apply_chat_template_kwargs == {"enable_thinking": False}
+    assert any(line.startswith("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2") for line in unread)
+
+
+def test_a_verl_style_line_through_the_entry_point_stops_after_the_check():
+    env = {**os.environ, "HYBRIDFLOW_CONFIG_CHECK": "surface"}
+    result = subprocess.run(
+        [sys.executable, "-m", "hybridflow.trainer.main_ppo", *_verl_style_grpo()],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "config check passed (surface)" in result.stdout
+    assert "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512" in result.stdout
+    refused = subprocess.run(
+        [sys.executable, "-m", "hybridflow.trainer.main_ppo", *_verl_style_grpo(), "model_engine=megatron",
+         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert refused.returncode == 2
+    lines = [line for line in refused.stderr.splitlines() if line.strip().startswith("- ")]
+    assert len(lines) == 1 and "Megatron" in lines[0], refused.stderr
+
+
+def test_a_hub_id_is_checked_against_the_local_cache(base, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ConfigError) as caught:
+        _check([*base, "actor_rollout_ref.model.path=Qwen/Qwen3-8B"], check_environment=True)
+    assert any("is a hub id that is not in the local Hugging Face cache" in line for line in caught.value.errors)
+
+
+def test_a_gpu_engine_on_a_cpu_run_is_refused_before_anything_starts(base):
+    with pytest.raises(ConfigError) as caught:
+        _check(base + ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu"], check_environment=True)
+    assert any("rollout.name=vllm" in line for line in caught.value.errors)
+
+
+def test_rules_name_what_is_missing():
+    assert rule_for("actor_rollout_ref.actor.strategy").kind == LACKS
+    assert rule_for("actor_rollout_ref.actor.profiler.enable").kind == "unread"
