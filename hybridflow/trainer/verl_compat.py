@@ -4,61 +4,31 @@ A verl launch script passes keys from verl's whole generated ``ppo_trainer`` con
 (merged under ``ppo_trainer.yaml`` by Hydra) holds every such key that the schema
 (:mod:`hybridflow.trainer.config_schema`) lacks, with verl's default, and :data:`RULES` says what each means
 here (first matching pattern wins; ``tests/trainer/test_verl_compat.py`` checks every key has a rule):
-
-- ``alias``: another name of a schema key (``ray_init.num_cpus`` -> ``ray_kwargs.ray_init.num_cpus``); a value
-  set there is moved to the schema key, and setting both differently is an error.
-- ``lacks``: a capability hybridflow does not have (Megatron, NPU, on-policy distillation, ...); a value other
-  than verl's default (or one in ``allowed``) is refused, naming the capability.
-- ``unread``: a knob of a component hybridflow does not run (profilers, Ulysses sequence parallelism, fused
-  kernels); accepted, and a value other than the default is listed once at start-up as not read by this run.
-
-:func:`split_compat` takes these keys out of the composed config before the schema sees it.
+aliases (``ray_init.num_cpus`` -> ``ray_kwargs.ray_init.num_cpus``), capabilities hybridflow lacks (Megatron,
+NPU, on-policy distillation, ...) and knobs nothing here reads (profilers, Ulysses sequence parallelism, fused
+kernels). The mechanism is :mod:`hybridflow.trainer.key_surface`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import fnmatch
-import functools
 import pathlib
-from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+
+from hybridflow.trainer.key_surface import ALIAS, LACKS, UNREAD, CompatReport, Rule, Surface, flatten
+from hybridflow.trainer.key_surface import alias as _alias
+from hybridflow.trainer.key_surface import lacks as _lacks
+from hybridflow.trainer.key_surface import unread as _unread
+from hybridflow.trainer.key_surface import unread_engine_options
+
+__all__ = [
+    "ALIAS", "COMPAT_YAML", "LACKS", "PPO_SURFACE", "RULES", "UNREAD", "CompatReport", "Rule", "compat_defaults",
+    "compat_key", "flatten", "lacks_lines", "rule_for", "schema_yaml_defaults", "split_compat",
+    "unread_engine_options",
+]
 
 COMPAT_YAML = pathlib.Path(__file__).parent / "config" / "verl_compat.yaml"
-ALIAS, LACKS, UNREAD = "alias", "lacks", "unread"
-
-
-@dataclass(frozen=True)
-class Rule:
-    """What the keys matching ``pattern`` (an fnmatch glob over the dotted key) mean in hybridflow."""
-
-    pattern: str
-    kind: str
-    what: str  # lacks: the missing capability; unread: why nothing reads it; alias: the schema key ('*' = suffix)
-    allowed: tuple = ()  # lacks: values besides the default that hybridflow serves itself
-
-    def target(self, key: str) -> str:
-        """The schema key an alias points at: ``what`` with ``*`` replaced by the part ``*`` matched."""
-        if "*" not in self.what:
-            return self.what
-        prefix = self.pattern.split("*", 1)[0]
-        return self.what.replace("*", key[len(prefix):])
-
-
-def _lacks(pattern: str, what: str, *allowed: Any) -> Rule:
-    return Rule(pattern, LACKS, what, tuple(allowed))
-
-
-def _unread(pattern: str, why: str) -> Rule:
-    return Rule(pattern, UNREAD, why)
-
-
-def _alias(pattern: str, target: str) -> Rule:
-    return Rule(pattern, ALIAS, target)
-
 
 SEQUENCE_PARALLEL = "Ulysses sequence parallelism is not implemented: each rank holds whole sequences (same math)"
 KERNELS = "fused/Liger/tiled kernels are not used: hybridflow runs the model's own transformers modules (same math)"
@@ -220,141 +190,30 @@ UNAVAILABLE_CHOICES = {
 }
 
 
+PPO_SURFACE = Surface(
+    COMPAT_YAML, COMPAT_YAML.with_name("ppo_trainer.yaml"), RULES, tuple(UNAVAILABLE_CHOICES.items())
+)
+
+
 def rule_for(key: str) -> Rule | None:
-    """The first rule whose pattern matches ``key``, or None."""
-    return next((rule for rule in RULES if fnmatch.fnmatchcase(key, rule.pattern)), None)
+    return PPO_SURFACE.rule_for(key)
 
 
-@functools.cache
 def compat_defaults() -> dict[str, Any]:
-    """{dotted key: verl's default} for every key in ``verl_compat.yaml`` (empty mappings are leaves)."""
-    return flatten(yaml.safe_load(COMPAT_YAML.read_text()) or {})
+    return PPO_SURFACE.compat_defaults
 
 
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """A nested mapping as {dotted key: leaf}; an empty mapping is a leaf (an open dict such as engine_kwargs)."""
-    flat = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, f"{dotted}."))
-        else:
-            flat[dotted] = value
-    return flat
-
-
-@dataclass
-class CompatReport:
-    """What the verl-only keys of one config amount to."""
-
-    lacks: list[str] = field(default_factory=list)  # one line per missing capability the config asks for
-    errors: list[str] = field(default_factory=list)  # an alias and its schema key set to different values
-    unread: list[str] = field(default_factory=list)  # "key=value (why)", for the start-up banner
+def schema_yaml_defaults() -> dict[str, Any]:
+    return PPO_SURFACE.schema_defaults
 
 
 def split_compat(config: DictConfig) -> tuple[DictConfig, CompatReport]:
-    """``config`` without its verl-only keys (aliases moved to their schema keys), and what those keys meant."""
-    raw = OmegaConf.to_container(config, resolve=False)
-    values = flatten(raw)
-    report = CompatReport(lacks=lacks_lines(values))
-    for key, default in compat_defaults().items():
-        rule = rule_for(key)
-        for dotted, value in _values_under(values, key).items():
-            if value == default or rule is None:
-                continue
-            if rule.kind == ALIAS:
-                _move_alias(raw, values, dotted, rule.target(dotted), value, report)
-            elif rule.kind == UNREAD:
-                report.unread.append(f"{dotted}={_show(value)} ({rule.what})")
-        _drop(raw, key)
-    return OmegaConf.create(raw), report
+    return PPO_SURFACE.split(config)
 
 
 def lacks_lines(values: dict[str, Any]) -> list[str]:
-    """One line per capability that the dotted ``values`` ask for and hybridflow lacks (each named once)."""
-    lines = {}
-    for (key, choice), what in UNAVAILABLE_CHOICES.items():
-        if values.get(key) == choice:
-            lines.setdefault(what, _lacks_line(key, choice, what))
-    defaults = compat_defaults()
-    for dotted, value in values.items():
-        key = compat_key(dotted)
-        rule = rule_for(key) if key is not None else None
-        if rule is not None and rule.kind == LACKS and value != defaults[key] and value not in rule.allowed:
-            lines.setdefault(rule.what, _lacks_line(dotted, value, rule.what))
-    return list(lines.values())
+    return PPO_SURFACE.lacks_lines(values)
 
 
 def compat_key(dotted: str) -> str | None:
-    """The verl-only key that ``dotted`` is, or lies under (an open dict such as engine_kwargs.vllm); else None."""
-    defaults = compat_defaults()
-    parts = dotted.split(".")
-    return next((key for i in range(len(parts), 0, -1) if (key := ".".join(parts[:i])) in defaults), None)
-
-
-def _values_under(values: dict[str, Any], key: str) -> dict[str, Any]:
-    """The leaves at ``key`` or below it (an open dict such as engine_kwargs.vllm may gain keys)."""
-    return {dotted: value for dotted, value in values.items() if dotted == key or dotted.startswith(f"{key}.")}
-
-
-def _move_alias(raw: dict, values: dict, alias: str, target: str, value: Any, report: CompatReport) -> None:
-    current = values.get(target)
-    if current != value and current != schema_yaml_defaults().get(target):
-        report.errors.append(f"{alias}={_show(value)} and {target}={_show(current)} set the same thing; keep one")
-        return
-    *parents, leaf = target.split(".")
-    node = raw
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = value
-
-
-@functools.cache
-def schema_yaml_defaults() -> dict[str, Any]:
-    """{dotted key: default} of ``ppo_trainer.yaml`` itself (interpolations unresolved)."""
-    tree = yaml.safe_load(COMPAT_YAML.with_name("ppo_trainer.yaml").read_text())
-    tree.pop("defaults", None)
-    return flatten(tree)
-
-
-def _drop(raw: dict, key: str) -> None:
-    """Remove ``key`` and then every section the removal left empty (verl-only sections vanish whole)."""
-    *parents, leaf = key.split(".")
-    chain, node = [], raw
-    for part in parents:
-        if not isinstance(node.get(part), dict):
-            return
-        chain.append((node, part))
-        node = node[part]
-    node.pop(leaf, None)
-    for parent, part in reversed(chain):
-        if parent[part] == {}:
-            del parent[part]
-
-
-def unread_engine_options(config: Any) -> list[str]:
-    """Engine knobs (fields with ``read_by``) set to a non-default value that this run's engine does not read."""
-    engine = config.actor_rollout_ref.rollout.name
-    return [
-        f"{key}={_show(value)} (read only by the {' and '.join(readers)} rollout engine; this run uses {engine})"
-        for key, value, default, readers in _engine_fields(config, "")
-        if engine not in readers and value != default
-    ]
-
-
-def _engine_fields(node: Any, prefix: str):
-    for item in dataclasses.fields(node):
-        value = getattr(node, item.name)
-        if dataclasses.is_dataclass(value):
-            yield from _engine_fields(value, f"{prefix}{item.name}.")
-        elif item.metadata.get("read_by"):
-            default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
-            yield f"{prefix}{item.name}", value, default, item.metadata["read_by"]
-
-
-def _lacks_line(key: str, value: Any, what: str) -> str:
-    return f"{key}={_show(value)} needs {what}, which hybridflow does not have"
-
-
-def _show(value: Any) -> str:
-    return "null" if value is None else str(value)
+    return PPO_SURFACE.compat_key(dotted)
