@@ -38,27 +38,26 @@ def _is_real_number(value: Any) -> bool:
 
 
 def values_equal(a: Any, b: Any) -> bool:
-    """Equality for meta_info values and object-array elements: tensors, arrays, NaN-aware floats."""
-    if a is b:
-        return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and tensors_equal(a, b)
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and columns_equal(a, b)
-    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
-        return True  # NaN on both sides counts as the same value
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(values_equal, a, b))
-    try:
-        return bool(a == b)
-    except (TypeError, ValueError):
-        return False
+    """Equality for meta_info values and object-array elements: tensors, arrays, NaN-aware floats.
+
+    Containers that hold themselves (an object array whose element is the array) compare equal when the
+    cycle repeats the same structure, instead of recursing forever (as verl's ``_deep_equal``).
+    """
+    return _equal(a, b, set())
+
+
+def columns_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Elementwise equality of two numpy columns (object columns compared entry by entry)."""
+    return _equal(a, b, set())
 
 
 def tensors_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same shape, dtype and values (NaN equal to NaN)."""
+    """Same shape, dtype and values (NaN equal to NaN); nested tensors compare row by row."""
+    if a.is_nested or b.is_nested:
+        return (
+            a.is_nested and b.is_nested and a.layout == b.layout and a.dtype == b.dtype
+            and a.size(0) == b.size(0) and all(map(tensors_equal, a.unbind(), b.unbind()))
+        )
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if a.is_floating_point() or a.is_complex():
@@ -66,10 +65,43 @@ def tensors_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
-def columns_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Elementwise equality of two numpy columns (object columns compared entry by entry)."""
-    if a.shape != b.shape:
+_CONTAINERS = (np.ndarray, dict, list, tuple)
+
+
+def _equal(a: Any, b: Any, on_path: set[tuple[int, int]]) -> bool:
+    """``on_path`` holds the (id, id) pairs of containers being compared further up the recursion."""
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and tensors_equal(a, b)
+    if isinstance(a, np.ndarray) != isinstance(b, np.ndarray):
         return False
-    if a.dtype == object or b.dtype == object:
-        return all(values_equal(x, y) for x, y in zip(a.ravel(), b.ravel()))
-    return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True  # NaN on both sides counts as the same value
+    if not (isinstance(a, _CONTAINERS) and isinstance(b, _CONTAINERS)):
+        try:
+            return bool(a == b)
+        except (TypeError, ValueError):
+            return False
+    pair = (id(a), id(b))
+    if pair in on_path:
+        return True  # a cycle: this pair's comparison is already under way
+    on_path.add(pair)
+    try:
+        return _containers_equal(a, b, on_path)
+    finally:
+        on_path.discard(pair)
+
+
+def _containers_equal(a: Any, b: Any, on_path: set[tuple[int, int]]) -> bool:
+    if isinstance(a, np.ndarray):
+        if a.shape != b.shape:
+            return False
+        if a.dtype == object or b.dtype == object:
+            return all(_equal(x, y, on_path) for x, y in zip(a.ravel(), b.ravel()))
+        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[key], b[key], on_path) for key in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y, on_path) for x, y in zip(a, b))
+    return False

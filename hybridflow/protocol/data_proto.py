@@ -24,7 +24,8 @@ from hybridflow.protocol.errors import (
     NotDivisibleError,
     UnionConflictError,
 )
-from hybridflow.protocol.rows import concat_parts, repeat_rows, rows_index
+from hybridflow.protocol.meta_info import merge_meta_info
+from hybridflow.protocol.rows import concat_parts, repeat_rows, require_row_indexable, rows_index, shape_text
 from hybridflow.protocol.serialization import tensordict_from_state, tensordict_to_state
 
 Index = int | slice | torch.Tensor | np.ndarray | Sequence[int] | Sequence[bool]
@@ -103,10 +104,10 @@ class DataProto:
             if tensor.dim() == 0:
                 raise DataProtoError(f"tensor {key!r} is 0-d; give a tensor with one row per sample")
             if rows is None:
-                rows, first = tensor.shape[0], key
-            elif tensor.shape[0] != rows:
+                rows, first = tensor.size(0), key
+            elif tensor.size(0) != rows:
                 raise LengthMismatchError(
-                    f"tensor {key!r} has {tensor.shape[0]} rows (shape {tuple(tensor.shape)}) but tensor "
+                    f"tensor {key!r} has {tensor.size(0)} rows (shape ({shape_text(tensor)})) but tensor "
                     f"{first!r} has {rows}; every tensor's first dimension must be the batch size"
                 )
         if rows is None:
@@ -155,6 +156,7 @@ class DataProto:
         return self._take(tensor_index, numpy_index)
 
     def _take(self, tensor_index: Any, numpy_index: Any) -> "DataProto":
+        require_row_indexable(self.batch)
         return DataProto(
             batch=self.batch[tensor_index],
             non_tensor_batch={key: values[numpy_index] for key, values in self.non_tensor_batch.items()},
@@ -272,11 +274,17 @@ class DataProto:
 
     @staticmethod
     def concat(parts: Sequence["DataProto"]) -> "DataProto":
-        """Join parts row-wise (same keys in every part); meta_info is taken from the first part."""
+        """Join parts row-wise (same keys in every part) and merge their meta_info as verl does.
+
+        ``meta_info['metrics']`` of all parts are gathered into ``{name: [one value per metrics dict]}``; any
+        other key must hold the same value in every part that has it, else MetaInfoConflictError (see
+        :func:`hybridflow.protocol.meta_info.merge_meta_info`).
+        """
         if not parts:
             raise DataProtoError("DataProto.concat needs at least one DataProto, got an empty list")
         batch, non_tensor_batch = concat_parts(parts)
-        return DataProto(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=dict(parts[0].meta_info))
+        meta_info = merge_meta_info([part.meta_info for part in parts])
+        return DataProto(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=meta_info)
 
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> "DataProto":
         """Repeat every row: interleaved [a, a, b, b] (a prompt's samples adjacent), else [a, b, a, b]."""
@@ -306,7 +314,9 @@ class DataProto:
         if pad_size == 0:
             return self, 0
         padding = self[np.arange(pad_size) % len(self)]
-        return DataProto.concat([self, padding]), pad_size
+        # Rows only: merging meta_info with the padding's copy would turn metrics into lists.
+        batch, non_tensor_batch = concat_parts([self, padding])
+        return DataProto(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=dict(self.meta_info)), pad_size
 
     def unpad(self, pad_size: int) -> "DataProto":
         """Drop the last ``pad_size`` rows added by :meth:`pad_to_divisor`.
@@ -364,7 +374,7 @@ class DataProto:
 
     def __repr__(self) -> str:
         tensors = ", ".join(
-            f"{key}: {str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for key, t in self.batch.items()
+            f"{key}: {str(t.dtype).removeprefix('torch.')}[{shape_text(t)}]" for key, t in self.batch.items()
         )
         columns = ", ".join(f"{key}: {v.dtype}{list(v.shape)}" for key, v in self.non_tensor_batch.items())
         return (
@@ -380,7 +390,7 @@ def _require_positive_int(name: str, value: Any) -> None:
 
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        return f"tensor of shape {tuple(value.shape)} dtype {value.dtype}"
+        return f"tensor of shape ({shape_text(value)}) dtype {value.dtype}"
     if isinstance(value, np.ndarray):
         return f"array of shape {value.shape} dtype {value.dtype}"
     text = repr(value)

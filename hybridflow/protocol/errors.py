@@ -17,6 +17,14 @@ class UnionConflictError(DataProtoError):
     """A key present in both DataProtos of a union holds different values."""
 
 
+class MetaInfoConflictError(DataProtoError):
+    """DataProtos to be concatenated hold different values under one meta_info key (other than ``metrics``)."""
+
+
+class NestedLayoutError(DataProtoError):
+    """A row operation met a nested tensor whose layout torch cannot index by row (``torch.strided``)."""
+
+
 class KeySetMismatchError(DataProtoError):
     """DataProtos to be concatenated do not hold the same keys."""
 

@@ -8,7 +8,12 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from hybridflow.protocol.errors import KeySetMismatchError, LengthMismatchError, ShapeMismatchError
+from hybridflow.protocol.errors import (
+    KeySetMismatchError,
+    LengthMismatchError,
+    NestedLayoutError,
+    ShapeMismatchError,
+)
 
 if TYPE_CHECKING:
     from hybridflow.protocol.data_proto import DataProto
@@ -45,6 +50,23 @@ def rows_index(index: Any, rows: int) -> tuple[torch.Tensor, np.ndarray]:
     return torch.from_numpy(positions), positions
 
 
+def require_row_indexable(batch: TensorDict) -> None:
+    """Raise NestedLayoutError for a nested tensor that torch cannot index by row (any layout but jagged)."""
+    for key, tensor in batch.items(include_nested=True, leaves_only=True):
+        if tensor.is_nested and tensor.layout != torch.jagged:
+            raise NestedLayoutError(
+                f"cannot select rows of nested tensor {key!r}: torch indexes nested tensors by row only with "
+                f"layout=torch.jagged; build it with torch.nested.as_nested_tensor(rows, layout=torch.jagged)"
+            )
+
+
+def shape_text(tensor: torch.Tensor) -> str:
+    """The sizes as ``"N, ..."`` for messages; a strided nested tensor has no ``.shape`` (rows differ in any dim)."""
+    if tensor.is_nested and tensor.layout == torch.strided:
+        return f"{tensor.size(0)}, nested"
+    return ", ".join(map(str, tensor.shape))
+
+
 def repeat_rows(rows: int, repeat_times: int, interleave: bool) -> np.ndarray:
     """Row positions of a repeat: interleaved [0, 0, 1, 1, ...] or tiled [0, 1, ..., 0, 1, ...]."""
     positions = np.arange(rows, dtype=np.int64)
@@ -59,6 +81,9 @@ def concat_parts(parts: Sequence["DataProto"]) -> tuple[TensorDict, dict[str, np
     tensors = {}
     for key in parts[0].batch.keys():
         pieces = [part.batch[key] for part in parts]
+        if any(piece.is_nested for piece in pieces):
+            tensors[key] = _concat_nested(key, pieces)
+            continue
         _require_same_trailing_shape(key, [piece.shape for piece in pieces])
         tensors[key] = torch.cat(pieces)
     columns = {}
@@ -67,6 +92,23 @@ def concat_parts(parts: Sequence["DataProto"]) -> tuple[TensorDict, dict[str, np
         _require_same_trailing_shape(key, [piece.shape for piece in pieces])
         columns[key] = np.concatenate(pieces)
     return TensorDict(tensors, batch_size=[total_rows]), columns
+
+
+def _concat_nested(key: str, pieces: list[torch.Tensor]) -> torch.Tensor:
+    """Row-wise join of nested tensors (torch.cat refuses dim 0 of a nested tensor): rebuilt from the rows."""
+    layouts = {piece.layout if piece.is_nested else "dense" for piece in pieces}
+    if len(layouts) != 1:
+        raise ShapeMismatchError(
+            f"cannot concat {key!r}: its parts mix layouts {sorted(map(str, layouts))}; give every part a "
+            f"nested tensor of one layout"
+        )
+    rows = [row for piece in pieces for row in piece.unbind()]
+    if not rows:
+        return pieces[0]
+    try:
+        return torch.nested.as_nested_tensor(rows, layout=pieces[0].layout)
+    except RuntimeError as error:
+        raise ShapeMismatchError(f"cannot concat nested tensor {key!r}: {error}") from None
 
 
 def _require_same_keys(parts: Sequence["DataProto"], part_name: str, keys_of: Any) -> None:

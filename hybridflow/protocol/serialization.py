@@ -7,6 +7,8 @@ extra copy, while torch tensors are pickled through their storage. For a 1.25 Mi
 where torch would pickle the whole shared storage.
 
 Dtypes numpy lacks (bfloat16, float8) are shipped as a same-width integer view and viewed back on arrival.
+Nested tensors (``torch.nested``) travel too, as verl's do (verl PR #3425): a jagged one as its packed values
+and offsets, a strided one row by row.
 """
 
 from __future__ import annotations
@@ -40,14 +42,43 @@ def _numpy_to_tensor(array: np.ndarray, torch_dtype: str | None, device: str) ->
     return tensor if device == "cpu" else tensor.to(device)
 
 
+def _nested_to_state(tensor: torch.Tensor) -> dict[str, Any]:
+    if tensor.layout == torch.jagged:
+        packed = tensor.contiguous()  # drops holes left by a narrowed view, so offsets describe the values
+        return {
+            "values": _tensor_to_numpy(packed.values()),
+            "offsets": _tensor_to_numpy(packed.offsets()),
+            "ragged_dim": packed._ragged_idx,  # no public accessor; tensordict reads it the same way
+        }
+    return {"rows": [_tensor_to_numpy(row) for row in tensor.unbind()]}
+
+
+def _nested_from_state(state: dict[str, Any], device: str) -> torch.Tensor:
+    if "rows" in state:
+        rows = [_numpy_to_tensor(array, torch_dtype, "cpu") for array, torch_dtype in state["rows"]]
+        tensor = torch.nested.as_nested_tensor(rows, layout=torch.strided)
+    else:
+        values, offsets = (_numpy_to_tensor(*state[part], "cpu") for part in ("values", "offsets"))
+        tensor = torch.nested.nested_tensor_from_jagged(values, offsets, jagged_dim=state["ragged_dim"])
+    return tensor if device == "cpu" else tensor.to(device)
+
+
 def tensordict_to_state(batch: TensorDict) -> dict[str, Any]:
     """A picklable description of ``batch`` whose tensors are numpy arrays (nested keys kept as tuples)."""
-    columns = []
+    columns, nested_columns = [], []
     for key, tensor in batch.items(include_nested=True, leaves_only=True):
-        array, torch_dtype = _tensor_to_numpy(tensor)
-        columns.append((key, array, torch_dtype, str(tensor.device)))
+        if tensor.is_nested:
+            nested_columns.append((key, _nested_to_state(tensor), str(tensor.device)))
+        else:
+            array, torch_dtype = _tensor_to_numpy(tensor)
+            columns.append((key, array, torch_dtype, str(tensor.device)))
     device = None if batch.device is None else str(batch.device)
-    return {"batch_size": tuple(batch.batch_size), "device": device, "columns": columns}
+    return {
+        "batch_size": tuple(batch.batch_size),
+        "device": device,
+        "columns": columns,
+        "nested_columns": nested_columns,
+    }
 
 
 def tensordict_from_state(state: dict[str, Any]) -> TensorDict:
@@ -55,4 +86,6 @@ def tensordict_from_state(state: dict[str, Any]) -> TensorDict:
     batch = TensorDict({}, batch_size=state["batch_size"], device=state["device"])
     for key, array, torch_dtype, device in state["columns"]:
         batch.set(key, _numpy_to_tensor(array, torch_dtype, device))
+    for key, nested_state, device in state["nested_columns"]:
+        batch.set(key, _nested_from_state(nested_state, device))
     return batch

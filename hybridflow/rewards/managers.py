@@ -193,17 +193,23 @@ def _is_sequence_of_length(value: Any, length: int) -> bool:
 def overlong_penalty(
     response_length: int, max_resp_len: int, overlong_buffer_len: int, penalty_factor: float
 ) -> float:
-    """DAPO's soft overlong punishment (arXiv 2503.14476, section 3.4).
+    """DAPO's soft overlong punishment (arXiv 2503.14476, section 3.4, eq. 13).
 
     0 while ``response_length <= max_resp_len - overlong_buffer_len``; then falls linearly to
-    ``-penalty_factor`` at ``max_resp_len`` and stays there beyond it.
+    ``-penalty_factor`` at ``max_resp_len`` and stays there beyond it. Differs from verl: verl's DAPO
+    manager keeps falling past ``max_resp_len`` (-2 x factor at one buffer beyond); the paper caps it.
     """
     exceed = response_length - (max_resp_len - overlong_buffer_len)
     return max(min(-exceed / overlong_buffer_len * penalty_factor, 0.0), -penalty_factor)
 
 
-def overlong_buffer_error(max_resp_len: int, overlong_buffer_len: int) -> str | None:
+def overlong_buffer_error(max_resp_len: int | None, overlong_buffer_len: int) -> str | None:
     """Why DAPO's overlong buffer cannot be used with these lengths, or None when it can."""
+    if max_resp_len is None:
+        return (
+            f"overlong_buffer_len={overlong_buffer_len} needs max_resp_len, the response length limit the penalty "
+            "counts back from; set data.max_response_length or reward_model.reward_kwargs.max_resp_len"
+        )
     if 0 < overlong_buffer_len <= max_resp_len:
         return None
     return (
@@ -213,10 +219,12 @@ def overlong_buffer_error(max_resp_len: int, overlong_buffer_len: int) -> str | 
 
 
 class DAPORewardManager(NaiveRewardManager):
-    """Naive scoring plus DAPO's overlong penalty; ``extra`` gains ``overlong_reward`` and ``overlong``.
+    """Naive scoring plus, when ``overlong_buffer_len`` is set, DAPO's overlong penalty (``extra`` then gains
+    ``overlong_reward`` and ``overlong``).
 
     ``max_resp_len`` is the rollout's response length limit (``data.max_response_length``); responses in its
-    last ``overlong_buffer_len`` tokens are penalised linearly up to ``overlong_penalty_factor``.
+    last ``overlong_buffer_len`` tokens are penalised linearly up to ``overlong_penalty_factor``. As in verl
+    (PR #6709), the length is needed only with the buffer on; without it the manager scores as ``naive``.
     """
 
     def __init__(
@@ -228,11 +236,11 @@ class DAPORewardManager(NaiveRewardManager):
         max_workers: int = 4,
         reward_fn_key: str = "data_source",
         *,
-        max_resp_len: int,
-        overlong_buffer_len: int,
+        max_resp_len: int | None = None,
+        overlong_buffer_len: int | None = None,
         overlong_penalty_factor: float = 1.0,
     ):
-        error = overlong_buffer_error(max_resp_len, overlong_buffer_len)
+        error = None if overlong_buffer_len is None else overlong_buffer_error(max_resp_len, overlong_buffer_len)
         if error:
             raise ValueError(error)
         super().__init__(tokenizer, compute_score, num_examine, timeout_s, max_workers, reward_fn_key)
@@ -242,6 +250,8 @@ class DAPORewardManager(NaiveRewardManager):
 
     def score(self, responses: ResponseBatch) -> tuple[list[dict[str, Any]], dict[str, float]]:
         results, metrics = super().score(responses)
+        if self.overlong_buffer_len is None:
+            return results, metrics
         for result, length in zip(results, responses.valid_response_lengths):
             penalty = overlong_penalty(
                 length, self.max_resp_len, self.overlong_buffer_len, self.overlong_penalty_factor

@@ -17,13 +17,16 @@ from hybridflow.trainer import metric_names as names
 
 
 def reduce_worker_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """Mean of each value that a worker returned as a list (one entry per micro-batch or rank)."""
+    """One float per metric a worker group returned as (nested) lists: one entry per rank, per step.
+
+    As verl's ``reduce_metrics``: the maximum for a name containing ``max``, the minimum for one containing
+    ``min``, else the mean.
+    """
     reduced = {}
     for name, value in metrics.items():
-        if isinstance(value, (list, tuple, np.ndarray, torch.Tensor)):
-            reduced[name] = float(np.mean(np.asarray(value, dtype=np.float64)))
-        else:
-            reduced[name] = float(value)
+        values = np.asarray(value, dtype=np.float64)
+        reduce = np.max if "max" in name else np.min if "min" in name else np.mean
+        reduced[name] = float(reduce(values))
     return reduced
 
 
@@ -43,6 +46,8 @@ def samples_with_signal(batch: DataProto) -> torch.Tensor:
 
 def _stats(group: str, values: torch.Tensor) -> dict[str, float]:
     values = values.detach().float()
+    if values.numel() == 0:  # e.g. no response token in the batch: NaN, as verl reports, not a crash
+        return {names.stat(group, reduction): float("nan") for reduction in ("mean", "max", "min")}
     return {
         names.stat(group, "mean"): values.mean().item(),
         names.stat(group, "max"): values.max().item(),
@@ -82,14 +87,17 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
         returns = torch.masked_select(tensors["returns"], response_mask)
         metrics.update(_stats(names.VALUES, values))
         # Explained variance 1 - Var[G - V] / Var[G]: 1 is a perfect critic, 0 no better than a constant.
-        metrics[names.VF_EXPLAINED_VAR] = (1.0 - torch.var(returns - values) / (torch.var(returns) + 1e-5)).item()
+        explained = 1.0 - torch.var(returns - values) / (torch.var(returns) + 1e-5) if values.numel() else None
+        metrics[names.VF_EXPLAINED_VAR] = float("nan") if explained is None else explained.item()
     return metrics
 
 
 def compute_timing_metrics(batch: DataProto, timing_s: Mapping[str, float]) -> dict[str, float]:
     """``timing_s/<phase>`` for every timed phase, plus milliseconds per token for the token-bound ones.
 
-    Generation is normalised by response tokens; the forward/backward phases by all tokens.
+    Generation is normalised by response tokens; the other phases of verl's ``compute_timing_metrics`` (ref,
+    values, adv, update_critic, update_actor) by all tokens, and a step without tokens reports 0.0, as verl
+    does (verl PR #6675). Differs from verl: ``old_log_prob`` gets a per-token time too.
     """
     prompt_length, response_length = sequence_lengths(batch)
     num_response_tokens = response_length.sum().item()
@@ -99,13 +107,15 @@ def compute_timing_metrics(batch: DataProto, timing_s: Mapping[str, float]) -> d
         names.PHASE_OLD_LOG_PROB: num_all_tokens,
         names.PHASE_REF: num_all_tokens,
         names.PHASE_VALUES: num_all_tokens,
+        names.PHASE_ADV: num_all_tokens,
         names.PHASE_UPDATE_CRITIC: num_all_tokens,
         names.PHASE_UPDATE_ACTOR: num_all_tokens,
     }
     metrics = {names.timing(phase): float(seconds) for phase, seconds in timing_s.items()}
     for phase, num_tokens in tokens_of_phase.items():
-        if phase in timing_s and num_tokens > 0:
-            metrics[names.timing_per_token(phase)] = timing_s[phase] * 1000.0 / num_tokens
+        if phase in timing_s:
+            per_token = timing_s[phase] * 1000.0 / num_tokens if num_tokens > 0 else 0.0
+            metrics[names.timing_per_token(phase)] = per_token
     return metrics
 
 

@@ -273,10 +273,11 @@ class RayPPOTrainer:
             for index, prompts in enumerate(self.val_loader):
                 batch = self.generate(assign_uids(prompts, f"val{index}"), timer, validate=True)
                 batch, extra, _ = self.score(batch)
-                extra = extra or {"score": batch.batch["token_level_scores"].sum(-1).tolist()}
+                # verl's variables: ``reward`` (the summed token scores) and the reward manager's extras.
+                columns = {"reward": batch.batch["token_level_scores"].sum(-1).tolist(), **extra}
                 data_sources += [str(s) for s in batch.non_tensor_batch[self.config.data.reward_fn_key]]
                 uids += list(batch.non_tensor_batch["uid"])
-                for key, values in extra.items():
+                for key, values in columns.items():
                     infos[key] += list(values)
         metrics = process_validation_metrics(data_sources, uids, infos)
         metrics[names.timing(names.PHASE_TESTING)] = timer.seconds[names.PHASE_TESTING]

@@ -15,10 +15,6 @@ from typing import Any
 from hybridflow.rewards import REWARD_MANAGERS, manager_parameters, overlong_buffer_error
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 
-# Where to set a required manager option that reward_kwargs is not the natural place for.
-OPTION_KEYS = {"overlong_buffer_len": "reward_model.overlong_buffer.enable=true and reward_model.overlong_buffer.len"}
-
-
 def _options_set_elsewhere(config: PPOTrainerConfig) -> dict[str, tuple[str, Any]]:
     """Manager option -> (the config key that sets it, its value), for options reward_kwargs must not repeat."""
     buffer = config.reward_model.overlong_buffer
@@ -56,8 +52,9 @@ def reward_manager_errors(config: PPOTrainerConfig) -> list[str]:
     options = reward_manager_options(config)
     for option, parameter in parameters.items():
         if parameter.default is parameter.empty and option not in options:
-            where = OPTION_KEYS.get(option, f"+reward_model.reward_kwargs.{option}")
-            errors.append(f"reward_model.reward_manager={name!r} needs its option {option}; set {where}")
+            errors.append(
+                f"reward_model.reward_manager={name!r} needs its option {option}; set +reward_model.reward_kwargs.{option}"
+            )
     if "overlong_buffer_len" in options and "max_resp_len" in options:
         error = overlong_buffer_error(options["max_resp_len"], options["overlong_buffer_len"])
         errors += [f"reward_model.overlong_buffer.len: {error}"] if error else []

@@ -104,9 +104,10 @@ class Generation:
         self.calls += 1
         with timer(names.PHASE_GEN):
             output = self.actor_rollout.generate_sequences(gen_input)
-        for key, seconds in output.meta_info.items():
+        for key, seconds_per_rank in output.meta_info.get("metrics", {}).items():
             if key.startswith(names.TIMING_PREFIX):
-                timer.add(key[len(names.TIMING_PREFIX) :], seconds)
+                # Each rank times its own part (the weight sync); the phase lasts as long as the slowest.
+                timer.add(key[len(names.TIMING_PREFIX) :], float(np.max(seconds_per_rank)))
         samples_per_prompt = len(output) // len(prompts)
         batch = union_columns(prompts.repeat(samples_per_prompt, interleave=True), output)
         # Log-probs are recomputed at the temperature the samples were drawn with (as in verl).

@@ -19,6 +19,7 @@ from hybridflow.workers.config import ActorRolloutRefConfig, WorkerConfigError, 
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.ref import RefPart
 from hybridflow.workers.rollout_part import RolloutPart
+from hybridflow.workers.training import metrics_output
 
 ROLE_PARTS = {
     "actor": ("actor",),
@@ -128,7 +129,7 @@ class ActorRolloutRefWorker(Worker):
         The batch's ``meta_info`` may ask for the exact shortcuts of ``workers/actor.py``: no
         ``old_log_probs`` (``old_log_probs_from_update``) and only some rows (``loss_counts``)."""
         metrics = self._part("actor", "update_actor").update(data, self._temperature(data))
-        return DataProto(meta_info={"metrics": metrics})
+        return metrics_output(metrics, self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int = 0) -> None:

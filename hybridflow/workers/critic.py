@@ -22,7 +22,7 @@ from hybridflow.workers.batching import LossCounts, MicroBatching, mini_batch_si
 from hybridflow.workers.config import CriticConfig, WorkerConfigError, as_config
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.model_setup import shard_for_training
-from hybridflow.workers.training import ShardedTrainer
+from hybridflow.workers.training import ShardedTrainer, metrics_output
 
 VALUE_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 UPDATE_INPUTS = VALUE_INPUTS + ("response_mask", "values", "returns")
@@ -144,7 +144,7 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         """Clipped value-loss update; ``meta_info['metrics']``: vf_loss, vf_clipfrac, vpred_mean, grad_norm, lr."""
-        return DataProto(meta_info={"metrics": self._critic().update(data)})
+        return metrics_output(self._critic().update(data), self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int = 0) -> None:

@@ -60,7 +60,11 @@ class RolloutPart:
         return time.perf_counter() - start
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """``engine.generate_sequences`` after syncing stale weights; meta_info gets ``timing_s/update_weights``."""
+        """``engine.generate_sequences`` after syncing stale weights.
+
+        ``meta_info['metrics']['timing_s/update_weights']`` is this rank's sync time: a per-rank value, so it
+        travels as a metric (``DataProto.concat`` lists every rank's) and the driver picks the slowest.
+        """
         update_seconds = self.sync_weights() if self.is_stale else 0.0
         self._wake()
         try:
@@ -68,7 +72,7 @@ class RolloutPart:
         finally:
             if self.sleep_between_rollouts:
                 self._sleep()
-        output.meta_info["timing_s/update_weights"] = update_seconds
+        output.meta_info.setdefault("metrics", {})["timing_s/update_weights"] = update_seconds
         return output
 
     def _sleep(self) -> None:

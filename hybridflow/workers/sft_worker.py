@@ -26,7 +26,7 @@ from hybridflow.workers.batching import LossCounts, MicroBatching, run_in_micro_
 from hybridflow.workers.config import CheckpointConfig, FSDPConfig, ModelConfig, OptimConfig
 from hybridflow.workers.fsdp import build_device_mesh, iter_hf_weights
 from hybridflow.workers.model_setup import load_policy_model, shard_for_training
-from hybridflow.workers.training import ShardedTrainer
+from hybridflow.workers.training import ShardedTrainer, metrics_output
 
 SFT_INPUTS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 
@@ -102,7 +102,7 @@ class SFTWorker(Worker):
             batching=self.batching,
             grad_clip=self.grad_clip,
         )
-        return DataProto(meta_info={"metrics": metrics})
+        return metrics_output(metrics, self.rank)
 
     def _loss(self, micro: DataProto, counts: LossCounts) -> tuple[torch.Tensor, dict[str, float]]:
         log_probs = target_log_probs(self.module, micro, self.model_config.use_remove_padding)

@@ -38,6 +38,16 @@ from hybridflow.workers.optim import build_lr_scheduler, build_optimizer
 # (micro-batch on device, mini-batch counts) -> (loss, metrics that add up over micro-batches and ranks)
 LossFn = Callable[[DataProto, LossCounts], tuple[torch.Tensor, dict[str, float]]]
 
+
+def metrics_output(metrics: dict, rank: int) -> DataProto:
+    """What an update method returns: ``meta_info['metrics']`` on rank 0, nothing on the other ranks.
+
+    ``ShardedTrainer.update``'s metrics are all-reduced, the same on every rank. ``DataProto.concat`` gathers
+    each rank's metrics into per-rank lists, so a group call yields ``{name: [rank 0's value]}``; one copy keeps
+    the driver's mean exact (the mean of world_size equal floats can differ from them in the last bit).
+    """
+    return DataProto(meta_info={"metrics": metrics} if rank == 0 else {})
+
 CPU = torch.device("cpu")
 
 

@@ -7,7 +7,7 @@ import torch
 from hybridflow.distributed import Dispatch, Execute
 from hybridflow.distributed.decorator import MethodSpec
 from hybridflow.distributed.dispatch import dispatch
-from hybridflow.protocol import DataProto
+from hybridflow.protocol import DataProto, MetaInfoConflictError
 
 
 def spec(mode: Dispatch, execute: Execute = Execute.ALL) -> MethodSpec:
@@ -50,6 +50,17 @@ def test_dp_compute_proto_pads_chunks_broadcasts_and_unpads():
     merged = plan.collect([args[0] for args, _ in plan.calls])
     assert merged.batch["x"].tolist() == list(range(7))
     assert list(merged.non_tensor_batch["uid"]) == [f"u{i}" for i in range(7)]
+
+
+def test_dp_compute_proto_lists_every_rank_metrics_and_refuses_disagreeing_meta_info():
+    plan = dispatch(spec(Dispatch.DP_COMPUTE_PROTO), "m", 2, (batch(3),), {})
+    results = [DataProto(meta_info={"metrics": {"timing_s/update_weights": t}, "temperature": 0.7}) for t in (0.5, 0.25)]
+    assert plan.collect(results).meta_info == {"temperature": 0.7, "metrics": {"timing_s/update_weights": [0.5, 0.25]}}
+    # A rank that reports no metrics (all-reduced values come from rank 0 only) adds no entry.
+    only_rank_zero = [DataProto(meta_info={"metrics": {"pg_loss": [1.0, 2.0]}}), DataProto()]
+    assert plan.collect(only_rank_zero).meta_info == {"metrics": {"pg_loss": [[1.0, 2.0]]}}
+    with pytest.raises(MetaInfoConflictError, match="meta_info key 'seconds' is 0.5 in part 0 but 0.25 in part 1"):
+        plan.collect([DataProto(meta_info={"seconds": 0.5}), DataProto(meta_info={"seconds": 0.25})])
 
 
 def test_dp_compute_proto_keeps_non_proto_results_as_a_list():

@@ -43,3 +43,24 @@ def test_columns_and_tensors_equal():
     assert not tensors_equal(torch.zeros(2), torch.zeros(2, dtype=torch.float64))
     assert not tensors_equal(torch.zeros(2), torch.zeros(3))
     assert tensors_equal(torch.tensor([float("nan")]), torch.tensor([float("nan")]))
+
+
+def test_self_referencing_containers_compare_without_recursing_forever():
+    loop, other_loop, not_a_loop = (np.empty(1, dtype=object) for _ in range(3))
+    loop[0], other_loop[0] = loop, other_loop
+    assert columns_equal(loop, other_loop)
+    assert not columns_equal(loop, not_a_loop)  # [loop] vs [None]
+    cyclic_list, other_list, different_list = [1], [1], [2]
+    for items in (cyclic_list, other_list, different_list):
+        items.append(items)
+    assert values_equal({"a": cyclic_list}, {"a": other_list})
+    assert not values_equal(cyclic_list, different_list)
+
+
+def test_nested_tensors_compare_row_by_row():
+    rows = [torch.ones(1, 2), torch.zeros(3, 2)]
+    jagged = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+    assert tensors_equal(jagged, torch.nested.as_nested_tensor([r.clone() for r in rows], layout=torch.jagged))
+    assert not tensors_equal(jagged, torch.nested.as_nested_tensor([rows[0], rows[1] + 1], layout=torch.jagged))
+    assert not tensors_equal(jagged, torch.nested.as_nested_tensor(rows[:1], layout=torch.jagged))
+    assert not tensors_equal(jagged, torch.zeros(2, 2))

@@ -11,7 +11,9 @@ from hybridflow.protocol import (
     DataProtoItem,
     KeySetMismatchError,
     LengthMismatchError,
+    MetaInfoConflictError,
     MissingKeyError,
+    NestedLayoutError,
     NotDivisibleError,
     ShapeMismatchError,
     UnionConflictError,
@@ -260,13 +262,33 @@ def test_chunk_not_divisible_names_lengths_and_fix():
         make_batch(4).split(1.5)
 
 
-def test_concat_joins_rows_and_takes_first_meta():
+def test_concat_joins_rows_and_merges_meta_info():
+    a, b = make_batch(3), make_batch(2)
+    a.meta_info["metrics"] = {"pg_loss": [0.5, 0.25]}
+    b.meta_info.update(metrics={"pg_loss": [0.75, 1.0]}, temperature=0.7)
+    joined = DataProto.concat([a, b])
+    assert row_numbers(joined) == [0, 1, 2, 0, 1] and joined.batch["input_ids"].shape == (5, 3)
+    # One metrics entry per part (per rank, in a worker group's collect), keys agreeing are kept once.
+    assert joined.meta_info == {"eos_token_id": 2, "temperature": 0.7, "metrics": {"pg_loss": [[0.5, 0.25], [0.75, 1.0]]}}
+    assert joined.meta_info is not a.meta_info
+
+
+def test_concat_refuses_meta_info_that_differs_between_parts():
     a, b = make_batch(3), make_batch(2)
     b.meta_info["eos_token_id"] = 9
-    joined = DataProto.concat([a, b])
-    assert row_numbers(joined) == [0, 1, 2, 0, 1] and joined.meta_info == {"eos_token_id": 2}
-    assert joined.batch["input_ids"].shape == (5, 3)
-    assert joined.meta_info is not a.meta_info
+    with pytest.raises(MetaInfoConflictError) as err:
+        DataProto.concat([a, b])
+    assert str(err.value) == (
+        "cannot concat: meta_info key 'eos_token_id' is 2 in part 0 but 9 in part 1; per-part values belong in "
+        "meta_info['metrics']"
+    )
+
+
+def test_pad_to_divisor_keeps_meta_info_as_it_is():
+    dp = make_batch(3)
+    dp.meta_info["metrics"] = {"lr": 0.1}
+    padded, pad_size = dp.pad_to_divisor(2)
+    assert pad_size == 1 and padded.meta_info == {"eos_token_id": 2, "metrics": {"lr": 0.1}}
 
 
 def test_concat_errors_name_keys_parts_and_shapes():
@@ -351,3 +373,62 @@ def test_repr_lists_shapes_and_keys():
     text = repr(make_batch(2))
     assert text.startswith("DataProto(len=2, batch={input_ids: int64[2, 3]")
     assert "uid: object[2]" in text and "meta_info keys=['eos_token_id']" in text
+
+
+def jagged_rows() -> list[torch.Tensor]:
+    """Row i holds i + 1 tokens of width 2, valued 10 * i + position, so every row is recognisable."""
+    return [(10 * i + torch.arange(2 * (i + 1), dtype=torch.float32)).view(i + 1, 2) for i in range(4)]
+
+
+def assert_rows(nested: torch.Tensor, expected: list[torch.Tensor]) -> None:
+    assert nested.is_nested and nested.size(0) == len(expected)
+    assert all(torch.equal(got, want) for got, want in zip(nested.unbind(), expected))
+
+
+def test_row_operations_on_jagged_nested_tensors():
+    rows = jagged_rows()
+    dp = DataProto.from_dict({"tokens": torch.nested.as_nested_tensor(rows, layout=torch.jagged)}, {"index": [0, 1, 2, 3]})
+    assert_rows(dp[1:3].batch["tokens"], rows[1:3])
+    assert_rows(dp[[3, 0]].batch["tokens"], [rows[3], rows[0]])
+    assert_rows(dp.chunk(2)[1].batch["tokens"], rows[2:])
+    assert_rows(DataProto.concat([dp[2:], dp[:1]]).batch["tokens"], [rows[2], rows[3], rows[0]])
+    assert_rows(dp[:2].repeat(2).batch["tokens"], [rows[0], rows[0], rows[1], rows[1]])
+    padded, pad_size = dp[:3].pad_to_divisor(2)
+    assert pad_size == 1 and padded.batch["tokens"].layout == torch.jagged
+    assert_rows(padded.batch["tokens"], [*rows[:3], rows[0]])
+    assert_rows(DataProto.concat([dp[:0], dp[:0]]).batch["tokens"], [])
+    same = torch.nested.as_nested_tensor([row.clone() for row in rows], layout=torch.jagged)
+    assert len(dp.union(DataProto.from_dict({"tokens": same}))) == 4
+    changed = torch.nested.as_nested_tensor([*rows[:3], rows[3] + 1], layout=torch.jagged)
+    with pytest.raises(UnionConflictError, match="union conflict on tensor 'tokens'"):
+        dp.union(DataProto.from_dict({"tokens": changed}))
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_strided_nested_tensors_concat_but_refuse_row_selection():
+    # Rows of a strided nested tensor may differ in every dimension, and torch cannot slice them by row.
+    rows = [torch.zeros(2, 3), torch.ones(3, 4)]
+    dp = DataProto.from_dict({"images": torch.nested.as_nested_tensor(rows), "label": torch.tensor([0, 1])})
+    assert repr(dp).startswith("DataProto(len=2, batch={images: float32[2, nested], label: int64[2]}")
+    assert_rows(DataProto.concat([dp, dp]).batch["images"], rows + rows)
+    assert dp[1].batch["images"].shape == (3, 4)
+    with pytest.raises(NestedLayoutError) as err:
+        dp.chunk(2)
+    assert str(err.value) == (
+        "cannot select rows of nested tensor 'images': torch indexes nested tensors by row only with "
+        "layout=torch.jagged; build it with torch.nested.as_nested_tensor(rows, layout=torch.jagged)"
+    )
+    dense = DataProto.from_dict({"images": torch.zeros(2, 2, 3), "label": torch.tensor([0, 1])})
+    with pytest.raises(ShapeMismatchError, match="'images': its parts mix layouts"):
+        DataProto.concat([dp, dense])
+
+
+def test_union_of_self_referencing_object_columns_terminates():
+    loop = np.empty(1, dtype=object)
+    loop[0] = loop
+    other_loop = np.empty(1, dtype=object)
+    other_loop[0] = other_loop
+    dp = DataProto(non_tensor_batch={"tree": loop})
+    assert dp.union(DataProto(non_tensor_batch={"tree": other_loop})) is dp
+    with pytest.raises(UnionConflictError, match="union conflict on non-tensor column 'tree'"):
+        dp.union(DataProto(non_tensor_batch={"tree": np.array([None], dtype=object)}))

@@ -97,3 +97,52 @@ def test_ray_ships_data_proto_between_processes(ray_cluster):
     assert result.batch["old_log_probs"].dtype == torch.bfloat16
     assert result.non_tensor_batch["uid"].tolist() == ["u0!", "u1!", "u2!", "u3!"]
     assert result.meta_info == dp.meta_info
+
+
+def jagged(rows: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
+def assert_same_nested(restored: torch.Tensor, original: torch.Tensor) -> None:
+    assert restored.is_nested and restored.layout == original.layout and restored.dtype == original.dtype
+    originals = original.unbind()
+    assert len(restored.unbind()) == len(originals)
+    assert all(torch.equal(got, want) for got, want in zip(restored.unbind(), originals))
+
+
+JAGGED_CASES = {
+    "float": jagged([torch.arange(6.0).view(2, 3), torch.arange(9.0).view(3, 3), torch.arange(3.0).view(1, 3)]),
+    "bfloat16": jagged([torch.full((2, 2), 1.5), torch.full((1, 2), -2.0)]).to(torch.bfloat16),
+    "tokens": jagged([torch.arange(4), torch.arange(1)]),
+    "ragged last dim": jagged([torch.ones(3, 2), torch.zeros(3, 4)]).transpose(1, 2),
+    # A view with holes between its rows (offsets alone do not describe it).
+    "narrowed": torch.nested.narrow(
+        torch.arange(12.0).view(3, 4), 1, torch.tensor([0, 1, 2]), torch.tensor([1, 2, 2]), layout=torch.jagged
+    ),
+}
+
+
+@pytest.mark.parametrize("name", JAGGED_CASES)
+def test_jagged_nested_tensors_round_trip(name):
+    nested = JAGGED_CASES[name]
+    restored = pickle.loads(pickle.dumps(DataProto.from_dict({"x": nested, "row": torch.arange(nested.size(0))})))
+    assert_same_nested(restored.batch["x"], nested)
+    assert torch.equal(restored.batch["row"], torch.arange(nested.size(0)))
+
+
+def test_empty_jagged_slice_round_trips():
+    dp = DataProto.from_dict({"x": JAGGED_CASES["float"]})[0:0]
+    restored = pickle.loads(pickle.dumps(dp))
+    assert len(restored) == 0 and restored.batch["x"].is_nested and restored.batch["x"].shape[-1] == 3
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_strided_nested_tensors_round_trip_row_by_row():
+    # verl's case: rows that differ in every dimension, next to a dense tensor and a bfloat16 one.
+    nested = torch.nested.as_nested_tensor([torch.randn(2, 3), torch.randn(3, 4), torch.randn(1, 5)])
+    batch = TensorDict(
+        {"nested": nested, "regular": torch.randn(3, 4, 5), "half": torch.ones(3).bfloat16()}, batch_size=[3]
+    )
+    restored = pickle.loads(pickle.dumps(DataProto(batch=batch)))
+    assert_same_nested(restored.batch["nested"], nested)
+    assert torch.equal(restored.batch["regular"], batch["regular"]) and restored.batch["half"].dtype == torch.bfloat16

@@ -129,7 +129,8 @@ def test_batch_manager_defaults_to_the_registered_functions(tokenizer, managers)
     "length, expected", [(10, 0.0), (12, 0.0), (13, -0.25), (14, -0.5), (16, -1.0), (20, -1.0)]
 )
 def test_overlong_penalty_by_hand(length, expected):
-    # max 16, buffer 4: free up to 12 tokens, then -1/4 per token down to -1 at 16.
+    # max 16, buffer 4: free up to 12 tokens, then -1/4 per token down to -1 at 16, and -1 past it as in the
+    # paper (verl's manager would give 20 tokens -2.0).
     assert overlong_penalty(length, max_resp_len=16, overlong_buffer_len=4, penalty_factor=1.0) == expected
     assert overlong_penalty(length, 16, 4, penalty_factor=0.5) == expected * 0.5
 
@@ -145,6 +146,28 @@ def test_dapo_adds_the_overlong_penalty_to_the_score(tokenizer, managers):
     assert metrics["reward/overlong_ratio"] == 0.5
     with pytest.raises(ValueError, match=r"overlong_buffer_len=0 must be in \(0, max_resp_len=16\]"):
         DAPORewardManager(tokenizer, max_resp_len=16, overlong_buffer_len=0)
+
+
+def test_dapo_without_the_overlong_buffer_needs_no_length_and_scores_as_naive(tokenizer, managers):
+    # verl's tests/workers/reward_manager/test_dapo_on_cpu.py: the buffer off needs no max_resp_len.
+    batch = rollout_batch(tokenizer, ["#### 4", "#### 4" + " " * 8], ["arithmetic"] * 2, ["4", "4"], response_width=16)
+    dapo = managers("dapo", tokenizer, max_resp_len=None)
+    scores, extra, metrics = dapo(batch)
+    naive_scores, naive_extra, naive_metrics = managers("naive", tokenizer)(batch)
+    assert torch.equal(scores, naive_scores) and extra == naive_extra and metrics == naive_metrics
+    assert "overlong_reward" not in extra and "reward/overlong_ratio" not in metrics
+
+
+def test_dapo_with_the_overlong_buffer_needs_the_length(tokenizer):
+    with pytest.raises(ValueError) as error:
+        DAPORewardManager(tokenizer, max_resp_len=None, overlong_buffer_len=4)
+    assert str(error.value) == (
+        "overlong_buffer_len=4 needs max_resp_len, the response length limit the penalty counts back from; "
+        "set data.max_response_length or reward_model.reward_kwargs.max_resp_len"
+    )
+    # verl's case: a limit shorter than the buffer is refused.
+    with pytest.raises(ValueError, match=r"overlong_buffer_len=128 must be in \(0, max_resp_len=64\]"):
+        DAPORewardManager(tokenizer, max_resp_len=64, overlong_buffer_len=128)
 
 
 def test_reward_model_scores_pass_through(tokenizer, managers):

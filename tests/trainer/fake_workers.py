@@ -51,7 +51,7 @@ class FakeActorRollout:
                 "attention_mask": attention_mask,
                 "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
             },
-            meta_info={"timing_s/update_weights": 0.001},
+            meta_info={"metrics": {"timing_s/update_weights": [0.001]}},  # one rank's time, as a group returns it
         )
 
     def compute_log_prob(self, data):

@@ -1,5 +1,7 @@
 """Hand-computed cases for the driver's per-step metrics."""
 
+import math
+
 import pytest
 import torch
 
@@ -58,11 +60,35 @@ def test_data_metrics_without_critic_have_no_values():
 
 
 def test_timing_per_token_uses_response_tokens_for_generation():
-    metrics = compute_timing_metrics(_batch(), {"gen": 0.6, "update_actor": 1.1, "step": 2.0})
+    metrics = compute_timing_metrics(_batch(), {"gen": 0.6, "adv": 0.022, "update_actor": 1.1, "step": 2.0})
     assert metrics["timing_s/gen"] == 0.6 and metrics["timing_s/step"] == 2.0
+    # 6 response tokens; 5 prompt + 6 response = 11 tokens in all.
     assert metrics["timing_per_token_ms/gen"] == pytest.approx(600 / 6)
+    assert metrics["timing_per_token_ms/adv"] == pytest.approx(22 / 11)
     assert metrics["timing_per_token_ms/update_actor"] == pytest.approx(1100 / 11)
     assert "timing_per_token_ms/step" not in metrics
+
+
+def test_timing_per_token_is_zero_for_a_step_without_tokens():
+    batch = _batch()
+    batch.batch["attention_mask"].zero_()
+    batch.batch["response_mask"].zero_()
+    metrics = compute_timing_metrics(batch, {"gen": 0.5, "ref": 0.3, "values": 0.2})
+    assert metrics["timing_s/gen"] == 0.5
+    assert {key: value for key, value in metrics.items() if key.startswith("timing_per_token_ms/")} == {
+        "timing_per_token_ms/gen": 0.0,
+        "timing_per_token_ms/ref": 0.0,
+        "timing_per_token_ms/values": 0.0,
+    }
+
+
+def test_data_metrics_over_no_response_tokens_are_nan():
+    batch = _batch()
+    batch.batch["response_mask"].zero_()
+    metrics = compute_data_metrics(batch, use_critic=True)
+    assert all(math.isnan(metrics[f"critic/advantages/{stat}"]) for stat in ("mean", "max", "min"))
+    assert math.isnan(metrics["critic/values/mean"]) and math.isnan(metrics["critic/vf_explained_var"])
+    assert metrics["critic/score/mean"] == pytest.approx(0.75)
 
 
 def test_throughput_and_mfu():
@@ -77,6 +103,13 @@ def test_throughput_and_mfu():
 
 def test_worker_lists_are_averaged():
     assert reduce_worker_metrics({"pg_loss": [1.0, 3.0], "lr": 0.1}) == {"pg_loss": 2.0, "lr": 0.1}
+    # Through a worker group: one list per reporting rank (DataProto.concat), here rank 0's alone.
+    assert reduce_worker_metrics({"pg_loss": [[1.0, 3.0]], "lr": [0.1]}) == {"pg_loss": 2.0, "lr": 0.1}
+
+
+def test_worker_metrics_named_max_or_min_keep_their_extreme():
+    metrics = {"seq_len_max": [[3.0, 7.0], [5.0, 4.0]], "seq_len_min": [[3.0, 7.0], [5.0, 4.0]], "loss": [[1.0], [2.0]]}
+    assert reduce_worker_metrics(metrics) == {"seq_len_max": 7.0, "seq_len_min": 3.0, "loss": 1.5}
 
 
 def test_zero_signal_frac_counts_samples_whose_response_advantages_are_all_zero():

@@ -25,6 +25,11 @@ def test_dapo_gets_the_response_length_and_the_overlong_buffer(base):
         trainer.shutdown()
 
 
+def test_dapo_without_the_overlong_buffer_scores_as_naive(base):
+    config = load_config(compose_config(base + ["reward_model.reward_manager=dapo"]))  # no config error
+    assert reward_manager_options(config) == {"max_resp_len": 8, "reward_fn_key": "data_source"}
+
+
 def test_reward_kwargs_reach_the_manager(base):
     overrides = ["+reward_model.reward_kwargs.timeout_s=5", "+reward_model.reward_kwargs.num_examine=1"]
     trainer = build_trainer(load_config(compose_config(base + overrides)))
@@ -45,8 +50,9 @@ def test_wrong_options_are_named(base):
         "reward_model.reward_kwargs.overlong_bufer_len is not an option of reward manager 'dapo'; "
         "did you mean overlong_buffer_len?"
     )
-    (error,) = config_errors(base + ["reward_model.reward_manager=dapo"])
-    assert "needs its option overlong_buffer_len; set reward_model.overlong_buffer.enable=true" in error
+    no_length = ["reward_model.overlong_buffer.len=4", "+reward_model.reward_kwargs.max_resp_len=null"]
+    (error,) = config_errors(base + DAPO + no_length)
+    assert error.startswith("reward_model.overlong_buffer.len: overlong_buffer_len=4 needs max_resp_len")
     (error,) = config_errors(base + ["reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4"])
     assert "reward manager 'naive' has no overlong penalty; set reward_model.reward_manager=dapo" in error
     (error,) = config_errors(base + DAPO + ["reward_model.overlong_buffer.len=9"])

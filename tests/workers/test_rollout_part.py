@@ -42,7 +42,7 @@ def test_rollout_log_probs_equal_the_trained_actor_after_sync(tiny_model_dir, mo
     assert (engine_log_probs(rollout, batch) - trained).abs().max() > 1e-3
 
     output = worker.generate_sequences(prompts_of(batch))
-    assert output.meta_info["timing_s/update_weights"] > 0
+    assert output.meta_info["metrics"]["timing_s/update_weights"] > 0
     assert not rollout.is_stale and rollout.asleep
     torch.testing.assert_close(engine_log_probs(rollout, batch), trained, rtol=0, atol=1e-5)
 
@@ -52,7 +52,7 @@ def test_generate_sequences_without_new_weights_skips_the_sync(tiny_model_dir):
     worker.init_model()
     prompts = prompts_of(rollout_batch(3, seed=2))
     output = worker.generate_sequences(prompts)
-    assert output.meta_info["timing_s/update_weights"] == 0.0
+    assert output.meta_info["metrics"]["timing_s/update_weights"] == 0.0
     assert len(output) == 6
     assert output.batch["responses"].shape == (6, 5)
     assert torch.equal(output.batch["prompts"][0], output.batch["prompts"][1])
