@@ -6,7 +6,7 @@ Needs a checkout (or bare mirror) of verl; nothing here is imported by hybridflo
     python tools/verl_surface.py scripts --verl /path/to/verl         # run verl's main_ppo example scripts
 
 ``compat-yaml`` writes every key of verl's generated ppo_trainer config that hybridflow's schema lacks, with
-verl's default, plus ``model_engine`` (a Hydra group in verl) and hybridflow's own older ``ray_init.*``. ``scripts`` runs each of verl's example
+verl's default, plus ``model_engine`` (a Hydra group in verl), ``reward.reward_kwargs`` (which verl's scripts add with ``+``) and hybridflow's own older ``ray_init.*``. ``scripts`` runs each of verl's example
 scripts that starts ``verl.trainer.main_ppo`` in bash, with ``python``/``python3`` on PATH replaced by a shim
 that renames the module to ``hybridflow.trainer.main_ppo`` and stops after the config check
 (``HYBRIDFLOW_CONFIG_CHECK=surface``: the keys and values, not the machine's files or GPUs); every other
@@ -37,6 +37,7 @@ GENERATED = "verl/trainer/config/_generated_ppo_trainer.yaml"
 # Keys verl scripts set outside verl's generated config (a Hydra group), and hybridflow's own older names.
 EXTRA_KEYS = {
     "model_engine": "dp",
+    "reward": {"reward_kwargs": {}},
     "ray_init": {"address": None, "num_cpus": None, "num_gpus": None, "object_store_memory": 1 << 30, "temp_dir": None},
 }
 HEADER = """\

@@ -68,8 +68,8 @@ def load_config_with_notes(
     config, compat = split_compat(config)
     if compat.lacks:
         raise ConfigError(list(dict.fromkeys(compat.lacks)))
-    config = accepted_forms(config)
-    errors = compat.errors + unknown_key_errors(config, PPOTrainerConfig)
+    config, form_errors = accepted_forms(config)
+    errors = compat.errors + form_errors + unknown_key_errors(config, PPOTrainerConfig)
     typed, type_errors = _to_dataclass(config, keys_known=not errors)
     errors += type_errors
     if typed is not None:
@@ -82,12 +82,32 @@ def load_config_with_notes(
     return typed, compat.unread + unread_engine_options(typed)
 
 
-def accepted_forms(config: DictConfig) -> DictConfig:
-    """verl's shorter spellings of the same value: ``trainer.logger=console`` is the list ``[console]``."""
+VERL_OVERLONG_KEYS = {"enable", "len", "penalty_factor", "log"}
+
+
+def accepted_forms(config: DictConfig) -> tuple[DictConfig, list[str]]:
+    """verl's other spellings of the same values, in hybridflow's form.
+
+    ``trainer.logger=console`` is the list ``[console]``; DAPO's ``reward_kwargs.overlong_buffer_cfg``
+    (enable, len, penalty_factor, log) is ``reward_model.overlong_buffer`` (its ``log`` is always on here: the
+    DAPO manager reports ``overlong_reward`` and ``overlong`` every step).
+    """
     logger = OmegaConf.select(config, "trainer.logger")
     if isinstance(logger, str):
         config.trainer.logger = [logger]
-    return config
+    kwargs = OmegaConf.select(config, "reward_model.reward_kwargs")
+    if not kwargs or "overlong_buffer_cfg" not in kwargs:
+        return config, []
+    verl_buffer = OmegaConf.to_container(kwargs.pop("overlong_buffer_cfg"))
+    key = "reward_model.reward_kwargs.overlong_buffer_cfg"
+    unknown = sorted(set(verl_buffer) - VERL_OVERLONG_KEYS)
+    if unknown:
+        return config, [f"{key} has no key(s) {unknown}; its keys are {sorted(VERL_OVERLONG_KEYS)}"]
+    if OmegaConf.select(config, "reward_model.overlong_buffer.enable"):
+        return config, [f"{key} and reward_model.overlong_buffer both set DAPO's overlong penalty; keep one"]
+    verl_buffer.pop("log", None)
+    config.reward_model.overlong_buffer = OmegaConf.merge(config.reward_model.overlong_buffer, verl_buffer)
+    return config, []
 
 
 def unknown_key_errors(

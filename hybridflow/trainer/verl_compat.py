@@ -42,7 +42,7 @@ RULES: tuple[Rule, ...] = (
     # Other names of schema keys.
     _alias("ray_init.*", "ray_kwargs.ray_init.*"),
     _alias("reward.reward_manager.name", "reward_model.reward_manager"),
-    _alias("reward.reward_kwargs", "reward_model.reward_kwargs"),
+    _alias("reward.reward_kwargs*", "reward_model.reward_kwargs*"),
     _alias("reward.custom_reward_function.path", "custom_reward_function.path"),
     _alias("reward.custom_reward_function.name", "custom_reward_function.name"),
     _alias("reward.custom_reward_function.reward_kwargs", "custom_reward_function.reward_kwargs"),

@@ -240,3 +240,14 @@ def test_a_gpu_engine_on_a_cpu_run_is_refused_before_anything_starts(base):
 def test_rules_name_what_is_missing():
     assert rule_for("actor_rollout_ref.actor.strategy").kind == LACKS
     assert rule_for("actor_rollout_ref.actor.profiler.enable").kind == "unread"
+
+
+def test_verl_dapo_overlong_buffer_cfg_is_the_overlong_buffer(base):
+    config, _ = _check(base + [
+        "reward.reward_manager.name=dapo", "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+        "+reward.reward_kwargs.overlong_buffer_cfg.len=4", "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+        "+reward.reward_kwargs.overlong_buffer_cfg.log=False",
+    ])
+    buffer = config.reward_model.overlong_buffer
+    assert (buffer.enable, buffer.len, buffer.penalty_factor) == (True, 4, 0.5)
+    assert "overlong_buffer_cfg" not in config.reward_model.reward_kwargs
