@@ -179,6 +179,9 @@ class CriticConfig:
     seed: int = option(1, "Seed of the mini-batch shuffle.")
     cliprange_value: float = option(0.5, "Clip of the value update around the old values (PPO, arXiv:1707.06347).")
     loss_agg_mode: str = option("token-mean", "How the per-token value loss becomes a scalar.")
+    loss_scale_factor: Optional[float] = option(
+        None, "Constant divisor of the value loss's seq-mean-token-sum-norm; None means the padded response length."
+    )
     grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
     optim: OptimConfig = section(OptimConfig, "Optimizer and learning-rate schedule.")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "What checkpoints hold.")
