@@ -30,6 +30,7 @@ from hybridflow.algos.group_advantages import (
     compute_opo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_rloo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
 )
 from hybridflow.algos.group_stats import group_ids_from_index, group_mean_std
 from hybridflow.algos.kl import KL_ESTIMATORS, apply_kl_penalty, kl_penalty
@@ -105,6 +106,7 @@ __all__ = [
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_remax_outcome_advantage",
     "compute_rloo_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
     "compute_value_loss",
     "entropy_from_logits",
     "estimator_inputs",

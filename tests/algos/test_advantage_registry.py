@@ -24,6 +24,8 @@ BUILT_IN = [
     "reinforce_plus_plus_baseline",
     "remax",
     "rloo",
+    "rloo_vectorized",
+    "grpo_vectorized",
 ]
 
 
@@ -45,7 +47,8 @@ def test_required_inputs_per_estimator():
     assert needs_critic("gae") and estimator_inputs("gae") == {"values"}
     assert estimator_inputs("remax") == {"reward_baselines"}
     assert estimator_inputs("reinforce_plus_plus") == frozenset()
-    for name in ("grpo", "grpo_passk", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline"):
+    for name in ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
+                 "reinforce_plus_plus_baseline"):
         assert estimator_inputs(name) == {"index"} and not needs_critic(name)
     with pytest.raises(UnknownNameError):
         needs_critic("nope")
