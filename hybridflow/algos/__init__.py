@@ -7,7 +7,13 @@ the config names: ``algorithm.adv_estimator``, ``actor_rollout_ref.actor.policy_
 and ``algorithm.kl_ctrl.type``. Functions keep verl's names and contracts (``verl/trainer/ppo/core_algos.py``).
 """
 
-from hybridflow.algos import advantages, covariance_policy_losses, group_advantages, policy_losses  # noqa: F401
+from hybridflow.algos import (  # noqa: F401
+    advantages,
+    covariance_policy_losses,
+    divergence_policy_losses,
+    group_advantages,
+    policy_losses,
+)
 from hybridflow.algos.advantage_registry import (
     ADV_ESTIMATORS,
     ESTIMATOR_INPUTS,
@@ -23,6 +29,7 @@ from hybridflow.algos.advantages import (
 )
 from hybridflow.algos.config_fields import read_field
 from hybridflow.algos.covariance_policy_losses import compute_policy_loss_clip_cov, compute_policy_loss_kl_cov
+from hybridflow.algos.divergence_policy_losses import compute_policy_loss_dppo_kl, compute_policy_loss_dppo_tv
 from hybridflow.algos.group_advantages import (
     compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
@@ -96,6 +103,8 @@ __all__ = [
     "compute_opo_outcome_advantage",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dppo_tv",
     "compute_policy_loss_geo_mean",
     "compute_policy_loss_gspo",
     "compute_policy_loss_kl_cov",
