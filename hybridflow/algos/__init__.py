@@ -11,7 +11,9 @@ from hybridflow.algos import (  # noqa: F401
     advantages,
     covariance_policy_losses,
     divergence_policy_losses,
+    gdpo,
     group_advantages,
+    optimal_token_baseline,
     policy_losses,
 )
 from hybridflow.algos.advantage_registry import (
@@ -30,6 +32,7 @@ from hybridflow.algos.advantages import (
 from hybridflow.algos.config_fields import read_field
 from hybridflow.algos.covariance_policy_losses import compute_policy_loss_clip_cov, compute_policy_loss_kl_cov
 from hybridflow.algos.divergence_policy_losses import compute_policy_loss_dppo_kl, compute_policy_loss_dppo_tv
+from hybridflow.algos.gdpo import compute_gdpo_outcome_advantage
 from hybridflow.algos.group_advantages import (
     compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
@@ -55,6 +58,10 @@ from hybridflow.algos.masked_stats import (
     masked_sum,
     masked_var,
     masked_whiten,
+)
+from hybridflow.algos.optimal_token_baseline import (
+    compute_multi_turn_optimal_token_baseline_advantage,
+    compute_optimal_token_baseline_advantage,
 )
 from hybridflow.algos.policy_loss_config import (
     PolicyLossConfig,
@@ -97,10 +104,13 @@ __all__ = [
     "apply_kl_penalty",
     "compute_entropy_loss",
     "compute_gae_advantage_return",
+    "compute_gdpo_outcome_advantage",
     "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
+    "compute_multi_turn_optimal_token_baseline_advantage",
     "compute_opo_outcome_advantage",
+    "compute_optimal_token_baseline_advantage",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
     "compute_policy_loss_dppo_kl",

@@ -81,8 +81,9 @@ def group_counts(group_ids: torch.Tensor, num_groups: int) -> torch.Tensor:
 
 
 def group_sums(values: torch.Tensor, group_ids: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Sum of ``values [B]`` per group, ``[G]``."""
-    return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, group_ids, values)
+    """Sum of ``values [B, ...]`` per group, ``[G, ...]`` (per-token values sum position by position)."""
+    sums = torch.zeros((num_groups, *values.shape[1:]), dtype=values.dtype, device=values.device)
+    return sums.index_add_(0, group_ids, values)
 
 
 def group_max(values: torch.Tensor, group_ids: torch.Tensor, num_groups: int) -> torch.Tensor:

@@ -26,6 +26,9 @@ BUILT_IN = [
     "rloo",
     "rloo_vectorized",
     "grpo_vectorized",
+    "gdpo",
+    "optimal_token_baseline",
+    "tir_optimal_token_baseline",
 ]
 
 
@@ -74,8 +77,11 @@ def test_every_estimator_accepts_the_generic_keyword_call():
         "values": torch.full((4, 2), 0.5),
         "index": np.array(["a", "a", "b", "b"], dtype=object),
         "reward_baselines": torch.tensor([0.5, 0.5, 0.5, 0.5]),
+        "old_log_probs": torch.full((4, 2), -0.5),
+        "sum_pi_squared": torch.full((4, 2), 0.5),
+        "non_tensor_batch": {"score": np.array([1.0, 0.0, 1.0, 2.0], dtype=object)},
     }
-    config = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std_in_grpo": True}
+    config = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": ["score"]}
     for name in BUILT_IN:
         inputs = {key: batch_inputs[key] for key in estimator_inputs(name)}
         advantages, returns = get_adv_estimator_fn(name)(
