@@ -90,7 +90,9 @@ def forward_token_statistics(
     if packed is not None:
         logits, labels, place = _packed_logits(model, packed, input_ids, response_length, predicts)
     else:
-        logits, labels, place = _padded_logits(model, input_ids, attention_mask, position_ids, response_length, predicts)
+        logits, labels, place = _padded_logits(
+            model, input_ids, attention_mask, position_ids, response_length, predicts
+        )
     log_probs, entropy = log_probs_and_entropy(logits, labels, **statistics)
     sum_pi_squared = None
     if calculate_sum_pi_squared:

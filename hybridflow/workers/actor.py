@@ -117,7 +117,8 @@ class ActorPart:
         when ``actor.calculate_sum_pi_squared`` (the optimal token baseline's input), on CPU."""
         inputs = data.select(batch_keys=list(LOG_PROB_INPUTS))
         # In TokenStatistics' field order: forward returns the fields that were asked for.
-        asked = {"old_log_probs": True, "entropys": calculate_entropy, "sum_pi_squared": self.config.calculate_sum_pi_squared}
+        sum_pi_squared = self.config.calculate_sum_pi_squared
+        asked = {"old_log_probs": True, "entropys": calculate_entropy, "sum_pi_squared": sum_pi_squared}
         names = [name for name, wanted in asked.items() if wanted]
         self.module.eval()
 
@@ -127,7 +128,7 @@ class ActorPart:
                 self.module, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
                 response_length=batch["responses"].shape[1], temperature=temperature,
                 use_remove_padding=self.model_config.use_remove_padding, calculate_entropy=calculate_entropy,
-                calculate_sum_pi_squared=self.config.calculate_sum_pi_squared,
+                calculate_sum_pi_squared=sum_pi_squared,
             )
             return tuple(value for value in statistics if value is not None)
 
