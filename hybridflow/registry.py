@@ -2,7 +2,8 @@
 
 Advantage estimators, policy losses, KL estimators, reward functions, rollout engines and tools each keep
 one ``Registry``. A name registered twice raises naming both functions; an unknown name raises listing
-every valid one, with the config key the user should change.
+every valid one, with the config key the user should change. An alias (verl's ``grpo_vectorized`` for
+``grpo``) is a second name for a registered object, and the registry remembers which name it stands for.
 """
 
 from __future__ import annotations
@@ -37,26 +38,45 @@ class Registry(Generic[T]):
         self.kind = kind
         self.config_key = config_key
         self._entries: dict[str, T] = {}
+        self._aliases: dict[str, str] = {}  # alias -> the name it stands for
 
     def register(self, name: str, *aliases: str) -> Callable[[T], T]:
-        """Decorator: ``@REGISTRY.register("grpo")`` (aliases map to the same object)."""
+        """Decorator: ``@REGISTRY.register("grpo", "grpo_vectorized")``: the name, then its aliases."""
 
         def decorator(obj: T) -> T:
-            for key in (name, *aliases):
-                self.add(key, obj)
+            self.add(name, obj)
+            for alias in aliases:
+                self.add_alias(alias, name)
             return obj
 
         return decorator
 
     def add(self, name: str, obj: T) -> None:
+        """Register ``obj`` as ``name``; the same object again under the same name is harmless (re-import)."""
+        self._check_free(name, obj, alias_of=None)
+        self._entries[name] = obj
+
+    def add_alias(self, alias: str, name: str) -> None:
+        """Make ``alias`` a second name for what ``name`` (a registered name or alias) stands for."""
+        target = self.canonical(name)
+        self._check_free(alias, self._entries[target], alias_of=target)
+        self._entries[alias] = self._entries[target]
+        self._aliases[alias] = target
+
+    def _check_free(self, name: str, obj: T, alias_of: str | None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} names must be non-empty strings, got {name!r}")
-        if name in self._entries and self._entries[name] is not obj:
+        if name not in self._entries:
+            return
+        if self._entries[name] is not obj or self._aliases.get(name) != alias_of:
             raise DuplicateNameError(
-                f"{self.kind} {name!r} is registered twice: by {_describe(self._entries[name])} "
-                f"and by {_describe(obj)}; rename one of them"
+                f"{self.kind} {name!r} is registered twice: {self._role(self._aliases.get(name), self._entries[name])} "
+                f"and {self._role(alias_of, obj)}; rename one of them"
             )
-        self._entries[name] = obj
+
+    @staticmethod
+    def _role(alias_of: str | None, obj: object) -> str:
+        return f"by {_describe(obj)}" if alias_of is None else f"as an alias of {alias_of!r}"
 
     def get(self, name: str) -> T:
         try:
@@ -68,7 +88,22 @@ class Registry(Generic[T]):
             ) from None
 
     def names(self) -> list[str]:
+        """Every registered name, aliases included, sorted."""
         return sorted(self._entries)
+
+    def primary_names(self) -> list[str]:
+        """The registered names that are not aliases, sorted."""
+        return sorted(name for name in self._entries if name not in self._aliases)
+
+    def is_alias(self, name: str) -> bool:
+        """True when ``name`` was registered as an alias; an unknown name raises listing the valid ones."""
+        self.get(name)
+        return name in self._aliases
+
+    def canonical(self, name: str) -> str:
+        """The name an alias stands for (a name that is no alias stands for itself)."""
+        self.get(name)
+        return self._aliases.get(name, name)
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

@@ -96,6 +96,7 @@ def registered_examples(monkeypatch):
     """The example estimator, loss and scoring function, registered into copies of the registries."""
     for registry in (advantage_registry.ADV_ESTIMATORS, POLICY_LOSSES, SCORING_FUNCTIONS):
         monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+        monkeypatch.setattr(registry, "_aliases", dict(registry._aliases))
     monkeypatch.setattr(advantage_registry, "_REQUIRED_INPUTS", dict(advantage_registry._REQUIRED_INPUTS))
     for name in ("batch_mean_advantage", "single_clip_policy_loss", "reverse_word_scoring"):
         _load_file(EXAMPLES / f"{name}.py", f"docs_example_{name}")

@@ -14,6 +14,44 @@ def test_register_get_and_aliases():
     assert reg.get("grpo_alias") is grpo
     assert reg.names() == ["grpo", "grpo_alias"]
     assert "grpo" in reg and len(reg) == 2
+    assert reg.primary_names() == ["grpo"]
+    assert reg.is_alias("grpo_alias") and not reg.is_alias("grpo")
+    assert reg.canonical("grpo_alias") == reg.canonical("grpo") == "grpo"
+    with pytest.raises(UnknownNameError):
+        reg.is_alias("nope")
+
+
+def test_alias_of_an_alias_stands_for_the_first_name():
+    reg = Registry("kl estimator")
+    reg.add("low_var_kl", abs)
+    reg.add_alias("k3", "low_var_kl")
+    reg.add_alias("k3_again", "k3")
+    assert reg.get("k3_again") is abs and reg.canonical("k3_again") == "low_var_kl"
+    with pytest.raises(UnknownNameError):
+        reg.add_alias("k9", "nope")
+
+
+def test_a_name_registered_twice_raises_even_as_an_alias():
+    reg = Registry("advantage estimator")
+
+    def grpo():
+        pass
+
+    def rloo():
+        pass
+
+    reg.register("grpo", "grpo_vectorized")(grpo)
+    reg.register("grpo", "grpo_vectorized")(grpo)  # the same registration again is harmless (re-import)
+    reg.add("rloo", rloo)
+    with pytest.raises(DuplicateNameError, match="'grpo_vectorized' is registered twice: as an alias of 'grpo' and by"):
+        reg.add("grpo_vectorized", rloo)
+    with pytest.raises(DuplicateNameError, match="as an alias of 'grpo' and as an alias of 'rloo'"):
+        reg.add_alias("grpo_vectorized", "rloo")
+    with pytest.raises(DuplicateNameError, match="'rloo' is registered twice: by .*rloo and as an alias of 'grpo'"):
+        reg.add_alias("rloo", "grpo")
+    # The same object under the same name, but now as a name rather than an alias, is a second registration.
+    with pytest.raises(DuplicateNameError, match="as an alias of 'grpo' and by .*grpo"):
+        reg.add("grpo_vectorized", grpo)
 
 
 def test_unknown_name_lists_valid_names_and_key():

@@ -7,7 +7,15 @@ the config names: ``algorithm.adv_estimator``, ``actor_rollout_ref.actor.policy_
 and ``algorithm.kl_ctrl.type``. Functions keep verl's names and contracts (``verl/trainer/ppo/core_algos.py``).
 """
 
-from hybridflow.algos import advantages, covariance_policy_losses, group_advantages, policy_losses  # noqa: F401
+from hybridflow.algos import (  # noqa: F401
+    advantages,
+    covariance_policy_losses,
+    divergence_policy_losses,
+    gdpo,
+    group_advantages,
+    optimal_token_baseline,
+    policy_losses,
+)
 from hybridflow.algos.advantage_registry import (
     ADV_ESTIMATORS,
     ESTIMATOR_INPUTS,
@@ -23,6 +31,8 @@ from hybridflow.algos.advantages import (
 )
 from hybridflow.algos.config_fields import read_field
 from hybridflow.algos.covariance_policy_losses import compute_policy_loss_clip_cov, compute_policy_loss_kl_cov
+from hybridflow.algos.divergence_policy_losses import compute_policy_loss_dppo_kl, compute_policy_loss_dppo_tv
+from hybridflow.algos.gdpo import compute_gdpo_outcome_advantage
 from hybridflow.algos.group_advantages import (
     compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
@@ -30,6 +40,7 @@ from hybridflow.algos.group_advantages import (
     compute_opo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_rloo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
 )
 from hybridflow.algos.group_stats import group_ids_from_index, group_mean_std
 from hybridflow.algos.kl import KL_ESTIMATORS, apply_kl_penalty, kl_penalty
@@ -47,6 +58,10 @@ from hybridflow.algos.masked_stats import (
     masked_sum,
     masked_var,
     masked_whiten,
+)
+from hybridflow.algos.optimal_token_baseline import (
+    compute_multi_turn_optimal_token_baseline_advantage,
+    compute_optimal_token_baseline_advantage,
 )
 from hybridflow.algos.policy_loss_config import (
     PolicyLossConfig,
@@ -89,12 +104,17 @@ __all__ = [
     "apply_kl_penalty",
     "compute_entropy_loss",
     "compute_gae_advantage_return",
+    "compute_gdpo_outcome_advantage",
     "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
+    "compute_multi_turn_optimal_token_baseline_advantage",
     "compute_opo_outcome_advantage",
+    "compute_optimal_token_baseline_advantage",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dppo_tv",
     "compute_policy_loss_geo_mean",
     "compute_policy_loss_gspo",
     "compute_policy_loss_kl_cov",
@@ -105,6 +125,7 @@ __all__ = [
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_remax_outcome_advantage",
     "compute_rloo_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
     "compute_value_loss",
     "entropy_from_logits",
     "estimator_inputs",

@@ -77,14 +77,15 @@ def compute_reinforce_plus_plus_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu, arXiv:2501.03262): discounted reward-to-go, whitened over the batch.
 
-    ``G_t = r_t + gamma * G_{t+1}``, and the running return resets to 0 after every masked position, so
-    a turn's tokens only see rewards up to the next masked span. Advantages are ``G`` whitened over all
-    masked positions of the batch (a global, not per-prompt, baseline).
+    ``G_t = r_t + gamma * G_next`` where "next" is the next position with ``response_mask`` 1: masked
+    spans (a multi-turn response's tool output) are skipped, neither resetting nor discounting the
+    return, so the final reward reaches every earlier assistant turn (verl PR #7278). Advantages are
+    ``G`` whitened over all masked positions of the batch (a global, not per-prompt, baseline).
 
-    Differs from the paper: the reset at masked spans (the paper has single-turn responses only).
+    Differs from the paper: masked spans are skipped (the paper has single-turn responses only).
 
     Args:
-        token_level_rewards: ``[B, T]``.
+        token_level_rewards: ``[B, T]`` (a reward on a masked position is skipped, as in verl).
         response_mask: ``[B, T]``.
         config: the ``algorithm`` config (read for ``gamma``).
         gamma: discount; default ``config.gamma`` or 1.0.
@@ -94,10 +95,12 @@ def compute_reinforce_plus_plus_outcome_advantage(
     """
     gamma = float(pick_option("gamma", gamma, config, 1.0))
     mask = response_mask.bool()
-    # G_t = r_t + gamma m_{t+1} G_{t+1}: the running return is cut after every masked position.
+    mask_f = mask.to(token_level_rewards.dtype)
     rewards = torch.where(mask, token_level_rewards, torch.zeros_like(token_level_rewards))
     zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
-    returns = torch.where(mask, reverse_linear_scan(rewards, gamma * shift_left(mask.to(rewards.dtype))), zero)
+    # Running return x_t = r_t + gamma x_{t+1} on masked-in tokens; masked ones carry x_{t+1} unchanged.
+    running = reverse_linear_scan(rewards, 1 + (gamma - 1) * mask_f)
+    returns = torch.where(mask, running, zero)
     advantages = torch.where(mask, masked_whiten(returns, mask), zero)
     return advantages, returns
 

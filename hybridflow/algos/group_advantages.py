@@ -35,7 +35,7 @@ def _per_token(per_sample: torch.Tensor, response_mask: torch.Tensor) -> torch.T
     return per_sample.unsqueeze(-1) * response_mask.to(per_sample.dtype)
 
 
-@register_adv_est("grpo", requires=("index",))
+@register_adv_est("grpo", "grpo_vectorized", requires=("index",))
 @torch.no_grad()
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -54,6 +54,9 @@ def compute_grpo_outcome_advantage(
 
     Differs from the paper: ``epsilon`` in the denominator, and the group-of-one rule (the paper samples
     several outputs per prompt and does not define it).
+
+    Also registered as ``grpo_vectorized``: verl keeps a loop and a vectorised copy of the same formula
+    under two names; this one is vectorised, so both names run it.
 
     Args:
         token_level_rewards: ``[B, T]``; a sample's score is its row sum.
@@ -121,6 +124,13 @@ def compute_grpo_passk_outcome_advantage(
     return advantages, advantages
 
 
+def _leave_one_out(scores: torch.Tensor, group_ids: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s_i - (sum_g - s_i) / (n - 1)`` per sample (0 for a group of one) and the group sizes ``n``."""
+    n = torch.bincount(group_ids, minlength=num_groups)[group_ids].to(scores.dtype)
+    others_mean = (group_sums(scores, group_ids, num_groups)[group_ids] - scores) / (n - 1).clamp_min(1)
+    return torch.where(n > 1, scores - others_mean, torch.zeros_like(scores)), n
+
+
 @register_adv_est("rloo", requires=("index",))
 @torch.no_grad()
 def compute_rloo_outcome_advantage(
@@ -141,11 +151,31 @@ def compute_rloo_outcome_advantage(
         ``(advantages [B, T], returns [B, T])``, equal, 0 on masked positions.
     """
     scores, group_ids, num_groups = _scores_and_groups(token_level_rewards, index)
-    mean, _, counts = group_mean_std(scores, group_ids, num_groups)
-    n = counts[group_ids].to(scores.dtype)
-    leave_one_out = (scores - mean[group_ids]) * n / (n - 1).clamp_min(1)
-    advantages = torch.where(n > 1, leave_one_out, scores)
-    advantages = _per_token(advantages, response_mask)
+    leave_one_out, n = _leave_one_out(scores, group_ids, num_groups)
+    advantages = _per_token(torch.where(n > 1, leave_one_out, scores), response_mask)
+    return advantages, advantages
+
+
+@register_adv_est("rloo_vectorized", requires=("index",))
+@torch.no_grad()
+def compute_rloo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any,
+    epsilon: float = 1e-6,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO as verl's ``rloo_vectorized`` computes it: :func:`compute_rloo_outcome_advantage`'s
+    leave-one-out advantage, except that a group of one gets 0 instead of its raw score.
+
+    verl's two RLOO estimators disagree only there; both conventions are kept under verl's names.
+
+    Returns:
+        ``(advantages [B, T], returns [B, T])``, equal, 0 on masked positions.
+    """
+    scores, group_ids, num_groups = _scores_and_groups(token_level_rewards, index)
+    advantages = _per_token(_leave_one_out(scores, group_ids, num_groups)[0], response_mask)
     return advantages, advantages
 
 

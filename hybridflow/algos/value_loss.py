@@ -17,6 +17,7 @@ def compute_value_loss(
     loss_agg_mode: str = "token-mean",
     global_token_count: Count = None,
     global_seq_count: Count = None,
+    loss_scale_factor: int | float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped value loss (OpenAI baselines' ppo2; studied by Engstrom et al., arXiv:2005.12729).
 
@@ -29,6 +30,9 @@ def compute_value_loss(
         values: ``[B, T]`` values predicted when the batch was collected.
         response_mask: ``[B, T]``.
         cliprange_value: how far ``vpreds`` may move from ``values`` before the clip binds.
+        loss_agg_mode, global_token_count, global_seq_count: as for :func:`~hybridflow.algos.agg_loss`.
+        loss_scale_factor: the constant divisor of ``seq-mean-token-sum-norm`` (``critic.loss_scale_factor``,
+            as the actor's); None means the padded response length.
 
     Returns:
         ``(vf_loss, vf_clipfrac)``: the scalar loss and the share of masked tokens where the clipped
@@ -40,7 +44,7 @@ def compute_value_loss(
     per_token = torch.maximum(squared_error, squared_error_clipped)
     vf_loss = 0.5 * agg_loss(
         per_token, response_mask, loss_agg_mode, global_token_count=global_token_count,
-        global_seq_count=global_seq_count,
+        global_seq_count=global_seq_count, loss_scale_factor=loss_scale_factor,
     )
     vf_clipfrac = masked_mean((squared_error_clipped > squared_error).float(), response_mask).detach()
     return vf_loss, vf_clipfrac

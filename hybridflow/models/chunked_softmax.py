@@ -59,6 +59,25 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0, chunk_si
     return log_probs_and_entropy(logits, labels, temperature, True, chunk_size)[1]
 
 
+@torch.no_grad()
+def sum_pi_squared_from_logits(
+    logits: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None
+) -> torch.Tensor:
+    """``sum_v softmax(logits / temperature)_v^2`` per position, ``[..., V] -> [...]`` float32, no gradient.
+
+    Computed as ``exp(logsumexp(2 z) - 2 logsumexp(z))`` (verl's ``calculate_sum_pi_squared_from_logits``),
+    which never forms the probabilities; chunk by chunk like the log-probs.
+    """
+    vocab_size = logits.shape[-1]
+    flat = logits.reshape(-1, vocab_size)
+    rows = chunk_size or default_chunk_size(vocab_size)
+    result = flat.new_empty(flat.shape[0], dtype=torch.float32)
+    for start in range(0, flat.shape[0], rows):
+        scaled = _scaled(flat[start : start + rows], temperature)
+        result[start : start + rows] = torch.exp(torch.logsumexp(2 * scaled, -1) - 2 * torch.logsumexp(scaled, -1))
+    return result.view(logits.shape[:-1])
+
+
 class _ChunkedLogSoftmaxStatistics(torch.autograd.Function):
     """``[N, V]`` logits -> log-prob ``[N]`` and entropy ``[N]`` (empty when not asked for)."""
 

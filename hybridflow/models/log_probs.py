@@ -1,5 +1,5 @@
-"""Log-probs (and entropy) of the response tokens under a causal LM: the one path for actor, reference
-and rollout log-prob calls.
+"""Log-probs (and entropy, and the sum of squared probabilities) of the response tokens under a causal LM:
+the one path for actor, reference and rollout log-prob calls.
 
 The model projects to the vocabulary only at the positions that predict response tokens
 (``logits_to_keep``), never at the prompt, and the log-softmax statistics are taken chunk by chunk
@@ -10,9 +10,11 @@ kernel (``hybridflow.models.padding.pack_for_model``).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from hybridflow.models.chunked_softmax import log_probs_and_entropy
+from hybridflow.models.chunked_softmax import log_probs_and_entropy, sum_pi_squared_from_logits
 from hybridflow.models.padding import PackedBatch, pack_for_model, pack_values
 
 
@@ -34,6 +36,14 @@ def response_prediction_mask(attention_mask: torch.Tensor, response_length: int)
     return mask
 
 
+class TokenStatistics(NamedTuple):
+    """Per response token ``[B, R]`` float32, 0 where the response is padding; None where not asked for."""
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
+
+
 def forward_log_probs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -53,16 +63,46 @@ def forward_log_probs(
     ``attention_mask``) unless ``pack_for_model`` finds the padded rectangle cheaper; otherwise the
     padded rectangle is run as is. Gradients flow when enabled.
     """
+    statistics = forward_token_statistics(
+        model, input_ids, attention_mask, position_ids, response_length, temperature, use_remove_padding,
+        calculate_entropy=calculate_entropy, chunk_size=chunk_size,
+    )
+    return statistics.log_probs, statistics.entropy
+
+
+def forward_token_statistics(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+    use_remove_padding: bool = True,
+    calculate_entropy: bool = False,
+    calculate_sum_pi_squared: bool = False,
+    chunk_size: int | None = None,
+) -> TokenStatistics:
+    """:func:`forward_log_probs`, and with ``calculate_sum_pi_squared`` also ``sum_v pi_v^2`` of each
+    position's next-token distribution (at ``temperature``; no gradient), from the same forward pass."""
     predicts = response_prediction_mask(attention_mask, response_length)
     statistics = dict(temperature=temperature, calculate_entropy=calculate_entropy, chunk_size=chunk_size)
     packed = pack_for_model(model, input_ids, attention_mask) if use_remove_padding else None
     if packed is not None:
-        return _packed_log_probs(model, packed, input_ids, response_length, predicts, statistics)
-    return _padded_log_probs(model, input_ids, attention_mask, position_ids, response_length, predicts, statistics)
+        logits, labels, place = _packed_logits(model, packed, input_ids, response_length, predicts)
+    else:
+        logits, labels, place = _padded_logits(
+            model, input_ids, attention_mask, position_ids, response_length, predicts
+        )
+    log_probs, entropy = log_probs_and_entropy(logits, labels, **statistics)
+    sum_pi_squared = None
+    if calculate_sum_pi_squared:
+        sum_pi_squared = place(sum_pi_squared_from_logits(logits, temperature, chunk_size))
+    return TokenStatistics(place(log_probs), None if entropy is None else place(entropy), sum_pi_squared)
 
 
-def _packed_log_probs(model, packed: PackedBatch, input_ids, response_length, predicts, statistics):
-    """Run the packed rows; project to the vocabulary only at the K predicting positions."""
+def _packed_logits(model, packed: PackedBatch, input_ids, response_length, predicts):
+    """Run the packed rows, projecting to the vocabulary only at the K predicting positions: their logits,
+    labels, and the function that places K per-position values into ``[B, R]``."""
     keep = pack_values(predicts, packed).nonzero(as_tuple=True)[0]
     # A boolean logits_to_keep returns the kept positions in row-major slot order: label them in that order.
     keep = keep[torch.argsort(packed.slot_index[keep])]
@@ -77,18 +117,20 @@ def _packed_log_probs(model, packed: PackedBatch, input_ids, response_length, pr
         use_cache=False,
         logits_to_keep=keep_slots.view_as(packed.input_ids),
     )
-    log_probs, entropy = log_probs_and_entropy(output.logits, labels, **statistics)
     flat_index = packed.token_index[keep]
     rows = flat_index // packed.seq_len
     cols = flat_index % packed.seq_len - (packed.seq_len - response_length - 1)
     shape = (packed.batch_size, response_length)
-    if entropy is not None:
-        entropy = log_probs.new_zeros(shape).index_put((rows, cols), entropy)
-    return log_probs.new_zeros(shape).index_put((rows, cols), log_probs), entropy
+
+    def place(values: torch.Tensor) -> torch.Tensor:
+        return values.new_zeros(shape).index_put((rows, cols), values.reshape(-1))
+
+    return output.logits, labels, place
 
 
-def _padded_log_probs(model, input_ids, attention_mask, position_ids, response_length, predicts, statistics):
-    """Run the padded rectangle; project to the vocabulary at its last R + 1 columns."""
+def _padded_logits(model, input_ids, attention_mask, position_ids, response_length, predicts):
+    """Run the padded rectangle, projecting to the vocabulary at its last R + 1 columns: their logits,
+    labels, and the function that keeps the R predicting columns (0 where the response is padding)."""
     output = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -98,9 +140,9 @@ def _padded_log_probs(model, input_ids, attention_mask, position_ids, response_l
     )
     # The last column predicts past the end; label it 0 to keep the logits a contiguous view.
     labels = torch.nn.functional.pad(input_ids[:, -response_length:], (0, 1))
-    log_probs, entropy = log_probs_and_entropy(output.logits, labels, **statistics)
     keep = predicts[:, -response_length - 1 : -1]
-    log_probs = torch.where(keep, log_probs[:, :-1], 0.0)
-    if entropy is not None:
-        entropy = torch.where(keep, entropy[:, :-1], 0.0)
-    return log_probs, entropy
+
+    def place(values: torch.Tensor) -> torch.Tensor:
+        return torch.where(keep, values[:, :-1], 0.0)
+
+    return output.logits, labels, place

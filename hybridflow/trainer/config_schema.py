@@ -72,6 +72,14 @@ class AlgorithmConfig:
     kl_penalty: str = option("kl", "KL estimator of the reward penalty: kl, abs, mse, low_var_kl, full.")
     kl_ctrl: KLControlConfig = section(KLControlConfig, "KL-in-reward coefficient controller.")
     filter_groups: FilterGroupsConfig = section(FilterGroupsConfig, "DAPO dynamic sampling.")
+    gdpo_reward_keys: Optional[list[str]] = option(
+        None,
+        "GDPO (arXiv 2601.05242): keys of the scoring function's returned dict, each normalised within its group "
+        "before they are added; required by adv_estimator=gdpo, read by nothing else.",
+    )
+    gdpo_reward_weights: Optional[list[float]] = option(
+        None, "GDPO: one weight per gdpo_reward_keys entry in the sum; None means 1 each."
+    )
     skip_zero_signal_samples: Optional[bool] = option(
         None,
         "Leave samples with all-zero advantages out of the log-prob and update passes (exact with one "

@@ -15,7 +15,7 @@ Each ``*_blockers`` function returns one phrase per reason the shortcut is not e
 
 from __future__ import annotations
 
-from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, needs_critic
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, estimator_inputs, needs_critic
 from hybridflow.algos.policy_loss_registry import POLICY_LOSSES, zero_at_zero_advantage
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 
@@ -33,6 +33,20 @@ def _several_optimizer_steps(config: PPOTrainerConfig) -> list[str]:
     ]
 
 
+def _log_prob_pass_readers(config: PPOTrainerConfig) -> list[str]:
+    """What reads the old-log-prob pass's outputs for every sample before the update."""
+    readers = []
+    estimator = config.algorithm.adv_estimator
+    read = estimator_inputs(estimator) & {"old_log_probs", "sum_pi_squared"} if estimator in ADV_ESTIMATORS else set()
+    if read:
+        readers.append(f"algorithm.adv_estimator={estimator} reads {' and '.join(sorted(read))} of every sample")
+    if config.actor_rollout_ref.actor.calculate_sum_pi_squared:
+        readers.append(
+            "actor_rollout_ref.actor.calculate_sum_pi_squared=true takes sum_pi_squared of every sample from that pass"
+        )
+    return readers
+
+
 def old_log_prob_skip_blockers(config: PPOTrainerConfig) -> list[str]:
     """Why the old log-probs can differ from the update's own (the update is not exactly on-policy)."""
     blockers = _several_optimizer_steps(config)
@@ -41,7 +55,7 @@ def old_log_prob_skip_blockers(config: PPOTrainerConfig) -> list[str]:
         blockers.append(f"actor_rollout_ref.actor.ppo_epochs={epochs} reuses the batch after an optimizer step")
     if config.algorithm.use_kl_in_reward:
         blockers.append("algorithm.use_kl_in_reward=true reads old_log_probs before the update")
-    return blockers
+    return blockers + _log_prob_pass_readers(config)
 
 
 def zero_signal_skip_blockers(config: PPOTrainerConfig) -> list[str]:
@@ -52,6 +66,7 @@ def zero_signal_skip_blockers(config: PPOTrainerConfig) -> list[str]:
         blockers.append(f"algorithm.adv_estimator={algorithm.adv_estimator} trains a critic on every sample")
     if algorithm.use_kl_in_reward:
         blockers.append("algorithm.use_kl_in_reward=true gives every sample a KL reward")
+    blockers += _log_prob_pass_readers(config)
     if actor.use_kl_loss:
         blockers.append("actor_rollout_ref.actor.use_kl_loss=true adds a KL loss on every sample")
     if actor.entropy_coeff != 0:

@@ -1,7 +1,8 @@
 """Optional per-step extras, attached at start-up so the training step itself never checks for them.
 
 A hook has ``after_step(global_step, batch, metrics)``; it sees the finished step's batch (prompts,
-responses, scores, advantages) and its metrics, and must not change them.
+responses, scores, advantages) and its metrics, and must not change them; a hook that measures something
+adds its own metrics (``hybridflow.trainer.estimator_metrics``), which are logged with the step's.
 """
 
 from __future__ import annotations

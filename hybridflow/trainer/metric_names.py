@@ -59,6 +59,16 @@ EPOCH = "training/epoch"
 NUM_GEN_BATCHES = "train/num_gen_batches"
 NUM_KEPT_GROUPS = "train/num_kept_groups"
 
+# GDPO (arXiv 2601.05242): ``gdpo/<key>/mean|std|max|min`` of each reward component in algorithm.gdpo_reward_keys.
+GDPO_PREFIX = "gdpo/"
+
+# Gradient-variance proxies from sum_pi_squared (actor.calculate_sum_pi_squared), verl's names.
+VARIANCE_PROXY_SIGNAL = "variance_proxy/proxy1_signal_strength"
+VARIANCE_PROXY_TOTAL_POWER = "variance_proxy/proxy2_total_power"
+VARIANCE_PROXY_NOISE = "variance_proxy/proxy3_pure_noise"
+VARIANCE_PROXY_EXPECTED_A_SQUARED = "variance_proxy/expected_a_squared"
+VARIANCE_PROXY_EXPECTED_W = "variance_proxy/expected_w"
+
 # Validation metrics are named by hybridflow.rewards.process_validation_metrics, as verl names them:
 # ``val-core/<data_source>/<metric>/mean@<n>`` for the headline numbers, ``val-aux/...`` for the rest.
 VAL_CORE_PREFIX = "val-core/"

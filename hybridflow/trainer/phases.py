@@ -178,6 +178,9 @@ _ESTIMATOR_INPUT_READERS = {
     "values": lambda batch: batch.batch["values"],
     "index": lambda batch: batch.non_tensor_batch["uid"],
     "reward_baselines": lambda batch: batch.batch["reward_baselines"],
+    "old_log_probs": lambda batch: batch.batch["old_log_probs"],
+    "sum_pi_squared": lambda batch: batch.batch["sum_pi_squared"],
+    "non_tensor_batch": lambda batch: batch.non_tensor_batch,
 }
 
 

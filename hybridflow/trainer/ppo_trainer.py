@@ -21,6 +21,7 @@ from hybridflow.rewards import process_validation_metrics
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.checkpoint_manager import CheckpointManager, capture_rng_state, restore_rng_state
 from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.estimator_metrics import RewardComponentMetrics, VarianceProxyMetrics
 from hybridflow.trainer.exact_skips import skips_old_log_prob, skips_zero_signal_samples
 from hybridflow.trainer.hooks import RolloutDump, StepHook
 from hybridflow.trainer.metrics import (
@@ -97,6 +98,10 @@ class RayPPOTrainer:
         self.hooks: list[StepHook] = []
         if trainer.rollout_data_dir:
             self.hooks.append(RolloutDump(trainer.rollout_data_dir, trainer.rollout_dump_freq, tokenizer))
+        if config.algorithm.gdpo_reward_keys:
+            self.hooks.append(RewardComponentMetrics(config.algorithm.gdpo_reward_keys))
+        if config.actor_rollout_ref.actor.calculate_sum_pi_squared:
+            self.hooks.append(VarianceProxyMetrics())
         self.global_step = 0
         self._saved_step = -1
         self.workers = None

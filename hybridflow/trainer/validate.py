@@ -28,6 +28,7 @@ from hybridflow.rewards import REWARD_MANAGERS
 from hybridflow.rollout.config import RolloutConfigError
 from hybridflow.trainer.checkpoint_manager import RESUME_MODES
 from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.estimator_options import estimator_option_errors
 from hybridflow.trainer.exact_skips import forced_skip_errors, skips_old_log_prob, skips_zero_signal_samples
 from hybridflow.trainer.placement import PLACEMENTS
 from hybridflow.trainer.reward_options import reward_manager_errors
@@ -194,6 +195,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + _trainer_errors(config)
         + _resource_errors(config)
         + reward_manager_errors(config)
+        + estimator_option_errors(config)
         + forced_skip_errors(config)
     )
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from hybridflow.algos import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
-from hybridflow.models.log_probs import forward_log_probs
+from hybridflow.models.log_probs import forward_log_probs, forward_token_statistics
 from hybridflow.protocol import DataProto
 from hybridflow.workers import checkpoint
 from hybridflow.workers.batching import (
@@ -112,20 +112,29 @@ class ActorPart:
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.weights_version = 0
 
-    def compute_log_prob(self, data: DataProto, temperature: float, calculate_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs ``[B, R]`` of the responses under the current policy (and entropy), on CPU."""
+    def compute_log_prob(self, data: DataProto, temperature: float, calculate_entropy: bool) -> dict[str, torch.Tensor]:
+        """``old_log_probs`` ``[B, R]`` under the current policy, ``entropys`` when asked, and ``sum_pi_squared``
+        when ``actor.calculate_sum_pi_squared`` (the optimal token baseline's input), on CPU."""
         inputs = data.select(batch_keys=list(LOG_PROB_INPUTS))
-        use_remove_padding = self.model_config.use_remove_padding
+        # In TokenStatistics' field order: forward returns the fields that were asked for.
+        sum_pi_squared = self.config.calculate_sum_pi_squared
+        asked = {"old_log_probs": True, "entropys": calculate_entropy, "sum_pi_squared": sum_pi_squared}
+        names = [name for name, wanted in asked.items() if wanted]
         self.module.eval()
 
         def forward(micro: DataProto) -> tuple[torch.Tensor, ...]:
-            log_probs, entropy = log_prob_forward(self.module, micro, temperature, use_remove_padding, calculate_entropy)
-            return (log_probs,) if entropy is None else (log_probs, entropy)
+            batch = micro.batch
+            statistics = forward_token_statistics(
+                self.module, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+                response_length=batch["responses"].shape[1], temperature=temperature,
+                use_remove_padding=self.model_config.use_remove_padding, calculate_entropy=calculate_entropy,
+                calculate_sum_pi_squared=sum_pi_squared,
+            )
+            return tuple(value for value in statistics if value is not None)
 
         with self.trainer.on_device():
             outputs = run_in_micro_batches(inputs, self.log_prob_batching, self.device, forward)
-        outputs = [output.cpu() for output in outputs]
-        return outputs[0], (outputs[1] if calculate_entropy else None)
+        return {name: output.cpu() for name, output in zip(names, outputs)}
 
     def update(self, data: DataProto, temperature: float) -> dict[str, Any]:
         """PPO epochs over ``data`` (this rank's share); returns verl's actor metrics, un-prefixed.

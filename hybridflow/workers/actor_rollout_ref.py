@@ -106,13 +106,11 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` [B, R] and ``entropys`` [B, R] (unless ``meta_info['calculate_entropy']`` is False)."""
+        """``old_log_probs`` [B, R], ``entropys`` [B, R] (unless ``meta_info['calculate_entropy']`` is False) and
+        ``sum_pi_squared`` [B, R] (when ``actor.calculate_sum_pi_squared``)."""
         temperature = self._temperature(data)
         calculate_entropy = bool(data.meta_info.get("calculate_entropy", True))
-        log_probs, entropys = self._part("actor", "compute_log_prob").compute_log_prob(data, temperature, calculate_entropy)
-        tensors = {"old_log_probs": log_probs}
-        if entropys is not None:
-            tensors["entropys"] = entropys
+        tensors = self._part("actor", "compute_log_prob").compute_log_prob(data, temperature, calculate_entropy)
         return DataProto.from_dict(tensors, meta_info={"temperature": temperature})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -111,6 +111,11 @@ class ActorConfig:
     loss_agg_mode: str = option("token-mean", "How the per-token loss becomes a scalar (algos.loss_agg).")
     loss_scale_factor: Optional[float] = option(None, "Constant divisor of seq-mean-token-sum-norm.")
     entropy_coeff: float = option(0.0, "Weight of the entropy bonus subtracted from the loss.")
+    calculate_sum_pi_squared: bool = option(
+        False,
+        "Also compute sum_v pi_v^2 per response token in the old-log-prob pass (batch key sum_pi_squared): the "
+        "optimal token baseline estimators need it, and it adds the variance_proxy/* metrics.",
+    )
     use_kl_loss: bool = option(False, "Add a KL(actor || ref) loss term (GRPO, arXiv:2402.03300).")
     kl_loss_coef: float = option(0.001, "Weight of the KL loss.")
     kl_loss_type: str = option("low_var_kl", "KL estimator of the KL loss (algos kl_penalty names).")
@@ -181,6 +186,9 @@ class CriticConfig:
     seed: int = option(1, "Seed of the mini-batch shuffle.")
     cliprange_value: float = option(0.5, "Clip of the value update around the old values (PPO, arXiv:1707.06347).")
     loss_agg_mode: str = option("token-mean", "How the per-token value loss becomes a scalar.")
+    loss_scale_factor: Optional[float] = option(
+        None, "Constant divisor of the value loss's seq-mean-token-sum-norm; None means the padded response length."
+    )
     grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
     optim: OptimConfig = section(OptimConfig, "Optimizer and learning-rate schedule.")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "What checkpoints hold.")

@@ -99,6 +99,7 @@ class CriticPart:
             response_mask,
             cliprange_value=self.config.cliprange_value,
             loss_agg_mode=self.config.loss_agg_mode,
+            loss_scale_factor=self.config.loss_scale_factor,
             **dataclasses.asdict(counts),
         )
         # vf_loss is already this micro-batch's share; the means are weighed by its share of the tokens.

@@ -24,6 +24,11 @@ BUILT_IN = [
     "reinforce_plus_plus_baseline",
     "remax",
     "rloo",
+    "rloo_vectorized",
+    "grpo_vectorized",
+    "gdpo",
+    "optimal_token_baseline",
+    "tir_optimal_token_baseline",
 ]
 
 
@@ -45,7 +50,8 @@ def test_required_inputs_per_estimator():
     assert needs_critic("gae") and estimator_inputs("gae") == {"values"}
     assert estimator_inputs("remax") == {"reward_baselines"}
     assert estimator_inputs("reinforce_plus_plus") == frozenset()
-    for name in ("grpo", "grpo_passk", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline"):
+    for name in ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
+                 "reinforce_plus_plus_baseline"):
         assert estimator_inputs(name) == {"index"} and not needs_critic(name)
     with pytest.raises(UnknownNameError):
         needs_critic("nope")
@@ -71,8 +77,11 @@ def test_every_estimator_accepts_the_generic_keyword_call():
         "values": torch.full((4, 2), 0.5),
         "index": np.array(["a", "a", "b", "b"], dtype=object),
         "reward_baselines": torch.tensor([0.5, 0.5, 0.5, 0.5]),
+        "old_log_probs": torch.full((4, 2), -0.5),
+        "sum_pi_squared": torch.full((4, 2), 0.5),
+        "non_tensor_batch": {"score": np.array([1.0, 0.0, 1.0, 2.0], dtype=object)},
     }
-    config = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std_in_grpo": True}
+    config = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": ["score"]}
     for name in BUILT_IN:
         inputs = {key: batch_inputs[key] for key in estimator_inputs(name)}
         advantages, returns = get_adv_estimator_fn(name)(

@@ -43,14 +43,26 @@ def test_gae_skips_masked_tool_tokens():
     assert advantages[0].tolist() == pytest.approx([-1.0, 0.0, 0.0, 1.0], abs=1e-6)
 
 
-def test_reinforce_plus_plus_resets_return_at_mask_hand_case():
+def test_reinforce_plus_plus_skips_masked_positions_hand_case():
     rewards = torch.tensor([[1.0, 0.0, 7.0, 2.0]])
     mask = torch.tensor([[1, 1, 0, 1]])
     advantages, returns = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config={"gamma": 0.5})
-    # G_3 = 2; G_2 = 7 + 1 (masked, then reset to 0); G_1 = 0; G_0 = 1
-    assert returns.tolist() == [[1.0, 0.0, 0.0, 2.0]]
-    # whitened over [1, 0, 2]: mean 1, unbiased std 1
+    # G_3 = 2; position 2 is masked: its 7 is skipped and G_3 carried; G_1 = 0 + 0.5 * 2 = 1; G_0 = 1 + 0.5 = 1.5
+    assert returns.tolist() == [[1.5, 1.0, 0.0, 2.0]]
+    # whitened over [1.5, 1, 2]: mean 1.5, unbiased std sqrt((0 + 0.25 + 0.25) / 2) = 0.5
     assert advantages[0].tolist() == pytest.approx([0.0, -1.0, 0.0, 1.0], abs=1e-6)
+
+
+def test_reinforce_plus_plus_final_reward_reaches_every_assistant_turn():
+    """Two assistant turns around a tool span (mask 0), then padding (verl PR #7278's cases)."""
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 5.0, 0.0, 2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1, 0], [1, 1, 0, 0, 1, 0, 0]])
+    _, returns = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=1.0)
+    assert returns.tolist() == [[1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0], [2.0, 2.0, 0.0, 0.0, 2.0, 0.0, 0.0]]
+    _, returns = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.5)
+    # Discounted once per assistant token, never for the tool tokens: row 1 is 2, then 0.5 * 2, then 0.5 * 1.
+    assert returns[1].tolist() == [0.5, 1.0, 0.0, 0.0, 2.0, 0.0, 0.0]
+    assert returns[0].tolist() == [0.125, 0.25, 0.0, 0.0, 0.5, 1.0, 0.0]
 
 
 def test_remax_hand_case():
@@ -135,13 +147,13 @@ def test_gae_equals_the_per_token_recursion(seed, batch, length, gamma, lam):
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 6), length=st.integers(2, 40))
 def test_reinforce_plus_plus_equals_the_per_token_recursion(seed, batch, length):
+    """verl's loop: a masked position neither adds its reward nor resets or discounts the running return."""
     _, rewards, _, mask = _random_batch(seed, batch, length)
     rewards = rewards.double()
     running = torch.zeros(batch, dtype=rewards.dtype)
     expected = torch.zeros_like(rewards)
     for t in range(length - 1, -1, -1):
-        running = rewards[:, t] + 0.9 * running
+        running = torch.where(mask[:, t], rewards[:, t] + 0.9 * running, running)
         expected[:, t] = running
-        running = running * mask[:, t]
     _, returns = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.9)
     torch.testing.assert_close(returns, expected * mask)

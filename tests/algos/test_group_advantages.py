@@ -11,7 +11,9 @@ from hybridflow.algos.group_advantages import (
     compute_opo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_rloo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
 )
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, get_adv_estimator_fn
 
 
 def _outcome_batch(scores: list[float], lengths: list[int], width: int | None = None):
@@ -86,6 +88,30 @@ def test_rloo_hand_case():
     assert _per_sample(advantages) == pytest.approx([0.5, -1.0, 0.5, -2.0, 2.0, 7.0])
 
 
+def test_rloo_vectorized_gives_a_group_of_one_zero_hand_case():
+    rewards, mask = _outcome_batch([1, 0, 1, 2, 4, 7], [1] * 6)
+    advantages, returns = compute_rloo_vectorized_outcome_advantage(rewards, mask, _uids("a", "a", "a", "b", "b", "c"))
+    # as rloo (each minus the mean of the others), but c, alone, gets 0 as in verl's rloo_vectorized
+    assert _per_sample(advantages) == pytest.approx([0.5, -1.0, 0.5, -2.0, 2.0, 0.0])
+    assert torch.equal(advantages, returns)
+    assert not ADV_ESTIMATORS.is_alias("rloo_vectorized")
+
+
+def test_grpo_vectorized_is_an_alias_of_grpo():
+    assert ADV_ESTIMATORS.is_alias("grpo_vectorized") and ADV_ESTIMATORS.canonical("grpo_vectorized") == "grpo"
+    rewards, mask = _outcome_batch([1, 0, 2, 4, 7], [2, 1, 1, 3, 2])
+    uids = _uids("a", "a", "b", "b", "c")
+    alias = get_adv_estimator_fn("grpo_vectorized")(
+        token_level_rewards=rewards, response_mask=mask, index=uids, config={"norm_adv_by_std_in_grpo": True}
+    )
+    original = compute_grpo_outcome_advantage(rewards, mask, uids)
+    # a: mean 0.5, std sqrt(0.5); b: mean 3, std sqrt(2); c alone: mean 0, std 1
+    half, root2 = 0.5 / (0.5**0.5 + 1e-6), 1 / (2**0.5 + 1e-6)
+    assert _per_sample(original[0]) == pytest.approx([half, -half, -root2, root2, 7 / (1 + 1e-6)], rel=1e-6)
+    for alias_tensor, original_tensor in zip(alias, original):
+        assert torch.equal(alias_tensor, original_tensor)
+
+
 def test_reinforce_plus_plus_baseline_hand_case():
     rewards, mask = _outcome_batch([1, 3, 0, 4], [1] * 4, width=2)
     advantages, _ = compute_reinforce_plus_plus_baseline_outcome_advantage(rewards, mask, _uids("a", "a", "b", "b"))
@@ -121,6 +147,8 @@ def _reference_outcome_advantages(name: str, scores: list[float], lengths: list[
             out.append((scores[i] - mean) / (std + 1e-6))
         elif name == "rloo":
             out.append(scores[i] - sum(others) / len(others) if others else scores[i])
+        elif name == "rloo_vectorized":
+            out.append(scores[i] - sum(others) / len(others) if others else 0.0)
         elif name == "opo":
             weighted = sum(lengths[j] * scores[j] for j in group) / sum(lengths[j] for j in group)
             out.append(scores[i] - (weighted if len(group) > 1 else 0.0))
@@ -133,6 +161,7 @@ def _reference_outcome_advantages(name: str, scores: list[float], lengths: list[
 _ESTIMATORS = {
     "grpo": compute_grpo_outcome_advantage,
     "rloo": compute_rloo_outcome_advantage,
+    "rloo_vectorized": compute_rloo_vectorized_outcome_advantage,
     "opo": compute_opo_outcome_advantage,
     "gpg": compute_gpg_outcome_advantage,
 }

@@ -21,6 +21,28 @@ def test_group_ids_from_unorderable_uids_fall_back_to_first_appearance():
     assert ids.tolist() == [0, 1, 0, 2]
 
 
+def test_near_integer_float_uids_group_as_that_integer():
+    # verl's tests/utils/test_groupwise.py case: four uids, three groups {1, 2, 3}.
+    ids, num_groups = group_ids_from_index(np.array([1.0000001, 2.0, 1.0, 3.0000000001]))
+    assert num_groups == 3 and ids.tolist() == [0, 1, 0, 2]
+    ids, num_groups = group_ids_from_index(torch.tensor([1.0, 1.0000000001, 2.0], dtype=torch.float64))
+    assert num_groups == 2 and ids.tolist() == [0, 0, 1]
+    # numpy floats, Python floats and ints in one object column: 3, 3.0 and 3.0000000001 are one uid.
+    ids, num_groups = group_ids_from_index(np.array([3, np.float64(3.0), 3.0000000001, np.int64(4)], dtype=object))
+    assert num_groups == 2 and ids.tolist() == [0, 0, 0, 1]
+
+
+def test_floats_away_from_integers_keep_their_exact_value():
+    # 1.2 and 1.7 are two prompts (verl would truncate both to 1); 1.0000000001 is still the integer 1.
+    ids, num_groups = group_ids_from_index([1.0, 1.0000000001, 1.2, 1.7, 1.2])
+    assert num_groups == 3 and ids.tolist() == [0, 0, 1, 2, 1]
+
+
+def test_strings_are_compared_as_strings():
+    ids, num_groups = group_ids_from_index(np.array(["01", "1", "1"], dtype=object))
+    assert num_groups == 2 and ids.tolist() == [0, 1, 1]
+
+
 def test_group_mean_std_hand_case():
     scores = torch.tensor([1.0, 0.0, 1.0, 2.0, 4.0, 7.0])
     ids, num_groups = group_ids_from_index(np.array(["a", "a", "a", "b", "b", "c"], dtype=object))

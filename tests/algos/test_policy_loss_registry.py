@@ -13,7 +13,9 @@ from hybridflow.algos.policy_loss_registry import (
 )
 from hybridflow.registry import DuplicateNameError, UnknownNameError
 
-BUILT_IN = {"vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "sapo", "reinforce"}
+BUILT_IN = {
+    "vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "sapo", "reinforce", "dppo_tv", "dppo_kl"
+}
 
 
 def test_every_built_in_loss_is_reachable_by_its_config_string():
@@ -67,6 +69,7 @@ def test_zero_at_zero_advantage_is_registry_metadata_with_aliases():
 
 def test_a_user_loss_is_not_flagged_unless_it_says_so(monkeypatch):
     monkeypatch.setattr(POLICY_LOSSES, "_entries", dict(POLICY_LOSSES._entries))
+    monkeypatch.setattr(POLICY_LOSSES, "_aliases", dict(POLICY_LOSSES._aliases))
     monkeypatch.setattr(policy_loss_registry, "_ZERO_AT_ZERO_ADVANTAGE", set(policy_loss_registry._ZERO_AT_ZERO_ADVANTAGE))
 
     def loss(old_log_prob, log_prob, advantages, response_mask, **kwargs):

@@ -168,7 +168,7 @@ def test_masked_tokens_never_change_loss_or_metrics(seed, batch, length, name):
 @given(
     seed=st.integers(0, 2**31 - 1),
     num_splits=st.integers(2, 4),
-    name=st.sampled_from(["vanilla", "cispo", "reinforce", "sapo", "gspo", "geo_mean"]),
+    name=st.sampled_from(["vanilla", "cispo", "reinforce", "sapo", "gspo", "geo_mean", "dppo_tv", "dppo_kl"]),
     loss_agg_mode=st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]),
 )
 def test_micro_batch_losses_with_global_counts_sum_to_whole_batch(seed, num_splits, name, loss_agg_mode):

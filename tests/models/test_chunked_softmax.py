@@ -1,5 +1,7 @@
 """Chunked log-prob and entropy equal the naive full log-softmax: values and gradients."""
 
+import math
+
 import pytest
 import torch
 
@@ -8,6 +10,7 @@ from hybridflow.models.chunked_softmax import (
     entropy_from_logits,
     log_probs_and_entropy,
     log_probs_from_logits,
+    sum_pi_squared_from_logits,
 )
 
 
@@ -74,3 +77,19 @@ def test_default_chunk_bounds_the_block_size():
     assert default_chunk_size(2**21) == 1
 
 
+
+
+def test_sum_pi_squared_hand_case():
+    # uniform over 4: 4 * (1/4)^2 = 1/4; probabilities (3/4, 1/4): 9/16 + 1/16 = 5/8
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [math.log(3.0), 0.0, -math.inf, -math.inf]])
+    assert sum_pi_squared_from_logits(logits).tolist() == pytest.approx([0.25, 0.625], rel=1e-6)
+    # temperature 2 halves the logits: ln 9 / 2 = ln 3 gives (3/4, 1/4) again
+    hot = torch.tensor([[2 * math.log(3.0), 0.0]])
+    assert sum_pi_squared_from_logits(hot, temperature=2.0).item() == pytest.approx(0.625, rel=1e-6)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 5, None])
+def test_sum_pi_squared_equals_naive_softmax(chunk_size):
+    logits = torch.randn(2, 9, 301, generator=torch.Generator().manual_seed(3)) * 4
+    naive = ((logits / 0.7).softmax(-1) ** 2).sum(-1)
+    torch.testing.assert_close(sum_pi_squared_from_logits(logits, 0.7, chunk_size), naive)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hybridflow.models.log_probs import forward_log_probs, response_prediction_mask
+from hybridflow.models.log_probs import forward_log_probs, forward_token_statistics, response_prediction_mask
 
 
 def _naive(logits, labels, temperature=1.0):
@@ -40,3 +40,22 @@ def test_batch_without_response_tokens_gives_zeros_and_backpropagates(tiny_model
     )
     assert torch.equal(log_probs, torch.zeros(2, 3)) and torch.equal(entropy, torch.zeros(2, 3))
     (log_probs.sum() + entropy.sum()).backward()
+
+
+@pytest.mark.parametrize("use_remove_padding", [True, False])
+def test_sum_pi_squared_of_each_response_position(tiny_model, padded_batch, use_remove_padding):
+    input_ids, attention_mask, position_ids, _ = padded_batch([4, 2], [3, 1], 4, 3)
+    with torch.no_grad():
+        statistics = forward_token_statistics(
+            tiny_model, input_ids, attention_mask, position_ids, 3, temperature=0.5,
+            use_remove_padding=use_remove_padding, calculate_sum_pi_squared=True,
+        )
+        logits = tiny_model(input_ids[:1]).logits[0, 3:6]
+    expected = ((logits.float() / 0.5).softmax(-1) ** 2).sum(-1)
+    torch.testing.assert_close(statistics.sum_pi_squared[0], expected, atol=1e-5, rtol=0)
+    # row 1 has one response token: its other two positions are padding
+    assert statistics.sum_pi_squared[1, 1:].tolist() == [0.0, 0.0] and statistics.sum_pi_squared[1, 0] > 0
+    assert statistics.entropy is None
+    plain = forward_token_statistics(tiny_model, input_ids, attention_mask, position_ids, 3, temperature=0.5)
+    assert plain.sum_pi_squared is None
+    torch.testing.assert_close(plain.log_probs, statistics.log_probs)

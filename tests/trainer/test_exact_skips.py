@@ -56,6 +56,18 @@ def test_each_term_that_sees_every_sample_blocks_its_shortcut(base, override, ol
     assert skips_zero_signal_samples(config) == zero_signal
 
 
+@pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_the_optimal_token_baseline_needs_every_samples_log_prob_pass(base, estimator):
+    sum_pi_squared = "actor_rollout_ref.actor.calculate_sum_pi_squared=true"
+    config = _config(base, ONE_MINI_BATCH, f"algorithm.adv_estimator={estimator}", sum_pi_squared)
+    reads = f"algorithm.adv_estimator={estimator} reads old_log_probs and sum_pi_squared of every sample"
+    assert reads in old_log_prob_skip_blockers(config) and reads in zero_signal_skip_blockers(config)
+    assert not skips_old_log_prob(config) and not skips_zero_signal_samples(config)
+    # sum_pi_squared alone (for the variance_proxy metrics) also needs the pass on every sample
+    config = _config(base, ONE_MINI_BATCH, sum_pi_squared)
+    assert not skips_old_log_prob(config) and not skips_zero_signal_samples(config)
+
+
 def test_forcing_a_shortcut_where_it_is_not_exact_is_one_error_naming_the_key_and_why(base):
     (error,) = config_errors(base + ["actor_rollout_ref.actor.skip_old_log_prob=true"])
     assert error.startswith("actor_rollout_ref.actor.skip_old_log_prob=true is not exact here: ")

@@ -1,5 +1,6 @@
 """The driver in-process on the shared local Ray cluster: every registered advantage estimator runs a step."""
 
+import math
 import pathlib
 
 import pytest
@@ -29,14 +30,15 @@ class _Shared(WorkerGroups):
 
 @pytest.fixture(scope="module")
 def start_shared_workers(ray_cluster):
-    """A ``start_workers`` that starts one set of worker processes per role set and reuses it."""
+    """A ``start_workers`` that starts one set of worker processes per role set and worker config, and reuses
+    it (a worker keeps the config it was started with, e.g. whether the actor computes sum_pi_squared)."""
     started = {}
 
     def start(plan, role_classes):
-        roles = tuple(role_classes)
-        if roles not in started:
-            started[roles] = create_worker_groups(plan, role_classes)
-        workers = started[roles]
+        key = tuple((role, repr(spec.args), repr(spec.kwargs)) for role, spec in role_classes.items())
+        if key not in started:
+            started[key] = create_worker_groups(plan, role_classes)
+        workers = started[key]
         return _Shared(workers.roles, workers.groups, workers.plan)
 
     yield start
@@ -44,11 +46,27 @@ def start_shared_workers(ray_cluster):
         workers.shutdown()
 
 
-@pytest.mark.parametrize("estimator", ADV_ESTIMATORS.names())
+# What an estimator needs beyond the run's defaults: GDPO the reward components (dense_reward.py returns
+# score and acc), the optimal token baselines the actor's sum_pi_squared.
+ESTIMATOR_OVERRIDES = {
+    "gdpo": ["algorithm.gdpo_reward_keys=[score,acc]"],
+    "optimal_token_baseline": ["actor_rollout_ref.actor.calculate_sum_pi_squared=true"],
+    "tir_optimal_token_baseline": ["actor_rollout_ref.actor.calculate_sum_pi_squared=true"],
+}
+# The metrics only those runs log, as proof that their inputs arrived.
+ESTIMATOR_METRICS = {
+    "gdpo": ["gdpo/score/mean", "gdpo/acc/mean"],
+    "optimal_token_baseline": ["variance_proxy/proxy2_total_power"],
+    "tir_optimal_token_baseline": ["variance_proxy/proxy2_total_power"],
+}
+
+
+# An alias runs the very function of the name it stands for (tests/algos checks that), so it gets no run here.
+@pytest.mark.parametrize("estimator", ADV_ESTIMATORS.primary_names())
 def test_every_estimator_runs_a_step(estimator, start_shared_workers, tiny_model_dir, tiny_parquet, tmp_path):
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run", estimator) + [
         "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.cpus_per_worker=0.5",
-        f"custom_reward_function.path={DENSE_REWARD}",
+        f"custom_reward_function.path={DENSE_REWARD}", *ESTIMATOR_OVERRIDES.get(estimator, []),
     ]
     trainer = build_trainer(load_config(compose_config(overrides)))
     try:
@@ -60,6 +78,8 @@ def test_every_estimator_runs_a_step(estimator, start_shared_workers, tiny_model
     assert record["step"] == 1
     assert (names.timing("values") in record) == needs_critic(estimator)
     assert record["actor/grad_norm"] > 0, "no policy gradient: the advantages were all zero"
+    for name in ESTIMATOR_METRICS.get(estimator, []):
+        assert math.isfinite(record[name]), name
 
 
 def test_split_placement_runs_each_role_in_its_own_processes(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):

@@ -66,6 +66,21 @@ def test_old_log_probs_and_entropy_shapes_and_padding(tiny_model_dir):
     assert torch.all(entropys[~padding] > 0)
 
 
+def test_sum_pi_squared_only_when_the_actor_is_asked_for_it(tiny_model_dir):
+    batch = rollout_batch(6, seed=3)
+    assert "sum_pi_squared" not in make_worker(tiny_model_dir).compute_log_prob(batch).batch.keys()
+    worker = make_worker(tiny_model_dir, actor={"calculate_sum_pi_squared": True})
+    output = worker.compute_log_prob(batch)
+    sum_pi_squared = output.batch["sum_pi_squared"]
+    assert sum_pi_squared.shape == batch.batch["responses"].shape
+    padding = batch.batch["response_mask"] == 0
+    # a distribution's sum of squared probabilities lies in [1/V, 1], and is at least the sampled token's pi^2
+    pi, vocab_size = output.batch["old_log_probs"].exp(), worker.parts["actor"].hf_config.vocab_size
+    assert torch.all(sum_pi_squared[padding] == 0)
+    assert torch.all((sum_pi_squared[~padding] >= 1 / vocab_size - 1e-6) & (sum_pi_squared[~padding] <= 1 + 1e-6))
+    assert torch.all(sum_pi_squared[~padding] >= pi[~padding] ** 2 - 1e-6)
+
+
 @pytest.mark.parametrize(
     "actor_batching",
     [{"ppo_micro_batch_size_per_gpu": 1}, {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 24}],

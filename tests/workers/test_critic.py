@@ -57,6 +57,20 @@ def test_value_clipping_is_reported(tiny_model_dir):
     assert metrics["vf_clipfrac"][0] > 0.5
 
 
+def test_loss_scale_factor_reaches_the_value_loss(tiny_model_dir):
+    """seq-mean-token-sum-norm divides by critic.loss_scale_factor: doubling it halves the first step's loss."""
+    losses = {}
+    for factor in (3.0, 6.0):
+        torch.manual_seed(0)  # the same fresh value head for both critics
+        critic = make_critic(tiny_model_dir, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=factor)
+        batch = rollout_batch(8, seed=8)
+        batch = batch.union(critic.compute_values(batch))
+        batch.batch["returns"] = torch.ones_like(batch.batch["values"])
+        losses[factor] = critic.update_critic(batch).meta_info["metrics"]["vf_loss"][0]
+    # Same weights and batch: only the divisor differs (float32 division by 2 is exact).
+    assert losses[6.0] == losses[3.0] / 2
+
+
 def test_critic_checkpoint_round_trip(tiny_model_dir, tmp_path):
     critic = make_critic(tiny_model_dir)
     batch = rollout_batch(8, seed=7)
