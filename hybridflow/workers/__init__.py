@@ -18,7 +18,6 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "CriticConfig",
             "CriticModelConfig",
             "FSDPConfig",
-            "HybridEngineConfig",
             "MixedPrecisionConfig",
             "ModelConfig",
             "OptimConfig",

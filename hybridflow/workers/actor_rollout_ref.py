@@ -94,7 +94,6 @@ class ActorRolloutRefWorker(Worker):
                 self.tokenizer,
                 self.device,
                 weight_source=actor,
-                sleep_between_rollouts=config.hybrid_engine.sleep_rollout,
             )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

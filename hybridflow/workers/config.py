@@ -144,13 +144,6 @@ class RefConfig:
 
 
 @dataclass
-class HybridEngineConfig:
-    """How the actor and the rollout engine share one process (``actor_rollout_ref.hybrid_engine``)."""
-
-    sleep_rollout: bool = option(True, "Put the rollout engine to sleep (free its cache) after generating.")
-
-
-@dataclass
 class ActorRolloutRefConfig:
     """The ``actor_rollout_ref`` section: one model, played as actor, rollout and reference."""
 
@@ -158,7 +151,6 @@ class ActorRolloutRefConfig:
     actor: ActorConfig = section(ActorConfig, "PPO update of the policy.")
     rollout: RolloutConfig = section(RolloutConfig, "Generation engine and sampling.")
     ref: RefConfig = section(RefConfig, "Reference policy for the KL term.")
-    hybrid_engine: HybridEngineConfig = section(HybridEngineConfig, "Actor/rollout sharing options.")
 
 
 @dataclass

@@ -33,13 +33,12 @@ class RolloutPart:
         tokenizer: Any,
         device: torch.device,
         weight_source: ActorPart | None = None,
-        sleep_between_rollouts: bool = True,
     ):
         self.config = config
         self.engine = create_rollout_engine(config, model_path, tokenizer=tokenizer, device=str(device))
         self.weight_source = weight_source
         self.synced_version = weight_source.weights_version if weight_source is not None else None
-        self.sleep_between_rollouts = sleep_between_rollouts and config.free_cache_engine
+        self.sleep_between_rollouts = config.free_cache_engine
         self.asleep = False
         if self.sleep_between_rollouts:
             self._sleep()
