@@ -311,6 +311,14 @@ def _trainer_errors(config: PPOTrainerConfig) -> list[str]:
     errors += positive("trainer.total_epochs", trainer.total_epochs)
     errors += positive("trainer.total_training_steps", trainer.total_training_steps)
     errors += positive("trainer.rollout_dump_freq", trainer.rollout_dump_freq)
+    for key in ("critic_warmup", "log_val_generations"):
+        if getattr(trainer, key) < 0:
+            errors.append(f"trainer.{key}={getattr(trainer, key)} must be >= 0 (0 turns it off)")
+    if trainer.critic_warmup > 0 and not uses_critic(config):
+        errors.append(
+            f"trainer.critic_warmup={trainer.critic_warmup} warms up a critic, but algorithm.adv_estimator="
+            f"{config.algorithm.adv_estimator} has none (the actor would just not train); set it to 0"
+        )
     if trainer.resume_mode == "resume_path":
         if not trainer.resume_from_path:
             errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N folder>")
