@@ -269,8 +269,10 @@ def test_old_log_probs_take_the_rollout_micro_batching_and_do_not_depend_on_it(
     batch = rollout_batch(8, seed=0)
     batch.meta_info["temperature"] = 1.0
     calls = count_forwards(monkeypatch, actor_module)
-    # The actor's update micro-batch size plays no part: without rollout keys the rank's 8 rows go in one forward.
-    whole = make_worker(tiny_model_dir, actor={"ppo_micro_batch_size_per_gpu": 1})
+    # The actor's update micro-batch size plays no part: with no rollout size the rank's 8 rows go in one forward.
+    whole = make_worker(
+        tiny_model_dir, actor={"ppo_micro_batch_size_per_gpu": 1}, rollout={"log_prob_micro_batch_size_per_gpu": None}
+    )
     expected = whole.compute_log_prob(batch)
     assert calls == [(8, int(batch.batch["attention_mask"].sum()))]
     calls.clear()
