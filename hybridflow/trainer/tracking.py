@@ -24,7 +24,7 @@ METRICS_FILE = "metrics.jsonl"
 VAL_GENERATIONS_FILE = "val_generations.jsonl"
 VAL_GENERATIONS = "val/generations"
 GENERATION_COLUMNS = ("input", "output", "score")
-Generation = tuple[str, str, float]
+GenerationRow = tuple[str, str, float]
 
 
 class MissingExtraError(ImportError):
@@ -47,7 +47,7 @@ class RunInfo:
 class TrackingBackend(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...
 
-    def log_generations(self, samples: list[Generation], step: int) -> None: ...
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -102,7 +102,7 @@ class JsonlBackend:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
-    def log_generations(self, samples: list[Generation], step: int) -> None:
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None:
         """One line of ``<run_dir>/val_generations.jsonl``: ``{"step": N, "val/generations": [{input, output,
         score}, ...]}`` (a file of its own, so ``metrics.jsonl`` keeps one line of numbers per step)."""
         record = {"step": step, VAL_GENERATIONS: [dict(zip(GENERATION_COLUMNS, sample)) for sample in samples]}
@@ -183,7 +183,7 @@ class ConsoleBackend:
             throughput="-" if throughput is None else f"{throughput:.0f}",
         )
 
-    def log_generations(self, samples: list[Generation], step: int) -> None:
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None:
         from rich.table import Table
         from rich.text import Text
 
@@ -211,7 +211,7 @@ class TensorboardBackend:
             self.writer.add_scalar(name, value, global_step=step)
         self.writer.flush()
 
-    def log_generations(self, samples: list[Generation], step: int) -> None:
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None:
         """One markdown text entry; the texts are indented as code blocks so they show as generated."""
         sections = [
             f"**sample {index}**, score {score:.4g}\n\ninput:\n\n{_code_block(input_text)}\n\n"
@@ -241,7 +241,7 @@ class MlflowBackend:
         # mlflow refuses '@' in metric names ("mean@4").
         self.mlflow.log_metrics({k.replace("@", "_at_"): v for k, v in _finite_floats(metrics).items()}, step=step)
 
-    def log_generations(self, samples: list[Generation], step: int) -> None:
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None:
         """An artifact ``val_step<N>.json`` of [{input, output, score}, ...], as verl writes it."""
         self.mlflow.log_dict([dict(zip(GENERATION_COLUMNS, sample)) for sample in samples], f"val_step{step}.json")
 
@@ -268,7 +268,7 @@ class WandbBackend:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(_finite_floats(metrics), step=step)
 
-    def log_generations(self, samples: list[Generation], step: int) -> None:
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None:
         """verl's table: one row per validation (step, input_1, output_1, score_1, ...), all rows so far."""
         columns = ["step"] + [f"{name}_{index}" for index in range(1, len(samples) + 1) for name in GENERATION_COLUMNS]
         self.generation_rows.append([step] + [value for sample in samples for value in sample])
@@ -288,7 +288,7 @@ class Tracking:
         for backend in self.backends:
             backend.log(metrics, step)
 
-    def log_generations(self, samples: list[Generation], step: int) -> None:
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None:
         """(input, output, score) rows of validation samples, as a table to every backend."""
         for backend in self.backends:
             backend.log_generations(samples, step)
