@@ -13,8 +13,8 @@
 #
 # Extra arguments come last, so they override the keys below (e.g. trainer.n_gpus_per_node=4). Keys map as in
 # verl: trainer.n_gpus_per_node / trainer.nnodes size the worker group, *_micro_batch_size_per_gpu are per rank,
-# rollout.name picks the engine ('vllm' as in verl, or 'hf' without vLLM). verl's
-# rollout.log_prob_micro_batch_size_per_gpu has no twin here: old log-probs use the actor's micro-batch size.
+# rollout.name picks the engine ('vllm' as in verl, or 'hf' without vLLM); rollout.log_prob_* size the
+# old-log-prob pass and ref.log_prob_* the reference pass, as in verl.
 # Optional: DATA_DIR (default ~/data/gsm8k) for the converted parquet files, PYTHON (default: the repo's .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +50,7 @@ exec "$PYTHON" -m hybridflow.trainer.main_ppo \
     actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
     actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
     actor_rollout_ref.rollout.n=5 \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40 \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40 \
     actor_rollout_ref.ref.fsdp_config.param_offload=true \
     algorithm.use_kl_in_reward=false \

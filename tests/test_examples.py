@@ -70,6 +70,7 @@ def test_gsm8k_grpo_script_keys_run_on_the_tiny_model(tmp_path, tiny_model_dir):
         "data.train_batch_size=4", "data.max_prompt_length=256", "data.max_response_length=16",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1", "trainer.save_freq=-1",
         f"trainer.default_local_dir={run_dir}", f"hydra.run.dir={run_dir / 'hydra'}",

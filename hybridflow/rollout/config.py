@@ -106,6 +106,15 @@ class RolloutConfig:
         {"vllm": {}, "sglang": {}, "trtllm": {}}, "Further engine arguments by engine name (vllm: passed to vllm.LLM).",
         VLLM,
     )
+    # verl keeps the old-log-prob pass's micro-batching here, though the actor runs that pass.
+    log_prob_micro_batch_size: int | None = option(
+        None, "Deprecated global form of log_prob_micro_batch_size_per_gpu: divided by the number of ranks."
+    )
+    log_prob_micro_batch_size_per_gpu: int | None = option(
+        None, "Samples per old-log-prob forward (compute_log_prob) on one rank; None: the rank's whole batch."
+    )
+    log_prob_use_dynamic_bsz: bool = option(False, "Form old-log-prob micro-batches by a token budget.")
+    log_prob_max_token_len_per_gpu: int = option(16384, "Token budget of an old-log-prob micro-batch when dynamic.")
     val_kwargs: ValKwargs = section(ValKwargs, "Sampling overrides for validation.")
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "Agent loop: multi-turn generation with tools.")
 
@@ -118,9 +127,14 @@ class RolloutConfig:
         """Check every value; raise ``RolloutConfigError`` listing all problems at once."""
         errors = []
         p = CONFIG_PREFIX
-        for key in ("n", "response_length", "prompt_length", "max_num_seqs", "max_batch_tokens"):
+        for key in ("n", "response_length", "prompt_length", "max_num_seqs", "max_batch_tokens",
+                    "log_prob_max_token_len_per_gpu"):
             if getattr(self, key) < 1:
                 errors.append(f"{p}.{key}={getattr(self, key)} must be >= 1")
+        for key in ("log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                errors.append(f"{p}.{key}={value} must be >= 1 or null")
         if self.val_kwargs.n < 1:
             errors.append(f"{p}.val_kwargs.n={self.val_kwargs.n} must be >= 1")
         for scope, obj in ((p, self), (f"{p}.val_kwargs", self.val_kwargs)):

@@ -9,6 +9,8 @@ Layout under ``trainer.default_local_dir``::
     latest                  "global_step_4": written last, atomically, once every part above is on disk
 
 A run killed mid-save leaves a folder without a ``latest`` pointing at it, so a resume ignores it.
+``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` keep the newest N ``actor/`` / ``critic/``
+folders; a ``global_step_N`` folder left with neither is deleted.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ LATEST_FILE = "latest"
 DRIVER_STATE_FILE = "driver_state.pt"
 STEP_DIR_PATTERN = re.compile(r"^global_step_(\d+)$")
 RESUME_MODES = ("auto", "disable", "resume_path")
+ACTOR_DIR, CRITIC_DIR = "actor", "critic"
+ROLE_DIRS = (ACTOR_DIR, CRITIC_DIR)
 
 
 class CheckpointError(RuntimeError):
@@ -53,6 +57,9 @@ class CheckpointManager:
 
     ``resume_mode``: ``auto`` resumes from ``latest`` when there is one, ``disable`` always starts fresh,
     ``resume_path`` resumes from ``resume_from_path``; any other value is itself taken as the path.
+    ``max_to_keep`` maps a role folder (``actor``, ``critic``) to how many of its newest checkpoints to keep;
+    a missing role, None or a count below 1 keeps all (verl's meaning). Differs from verl: the count includes
+    the checkpoints already in the run folder when a run resumes (verl counts only its own process's saves).
     """
 
     def __init__(
@@ -60,12 +67,12 @@ class CheckpointManager:
         root_dir: str | os.PathLike,
         resume_mode: str = "auto",
         resume_from_path: str | None = None,
-        max_to_keep: int | None = None,
+        max_to_keep: dict[str, int | None] | None = None,
     ):
         self.root_dir = pathlib.Path(root_dir)
         self.resume_mode = resume_mode
         self.resume_from_path = resume_from_path
-        self.max_to_keep = max_to_keep
+        self.max_to_keep = dict(max_to_keep or {})
 
     def step_dir(self, global_step: int) -> pathlib.Path:
         return self.root_dir / step_dir_name(global_step)
@@ -123,13 +130,26 @@ class CheckpointManager:
         self._prune(keep=self.step_dir(global_step))
 
     def _prune(self, keep: pathlib.Path) -> None:
-        if not self.max_to_keep or self.max_to_keep <= 0:
-            return
-        saved = sorted(
+        """Delete each role's checkpoints beyond its count, oldest first (never ``keep``'s), then the step
+        folders that hold no role's checkpoint any more."""
+        pruned = set()
+        for role, count in self.max_to_keep.items():
+            if count is None or count < 1:
+                continue
+            saved = [path for path in self._step_dirs() if (path / role).is_dir()]
+            for path in saved[: max(0, len(saved) - count)]:
+                if path != keep:
+                    shutil.rmtree(path / role, ignore_errors=True)
+                    pruned.add(path)
+        for path in pruned:
+            if not any((path / role).exists() for role in ROLE_DIRS):
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _step_dirs(self) -> list[pathlib.Path]:
+        """The run folder's ``global_step_N`` folders, by step."""
+        found = [
             (int(match.group(1)), path)
             for path in self.root_dir.iterdir()
             if path.is_dir() and (match := STEP_DIR_PATTERN.match(path.name))
-        )
-        for _, path in saved[: max(0, len(saved) - self.max_to_keep)]:
-            if path != keep:
-                shutil.rmtree(path, ignore_errors=True)
+        ]
+        return [path for _, path in sorted(found)]

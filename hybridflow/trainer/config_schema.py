@@ -92,11 +92,17 @@ class AlgorithmConfig:
 class TrainerConfig:
     """The run: length, placement, logging, validation and checkpoints (``trainer``)."""
 
+    balance_batch: bool = option(
+        True, "Reorder each step's samples so every data-parallel rank gets about the same number of tokens."
+    )
     total_epochs: int = option(1, "Passes over the training prompts.")
     total_training_steps: Optional[int] = option(None, "Stop after this many steps; None means total_epochs passes.")
     project_name: str = option("hybridflow", "Project name in the trackers.")
     experiment_name: str = option("ppo", "Run name in the trackers.")
     logger: Any = option(["console", "jsonl"], "Trackers: a list (or one name) of console, jsonl, tensorboard, mlflow, wandb.")
+    log_val_generations: int = option(
+        0, "Validation samples (input, output, score) logged as a table to every tracker at each validation."
+    )
     nnodes: int = option(1, "Nodes of the cluster to use.")
     n_gpus_per_node: int = option(1, "Worker processes per node (one per GPU; on CPU, processes sharing the cores).")
     cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each worker process (fractions allowed).")
@@ -106,12 +112,21 @@ class TrainerConfig:
     test_freq: int = option(-1, "Validate every N steps (and at the end); -1 never.")
     val_before_train: bool = option(True, "Validate before the first step of a fresh run.")
     val_only: bool = option(False, "Validate once and exit.")
+    critic_warmup: int = option(0, "Train only the critic for the first N steps; the actor's update starts at N+1.")
     default_local_dir: str = option("checkpoints/hybridflow/ppo", "The run folder: checkpoints, metrics.jsonl, dumps.")
     resume_mode: str = option("auto", "auto: resume from the run folder's latest; disable; resume_path; or a path.")
     resume_from_path: Optional[str] = option(None, "Checkpoint folder (global_step_N) when resume_mode=resume_path.")
-    max_actor_ckpt_to_keep: Optional[int] = option(None, "Keep only the newest N global_step folders; None keeps all.")
+    max_actor_ckpt_to_keep: Optional[int] = option(
+        None, "Keep only the newest N actor checkpoints (global_step_*/actor); None or 0 keeps all."
+    )
+    max_critic_ckpt_to_keep: Optional[int] = option(
+        None, "Keep only the newest N critic checkpoints (global_step_*/critic); None or 0 keeps all."
+    )
     rollout_data_dir: Optional[str] = option(None, "Dump prompt, response and score of each sample as jsonl here.")
     rollout_dump_freq: int = option(1, "Dump rollouts every N steps (when rollout_data_dir is set).")
+    validation_data_dir: Optional[str] = option(
+        None, "Dump each validation's samples (input, output, ground truth, score) as <dir>/<step>.jsonl."
+    )
     peak_flops_per_device: Optional[float] = option(
         None, "Peak FLOP/s of one worker for perf/mfu/actor; None measures a matmul on CPU, skips MFU on GPU."
     )

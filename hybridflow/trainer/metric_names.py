@@ -26,6 +26,10 @@ CLIP_RATIO = "clip_ratio"
 # GRPO groups that all scored the same). With algorithm.skip_zero_signal_samples they skip the update.
 ZERO_SIGNAL_FRAC = "batch/zero_signal_frac"
 
+# Real tokens per data-parallel rank before and after trainer.balance_batch, as verl logs them:
+# ``global_seqlen/{min,max,minmax_diff}`` before, ``global_seqlen/{balanced_min,balanced_max}`` after, and the mean.
+GLOBAL_SEQLEN = "global_seqlen"
+
 # KL in the reward (Ziegler et al., arXiv 1909.08593): the measured KL and the controller's coefficient.
 KL_IN_REWARD = "actor/reward_kl_penalty"
 KL_COEF_IN_REWARD = "actor/reward_kl_penalty_coeff"

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 from hybridflow.algos.advantage_registry import estimator_inputs, get_adv_estimator_fn
 from hybridflow.algos.kl import apply_kl_penalty
 from hybridflow.algos.kl_controllers import get_kl_controller
+from hybridflow.data.seqlen_balancing import rank_balanced_order
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.metrics import reduce_worker_metrics, samples_with_signal
@@ -45,6 +46,27 @@ class StepTimer:
 def worker_metrics(output: DataProto, prefix: str) -> dict[str, float]:
     """A worker call's ``meta_info["metrics"]``, averaged and prefixed (``actor/``, ``critic/``)."""
     return names.with_prefix(prefix, reduce_worker_metrics(output.meta_info.get("metrics", {})))
+
+
+def balance_batch(batch: DataProto, num_ranks: int) -> tuple[DataProto, dict[str, float]]:
+    """``batch`` reordered in place so each of ``num_ranks`` equal slices (one per data-parallel rank) carries
+    about the same work (``trainer.balance_batch``; verl's ``_balance_batch``), and verl's ``global_seqlen/*``
+    metrics of the ranks' real tokens before and after. Rows keep their columns, ``uid`` included."""
+    if len(batch) == 0:
+        return batch, {}
+    seqlens = batch.batch["attention_mask"].sum(-1)
+    order, partitions = rank_balanced_order(seqlens, num_ranks)
+    before = seqlens.view(num_ranks, -1).sum(-1).tolist()
+    after = [int(seqlens[rows].sum()) for rows in partitions]
+    batch.reorder(order)
+    return batch, {
+        names.stat(names.GLOBAL_SEQLEN, "min"): min(before),
+        names.stat(names.GLOBAL_SEQLEN, "max"): max(before),
+        names.stat(names.GLOBAL_SEQLEN, "minmax_diff"): max(before) - min(before),
+        names.stat(names.GLOBAL_SEQLEN, "balanced_min"): min(after),
+        names.stat(names.GLOBAL_SEQLEN, "balanced_max"): max(after),
+        names.stat(names.GLOBAL_SEQLEN, "mean"): sum(before) / num_ranks,
+    }
 
 
 def union_columns(batch: DataProto, output: DataProto) -> DataProto:

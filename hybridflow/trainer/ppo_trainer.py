@@ -5,7 +5,11 @@
 greedy ReMax baseline, rollout dumps) and the work it can skip exactly (``exact_skips``: the old-log-prob
 pass of an on-policy update, the samples without policy gradient) is decided once in
 ``__init__``/``init_workers`` by choosing phase objects; the step reads the same for all of them. Each
-phase is timed as ``timing_s/<phase>``.
+phase is timed as ``timing_s/<phase>``. Two switches show in the step itself: ``trainer.balance_batch``
+reorders the samples over the data-parallel ranks before phase 3, and ``trainer.critic_warmup`` leaves the
+actor update (phase 7) out of the first steps. Differs from verl: verl skips the actor update while
+``global_step < critic_warmup`` (one step fewer, as steps count from 1); here the first ``critic_warmup``
+steps skip it, as the key's documentation says.
 """
 
 from __future__ import annotations
@@ -19,7 +23,13 @@ from typing import Any, Callable
 from hybridflow.distributed import RayClassWithInitArgs
 from hybridflow.rewards import process_validation_metrics
 from hybridflow.trainer import metric_names as names
-from hybridflow.trainer.checkpoint_manager import CheckpointManager, capture_rng_state, restore_rng_state
+from hybridflow.trainer.checkpoint_manager import (
+    ACTOR_DIR,
+    CRITIC_DIR,
+    CheckpointManager,
+    capture_rng_state,
+    restore_rng_state,
+)
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.estimator_metrics import RewardComponentMetrics, VarianceProxyMetrics
 from hybridflow.trainer.exact_skips import skips_old_log_prob, skips_zero_signal_samples
@@ -44,6 +54,7 @@ from hybridflow.trainer.phases import (
     ScoresAsRewards,
     StepTimer,
     ZeroSignalSkip,
+    balance_batch,
     worker_metrics,
 )
 from hybridflow.trainer.placement import ResourcePlan, WorkerGroups, create_worker_groups, make_resource_plan
@@ -59,6 +70,7 @@ from hybridflow.trainer.rollout_collection import (
     assign_uids,
 )
 from hybridflow.trainer.tracking import RunInfo, Tracking
+from hybridflow.trainer.val_generations import ValidationGenerations
 from hybridflow.trainer.validate import num_processes, uses_critic, uses_reference
 from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
@@ -86,7 +98,8 @@ class RayPPOTrainer:
         self.prompts = PromptSource(train_loader, trainer.total_epochs)
         self.run_dir = pathlib.Path(trainer.default_local_dir)
         self.checkpoints = CheckpointManager(
-            self.run_dir, trainer.resume_mode, trainer.resume_from_path, trainer.max_actor_ckpt_to_keep
+            self.run_dir, trainer.resume_mode, trainer.resume_from_path,
+            max_to_keep={ACTOR_DIR: trainer.max_actor_ckpt_to_keep, CRITIC_DIR: trainer.max_critic_ckpt_to_keep},
         )
         self.reward_shaping = KLInReward(config.algorithm) if config.algorithm.use_kl_in_reward else ScoresAsRewards()
         self.estimator = AdvantageEstimator(config.algorithm)
@@ -179,6 +192,7 @@ class RayPPOTrainer:
     def fit(self) -> None:
         """Train for ``total_training_steps`` steps (or until the prompts run out)."""
         tracker = self._start_run()
+        trainer = self.config.trainer
         try:
             while self.global_step < self.total_training_steps:
                 self.global_step += 1
@@ -189,6 +203,9 @@ class RayPPOTrainer:
                     # The samples phases 3-7 train on: all, or (exact_skips) those left once 5 has run
                     # early on the scores and the samples whose advantages are all 0 are dropped
                     train_batch = self.advantages.training_rows(batch, timer)
+                    balance_metrics = {}
+                    if trainer.balance_batch:  # reordered so every data-parallel rank gets about as many tokens
+                        train_batch, balance_metrics = balance_batch(train_batch, self.num_processes)
                     # 3 old and reference log-probs (old: skipped when the update is on-policy)
                     train_batch = self.old_log_probs(train_batch, timer)
                     train_batch = self.reference.log_probs(train_batch, timer)
@@ -198,14 +215,18 @@ class RayPPOTrainer:
                     train_batch, kl_metrics = self.advantages(train_batch, timer)
                     # 6 critic update
                     critic_metrics = self.critic.update(train_batch, timer)
-                    # 7 actor update; the new weights reach the rollout engine before the next generation
-                    with timer(names.PHASE_UPDATE_ACTOR):
-                        actor_output = self.actor_rollout.update_actor(train_batch)
+                    # 7 actor update, none in the first trainer.critic_warmup steps (they train only the
+                    # critic); the new weights reach the rollout engine before the next generation
+                    actor_metrics = {}
+                    if self.global_step > trainer.critic_warmup:
+                        with timer(names.PHASE_UPDATE_ACTOR):
+                            actor_output = self.actor_rollout.update_actor(train_batch)
+                        actor_metrics = worker_metrics(actor_output, names.ACTOR_PREFIX)
                 # Batch metrics describe every sample of the step, trained on or not.
                 metrics = {
-                    **reward_metrics, **kl_metrics, **critic_metrics, **self._step_metrics(batch, train_batch, timer)
+                    **reward_metrics, **balance_metrics, **kl_metrics, **critic_metrics, **actor_metrics,
+                    **self._step_metrics(batch, train_batch, timer),
                 }
-                metrics.update(worker_metrics(actor_output, names.ACTOR_PREFIX))
                 for hook in self.hooks:
                     hook.after_step(self.global_step, batch, metrics)
                 self._end_step(metrics, tracker, last=self.global_step == self.total_training_steps)
@@ -223,7 +244,7 @@ class RayPPOTrainer:
         trainer = self.config.trainer
         validate_now = trainer.test_freq > 0 and (last or self.global_step % trainer.test_freq == 0)
         if validate_now and self.val_loader is not None:
-            metrics.update(self.validate())
+            metrics.update(self.validate(tracker))
         tracker.log(metrics, self.global_step)
         if trainer.save_freq > 0 and (last or self.global_step % trainer.save_freq == 0):
             self.save_checkpoint()
@@ -244,7 +265,7 @@ class RayPPOTrainer:
         # also shift the rollout seeds away from an uninterrupted run's.
         fresh = resume_dir is None
         if self.val_loader is not None and (trainer.val_only or (fresh and trainer.val_before_train)):
-            tracker.log(self.validate(), step=self.global_step)
+            tracker.log(self.validate(tracker), step=self.global_step)
         return tracker
 
     def _step_metrics(self, batch: Any, train_batch: Any, timer: StepTimer) -> dict[str, float]:
@@ -256,7 +277,7 @@ class RayPPOTrainer:
             names.GLOBAL_STEP: float(self.global_step),
             names.EPOCH: float(self.prompts.epoch),
         }
-        if self.peak_flops:
+        if self.peak_flops and names.PHASE_UPDATE_ACTOR in seconds:
             mfu = compute_actor_mfu_metrics(
                 train_batch,
                 seconds[names.PHASE_UPDATE_ACTOR],
@@ -269,21 +290,29 @@ class RayPPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------------------------- validation
-    def validate(self) -> dict[str, float]:
+    def validate(self, tracker: Tracking) -> dict[str, float]:
         """Generate for every validation prompt (``rollout.val_kwargs``) and score them:
-        ``val-core/<data_source>/<metric>/mean@<n>`` and the rest of the per-source breakdown."""
+        ``val-core/<data_source>/<metric>/mean@<n>`` and the rest of the per-source breakdown. Samples go to
+        ``tracker`` as a table (``trainer.log_val_generations``) and to ``trainer.validation_data_dir``."""
         timer = StepTimer()
         data_sources, uids, infos = [], [], defaultdict(list)
+        generations = ValidationGenerations(self.tokenizer)
         with timer(names.PHASE_TESTING):
             for index, prompts in enumerate(self.val_loader):
                 batch = self.generate(assign_uids(prompts, f"val{index}"), timer, validate=True)
                 batch, extra, _ = self.score(batch)
+                generations.add(batch, extra)
                 # verl's variables: ``reward`` (the summed token scores) and the reward manager's extras.
                 columns = {"reward": batch.batch["token_level_scores"].sum(-1).tolist(), **extra}
                 data_sources += [str(s) for s in batch.non_tensor_batch[self.config.data.reward_fn_key]]
                 uids += list(batch.non_tensor_batch["uid"])
                 for key, values in columns.items():
                     infos[key] += list(values)
+        trainer = self.config.trainer
+        if trainer.log_val_generations:
+            tracker.log_generations(generations.table(trainer.log_val_generations), self.global_step)
+        if trainer.validation_data_dir:
+            generations.dump(trainer.validation_data_dir, self.global_step)
         metrics = process_validation_metrics(data_sources, uids, infos)
         metrics[names.timing(names.PHASE_TESTING)] = timer.seconds[names.PHASE_TESTING]
         return metrics
@@ -292,8 +321,8 @@ class RayPPOTrainer:
     def save_checkpoint(self) -> None:
         """Workers' model/optimizer/scheduler/RNG, then the driver's state, then the ``latest`` pointer."""
         step_dir = self.checkpoints.prepare_step_dir(self.global_step)
-        self.actor_rollout.save_checkpoint(str(step_dir / "actor"), self.global_step)
-        self.critic.save_checkpoint(str(step_dir / "critic"), self.global_step)
+        self.actor_rollout.save_checkpoint(str(step_dir / ACTOR_DIR), self.global_step)
+        self.critic.save_checkpoint(str(step_dir / CRITIC_DIR), self.global_step)
         state = {
             "global_step": self.global_step,
             "data_loader": self.train_loader.state_dict(),
@@ -306,8 +335,8 @@ class RayPPOTrainer:
         self._saved_step = self.global_step
 
     def load_checkpoint(self, step_dir: pathlib.Path) -> None:
-        self.actor_rollout.load_checkpoint(str(step_dir / "actor"))
-        self.critic.load_checkpoint(str(step_dir / "critic"))
+        self.actor_rollout.load_checkpoint(str(step_dir / ACTOR_DIR))
+        self.critic.load_checkpoint(str(step_dir / CRITIC_DIR))
         state = self.checkpoints.load_driver_state(step_dir)
         self.global_step = state["global_step"]
         self.train_loader.load_state_dict(state["data_loader"])

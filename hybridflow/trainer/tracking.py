@@ -3,7 +3,8 @@
 Every backend takes a flat ``{name: float}`` dict and a step. ``jsonl`` writes one line per step to
 ``<run_dir>/metrics.jsonl`` and is the record the tests and resumes rely on; ``mlflow`` writes to a local
 file store under the run folder unless ``MLFLOW_TRACKING_URI`` is set; ``wandb`` runs offline unless
-``WANDB_MODE`` or ``WANDB_API_KEY`` says otherwise.
+``WANDB_MODE`` or ``WANDB_API_KEY`` says otherwise. Every backend also takes a table of validation samples,
+(input, output, score) rows, under verl's name ``val/generations`` (``trainer.log_val_generations``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from hybridflow.registry import Registry
 from hybridflow.trainer import metric_names as names
 
 METRICS_FILE = "metrics.jsonl"
+VAL_GENERATIONS_FILE = "val_generations.jsonl"
+VAL_GENERATIONS = "val/generations"
+GENERATION_COLUMNS = ("input", "output", "score")
+GenerationRow = tuple[str, str, float]
 
 
 class MissingExtraError(ImportError):
@@ -41,6 +46,8 @@ class RunInfo:
 
 class TrackingBackend(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -83,9 +90,9 @@ class JsonlBackend:
     def __init__(self, run: RunInfo):
         run.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run.run_dir / METRICS_FILE
-        if self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if _step_of(line) < run.first_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+        self.generations_path = run.run_dir / VAL_GENERATIONS_FILE
+        for path in (self.path, self.generations_path):
+            _drop_steps_from(path, run.first_step)
         self._file = self.path.open("a")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -95,8 +102,22 @@ class JsonlBackend:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None:
+        """One line of ``<run_dir>/val_generations.jsonl``: ``{"step": N, "val/generations": [{input, output,
+        score}, ...]}`` (a file of its own, so ``metrics.jsonl`` keeps one line of numbers per step)."""
+        record = {"step": step, VAL_GENERATIONS: [dict(zip(GENERATION_COLUMNS, sample)) for sample in samples]}
+        with self.generations_path.open("a") as out:
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+
     def close(self) -> None:
         self._file.close()
+
+
+def _drop_steps_from(path: pathlib.Path, first_step: int) -> None:
+    """Keep the lines of ``path`` logged before ``first_step`` (a resumed run redoes the later ones)."""
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines() if _step_of(line) < first_step]
+        path.write_text("".join(line + "\n" for line in kept))
 
 
 def _step_of(line: str) -> float:
@@ -104,6 +125,10 @@ def _step_of(line: str) -> float:
         return json.loads(line)["step"]
     except (ValueError, KeyError, TypeError):
         return math.inf  # a line torn by a kill: drop it
+
+
+def _code_block(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines() or [""])
 
 
 def read_metrics(run_dir: str | pathlib.Path) -> list[dict[str, Any]]:
@@ -158,6 +183,16 @@ class ConsoleBackend:
             throughput="-" if throughput is None else f"{throughput:.0f}",
         )
 
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None:
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(*GENERATION_COLUMNS, title=f"{VAL_GENERATIONS} (step {step})", show_lines=True)
+        for input_text, output_text, score in samples:
+            # Text, not markup: a model's "[...]" must print as written.
+            table.add_row(Text(input_text), Text(output_text), f"{score:.4g}")
+        self.progress.console.print(table)
+
     def close(self) -> None:
         self.progress.stop()
 
@@ -174,6 +209,16 @@ class TensorboardBackend:
     def log(self, metrics: dict[str, float], step: int) -> None:
         for name, value in _finite_floats(metrics).items():
             self.writer.add_scalar(name, value, global_step=step)
+        self.writer.flush()
+
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None:
+        """One markdown text entry; the texts are indented as code blocks so they show as generated."""
+        sections = [
+            f"**sample {index}**, score {score:.4g}\n\ninput:\n\n{_code_block(input_text)}\n\n"
+            f"output:\n\n{_code_block(output_text)}"
+            for index, (input_text, output_text, score) in enumerate(samples, start=1)
+        ]
+        self.writer.add_text(VAL_GENERATIONS, "\n\n---\n\n".join(sections), global_step=step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -196,6 +241,10 @@ class MlflowBackend:
         # mlflow refuses '@' in metric names ("mean@4").
         self.mlflow.log_metrics({k.replace("@", "_at_"): v for k, v in _finite_floats(metrics).items()}, step=step)
 
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None:
+        """An artifact ``val_step<N>.json`` of [{input, output, score}, ...], as verl writes it."""
+        self.mlflow.log_dict([dict(zip(GENERATION_COLUMNS, sample)) for sample in samples], f"val_step{step}.json")
+
     def close(self) -> None:
         self.mlflow.end_run()
 
@@ -214,9 +263,16 @@ class WandbBackend:
             dir=str(run.run_dir),
             mode=configured,
         )
+        self.generation_rows: list[list] = []
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(_finite_floats(metrics), step=step)
+
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None:
+        """verl's table: one row per validation (step, input_1, output_1, score_1, ...), all rows so far."""
+        columns = ["step"] + [f"{name}_{index}" for index in range(1, len(samples) + 1) for name in GENERATION_COLUMNS]
+        self.generation_rows.append([step] + [value for sample in samples for value in sample])
+        self.run.log({VAL_GENERATIONS: self.wandb.Table(columns=columns, data=self.generation_rows)}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -231,6 +287,11 @@ class Tracking:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         for backend in self.backends:
             backend.log(metrics, step)
+
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None:
+        """(input, output, score) rows of validation samples, as a table to every backend."""
+        for backend in self.backends:
+            backend.log_generations(samples, step)
 
     def close(self) -> None:
         for backend in self.backends:

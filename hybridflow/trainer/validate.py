@@ -26,6 +26,7 @@ from hybridflow.algos.policy_loss_registry import POLICY_LOSSES
 from hybridflow.data.truncation import TRUNCATION_MODES
 from hybridflow.rewards import REWARD_MANAGERS
 from hybridflow.rollout.config import RolloutConfigError
+from hybridflow.trainer.batch_sizes import batch_size_errors, micro_batch_sizes, positive
 from hybridflow.trainer.checkpoint_manager import RESUME_MODES
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.estimator_options import estimator_option_errors
@@ -189,7 +190,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
     return (
         _registry_errors(config)
         + _section_errors(config)
-        + _batch_size_errors(config)
+        + batch_size_errors(config, num_processes(config), uses_critic(config))
         + _empty_path_errors(config)
         + _algorithm_errors(config)
         + _trainer_errors(config)
@@ -261,74 +262,6 @@ def num_processes(config: PPOTrainerConfig) -> int:
     return config.trainer.nnodes * config.trainer.n_gpus_per_node
 
 
-def _positive(key: str, value: Any) -> list[str]:
-    return [] if value is None or value >= 1 else [f"{key}={value} must be a positive integer (or null)"]
-
-
-def _minibatch_errors(
-    role: str, train_batch: int, mini: int, micro: int | None, dynamic: bool, n: int, world: int
-) -> list[str]:
-    """``train_batch`` prompts split into mini-batches of ``mini`` prompts, each sample-split over ``world``
-    ranks and then into micro-batches of ``micro`` samples."""
-    if mini < 1:
-        return [f"{role}.ppo_mini_batch_size={mini} must be >= 1"]
-    errors = []
-    if train_batch % mini:
-        errors.append(
-            f"data.train_batch_size={train_batch} is not a multiple of {role}.ppo_mini_batch_size={mini}; "
-            f"choose a mini-batch size that divides it (e.g. {_largest_divisor(train_batch, mini)})"
-        )
-    samples = mini * n
-    if samples % world:
-        errors.append(
-            f"{role}.ppo_mini_batch_size={mini} x rollout.n={n} = {samples} samples do not split over "
-            f"{world} worker processes (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of {world}"
-        )
-    elif micro is not None and not dynamic and (samples // world) % micro:
-        errors.append(
-            f"{role}.ppo_micro_batch_size_per_gpu={micro} does not divide the {samples // world} samples "
-            f"per rank of a mini-batch; choose a divisor of {samples // world} or set {role}.use_dynamic_bsz=true"
-        )
-    return errors
-
-
-def _largest_divisor(number: int, at_most: int) -> int:
-    return max(d for d in range(1, max(1, min(number, at_most)) + 1) if number % d == 0)
-
-
-def _batch_size_errors(config: PPOTrainerConfig) -> list[str]:
-    data, actor = config.data, config.actor_rollout_ref.actor
-    n, world = config.actor_rollout_ref.rollout.n, num_processes(config)
-    positives = {
-        "data.train_batch_size": data.train_batch_size,
-        "data.val_batch_size": data.val_batch_size,
-        "actor_rollout_ref.rollout.n": n,
-        "trainer.n_gpus_per_node": config.trainer.n_gpus_per_node,
-        "trainer.nnodes": config.trainer.nnodes,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": actor.ppo_micro_batch_size_per_gpu,
-    }
-    errors = [error for key, value in positives.items() for error in _positive(key, value)]
-    if errors:
-        return errors
-    errors += _minibatch_errors(
-        "actor_rollout_ref.actor", data.train_batch_size, actor.ppo_mini_batch_size,
-        actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz, n, world,
-    )
-    if uses_critic(config):
-        critic = config.critic
-        errors += _positive("critic.ppo_micro_batch_size_per_gpu", critic.ppo_micro_batch_size_per_gpu)
-        errors += _minibatch_errors(
-            "critic", data.train_batch_size, critic.ppo_mini_batch_size,
-            critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz, critic.rollout_n, world,
-        )
-        if critic.rollout_n != n:
-            errors.append(
-                f"critic.rollout_n={critic.rollout_n} differs from actor_rollout_ref.rollout.n={n}; "
-                "remove the critic.rollout_n override (it follows rollout.n)"
-            )
-    return errors
-
-
 def _empty_path_errors(config: PPOTrainerConfig) -> list[str]:
     """Paths the run cannot do without (whether they exist is :func:`environment_errors`' question)."""
     errors = []
@@ -393,9 +326,17 @@ def _trainer_errors(config: PPOTrainerConfig) -> list[str]:
         value = getattr(trainer, key)
         if value == 0 or value < -1:
             errors.append(f"trainer.{key}={value} must be -1 (never) or a positive number of steps")
-    errors += _positive("trainer.total_epochs", trainer.total_epochs)
-    errors += _positive("trainer.total_training_steps", trainer.total_training_steps)
-    errors += _positive("trainer.rollout_dump_freq", trainer.rollout_dump_freq)
+    errors += positive("trainer.total_epochs", trainer.total_epochs)
+    errors += positive("trainer.total_training_steps", trainer.total_training_steps)
+    errors += positive("trainer.rollout_dump_freq", trainer.rollout_dump_freq)
+    for key in ("critic_warmup", "log_val_generations"):
+        if getattr(trainer, key) < 0:
+            errors.append(f"trainer.{key}={getattr(trainer, key)} must be >= 0 (0 turns it off)")
+    if trainer.critic_warmup > 0 and not uses_critic(config):
+        errors.append(
+            f"trainer.critic_warmup={trainer.critic_warmup} warms up a critic, but algorithm.adv_estimator="
+            f"{config.algorithm.adv_estimator} has none (the actor would just not train); set it to 0"
+        )
     if trainer.resume_mode == "resume_path":
         if not trainer.resume_from_path:
             errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<global_step_N folder>")
@@ -441,13 +382,23 @@ def derived_sizes(config: PPOTrainerConfig, steps: int | None = None) -> list[st
         f"actor mini-batches per epoch: {data.train_batch_size // actor.ppo_mini_batch_size} "
         f"({samples_per_mini} samples, {per_rank} per rank on {world} process(es)), ppo_epochs={actor.ppo_epochs}",
     ]
+    micro = micro_batch_sizes(config, world)[0]
+    actor_micro = micro.get(f"{ACTOR}.ppo_micro_batch_size")
     if actor.use_dynamic_bsz:
         lines.append(f"actor micro-batches: by token budget {actor.ppo_max_token_len_per_gpu} per rank")
-    elif actor.ppo_micro_batch_size_per_gpu:
-        lines.append(
-            f"actor micro-batches per mini-batch per rank: {per_rank // actor.ppo_micro_batch_size_per_gpu} "
-            f"of {actor.ppo_micro_batch_size_per_gpu} samples"
-        )
+    elif actor_micro:
+        lines.append(f"actor micro-batches per mini-batch per rank: {per_rank // actor_micro} of {actor_micro} samples")
+    rollout, ref = config.actor_rollout_ref.rollout, config.actor_rollout_ref.ref
+    if not skips_old_log_prob(config):
+        lines.append(_forward_batching(
+            "old-log-prob", rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu,
+            micro.get("actor_rollout_ref.rollout.log_prob_micro_batch_size"),
+        ))
+    if uses_reference(config):
+        lines.append(_forward_batching(
+            "reference", ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu,
+            micro.get("actor_rollout_ref.ref.log_prob_micro_batch_size"),
+        ))
     lines.append(f"tokens per sample: <= {data.max_prompt_length} prompt + {data.max_response_length} response")
     if steps is not None:
         lines.append(f"training steps: {steps}")
@@ -458,3 +409,11 @@ def derived_sizes(config: PPOTrainerConfig, steps: int | None = None) -> list[st
         f"zero-signal samples skipped: {yes_no[skips_zero_signal_samples(config)]}"
     )
     return lines
+
+
+def _forward_batching(name: str, dynamic: bool, max_token_len: int, micro: int | None) -> str:
+    if dynamic:
+        return f"{name} micro-batches: by token budget {max_token_len} per rank"
+    if micro:
+        return f"{name} micro-batches: {micro} samples per rank"
+    return f"{name} micro-batches: each rank's whole batch in one forward"

@@ -34,7 +34,7 @@ from hybridflow.workers.batching import (
     mini_batch_size_per_rank,
     run_in_micro_batches,
 )
-from hybridflow.workers.config import ActorConfig, ModelConfig
+from hybridflow.workers.config import ActorConfig, ModelConfig, micro_batch_size_per_rank
 from hybridflow.workers.fsdp import iter_hf_weights
 from hybridflow.workers.model_setup import load_policy_model, shard_for_training
 from hybridflow.workers.training import ShardedTrainer, UpdateBatchError
@@ -105,9 +105,11 @@ class ActorPart:
         self.mini_batch_size = mini_batch_size_per_rank(
             config.ppo_mini_batch_size, rollout_n, dist.get_world_size(), "actor_rollout_ref.actor.ppo_mini_batch_size"
         )
-        self.update_batching = MicroBatching(
-            config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz, config.ppo_max_token_len_per_gpu
+        micro_batch_size = micro_batch_size_per_rank(
+            config.ppo_micro_batch_size_per_gpu, config.ppo_micro_batch_size, dist.get_world_size(),
+            "actor_rollout_ref.actor.ppo_micro_batch_size",
         )
+        self.update_batching = MicroBatching(micro_batch_size, config.use_dynamic_bsz, config.ppo_max_token_len_per_gpu)
         self.policy_loss_config = policy_loss_config(config)
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.weights_version = 0

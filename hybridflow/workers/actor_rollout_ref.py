@@ -10,12 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch.distributed as dist
+
 from hybridflow.distributed import Dispatch, Worker, register
 from hybridflow.models.loading import load_tokenizer
 from hybridflow.protocol import DataProto
 from hybridflow.workers.actor import ActorPart
 from hybridflow.workers.batching import MicroBatching
-from hybridflow.workers.config import ActorRolloutRefConfig, WorkerConfigError, as_config
+from hybridflow.workers.config import (
+    ActorRolloutRefConfig,
+    WorkerConfigError,
+    as_config,
+    micro_batch_size_per_rank,
+)
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.ref import RefPart
 from hybridflow.workers.rollout_part import RolloutPart
@@ -59,14 +66,13 @@ class ActorRolloutRefWorker(Worker):
         return float(data.meta_info.get("temperature", self.config.rollout.temperature))
 
     def _log_prob_batching(self) -> MicroBatching:
-        # verl keeps these three keys in the rollout section; until RolloutConfig has them, the actor's
-        # update micro-batching is used.
-        rollout, actor = self.config.rollout, self.config.actor
-        return MicroBatching(
-            getattr(rollout, "log_prob_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu),
-            getattr(rollout, "log_prob_use_dynamic_bsz", actor.use_dynamic_bsz),
-            getattr(rollout, "log_prob_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu),
+        # The old-log-prob pass runs on the actor but, as in verl, takes its micro-batching from the rollout keys.
+        rollout = self.config.rollout
+        size = micro_batch_size_per_rank(
+            rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_micro_batch_size, dist.get_world_size(),
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size",
         )
+        return MicroBatching(size, rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:

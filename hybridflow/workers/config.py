@@ -20,6 +20,9 @@ from hybridflow.rollout.config import RolloutConfig
 
 T = TypeVar("T")
 
+# verl's deprecated global micro-batch keys (``ppo_micro_batch_size``, ...) beside their ``*_per_gpu`` forms.
+GLOBAL_MICRO_BATCH_HELP = "Deprecated: samples over all ranks; each rank takes this // ranks. Set it or *_per_gpu."
+
 
 class WorkerConfigError(ValueError):
     """A worker config section has a key or value the worker cannot use."""
@@ -98,6 +101,7 @@ class ActorConfig:
     """The policy's PPO update (``actor_rollout_ref.actor``). Batch sizes follow verl's conventions."""
 
     ppo_mini_batch_size: int = option(256, "Prompts per optimizer step (multiplied by rollout.n inside).")
+    ppo_micro_batch_size: Optional[int] = option(None, GLOBAL_MICRO_BATCH_HELP)
     ppo_micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per forward/backward on one rank.")
     use_dynamic_bsz: bool = option(False, "Form micro-batches by a token budget instead of a sample count.")
     ppo_max_token_len_per_gpu: int = option(16384, "Token budget of a micro-batch when use_dynamic_bsz.")
@@ -137,7 +141,10 @@ class ActorConfig:
 class RefConfig:
     """The frozen reference policy (``actor_rollout_ref.ref``)."""
 
-    log_prob_micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per reference forward on one rank.")
+    log_prob_micro_batch_size: Optional[int] = option(None, GLOBAL_MICRO_BATCH_HELP)
+    log_prob_micro_batch_size_per_gpu: Optional[int] = option(
+        None, "Samples per reference forward on one rank; None: the rank's whole batch."
+    )
     log_prob_use_dynamic_bsz: bool = option(False, "Form micro-batches by a token budget.")
     log_prob_max_token_len_per_gpu: int = option(16384, "Token budget of a micro-batch when dynamic.")
     fsdp_config: FSDPConfig = section(FSDPConfig, "FSDP2 sharding of the reference model.")
@@ -168,7 +175,9 @@ class CriticConfig:
     enable: Optional[bool] = option(None, "Train a critic: None decides by the estimator (gae needs one), true/false force it.")
     rollout_n: int = option(1, "Samples per prompt; the trainer sets it to actor_rollout_ref.rollout.n.")
     ppo_mini_batch_size: int = option(256, "Prompts per optimizer step (multiplied by rollout_n inside).")
+    ppo_micro_batch_size: Optional[int] = option(None, GLOBAL_MICRO_BATCH_HELP)
     ppo_micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per forward/backward on one rank.")
+    forward_micro_batch_size: Optional[int] = option(None, GLOBAL_MICRO_BATCH_HELP)
     forward_micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per compute_values forward.")
     use_dynamic_bsz: bool = option(False, "Form micro-batches by a token budget.")
     ppo_max_token_len_per_gpu: int = option(32768, "Token budget of an update micro-batch when dynamic.")
@@ -221,6 +230,25 @@ class RewardModelConfig:
     micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per forward on one rank.")
     use_dynamic_bsz: bool = option(False, "Form micro-batches by a token budget.")
     forward_max_token_len_per_gpu: int = option(32768, "Token budget of a micro-batch when dynamic.")
+
+
+def micro_batch_size_per_rank(per_gpu: int | None, global_size: int | None, world_size: int, key: str) -> int | None:
+    """One rank's micro-batch size from verl's two spellings of it: ``<key>_per_gpu`` counts one rank's samples,
+    the deprecated global ``<key>`` all ranks' samples, of which each rank takes ``global_size // world_size``
+    (floored, as verl's ``fsdp_workers.py`` did before verl PR #6067). None (neither set): the rank's whole batch
+    in one forward. Differs from verl: verl requires one of the two unless ``use_dynamic_bsz``."""
+    if global_size is None:
+        return per_gpu
+    if per_gpu is not None:
+        raise WorkerConfigError(
+            f"both {key}={global_size} and {key}_per_gpu={per_gpu} are set; remove {key} (the deprecated global form)"
+        )
+    if global_size < world_size:
+        raise WorkerConfigError(
+            f"{key}={global_size} gives each of the {world_size} ranks less than one sample; set it to at least "
+            f"{world_size} or use {key}_per_gpu"
+        )
+    return global_size // world_size
 
 
 def as_config(cls: type[T], section: Any) -> T:

@@ -18,8 +18,13 @@ from hybridflow.distributed import Dispatch, Worker, register
 from hybridflow.models.value_model import forward_values, load_value_model
 from hybridflow.protocol import DataProto
 from hybridflow.workers import checkpoint
-from hybridflow.workers.batching import LossCounts, MicroBatching, mini_batch_size_per_rank, run_in_micro_batches
-from hybridflow.workers.config import CriticConfig, WorkerConfigError, as_config
+from hybridflow.workers.batching import (
+    LossCounts,
+    MicroBatching,
+    mini_batch_size_per_rank,
+    run_in_micro_batches,
+)
+from hybridflow.workers.config import CriticConfig, WorkerConfigError, as_config, micro_batch_size_per_rank
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.model_setup import shard_for_training
 from hybridflow.workers.training import ShardedTrainer, metrics_output
@@ -48,12 +53,17 @@ class CriticPart:
         self.mini_batch_size = mini_batch_size_per_rank(
             config.ppo_mini_batch_size, config.rollout_n, dist.get_world_size(), "critic.ppo_mini_batch_size"
         )
-        self.forward_batching = MicroBatching(
-            config.forward_micro_batch_size_per_gpu, config.use_dynamic_bsz, config.forward_max_token_len_per_gpu
+        ranks = dist.get_world_size()
+        forward_size = micro_batch_size_per_rank(
+            config.forward_micro_batch_size_per_gpu, config.forward_micro_batch_size, ranks,
+            "critic.forward_micro_batch_size",
         )
-        self.update_batching = MicroBatching(
-            config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz, config.ppo_max_token_len_per_gpu
+        update_size = micro_batch_size_per_rank(
+            config.ppo_micro_batch_size_per_gpu, config.ppo_micro_batch_size, ranks, "critic.ppo_micro_batch_size"
         )
+        dynamic = config.use_dynamic_bsz
+        self.forward_batching = MicroBatching(forward_size, dynamic, config.forward_max_token_len_per_gpu)
+        self.update_batching = MicroBatching(update_size, dynamic, config.ppo_max_token_len_per_gpu)
 
     def _values(self, micro: DataProto) -> torch.Tensor:
         batch = micro.batch

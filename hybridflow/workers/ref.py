@@ -12,13 +12,14 @@ import functools
 from typing import Callable, ContextManager
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from hybridflow.models.lora import adapter_disabled
 from hybridflow.protocol import DataProto
 from hybridflow.workers.actor import LOG_PROB_INPUTS, ActorPart, log_prob_forward
 from hybridflow.workers.batching import MicroBatching, run_in_micro_batches
-from hybridflow.workers.config import ModelConfig, RefConfig
+from hybridflow.workers.config import ModelConfig, RefConfig, micro_batch_size_per_rank
 from hybridflow.workers.fsdp import move_model, parameters_on
 from hybridflow.workers.model_setup import load_policy_model, shard_frozen
 
@@ -26,9 +27,11 @@ CPU = torch.device("cpu")
 
 
 def ref_batching(config: RefConfig) -> MicroBatching:
-    return MicroBatching(
-        config.log_prob_micro_batch_size_per_gpu, config.log_prob_use_dynamic_bsz, config.log_prob_max_token_len_per_gpu
+    size = micro_batch_size_per_rank(
+        config.log_prob_micro_batch_size_per_gpu, config.log_prob_micro_batch_size, dist.get_world_size(),
+        "actor_rollout_ref.ref.log_prob_micro_batch_size",
     )
+    return MicroBatching(size, config.log_prob_use_dynamic_bsz, config.log_prob_max_token_len_per_gpu)
 
 
 class RefPart:

@@ -12,6 +12,7 @@ from hybridflow.trainer.main_ppo import build_trainer
 from hybridflow.trainer.placement import WorkerGroups, create_worker_groups
 from hybridflow.trainer.tracking import read_metrics
 from hybridflow.trainer.validate import load_config
+from tests.workers.test_actor import assert_same_adam_step
 
 from .cli import DENSE_REWARD
 
@@ -121,6 +122,8 @@ def test_skipping_zero_signal_samples_and_the_old_log_prob_pass_leaves_the_weigh
         "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.cpus_per_worker=0.5",
         f"trainer.n_gpus_per_node={ranks}", "data.shuffle=false", f"custom_reward_function.path={FIRST_PROMPTS_REWARD}",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        # Stop on ~40% of the vocabulary, so the untrained model's responses vary in length.
+        f"actor_rollout_ref.rollout.stop_token_ids=[{','.join(map(str, range(100)))}]",
     ]
     runs = {}
     for name, switches in (("full", ["false", "false"]), ("skipping", ["null", "null"])):
@@ -139,3 +142,31 @@ def test_skipping_zero_signal_samples_and_the_old_log_prob_pass_leaves_the_weigh
     for name, tensor in weights.items():
         # Equal to 1e-6 of the tensor's largest entry (two ranks may sum the gradients in another order).
         assert (tensor - expected[name]).abs().max() <= 1e-6 * expected[name].abs().max(), name
+
+
+def test_balancing_the_ranks_leaves_a_two_rank_update_unchanged(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
+    """One GRPO step of one mini-batch on 2 ranks: balancing moves samples between ranks, not the update."""
+    base = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "unused", "grpo") + [
+        "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.cpus_per_worker=0.5",
+        "trainer.n_gpus_per_node=2", "data.shuffle=false", f"custom_reward_function.path={DENSE_REWARD}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        # Stop on ~40% of the vocabulary, so the untrained model's responses vary in length.
+        f"actor_rollout_ref.rollout.stop_token_ids=[{','.join(map(str, range(100)))}]",
+    ]
+    runs = {
+        switch: _trained_weights(
+            base + [f"trainer.default_local_dir={tmp_path / switch}", f"trainer.balance_batch={switch}"],
+            tmp_path / switch,
+        )
+        for switch in ("false", "true")
+    }
+    (weights, (record,)), (expected, (expected_record,)) = runs["true"], runs["false"]
+    assert record["global_seqlen/balanced_max"] - record["global_seqlen/balanced_min"] < (
+        record["global_seqlen/minmax_diff"]
+    ), "the batch was balanced already: the test would not move a sample"
+    # The loss is a token mean over the whole mini-batch, its denominators summed over the ranks, so only the
+    # order of the float32 sums changes: at most n * 2**-24 of the summed magnitudes (n = 64 response tokens,
+    # |advantage| <= 1.5 for groups of 2). GRPO's pg_loss is a near-0 sum of +-A, so it gets that absolute bound.
+    assert record["actor/pg_loss"] == pytest.approx(expected_record["actor/pg_loss"], rel=0, abs=64 * 2**-24 * 1.5)
+    assert record["actor/grad_norm"] == pytest.approx(expected_record["actor/grad_norm"], rel=64 * 2**-24)
+    assert_same_adam_step(weights, expected)

@@ -205,3 +205,81 @@ def test_the_shortcuts_switch_off_one_at_a_time(run):
     update = _updates(fakes)[0]
     assert len(update) == 4 and "old_log_probs" in update.batch.keys()
     assert OLD_LOG_PROBS_FROM_UPDATE not in update.meta_info
+
+
+def _rank_tokens(batch, ranks):
+    """Real tokens of each rank's equal slice of ``batch``, as the dispatch hands them out."""
+    return batch.batch["attention_mask"].sum(-1).view(ranks, -1).sum(-1).tolist()
+
+
+def _samples(batch):
+    """The samples' (uid, response tokens) and advantage sums, sorted by the former: equal for two orders."""
+    tensors = batch.batch
+    rows = sorted(zip(
+        zip(batch.non_tensor_batch["uid"], map(tuple, tensors["responses"].tolist())),
+        tensors["advantages"].sum(-1).tolist(),
+    ))
+    return [key for key, _ in rows], [advantage for _, advantage in rows]
+
+
+def test_balancing_gives_the_ranks_about_the_same_tokens_and_keeps_the_groups(run, tmp_path):
+    _, unbalanced = run("grpo", "trainer.n_gpus_per_node=2", "trainer.balance_batch=false", run_dir=tmp_path / "off")
+    _, balanced = run("grpo", "trainer.n_gpus_per_node=2", run_dir=tmp_path / "on")
+    for before, after, record in zip(_updates(unbalanced), _updates(balanced), read_metrics(tmp_path / "on")):
+        # The same samples with the same advantages (GRPO groups by uid, whatever rank a sample lands on;
+        # a group's statistics may sum its n = 2 samples in another order: float32 rounding, n * 2**-24).
+        (keys, advantages), (expected_keys, expected) = _samples(after), _samples(before)
+        assert keys == expected_keys and advantages == pytest.approx(expected, rel=2 * 2**-24, abs=1e-12)
+        tokens_before, tokens_after = _rank_tokens(before, 2), _rank_tokens(after, 2)
+        assert max(tokens_after) - min(tokens_after) <= max(tokens_before) - min(tokens_before)
+        assert (record["global_seqlen/min"], record["global_seqlen/max"]) == (min(tokens_before), max(tokens_before))
+        assert (record["global_seqlen/balanced_min"], record["global_seqlen/balanced_max"]) == (
+            min(tokens_after), max(tokens_after),
+        )
+    assert any(_rank_tokens(b, 2) != _rank_tokens(a, 2) for b, a in zip(_updates(unbalanced), _updates(balanced)))
+    assert "global_seqlen/min" not in read_metrics(tmp_path / "off")[0]
+
+
+def test_critic_warmup_trains_only_the_critic_for_its_steps(run, tmp_path):
+    _, fakes = run("gae", "trainer.critic_warmup=1")
+    step = ["generate_sequences", "compute_log_prob", "compute_values", "update_critic"]
+    assert fakes.names() == ["init_model", "init_model"] + step + step + ["update_actor"]
+    warmup, trained = read_metrics(tmp_path / "run")
+    assert warmup["critic/vf_loss"] == trained["critic/vf_loss"] == 1.0
+    assert not any(key.startswith("actor/") for key in warmup) and names.timing("update_actor") not in warmup
+    assert names.PERF_MFU_ACTOR not in warmup and names.PERF_MFU_ACTOR in trained
+    assert trained["actor/grad_norm"] == 2.0
+
+
+def test_actor_and_critic_checkpoints_are_kept_to_their_own_counts(run, tmp_path):
+    run(
+        "gae", "trainer.total_training_steps=3", "trainer.save_freq=1",
+        "trainer.max_actor_ckpt_to_keep=2", "trainer.max_critic_ckpt_to_keep=1",
+    )
+    saved = {
+        path.name: sorted(p.name for p in path.iterdir())
+        for path in sorted((tmp_path / "run").glob("global_step_*"))
+    }
+    assert saved == {
+        "global_step_2": ["actor", "driver_state.pt"],
+        "global_step_3": ["actor", "critic", "driver_state.pt"],
+    }
+
+
+def test_validation_samples_are_logged_as_a_table_and_dumped_per_validation(run, tmp_path):
+    run(
+        "grpo", "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.log_val_generations=3",
+        f"trainer.validation_data_dir={tmp_path / 'val'}", "trainer.logger=[jsonl]",
+    )
+    tables = [json.loads(line) for line in (tmp_path / "run" / "val_generations.jsonl").read_text().splitlines()]
+    assert [table["step"] for table in tables] == [0, 2]  # before training, then at test_freq
+    for table in tables:
+        assert len(table["val/generations"]) == 3
+        assert all("What is" in row["input"] and 0 <= row["score"] <= 1 for row in table["val/generations"])
+    assert tables[0]["val/generations"] != tables[1]["val/generations"]  # each validation logs its own samples
+    assert sorted(path.name for path in (tmp_path / "val").iterdir()) == ["0.jsonl", "2.jsonl"]
+    dumped = [json.loads(line) for line in (tmp_path / "val" / "2.jsonl").read_text().splitlines()]
+    assert len(dumped) == 4  # the 4 validation prompts, one greedy sample each
+    assert {"input", "output", "gts", "score", "step", "reward", "acc"} <= set(dumped[0]) and dumped[0]["step"] == 2
+    chosen = {(row["input"], row["output"]) for row in tables[1]["val/generations"]}
+    assert chosen <= {(row["input"], row["output"]) for row in dumped}

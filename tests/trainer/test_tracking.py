@@ -1,6 +1,7 @@
 """The tracking backends write what they promise, and the optional ones fail clearly when absent."""
 
 import importlib.util
+import json
 
 import pytest
 
@@ -71,3 +72,80 @@ def test_unknown_backend_lists_the_valid_ones(tmp_path):
     with pytest.raises(ValueError, match=r"trainer.logger='tensorbord'.*console, jsonl"):
         Tracking(["tensorbord"], _run(tmp_path))
     assert {"console", "jsonl", "tensorboard", "mlflow", "wandb"} <= set(LOGGER_BACKENDS.names())
+
+
+SAMPLES = [("What is [2+2]?", "4", 1.0), ("What is 3*3?", "nine", 0.0)]
+
+
+def test_validation_samples_go_to_console_jsonl_and_tensorboard(tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tracker = Tracking(["console", "jsonl", "tensorboard"], _run(tmp_path))
+    tracker.log_generations(SAMPLES, step=2)
+    tracker.close()
+    out = capsys.readouterr().out
+    assert "val/generations (step 2)" in out and "What is [2+2]?" in out and "nine" in out
+    (record,) = [json.loads(line) for line in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
+    assert record == {"step": 2, "val/generations": [
+        {"input": "What is [2+2]?", "output": "4", "score": 1.0},
+        {"input": "What is 3*3?", "output": "nine", "score": 0.0},
+    ]}
+    assert read_metrics(tmp_path) == []  # metrics.jsonl keeps to numbers
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    (text,) = events.Tensors("val/generations/text_summary")
+    markdown = text.tensor_proto.string_val[0].decode()
+    assert text.step == 2 and "    What is [2+2]?" in markdown and "score 0" in markdown and "    nine" in markdown
+
+
+def test_a_resumed_run_drops_the_validation_samples_it_redoes(tmp_path):
+    tracker = Tracking(["jsonl"], _run(tmp_path))
+    for step in (0, 2, 4):
+        tracker.log_generations(SAMPLES[:1], step=step)
+    tracker.close()
+    Tracking(["jsonl"], _run(tmp_path, first_step=3)).close()
+    lines = (tmp_path / "val_generations.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0, 2]
+
+
+class _FakeWandb:
+    """The parts of wandb the backend uses, recording what it logs."""
+
+    def __init__(self):
+        self.logged = []
+
+    def init(self, **kwargs):
+        return self
+
+    def log(self, data, step):
+        self.logged.append((step, data))
+
+    def Table(self, columns, data):  # noqa: N802 (wandb's name)
+        return {"columns": columns, "data": [list(row) for row in data]}
+
+
+class _FakeMlflow:
+    def __init__(self):
+        self.dicts = {}
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+    def log_dict(self, data, artifact_file):
+        self.dicts[artifact_file] = data
+
+
+def test_wandb_gets_verls_growing_table_and_mlflow_a_json_artifact(tmp_path, monkeypatch):
+    fakes = {"wandb": _FakeWandb(), "mlflow": _FakeMlflow()}
+    monkeypatch.setattr("hybridflow.trainer.tracking.import_optional", lambda backend: fakes[backend])
+    tracker = Tracking(["wandb", "mlflow"], _run(tmp_path))
+    tracker.log_generations(SAMPLES, step=1)
+    tracker.log_generations(SAMPLES[::-1], step=3)
+    step, logged = fakes["wandb"].logged[-1]
+    assert step == 3 and logged["val/generations"] == {
+        "columns": ["step", "input_1", "output_1", "score_1", "input_2", "output_2", "score_2"],
+        "data": [[1, *SAMPLES[0], *SAMPLES[1]], [3, *SAMPLES[1], *SAMPLES[0]]],
+    }
+    assert fakes["mlflow"].dicts["val_step1.json"] == [
+        {"input": "What is [2+2]?", "output": "4", "score": 1.0}, {"input": "What is 3*3?", "output": "nine", "score": 0.0},
+    ]

@@ -104,6 +104,12 @@ def test_estimator_that_needs_a_critic_without_one(base):
     load_config(compose_config(base + ["algorithm.adv_estimator=grpo", "critic.model.path=''"]))
 
 
+def test_critic_warmup_needs_a_critic_and_counts_cannot_be_negative(base):
+    _one_error(base + ["trainer.critic_warmup=2"], "trainer.critic_warmup=2 warms up a critic", "grpo has none")
+    load_config(compose_config(base + ["trainer.critic_warmup=2", "algorithm.adv_estimator=gae"]))
+    _one_error(base + ["trainer.log_val_generations=-1"], "trainer.log_val_generations=-1 must be >= 0")
+
+
 def test_wrong_type_and_unknown_names(base):
     _one_error(base + ["data.train_batch_size=many"], "data.train_batch_size", "could not be converted to Integer")
     _one_error(base + ["algorithm.adv_estimator=gpro"], "algorithm.adv_estimator='gpro'", "grpo")

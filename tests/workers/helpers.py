@@ -46,7 +46,9 @@ def rollout_batch(
 def actor_rollout_ref_config(model_dir, **overrides) -> dict:
     """The ``actor_rollout_ref`` section for the tiny model; ``overrides`` are nested dicts merged on top.
 
-    Defaults: one mini-batch of 8 samples in micro-batches of 4, lr 1e-3, float32, 5-token responses.
+    Defaults: one mini-batch of 8 samples in micro-batches of 4, lr 1e-3, float32, 5-token responses. Unless
+    ``overrides`` set it, the old-log-prob pass takes the update's micro-batching (ppo_trainer.yaml's
+    interpolations do so for the token budget), so its log-probs equal the update's own bit for bit.
     """
     base = {
         "model": {"path": str(model_dir)},
@@ -59,7 +61,13 @@ def actor_rollout_ref_config(model_dir, **overrides) -> dict:
         "ref": {"log_prob_micro_batch_size_per_gpu": 4},
         "rollout": {"prompt_length": 6, "response_length": 5, "max_num_seqs": 16, "seed": 0},
     }
-    return OmegaConf.to_container(OmegaConf.merge(base, overrides))
+    config = OmegaConf.to_container(OmegaConf.merge(base, overrides))
+    actor, rollout = config["actor"], config["rollout"]
+    if "log_prob_micro_batch_size" not in rollout:  # verl's global form stands alone
+        rollout.setdefault("log_prob_micro_batch_size_per_gpu", actor["ppo_micro_batch_size_per_gpu"])
+    rollout.setdefault("log_prob_use_dynamic_bsz", actor.get("use_dynamic_bsz", False))
+    rollout.setdefault("log_prob_max_token_len_per_gpu", actor.get("ppo_max_token_len_per_gpu", 16384))
+    return config
 
 
 def critic_config(model_dir, **overrides) -> dict:

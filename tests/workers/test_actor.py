@@ -13,6 +13,7 @@ from hybridflow.algos import PolicyLossConfig, PolicyLossModeConfig
 from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.workers import ActorRolloutRefWorker, MissingPartError
+from hybridflow.workers import actor as actor_module
 from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE, policy_loss_config
 from hybridflow.workers.batching import LOSS_COUNTS_KEY, local_loss_counts
 from hybridflow.workers.config import ActorConfig
@@ -247,3 +248,54 @@ def test_an_update_of_no_rows_still_steps_adamw_like_a_batch_of_zero_advantages(
     assert part.parts["actor"].trainer.update_count == whole.parts["actor"].trainer.update_count == 2
     assert expected["grad_norm"] == metrics["grad_norm"] == [0.0]
     assert metrics["pg_loss"] == [0.0] and "entropy" not in metrics
+
+
+# Another micro-batching changes only which rows share a forward, so a matmul kernel may sum a row's dot
+# products in another order. Such a sum of n float32 terms is off by at most n * 2**-24 times the sum of the
+# terms' magnitudes (Higham, Accuracy and Stability of Numerical Algorithms, section 3.1); with n = 512 (the
+# tiny model's widest dot product, its MLP) and log-probs and logits of magnitude below 8 (log 263 = 5.6):
+LOG_PROB_ATOL = 512 * 2**-24 * 8
+
+
+def count_forwards(monkeypatch, module) -> list[tuple[int, int]]:
+    """(rows, real tokens) of every ``log_prob_forward`` call made through ``module``."""
+    calls, original = [], module.log_prob_forward
+
+    def counting(model, data, *args, **kwargs):
+        calls.append((len(data), int(data.batch["attention_mask"].sum())))
+        return original(model, data, *args, **kwargs)
+
+    monkeypatch.setattr(module, "log_prob_forward", counting)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "rollout_keys, rows",
+    [
+        ({"log_prob_micro_batch_size_per_gpu": 3}, [3, 3, 2]),
+        ({"log_prob_micro_batch_size": 4}, [4, 4]),  # verl's global form, over this 1-rank group
+        ({"log_prob_use_dynamic_bsz": True, "log_prob_max_token_len_per_gpu": 24}, None),
+    ],
+    ids=["per-gpu-3", "global-4", "token-budget-24"],
+)
+def test_old_log_probs_take_the_rollout_micro_batching_and_do_not_depend_on_it(
+    tiny_model_dir, monkeypatch, rollout_keys, rows
+):
+    batch = rollout_batch(8, seed=0)
+    batch.meta_info["temperature"] = 1.0
+    calls = count_forwards(monkeypatch, actor_module)
+    # The actor's update micro-batch size plays no part: with no rollout size the rank's 8 rows go in one forward.
+    whole = make_worker(
+        tiny_model_dir, actor={"ppo_micro_batch_size_per_gpu": 1}, rollout={"log_prob_micro_batch_size_per_gpu": None}
+    )
+    expected = whole.compute_log_prob(batch)
+    assert calls == [(8, int(batch.batch["attention_mask"].sum()))]
+    calls.clear()
+    output = make_worker(tiny_model_dir, rollout=rollout_keys).compute_log_prob(batch)
+    if rows is None:  # a token budget: as few forwards as hold at most 24 real tokens each
+        total = sum(tokens for _, tokens in calls)
+        assert len(calls) >= -(-total // 24) > 1 and max(tokens for _, tokens in calls) <= 24
+    else:
+        assert [count for count, _ in calls] == rows
+    for key in ("old_log_probs", "entropys"):
+        torch.testing.assert_close(output.batch[key], expected.batch[key], rtol=0, atol=LOG_PROB_ATOL, msg=key)

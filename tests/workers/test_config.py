@@ -42,3 +42,15 @@ def test_every_field_has_help():
     classes = [cls for cls in classes if cls.__module__ == worker_config.__name__]
     missing = [f"{cls.__name__}.{f.name}" for cls in classes for f in dataclasses.fields(cls) if not f.metadata.get("help")]
     assert not missing
+
+
+def test_a_global_micro_batch_size_is_shared_out_over_the_ranks_as_verl_did():
+    key = "actor_rollout_ref.actor.ppo_micro_batch_size"
+    assert worker_config.micro_batch_size_per_rank(None, 16, 4, key) == 4
+    assert worker_config.micro_batch_size_per_rank(None, 10, 4, key) == 2  # 10 // 4, floored
+    assert worker_config.micro_batch_size_per_rank(3, None, 4, key) == 3
+    assert worker_config.micro_batch_size_per_rank(None, None, 4, key) is None  # the rank's whole batch
+    with pytest.raises(WorkerConfigError, match=rf"both {key}=8 and {key}_per_gpu=2 are set; remove {key}"):
+        worker_config.micro_batch_size_per_rank(2, 8, 4, key)
+    with pytest.raises(WorkerConfigError, match=rf"{key}=3 gives each of the 4 ranks less than one sample"):
+        worker_config.micro_batch_size_per_rank(None, 3, 4, key)
