@@ -4,6 +4,7 @@ import pytest
 
 from hybridflow.registry import UnknownNameError
 from hybridflow.rollout import ROLLOUT_ENGINES, MissingExtraError, RolloutConfig, create_rollout_engine
+from hybridflow.rollout.base import LoraAdapterUnsupportedError, RolloutEngine
 
 
 def test_engines_are_registered_by_name():
@@ -19,3 +20,14 @@ def test_an_unknown_engine_name_lists_the_valid_ones(tiny_model_dir):
 def test_choosing_vllm_without_it_names_the_extra_to_install(tiny_model_dir):
     with pytest.raises(MissingExtraError, match=r"pip install 'hybridflow\[vllm\]'"):
         create_rollout_engine(RolloutConfig(name="vllm"), tiny_model_dir)
+
+
+def test_only_engines_that_apply_lora_adapters_say_so_and_the_others_name_lora_merge():
+    assert ROLLOUT_ENGINES.get("hf").applies_lora_adapters
+    assert not ROLLOUT_ENGINES.get("vllm").applies_lora_adapters
+
+    class FullWeightsOnly:
+        add_lora_adapter = RolloutEngine.add_lora_adapter
+
+    with pytest.raises(LoraAdapterUnsupportedError, match=r"FullWeightsOnly .*model\.lora\.merge=true"):
+        FullWeightsOnly().add_lora_adapter(None)
