@@ -13,26 +13,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import pathlib
 import re
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, inject_adapter_in_model
 from peft.tuners.lora import LoraLayer
 
-ADAPTER_CONFIG_FILE = "adapter_config.json"
-ADAPTER_WEIGHTS_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+from hybridflow.models.adapter_files import read_adapter_config
 
 
 class NotALoraModelError(TypeError):
     """A LoRA operation was asked of a model that has no adapter."""
-
-
-class LoraAdapterError(ValueError):
-    """A folder given as a saved LoRA adapter is not one."""
 
 
 def apply_lora(
@@ -72,21 +66,6 @@ def _also_exclude(exclude_modules: str | list[str] | None, name: str) -> str | l
     if isinstance(exclude_modules, str):  # a regex, matched against the whole module name
         return rf"(?:{exclude_modules})|(?:.*\.)?{re.escape(name)}"
     return [*exclude_modules, name]
-
-
-def read_adapter_config(path: str | os.PathLike) -> dict[str, Any]:
-    """The ``adapter_config.json`` of a saved peft LoRA adapter folder; raises ``LoraAdapterError`` when
-    ``path`` is not one (no config, no weights, or another peft method)."""
-    folder = pathlib.Path(path).expanduser()
-    config_file = folder / ADAPTER_CONFIG_FILE
-    if not config_file.is_file():
-        raise LoraAdapterError(f"{folder} has no {ADAPTER_CONFIG_FILE}: give a folder saved by peft's save_pretrained")
-    if not any((folder / name).is_file() for name in ADAPTER_WEIGHTS_FILES):
-        raise LoraAdapterError(f"{folder} has no {ADAPTER_WEIGHTS_FILES[0]}: the adapter's weights are missing")
-    config = json.loads(config_file.read_text())
-    if config.get("peft_type") != "LORA":
-        raise LoraAdapterError(f"{config_file} is a {config.get('peft_type')!r} adapter; only LoRA adapters load")
-    return config
 
 
 def load_lora_adapter(model: torch.nn.Module, path: str | os.PathLike) -> PeftModel:

@@ -40,13 +40,12 @@ class LoraAdapterUnsupportedError(TypeError):
 class RolloutEngine(ABC):
     """One generation model behind a fixed interface. Subclasses register with ``@ROLLOUT_ENGINES.register``.
 
-    ``applies_lora_adapters``: the engine can hold the base model and apply a LoRA adapter on top
-    (``add_lora_adapter``), so a LoRA policy's weight sync copies the adapter tensors alone.
+    An engine that can hold the base model and apply a LoRA adapter on top overrides ``add_lora_adapter``
+    (and is listed in ``config.LORA_ADAPTER_ENGINES``), so a LoRA policy's weight sync copies the adapter alone.
     """
 
     config: RolloutConfig
     tokenizer: Any
-    applies_lora_adapters: bool = False
 
     def __init__(self, config: RolloutConfig, tokenizer: Any):
         self.config = config.validate()

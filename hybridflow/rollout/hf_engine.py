@@ -32,8 +32,6 @@ class HFRolloutEngine(RolloutEngine):
     LoRA layers inside the plain model), as the actor does; weight syncs then copy only ``A`` and ``B``.
     """
 
-    applies_lora_adapters = True
-
     def __init__(self, model: torch.nn.Module, tokenizer: Any, config: RolloutConfig):
         super().__init__(config, tokenizer)
         self.model = model.eval()

@@ -20,11 +20,12 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+from peft import LoraConfig
 from torch.distributed.device_mesh import DeviceMesh
 
 from hybridflow.algos import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
 from hybridflow.models.log_probs import forward_log_probs
-from hybridflow.models.lora import LoraConfig, is_lora_model, lora_config
+from hybridflow.models.lora import is_lora_model, lora_config
 from hybridflow.protocol import DataProto
 from hybridflow.workers import checkpoint
 from hybridflow.workers.batching import (

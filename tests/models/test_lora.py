@@ -7,7 +7,6 @@ import torch
 
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.models.lora import (
-    LoraAdapterError,
     NotALoraModelError,
     adapter_disabled,
     add_lora_layers,
@@ -15,7 +14,6 @@ from hybridflow.models.lora import (
     lora_config,
     merge_lora,
     merged_state_dict,
-    read_adapter_config,
 )
 from hybridflow.models.value_model import load_value_model
 
@@ -141,14 +139,3 @@ def test_a_plain_model_given_lora_layers_computes_what_the_adapter_model_compute
                 targets[name.removeprefix("base_model.model.")].copy_(tensor)
     torch.testing.assert_close(_log_probs(copy_model, batch), _log_probs(trained, batch), atol=0, rtol=0)
 
-
-def test_read_adapter_config_refuses_what_is_not_a_saved_lora_adapter(tiny_model_dir, tmp_path):
-    from hybridflow.models.loading import load_causal_lm
-
-    with pytest.raises(LoraAdapterError, match="no adapter_config.json"):
-        read_adapter_config(tmp_path)
-    apply_lora(load_causal_lm(tiny_model_dir), rank=2, alpha=4).peft_config["default"].save_pretrained(tmp_path)
-    with pytest.raises(LoraAdapterError, match="no adapter_model.safetensors"):
-        read_adapter_config(tmp_path)
-    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
-    assert read_adapter_config(tmp_path)["r"] == 2

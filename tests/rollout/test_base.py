@@ -5,6 +5,7 @@ import pytest
 from hybridflow.registry import UnknownNameError
 from hybridflow.rollout import ROLLOUT_ENGINES, MissingExtraError, RolloutConfig, create_rollout_engine
 from hybridflow.rollout.base import LoraAdapterUnsupportedError, RolloutEngine
+from hybridflow.rollout.config import LORA_ADAPTER_ENGINES
 
 
 def test_engines_are_registered_by_name():
@@ -22,9 +23,12 @@ def test_choosing_vllm_without_it_names_the_extra_to_install(tiny_model_dir):
         create_rollout_engine(RolloutConfig(name="vllm"), tiny_model_dir)
 
 
-def test_only_engines_that_apply_lora_adapters_say_so_and_the_others_name_lora_merge():
-    assert ROLLOUT_ENGINES.get("hf").applies_lora_adapters
-    assert not ROLLOUT_ENGINES.get("vllm").applies_lora_adapters
+def test_lora_adapter_engines_are_those_that_add_adapters_and_the_others_name_lora_merge():
+    adds_adapters = {
+        name for name in ROLLOUT_ENGINES.names()
+        if ROLLOUT_ENGINES.get(name).add_lora_adapter is not RolloutEngine.add_lora_adapter
+    }
+    assert adds_adapters == LORA_ADAPTER_ENGINES == {"hf"}
 
     class FullWeightsOnly:
         add_lora_adapter = RolloutEngine.add_lora_adapter
