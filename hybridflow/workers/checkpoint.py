@@ -21,6 +21,7 @@ import os
 import pathlib
 import random
 import shutil
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -231,8 +232,11 @@ def load_model_offline(path: str | os.PathLike, model: torch.nn.Module) -> dict[
         raise CheckpointContentError(
             f"{path} holds {manifest['contents']}, no model weights; save with 'model' in checkpoint.save_contents"
         )
-    # In-place load into the module's own tensors; no_dist: a single process reads every rank's shards.
-    dcp.load({"model": model.state_dict()}, checkpoint_id=str(path), no_dist=True)
+    # In-place load into the module's own tensors; no_dist: a single process reads every rank's shards
+    # (DCP warns that it assumes exactly that).
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": model.state_dict()}, checkpoint_id=str(path), no_dist=True)
     return manifest
 
 
