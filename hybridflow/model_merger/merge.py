@@ -112,7 +112,9 @@ def merge(
     return target
 
 
-def compare_with_hf(local_dir: str | os.PathLike, test_hf_dir: str | os.PathLike, trust_remote_code: bool = False) -> int:
+def compare_with_hf(
+    local_dir: str | os.PathLike, test_hf_dir: str | os.PathLike, trust_remote_code: bool = False
+) -> int:
     """Check that the merged checkpoint equals the Hugging Face model at ``test_hf_dir``: same tensor names,
     shapes and dtypes, values equal within ``torch.testing.assert_close``'s tolerance for the dtype (a merge
     computed elsewhere, e.g. the trainer's own export, adds ``B @ A`` in another order). Returns the number
@@ -129,7 +131,9 @@ def compare_with_hf(local_dir: str | os.PathLike, test_hf_dir: str | os.PathLike
             problems.append(f"{name} differs by up to {float((mine - reference).abs().max()):.3g}")
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-        raise MergerError(f"the merged checkpoint {local_dir} differs from {test_hf_dir} in {len(problems)} ways: {shown}")
+        raise MergerError(
+            f"the merged checkpoint {local_dir} differs from {test_hf_dir} in {len(problems)} ways: {shown}"
+        )
     return len(ours)
 
 

@@ -29,7 +29,9 @@ def lora_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
     errors = _rank_errors(MODEL, model)
     if not model.uses_lora:
         without = {"exclude_modules": model.exclude_modules is not None, "lora.merge": model.lora.merge}
-        errors += [f"{MODEL}.{key} is set but LoRA is off; {_LORA_ON} or remove it" for key, on in without.items() if on]
+        errors += [
+            f"{MODEL}.{key} is set but LoRA is off; {_LORA_ON} or remove it" for key, is_set in without.items() if is_set
+        ]
     if model.lora_adapter_path is not None:
         errors += _adapter_errors(model)
     engine = config.actor_rollout_ref.rollout.name

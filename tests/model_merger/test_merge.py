@@ -30,9 +30,8 @@ def train_one_step_and_save(model_dir, folder, model):
 def logits(model, batch):
     tensors = batch.batch
     with torch.no_grad():
-        return model(
-            input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"], position_ids=tensors["position_ids"]
-        ).logits
+        inputs = {key: tensors[key] for key in ("input_ids", "attention_mask", "position_ids")}
+        return model(**inputs).logits
 
 
 # fp32: the merge computes W + s * (B @ A) once, the actor W x + s * B (A x); both round to ~1e-7 relative

@@ -187,9 +187,8 @@ def test_an_added_lora_adapter_takes_adapter_tensors_and_generates_as_the_adapte
     input_ids, attention_mask, position_ids = tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"]
     with torch.no_grad():
         expected, _ = forward_log_probs(policy, input_ids, attention_mask, position_ids, response_length=4)
-    torch.testing.assert_close(
-        engine.compute_log_probs(input_ids, attention_mask, position_ids, response_length=4), expected, rtol=0, atol=1e-5
-    )
+    engine_log_probs = engine.compute_log_probs(input_ids, attention_mask, position_ids, response_length=4)
+    torch.testing.assert_close(engine_log_probs, expected, rtol=0, atol=1e-5)
     # Greedy decoding with the adapter equals the adapter model's own greedy continuation.
     prompt = tokenizer.encode(PROMPTS[1])
     greedy = engine.generate_batch([GenerationRequest(prompt, SamplingParams(max_new_tokens=4, do_sample=False))])[0]
