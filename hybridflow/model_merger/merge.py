@@ -59,7 +59,9 @@ def load_trained_policy(local_dir: str | os.PathLike, trust_remote_code: bool = 
         config, dtype=model_dtype_offline(folder), trust_remote_code=trust_remote_code
     )
     if (folder / ADAPTER_CONFIG_FILE).is_file():
-        model = get_peft_model(model, LoraConfig.from_pretrained(str(folder)))
+        lora = LoraConfig.from_pretrained(str(folder))
+        lora.base_model_name_or_path = model.name_or_path  # the base is rebuilt here, not read from the training path
+        model = get_peft_model(model, lora)
     manifest = load_model_offline(folder, model)
     generation_file = hf_dir / "generation_config.json"
     return TrainedPolicy(

@@ -148,6 +148,8 @@ def test_grpo_with_lora_trains_the_adapter_syncs_it_and_merges_to_a_hugging_face
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir, "grpo") + [
         "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.val_before_train=false",
         f"{model}.lora_rank=4", f"{model}.lora_alpha=8", "actor_rollout_ref.actor.optim.lr=1e-2",
+        # One mini-batch per step (so step 1 trains from B = 0 throughout), old log-probs still computed.
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.skip_old_log_prob=false",
         "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.calculate_log_probs=true",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
     ]
