@@ -87,3 +87,44 @@ def test_merge_refuses_what_it_cannot_do_before_writing(tiny_model_dir, tmp_path
     with pytest.raises(MergerError, match="has no huggingface/config.json"):
         merge(tmp_path, tmp_path / "merged")
     assert not (tmp_path / "merged").exists() and (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+
+
+def test_a_two_rank_lora_run_syncs_its_adapter_on_every_rank_and_its_checkpoint_merges(
+    ray_cluster, tiny_model_dir, tmp_path
+):
+    from hybridflow.distributed import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
+    from hybridflow.models.log_probs import forward_log_probs
+    from hybridflow.protocol import DataProto
+
+    config = actor_rollout_ref_config(tiny_model_dir, model=LORA, actor={"ppo_micro_batch_size_per_gpu": 2})
+    pool = ResourcePool([2], num_cpus_per_process=0.5, name_prefix="lora_merge")
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config, "actor_rollout"))
+    try:
+        group.init_model()
+        batch = rollout_batch(8, seed=5)
+        group.update_actor(batch.union(group.compute_log_prob(batch)))
+        prompts = DataProto.from_dict({
+            "input_ids": batch.batch["prompts"],
+            "attention_mask": batch.batch["attention_mask"][:, :6],
+            "position_ids": batch.batch["position_ids"][:, :6],
+        }, meta_info={"calculate_log_probs": True})
+        output = group.generate_sequences(prompts)
+        assert output.meta_info["timing_s/update_weights"] > 0
+        actor_log_probs = group.compute_log_prob(output).batch["old_log_probs"]
+        mask = output.batch["response_mask"].bool()
+        # Each rank's engine sampled with the adapter synced from the two-rank shards.
+        torch.testing.assert_close(
+            output.batch["rollout_log_probs"][mask], actor_log_probs[mask], rtol=0, atol=1e-5
+        )
+        group.save_checkpoint(str(tmp_path / "actor"), global_step=1)
+    finally:
+        group.kill()
+        pool.release()
+
+    merged = AutoModelForCausalLM.from_pretrained(merge(tmp_path / "actor", tmp_path / "merged")).eval()
+    tensors = output.batch
+    with torch.no_grad():
+        log_probs, _ = forward_log_probs(
+            merged, tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], response_length=5
+        )
+    torch.testing.assert_close(log_probs[mask], actor_log_probs[mask], rtol=0, atol=1e-5)
