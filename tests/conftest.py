@@ -28,3 +28,22 @@ def tiny_model_dir(tmp_path_factory):
     from hybridflow.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def saved_adapter(tiny_model_dir, tmp_path_factory):
+    """A LoRA adapter (rank 4, alpha 8) of the tiny model with non-zero weights, saved by peft."""
+    import torch
+
+    from hybridflow.models.loading import load_causal_lm
+    from hybridflow.models.lora import apply_lora
+
+    model = apply_lora(load_causal_lm(tiny_model_dir), rank=4, alpha=8)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    folder = tmp_path_factory.mktemp("adapter")
+    model.save_pretrained(folder)
+    return folder

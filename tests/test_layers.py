@@ -19,6 +19,7 @@ LAYER = {
     "workers": 2,
     "trainer": 3,
     "demo": 4,
+    "model_merger": 4,
 }
 # algos is pure tensor math: beyond the standard library it may import only these.
 ALGOS_ALLOWED = {"torch", "numpy", "hybridflow"}

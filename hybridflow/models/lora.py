@@ -4,18 +4,25 @@ Only the adapter weights train. The reference policy is the same module with the
 (``adapter_disabled``), so no second copy of the base weights is kept for KL terms. For export or
 for loading into a rollout engine, ``merged_state_dict`` gives ``W + (alpha / r) * B @ A`` under the
 base model's parameter names without touching the trained model; ``merge_lora`` folds the adapter in
-for good.
+for good. An adapter saved by peft (``adapter_config.json`` + weights) can be trained further
+(``load_lora_adapter``, verl's ``lora_adapter_path``), and ``add_lora_layers`` gives another copy of the
+model (a rollout engine's) the same adapter structure, so only adapter tensors need copying into it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import os
+import pathlib
 import re
 from typing import Iterator
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import LoraConfig, PeftModel, get_peft_model, inject_adapter_in_model
 from peft.tuners.lora import LoraLayer
+
+from hybridflow.models.adapter_files import read_adapter_config
 
 
 class NotALoraModelError(TypeError):
@@ -28,10 +35,13 @@ def apply_lora(
     alpha: float,
     target_modules: str | list[str] = "all-linear",
     dropout: float = 0.0,
+    exclude_modules: str | list[str] | None = None,
 ) -> PeftModel:
     """Wrap ``model`` with a LoRA adapter of ``rank`` and ``alpha`` on ``target_modules``; freeze the rest.
 
-    "all-linear" adapts every linear layer except the output projection. A model with a scalar
+    "all-linear" adapts every linear layer except the output projection. ``exclude_modules`` (peft's
+    meaning, as in verl: a regex matched against the full module name, or a list of names matched
+    exactly or as a name suffix) keeps matching modules without an adapter. A model with a scalar
     ``score`` head (critic, reward model) trains that head in full.
     """
     if rank <= 0:
@@ -45,9 +55,40 @@ def apply_lora(
         bias="none",
         task_type="CAUSAL_LM" if is_causal_lm else "TOKEN_CLS",
         # The scalar head trains in full (peft's modules_to_save), so it must not also get an adapter.
-        exclude_modules=None if is_causal_lm else ["score"],
+        exclude_modules=exclude_modules if is_causal_lm else _also_exclude(exclude_modules, "score"),
     )
     return get_peft_model(model, config)
+
+
+def _also_exclude(exclude_modules: str | list[str] | None, name: str) -> str | list[str]:
+    if exclude_modules is None:
+        return [name]
+    if isinstance(exclude_modules, str):  # a regex, matched against the whole module name
+        return rf"(?:{exclude_modules})|(?:.*\.)?{re.escape(name)}"
+    return [*exclude_modules, name]
+
+
+def load_lora_adapter(model: torch.nn.Module, path: str | os.PathLike) -> PeftModel:
+    """``model`` with the saved LoRA adapter at ``path``, trainable (everything else frozen)."""
+    read_adapter_config(path)
+    return PeftModel.from_pretrained(model, str(pathlib.Path(path).expanduser()), is_trainable=True)
+
+
+def lora_config(model: torch.nn.Module) -> LoraConfig:
+    """The LoRA config of a model's (single, "default") adapter."""
+    _require_lora(model)
+    return model.peft_config["default"]
+
+
+def add_lora_layers(model: torch.nn.Module, config: LoraConfig) -> torch.nn.Module:
+    """Give a plain model (in place) LoRA layers of ``config`` with peft's names, to be filled by copying a
+    trained adapter's tensors; the model keeps its class and forward. Returns ``model``."""
+    return inject_adapter_in_model(copy.deepcopy(config), model)
+
+
+def is_lora_weight(name: str) -> bool:
+    """A peft adapter tensor (``...lora_A.default.weight``, ``...lora_B...``) rather than a base weight."""
+    return ".lora_" in name
 
 
 def is_lora_model(model: torch.nn.Module) -> bool:

@@ -33,8 +33,16 @@ class MissingExtraError(ImportError):
     """An optional engine was chosen whose package is not installed; the message names the extra to install."""
 
 
+class LoraAdapterUnsupportedError(TypeError):
+    """A LoRA adapter was asked of an engine that can only take full (merged) weights."""
+
+
 class RolloutEngine(ABC):
-    """One generation model behind a fixed interface. Subclasses register with ``@ROLLOUT_ENGINES.register``."""
+    """One generation model behind a fixed interface. Subclasses register with ``@ROLLOUT_ENGINES.register``.
+
+    An engine that can hold the base model and apply a LoRA adapter on top overrides ``add_lora_adapter``
+    (and is listed in ``config.LORA_ADAPTER_ENGINES``), so a LoRA policy's weight sync copies the adapter alone.
+    """
 
     config: RolloutConfig
     tokenizer: Any
@@ -64,6 +72,14 @@ class RolloutEngine(ABC):
     @abstractmethod
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy new weights in place, tensor by tensor, into the one generation model."""
+
+    def add_lora_adapter(self, lora_config: Any) -> None:
+        """Give the generation model the adapter structure of ``lora_config`` (a peft ``LoraConfig``); from
+        then on ``load_weights`` takes the adapter's tensors under peft's names."""
+        raise LoraAdapterUnsupportedError(
+            f"rollout engine {type(self).__name__} takes full weights only; set "
+            "actor_rollout_ref.model.lora.merge=true to sync the adapter merged into the base weights"
+        )
 
     @abstractmethod
     def sleep(self) -> None:

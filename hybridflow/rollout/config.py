@@ -15,6 +15,9 @@ from hybridflow.help_fields import option, section
 
 CONFIG_PREFIX = "actor_rollout_ref.rollout"
 VLLM = ("vllm",)
+# Engines whose add_lora_adapter works (the others take merged full weights only); named here so the
+# config check needs no engine module. A test ties it to the engine classes.
+LORA_ADAPTER_ENGINES = frozenset({"hf"})
 
 
 class RolloutConfigError(ValueError):

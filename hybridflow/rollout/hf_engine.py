@@ -15,6 +15,7 @@ import torch
 
 from hybridflow.models.loading import load_causal_lm, load_tokenizer
 from hybridflow.models.log_probs import forward_log_probs
+from hybridflow.models.lora import add_lora_layers
 from hybridflow.rollout.base import ROLLOUT_ENGINES, RolloutEngine
 from hybridflow.rollout.batched_decoder import BatchedDecoder
 from hybridflow.rollout.config import RolloutConfig
@@ -25,7 +26,11 @@ from hybridflow.rollout.weight_loading import load_weights_in_place
 
 @ROLLOUT_ENGINES.register("hf")
 class HFRolloutEngine(RolloutEngine):
-    """Generates with ``model`` (kept for the engine's lifetime; new weights are copied into it in place)."""
+    """Generates with ``model`` (kept for the engine's lifetime; new weights are copied into it in place).
+
+    With a LoRA adapter added, the model computes ``W x + (alpha / r) B A x`` in each adapted layer (peft's
+    LoRA layers inside the plain model), as the actor does; weight syncs then copy only ``A`` and ``B``.
+    """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, config: RolloutConfig):
         super().__init__(config, tokenizer)
@@ -65,6 +70,11 @@ class HFRolloutEngine(RolloutEngine):
         """Copy each ``(name, tensor)`` into the generation model between decode steps; see weight_loading.py."""
         with self._scheduler.paused():
             load_weights_in_place(self.model, named_tensors)
+
+    def add_lora_adapter(self, lora_config: Any) -> None:
+        with self._scheduler.paused():
+            add_lora_layers(self.model, lora_config)
+        self.model.eval()
 
     def sleep(self) -> None:
         """Finish in-flight requests, drop the KV cache and stop the decode thread; off-CPU, park weights on CPU."""

@@ -55,6 +55,11 @@ PERF_TIME_PER_STEP = "perf/time_per_step"
 PERF_THROUGHPUT = "perf/throughput"
 PERF_MFU_ACTOR = "perf/mfu/actor"
 
+# Rollout engine vs actor on the same tokens (verl's debug metrics): |exp(old_log_probs) - exp(rollout_log_probs)|
+# over response tokens, reduced to ``<group>_max``/``_mean``/``_std``; ``_valid`` is 0 when no token was compared.
+ROLLOUT_PROBS_DIFF = "training/rollout_probs_diff"
+ROLLOUT_ACTOR_PROBS_PEARSON_CORR = "training/rollout_actor_probs_pearson_corr"
+
 # Where the run is.
 GLOBAL_STEP = "training/global_step"
 EPOCH = "training/epoch"

@@ -6,6 +6,7 @@ Names come from :mod:`hybridflow.trainer.metric_names` (verl's spelling). Shapes
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,6 +91,32 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
         explained = 1.0 - torch.var(returns - values) / (torch.var(returns) + 1e-5) if values.numel() else None
         metrics[names.VF_EXPLAINED_VAR] = float("nan") if explained is None else explained.item()
     return metrics
+
+
+def compute_rollout_probs_diff_metrics(batch: DataProto) -> dict[str, float]:
+    """How far the rollout engine's token probabilities are from the actor's, when the batch has both
+    ``rollout_log_probs`` and ``old_log_probs`` [B, R] (else nothing): max, mean and (unbiased) std of
+    ``|p_actor - p_rollout|`` over response tokens, and the Pearson correlation of the two (verl's
+    ``calculate_debug_metrics``; arXiv 2506.13585). A weight sync that missed the last update shows here.
+    """
+    tensors = batch.batch
+    if "rollout_log_probs" not in tensors.keys() or "old_log_probs" not in tensors.keys():
+        return {}
+    diff_name = names.ROLLOUT_PROBS_DIFF
+    mask = tensors["response_mask"].bool()
+    if not mask.any():
+        undefined = [f"{diff_name}_{stat}" for stat in ("max", "mean", "std")] + [names.ROLLOUT_ACTOR_PROBS_PEARSON_CORR]
+        return {f"{diff_name}_valid": 0.0, **dict.fromkeys(undefined, math.nan)}
+    actor = torch.masked_select(tensors["old_log_probs"].float().exp(), mask)
+    rollout = torch.masked_select(tensors["rollout_log_probs"].float().exp(), mask)
+    diff = (actor - rollout).abs()
+    return {
+        f"{diff_name}_valid": 1.0,
+        f"{diff_name}_max": diff.max().item(),
+        f"{diff_name}_mean": diff.mean().item(),
+        f"{diff_name}_std": diff.std().item(),
+        names.ROLLOUT_ACTOR_PROBS_PEARSON_CORR: torch.corrcoef(torch.stack([actor, rollout]))[0, 1].item(),
+    }
 
 
 def compute_timing_metrics(batch: DataProto, timing_s: Mapping[str, float]) -> dict[str, float]:

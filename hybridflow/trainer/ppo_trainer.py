@@ -37,6 +37,7 @@ from hybridflow.trainer.hooks import RolloutDump, StepHook
 from hybridflow.trainer.metrics import (
     compute_actor_mfu_metrics,
     compute_data_metrics,
+    compute_rollout_probs_diff_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
 )
@@ -272,6 +273,7 @@ class RayPPOTrainer:
         seconds = timer.seconds
         metrics = {
             **compute_data_metrics(batch, use_critic=self.uses_critic),
+            **compute_rollout_probs_diff_metrics(train_batch),
             **compute_timing_metrics(batch, seconds),
             **compute_throughput_metrics(batch, seconds[names.PHASE_STEP], self.num_processes),
             names.GLOBAL_STEP: float(self.global_step),

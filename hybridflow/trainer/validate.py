@@ -31,6 +31,7 @@ from hybridflow.trainer.checkpoint_manager import RESUME_MODES
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.estimator_options import estimator_option_errors
 from hybridflow.trainer.exact_skips import forced_skip_errors, skips_old_log_prob, skips_zero_signal_samples
+from hybridflow.trainer.lora_options import lora_errors
 from hybridflow.trainer.placement import PLACEMENTS
 from hybridflow.trainer.reward_options import reward_manager_errors
 from hybridflow.trainer.tracking import LOGGER_BACKENDS
@@ -198,6 +199,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + reward_manager_errors(config)
         + estimator_option_errors(config)
         + forced_skip_errors(config)
+        + lora_errors(config, uses_critic(config))
     )
 
 

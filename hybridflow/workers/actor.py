@@ -20,10 +20,12 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+from peft import LoraConfig
 from torch.distributed.device_mesh import DeviceMesh
 
 from hybridflow.algos import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
 from hybridflow.models.log_probs import forward_log_probs, forward_token_statistics
+from hybridflow.models.lora import is_lora_model, lora_config
 from hybridflow.protocol import DataProto
 from hybridflow.workers import checkpoint
 from hybridflow.workers.batching import (
@@ -34,8 +36,8 @@ from hybridflow.workers.batching import (
     mini_batch_size_per_rank,
     run_in_micro_batches,
 )
-from hybridflow.workers.config import ActorConfig, ModelConfig, micro_batch_size_per_rank
-from hybridflow.workers.fsdp import iter_hf_weights
+from hybridflow.workers.config import ActorConfig, PolicyModelConfig, micro_batch_size_per_rank
+from hybridflow.workers.fsdp import iter_hf_weights, iter_lora_weights
 from hybridflow.workers.model_setup import load_policy_model, shard_for_training
 from hybridflow.workers.training import ShardedTrainer, UpdateBatchError
 
@@ -81,12 +83,13 @@ class ActorPart:
     """The policy model (FSDP2-sharded, optionally with a LoRA adapter) and its PPO optimizer.
 
     ``weights_version`` increases whenever the weights change (update, checkpoint load), so a rollout
-    engine fed from this actor knows when its copy is stale.
+    engine fed from this actor knows when its copy is stale. ``matches_model_folder``: the weights are
+    still those of ``model_config.path`` (a fresh LoRA adapter adds zero; a loaded one does not).
     """
 
     def __init__(
         self,
-        model_config: ModelConfig,
+        model_config: PolicyModelConfig,
         config: ActorConfig,
         rollout_n: int,
         log_prob_batching: MicroBatching,
@@ -100,7 +103,10 @@ class ActorPart:
         model = load_policy_model(model_config)
         self.hf_config = copy.deepcopy(model.config)
         self.generation_config = copy.deepcopy(model.generation_config)
-        self.module = shard_for_training(model, model_config, config.fsdp_config, mesh, device)
+        self.module = shard_for_training(
+            model, model_config, config.fsdp_config, mesh, device, lora_adapter_path=model_config.lora_adapter_path
+        )
+        self.matches_model_folder = model_config.lora_adapter_path is None
         self.trainer = ShardedTrainer(self.module, device, config.fsdp_config, config.optim)
         self.mini_batch_size = mini_batch_size_per_rank(
             config.ppo_mini_batch_size, rollout_n, dist.get_world_size(), "actor_rollout_ref.actor.ppo_mini_batch_size"
@@ -223,9 +229,18 @@ class ActorPart:
             metrics["kl_loss"] = float(kl_loss.detach())
         return loss, metrics
 
+    @property
+    def lora_config(self) -> LoraConfig | None:
+        """The peft config of the trained adapter; None when every weight trains."""
+        return lora_config(self.module) if is_lora_model(self.module) else None
+
     def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full weights under Hugging Face names (LoRA merged), gathered one at a time."""
         return iter_hf_weights(self.module)
+
+    def lora_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The LoRA adapter's tensors alone under peft's names, gathered one at a time."""
+        return iter_lora_weights(self.module)
 
     def export_hf(self, path: str | pathlib.Path, tokenizer: Any = None) -> pathlib.Path:
         """Write the policy as a plain Hugging Face folder (rank 0 writes; every rank must call)."""
@@ -237,6 +252,9 @@ class ActorPart:
             self.trainer.training_state,
             self.config.checkpoint.save_contents,
             export=lambda hf_path: self.export_hf(hf_path, tokenizer),
+            describe=lambda folder: checkpoint.save_model_description(
+                folder, self.hf_config, self.generation_config, tokenizer, self.lora_config
+            ),
             global_step=global_step,
         )
 

@@ -88,7 +88,7 @@ class ActorRolloutRefWorker(Worker):
                 config.model, config.actor, config.rollout.n, self._log_prob_batching(), mesh, self.device
             )
         actor = self.parts.get("actor")
-        if "ref" in wanted and actor is not None and config.model.lora_rank > 0:
+        if "ref" in wanted and actor is not None and config.model.uses_lora:
             self.parts["ref"] = RefPart.from_lora_actor(actor, config.ref)
         elif "ref" in wanted:
             mesh = build_device_mesh(config.ref.fsdp_config.fsdp_size, self.device)
@@ -100,6 +100,7 @@ class ActorRolloutRefWorker(Worker):
                 self.tokenizer,
                 self.device,
                 weight_source=actor,
+                merge_lora=config.model.lora.merge,
             )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

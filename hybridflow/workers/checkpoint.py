@@ -6,7 +6,11 @@ a different world size can load them), ``extra_state.pt`` (the LR scheduler, wri
 is written into ``<path>.tmp`` first and renamed to ``<path>`` only when every rank is done, so a crash
 mid-save never leaves a folder at ``<path>`` that looks complete: the previous checkpoint stays usable.
 
-``export_hf`` writes a plain Hugging Face folder (config, safetensors, tokenizer) from the sharded
+A policy's checkpoint also describes its model, so it can be turned into a Hugging Face folder later
+without the training config (``python -m hybridflow.model_merger``): ``huggingface/`` holds the model's
+``config.json``, generation config and tokenizer (as in verl), and a LoRA model's folder holds its peft
+``adapter_config.json``. ``load_model_offline`` reads the model part back into an unsharded module in one
+process. ``export_hf`` writes a plain Hugging Face folder (config, safetensors, tokenizer) from the sharded
 model, LoRA merged, that ``from_pretrained`` loads.
 """
 
@@ -17,6 +21,7 @@ import os
 import pathlib
 import random
 import shutil
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -25,6 +30,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -96,12 +103,15 @@ def save_checkpoint(
     state: TrainingState,
     contents: Iterable[str],
     export: Callable[[pathlib.Path], Any] | None = None,
+    describe: Callable[[pathlib.Path], Any] | None = None,
     **extra: Any,
 ) -> None:
     """Write the ``contents`` parts of ``state`` to ``path``; every rank of the group must call it.
 
     ``extra`` keyword values (e.g. ``global_step``) are recorded in the manifest. ``hf_model`` in
     ``contents`` calls ``export(<path>/huggingface)`` on every rank (e.g. a partial of :func:`export_hf`).
+    ``describe(<path>)``, called on rank 0, writes what the checkpoint needs to be read without the
+    training config (e.g. a partial of :func:`save_model_description`).
     """
     contents = _check_contents(contents, "save_contents")
     if "hf_model" in contents and export is None:
@@ -112,6 +122,8 @@ def save_checkpoint(
     if rank == 0:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
+        if describe is not None:
+            describe(staging)
     dist.barrier()
     sharded = _sharded_state(state, _savable(state, contents))
     if sharded:
@@ -183,6 +195,49 @@ def _load_extra(folder: pathlib.Path, state: TrainingState) -> None:
     extra_file = folder / EXTRA_STATE_FILE
     if state.lr_scheduler is not None and extra_file.is_file():
         state.lr_scheduler.load_state_dict(torch.load(extra_file, weights_only=False)["lr_scheduler"])
+
+
+def save_model_description(
+    folder: pathlib.Path, hf_config: Any, generation_config: Any = None, tokenizer: Any = None, lora_config: Any = None
+) -> None:
+    """Write ``<folder>/huggingface/`` (config, generation config, tokenizer) and, for a LoRA model, its
+    peft config as ``<folder>/adapter_config.json``: what a merger needs besides the weights."""
+    hf_dir = folder / HF_DIR
+    hf_config.save_pretrained(hf_dir)
+    if generation_config is not None:
+        generation_config.save_pretrained(hf_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(hf_dir)
+    if lora_config is not None:
+        lora_config.save_pretrained(folder)
+
+
+def model_dtype_offline(path: str | os.PathLike) -> torch.dtype:
+    """The dtype the checkpoint at ``path`` holds its model weights in (read from the DCP metadata)."""
+    for key, item in FileSystemReader(str(path)).read_metadata().state_dict_metadata.items():
+        if key.startswith("model.") and isinstance(item, TensorStorageMetadata):
+            return item.properties.dtype
+    raise CheckpointContentError(f"{path} holds no model weights; save with 'model' in checkpoint.save_contents")
+
+
+def load_model_offline(path: str | os.PathLike, model: torch.nn.Module) -> dict[str, Any]:
+    """Load the model part of the checkpoint at ``path`` into ``model``, an unsharded module built like the
+    trained one (same class, same LoRA structure), in this process alone: no process group, no workers.
+
+    Every tensor of ``model.state_dict()`` must be in the checkpoint (DCP raises otherwise). Returns the
+    manifest.
+    """
+    manifest = read_manifest(path)
+    if "model" not in manifest["contents"]:
+        raise CheckpointContentError(
+            f"{path} holds {manifest['contents']}, no model weights; save with 'model' in checkpoint.save_contents"
+        )
+    # In-place load into the module's own tensors; no_dist: a single process reads every rank's shards
+    # (DCP warns that it assumes exactly that).
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": model.state_dict()}, checkpoint_id=str(path), no_dist=True)
+    return manifest
 
 
 def export_hf(

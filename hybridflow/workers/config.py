@@ -39,6 +39,9 @@ class ModelConfig:
     lora_rank: int = option(0, "LoRA rank (arXiv:2106.09685); 0 trains all weights.")
     lora_alpha: int = option(16, "LoRA scaling numerator: the adapter output is scaled by alpha / rank.")
     target_modules: Any = option("all-linear", "Modules that get LoRA adapters: a list of names or 'all-linear'.")
+    exclude_modules: Any = option(
+        None, "Modules kept without a LoRA adapter: a regex on the full module name, or a list of names (suffixes)."
+    )
     override_config: dict = option({}, "Keys overriding the model's config.json (e.g. attention_dropout).")
     dtype: str = option("float32", "Dtype the weights are held in: float32, bfloat16 or float16.")
     attn_implementation: str = option("sdpa", "Attention kernel passed to transformers (sdpa, eager, ...).")
@@ -48,6 +51,33 @@ class ModelConfig:
     @property
     def tokenizer_dir(self) -> str:
         return self.tokenizer_path or self.path
+
+
+@dataclass
+class LoraOptionsConfig:
+    """``actor_rollout_ref.model.lora``: of verl's ``model.lora.*`` keys, the one its FSDP path reads; the
+    others configure Megatron-Bridge's LoRA, and hybridflow trains with FSDP2 only."""
+
+    merge: bool = option(
+        False,
+        "Sync the adapter into the rollout engine merged into full weights (true) or as adapter tensors alone (false).",
+    )
+
+
+@dataclass
+class PolicyModelConfig(ModelConfig):
+    """The policy model (``actor_rollout_ref.model``): ``ModelConfig`` plus the keys about its rollout copy
+    and about starting from a saved adapter."""
+
+    lora_adapter_path: Optional[str] = option(
+        None, "Saved peft LoRA adapter to start from; its adapter_config.json sets rank, alpha and modules."
+    )
+    lora: LoraOptionsConfig = section(LoraOptionsConfig, "LoRA weight sync into the rollout engine.")
+
+    @property
+    def uses_lora(self) -> bool:
+        """A LoRA adapter trains (fresh with ``lora_rank > 0``, or loaded from ``lora_adapter_path``)."""
+        return self.lora_rank > 0 or self.lora_adapter_path is not None
 
 
 @dataclass
@@ -154,7 +184,7 @@ class RefConfig:
 class ActorRolloutRefConfig:
     """The ``actor_rollout_ref`` section: one model, played as actor, rollout and reference."""
 
-    model: ModelConfig = section(ModelConfig, "The policy model.")
+    model: PolicyModelConfig = section(PolicyModelConfig, "The policy model.")
     actor: ActorConfig = section(ActorConfig, "PPO update of the policy.")
     rollout: RolloutConfig = section(RolloutConfig, "Generation engine and sampling.")
     ref: RefConfig = section(RefConfig, "Reference policy for the KL term.")

@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from hybridflow.models.lora import is_lora_model
+from hybridflow.models.lora import is_lora_model, is_lora_weight
 from hybridflow.models.loading import resolve_dtype
 from hybridflow.workers.config import FSDPConfig, WorkerConfigError
 
@@ -105,7 +105,7 @@ def iter_hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
     base = model.get_base_model()
     lora_layers = {name: module for name, module in base.named_modules() if isinstance(module, LoraLayer)}
     for name, param in base.named_parameters():
-        if ".lora_" in name or ".original_module." in name:
+        if is_lora_weight(name) or ".original_module." in name:
             continue
         weight = _full(param)
         layer = lora_layers.get(name.removesuffix(".base_layer.weight"))
@@ -115,6 +115,17 @@ def iter_hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
                     delta = _full(layer.lora_B[adapter].weight) @ _full(layer.lora_A[adapter].weight)
                     weight = weight + transpose(delta, layer.fan_in_fan_out) * layer.scaling[adapter]
         yield _hf_name(name), weight
+
+
+def iter_lora_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(peft name, full tensor)`` per LoRA adapter tensor (``lora_A``/``lora_B``), gathered one at a time.
+
+    What a rollout model holding the same adapter structure needs after an update: the base weights never
+    change. Every rank must consume it in step.
+    """
+    for name, param in model.named_parameters():
+        if is_lora_weight(name):
+            yield name, _full(param)
 
 
 def _hf_name(peft_name: str) -> str:

@@ -7,7 +7,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from hybridflow.models.loading import from_pretrained_or_raise, load_model_config, resolve_dtype, resolve_model_path
-from hybridflow.models.lora import apply_lora
+from hybridflow.models.lora import apply_lora, load_lora_adapter
 from hybridflow.models.training_options import enable_gradient_checkpointing
 from hybridflow.workers.config import FSDPConfig, ModelConfig
 from hybridflow.workers.fsdp import shard_model
@@ -30,12 +30,22 @@ def load_policy_model(config: ModelConfig) -> PreTrainedModel:
 
 
 def shard_for_training(
-    model: PreTrainedModel, config: ModelConfig, fsdp_config: FSDPConfig, mesh: DeviceMesh, device: torch.device
+    model: PreTrainedModel,
+    config: ModelConfig,
+    fsdp_config: FSDPConfig,
+    mesh: DeviceMesh,
+    device: torch.device,
+    lora_adapter_path: str | None = None,
 ) -> torch.nn.Module:
-    """Add the LoRA adapter (``lora_rank > 0``: only it trains), switch on gradient checkpointing if
-    asked, move to ``device`` and shard. Returns the model to train (a PeftModel with LoRA)."""
-    if config.lora_rank > 0:
-        model = apply_lora(model, config.lora_rank, config.lora_alpha, config.target_modules)
+    """Add the LoRA adapter (loaded from ``lora_adapter_path``, else a fresh one when ``lora_rank > 0``:
+    only it trains), switch on gradient checkpointing if asked, move to ``device`` and shard. Returns the
+    model to train (a PeftModel with LoRA)."""
+    if lora_adapter_path is not None:
+        model = load_lora_adapter(model, lora_adapter_path)
+    elif config.lora_rank > 0:
+        model = apply_lora(
+            model, config.lora_rank, config.lora_alpha, config.target_modules, exclude_modules=config.exclude_modules
+        )
     if config.enable_gradient_checkpointing:
         enable_gradient_checkpointing(model)
     model.to(device)

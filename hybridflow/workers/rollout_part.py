@@ -5,6 +5,10 @@ generation model between training and generation. Here every rank holds a full g
 generating with stale weights, the actor's FSDP2 shards are gathered one parameter at a time
 (``DTensor.full_tensor()``) and copied into the engine's model in place, so no second full state dict
 exists at any moment. The engine sleeps (frees its KV cache) between rollouts when asked.
+
+A LoRA actor's base weights never change. Unless ``merge_lora`` (verl's ``model.lora.merge``), the engine
+holds the same adapter structure on top of the base model and a sync copies the adapter tensors alone;
+with ``merge_lora`` it copies every weight with the adapter merged in (``W + (alpha / r) B A``).
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from hybridflow.workers.actor import ActorPart
 class RolloutPart:
     """Wraps one rollout engine; ``weight_source`` (the actor, in the same process) makes it a hybrid engine.
 
-    ``synced_version`` is the actor ``weights_version`` the engine's weights equal. At start both are the
-    model folder's weights (a fresh LoRA adapter adds zero), so the engine starts in sync.
+    ``synced_version`` is the actor ``weights_version`` the engine's weights equal (None: not yet synced).
+    The engine starts in sync when the actor still holds the model folder's weights and the engine holds
+    nothing else (a fresh LoRA adapter adds zero); an engine given adapter layers or an actor that loaded
+    a saved adapter is synced before its first generation.
     """
 
     def __init__(
@@ -33,11 +39,17 @@ class RolloutPart:
         tokenizer: Any,
         device: torch.device,
         weight_source: ActorPart | None = None,
+        merge_lora: bool = False,
     ):
         self.config = config
         self.engine = create_rollout_engine(config, model_path, tokenizer=tokenizer, device=str(device))
         self.weight_source = weight_source
-        self.synced_version = weight_source.weights_version if weight_source is not None else None
+        lora_config = weight_source.lora_config if weight_source is not None else None
+        self.syncs_adapter_only = lora_config is not None and not merge_lora
+        if self.syncs_adapter_only:
+            self.engine.add_lora_adapter(lora_config)
+        in_sync = weight_source is not None and weight_source.matches_model_folder and not self.syncs_adapter_only
+        self.synced_version = weight_source.weights_version if in_sync else None
         self.sleep_between_rollouts = config.free_cache_engine
         self.asleep = False
         if self.sleep_between_rollouts:
@@ -48,13 +60,13 @@ class RolloutPart:
         return self.weight_source is not None and self.synced_version != self.weight_source.weights_version
 
     def sync_weights(self) -> float:
-        """Stream the actor's full weights into the engine, one parameter at a time; returns seconds taken.
-
-        Every rank of the group must call it together (each gather is a collective).
+        """Stream the actor's weights (full, or the adapter alone) into the engine, one tensor at a time;
+        returns seconds taken. Every rank of the group must call it together (each gather is a collective).
         """
         start = time.perf_counter()
-        with self.weight_source.trainer.on_device():
-            self.engine.load_weights(self.weight_source.hf_weights())
+        source = self.weight_source
+        with source.trainer.on_device():
+            self.engine.load_weights(source.lora_weights() if self.syncs_adapter_only else source.hf_weights())
         self.synced_version = self.weight_source.weights_version
         return time.perf_counter() - start
 

@@ -9,7 +9,9 @@ from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.models.lora import (
     NotALoraModelError,
     adapter_disabled,
+    add_lora_layers,
     apply_lora,
+    lora_config,
     merge_lora,
     merged_state_dict,
 )
@@ -91,3 +93,49 @@ def test_lora_operations_refuse_a_plain_model(tiny_model):
             pass
     with pytest.raises(ValueError, match="rank=0"):
         apply_lora(tiny_model, rank=0, alpha=1)
+
+
+def _adapted_layers(model):
+    return {name.rsplit(".lora_A", 1)[0] for name, _ in model.named_parameters() if ".lora_A." in name}
+
+
+@pytest.mark.parametrize(
+    "exclude, kept_plain",
+    [
+        (["o_proj", "down_proj"], lambda layer: layer.endswith(("o_proj", "down_proj"))),
+        (r".*layers\.0\..*", lambda layer: ".layers.0." in layer),
+    ],
+    ids=["names", "regex"],
+)
+def test_exclude_modules_keeps_the_matching_layers_without_an_adapter(tiny_model_dir, exclude, kept_plain):
+    from hybridflow.models.loading import load_causal_lm
+
+    everything = _adapted_layers(apply_lora(load_causal_lm(tiny_model_dir), rank=2, alpha=4))
+    kept = _adapted_layers(apply_lora(load_causal_lm(tiny_model_dir), rank=2, alpha=4, exclude_modules=exclude))
+    assert len(everything) == 14  # 2 layers x q k v o gate up down
+    assert kept == {layer for layer in everything if not kept_plain(layer)} and kept != everything
+
+
+@pytest.mark.parametrize("exclude", [["o_proj"], r".*o_proj"], ids=["names", "regex"])
+def test_exclude_modules_on_a_critic_still_trains_the_value_head_in_full(tiny_model_dir, exclude):
+    critic = apply_lora(load_value_model(tiny_model_dir), rank=2, alpha=4, exclude_modules=exclude)
+    adapted = _adapted_layers(critic)
+    assert adapted and not any(layer.endswith(("o_proj", "score")) for layer in adapted)
+    assert any("score" in name and p.requires_grad for name, p in critic.named_parameters())
+
+
+def test_a_plain_model_given_lora_layers_computes_what_the_adapter_model_computes(tiny_model_dir, padded_batch):
+    from hybridflow.models.loading import load_causal_lm
+
+    batch = padded_batch([3, 5], [4, 2], 5, 4)
+    trained = apply_lora(load_causal_lm(tiny_model_dir).eval(), rank=4, alpha=8)
+    _perturb_adapters(trained)
+    copy_model = add_lora_layers(load_causal_lm(tiny_model_dir).eval(), lora_config(trained))
+    assert type(copy_model).__name__ == "Qwen2ForCausalLM"
+    targets = dict(copy_model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in trained.named_parameters():
+            if ".lora_" in name:
+                targets[name.removeprefix("base_model.model.")].copy_(tensor)
+    torch.testing.assert_close(_log_probs(copy_model, batch), _log_probs(trained, batch), atol=0, rtol=0)
+

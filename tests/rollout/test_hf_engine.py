@@ -164,3 +164,34 @@ def test_a_failing_batch_fails_its_requests_and_the_engine_keeps_serving(make_en
     good = GenerationRequest(tokenizer.encode("ok"), SamplingParams(max_new_tokens=3, seed=0))
     result = engine.generate_batch([good])[0]
     assert result.token_ids and result.finish_reason in ("eos", "length")
+
+
+def test_an_added_lora_adapter_takes_adapter_tensors_and_generates_as_the_adapter_model(
+    make_engine, tiny_model_dir, tokenizer
+):
+    from hybridflow.models.loading import load_causal_lm
+    from hybridflow.models.log_probs import forward_log_probs
+    from hybridflow.models.lora import apply_lora, lora_config
+
+    policy = apply_lora(load_causal_lm(tiny_model_dir).eval(), rank=4, alpha=8)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    engine = make_engine(response_length=4)
+    engine.add_lora_adapter(lora_config(policy))
+    engine.load_weights((name, tensor) for name, tensor in policy.named_parameters() if ".lora_" in name)
+
+    tensors = left_padded(tokenizer, PROMPTS).batch
+    input_ids, attention_mask, position_ids = tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"]
+    with torch.no_grad():
+        expected, _ = forward_log_probs(policy, input_ids, attention_mask, position_ids, response_length=4)
+    engine_log_probs = engine.compute_log_probs(input_ids, attention_mask, position_ids, response_length=4)
+    torch.testing.assert_close(engine_log_probs, expected, rtol=0, atol=1e-5)
+    # Greedy decoding with the adapter equals the adapter model's own greedy continuation.
+    prompt = tokenizer.encode(PROMPTS[1])
+    greedy = engine.generate_batch([GenerationRequest(prompt, SamplingParams(max_new_tokens=4, do_sample=False))])[0]
+    with torch.no_grad():
+        reference = policy.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)
+    assert greedy.token_ids == reference[0, len(prompt) : len(prompt) + len(greedy.token_ids)].tolist()

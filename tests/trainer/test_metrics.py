@@ -10,6 +10,7 @@ from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.metrics import (
     compute_actor_mfu_metrics,
     compute_data_metrics,
+    compute_rollout_probs_diff_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
     reduce_worker_metrics,
@@ -117,3 +118,39 @@ def test_zero_signal_frac_counts_samples_whose_response_advantages_are_all_zero(
     assert compute_data_metrics(batch, use_critic=False)[names.ZERO_SIGNAL_FRAC] == 0.0
     batch.batch["advantages"][1, :2] = 0.0  # only its masked-out tokens keep non-zero values
     assert compute_data_metrics(batch, use_critic=False)[names.ZERO_SIGNAL_FRAC] == 0.5
+
+
+def test_rollout_probs_diff_by_hand():
+    # Response tokens: sample 0 both, sample 1 the first only (the masked one must not count).
+    actor = torch.tensor([[0.5, 0.25], [0.8, 0.1]])
+    rollout = torch.tensor([[0.5, 0.5], [0.4, 0.9]])
+    batch = DataProto.from_dict({
+        "response_mask": torch.tensor([[1, 1], [1, 0]]),
+        "old_log_probs": actor.log(),
+        "rollout_log_probs": rollout.log(),
+    })
+    metrics = compute_rollout_probs_diff_metrics(batch)
+    diffs = [0.0, 0.25, 0.4]
+    mean = sum(diffs) / 3
+    assert metrics["training/rollout_probs_diff_valid"] == 1.0
+    assert metrics["training/rollout_probs_diff_max"] == pytest.approx(0.4)
+    assert metrics["training/rollout_probs_diff_mean"] == pytest.approx(0.65 / 3)
+    unbiased_std = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2)
+    assert metrics["training/rollout_probs_diff_std"] == pytest.approx(unbiased_std)
+    # Pearson of (0.5, 0.25, 0.8) and (0.5, 0.5, 0.4): means 31/60 and 7/15.
+    a = [0.5 - 31 / 60, 0.25 - 31 / 60, 0.8 - 31 / 60]
+    r = [0.5 - 7 / 15, 0.5 - 7 / 15, 0.4 - 7 / 15]
+    expected = sum(x * y for x, y in zip(a, r)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in r))
+    assert expected == pytest.approx(-0.891, abs=1e-3)
+    assert metrics["training/rollout_actor_probs_pearson_corr"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_rollout_probs_diff_needs_both_log_probs_and_a_response_token():
+    log_probs = torch.zeros(1, 2)
+    assert compute_rollout_probs_diff_metrics(DataProto.from_dict({
+        "response_mask": torch.ones(1, 2), "old_log_probs": log_probs
+    })) == {}
+    empty = compute_rollout_probs_diff_metrics(DataProto.from_dict({
+        "response_mask": torch.zeros(1, 2), "old_log_probs": log_probs, "rollout_log_probs": log_probs
+    }))
+    assert empty["training/rollout_probs_diff_valid"] == 0.0 and math.isnan(empty["training/rollout_probs_diff_mean"])

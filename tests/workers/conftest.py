@@ -26,3 +26,4 @@ def process_group():
     if created:
         dist.destroy_process_group()
     torch.set_num_threads(threads)
+

@@ -154,6 +154,28 @@ def test_lora_actor_trains_only_the_adapter_and_its_reference_is_the_base_model(
     assert (new_log_probs - ref_log_prob).abs().max() > 1e-3
 
 
+def test_lora_actor_starts_from_a_saved_adapter_and_its_reference_is_still_the_base(tiny_model_dir, saved_adapter):
+    from peft import PeftModel
+
+    worker = make_worker(tiny_model_dir, role="actor_rollout_ref", model={"lora_adapter_path": str(saved_adapter)})
+    actor = worker.parts["actor"]
+    assert (actor.lora_config.r, actor.lora_config.lora_alpha) == (4, 8)
+    assert {name for name, p in actor.module.named_parameters() if p.requires_grad} == {
+        name for name, _ in actor.module.named_parameters() if ".lora_" in name
+    }
+    batch = rollout_batch(8, seed=2)
+    tensors = batch.batch
+    inputs = (tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
+    with torch.no_grad():
+        adapted, _ = forward_log_probs(
+            PeftModel.from_pretrained(load_causal_lm(tiny_model_dir), saved_adapter), *inputs, response_length=5
+        )
+        base, _ = forward_log_probs(load_causal_lm(tiny_model_dir), *inputs, response_length=5)
+    assert (adapted - base).abs().max() > 1e-2  # the saved adapter changes the policy
+    torch.testing.assert_close(worker.compute_log_prob(batch).batch["old_log_probs"], adapted, rtol=0, atol=1e-5)
+    torch.testing.assert_close(worker.compute_ref_log_prob(batch).batch["ref_log_prob"], base, rtol=0, atol=1e-5)
+
+
 def test_a_method_outside_the_role_names_the_missing_part(tiny_model_dir):
     worker = make_worker(tiny_model_dir, role="actor")
     with pytest.raises(MissingPartError, match="compute_ref_log_prob needs the ref part.*role='actor'"):

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.workers import ActorRolloutRefWorker
@@ -117,3 +117,25 @@ def test_hf_model_in_save_contents_writes_an_exported_folder(tiny_model_dir, tmp
     assert (tmp_path / "actor" / "huggingface" / "model.safetensors").is_file()
     with pytest.raises(CheckpointContentError, match=r"holds \['model'\], not \['extra'\]"):
         worker.load_checkpoint(str(tmp_path / "actor"))
+
+
+@pytest.mark.parametrize("model", [{}, {"lora_rank": 4, "lora_alpha": 8}], ids=["full", "lora"])
+def test_a_checkpoint_describes_its_model_and_loads_in_one_process(tiny_model_dir, tmp_path, model):
+    from peft import LoraConfig, get_peft_model
+
+    worker = make_worker(tiny_model_dir, model=model)
+    worker.update_actor(training_batches(worker)[0])
+    worker.save_checkpoint(str(tmp_path / "actor"), global_step=1)
+    folder = tmp_path / "actor"
+    assert AutoTokenizer.from_pretrained(folder / "huggingface").eos_token == "<|im_end|>"
+    assert not (folder / "huggingface" / "model.safetensors").exists()  # weights only with hf_model
+    assert (folder / "adapter_config.json").is_file() == bool(model)
+
+    rebuilt = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder / "huggingface"))
+    if model:
+        rebuilt = get_peft_model(rebuilt, LoraConfig.from_pretrained(folder))
+    assert checkpoint_module.model_dtype_offline(folder) == torch.float32
+    assert checkpoint_module.load_model_offline(folder, rebuilt)["global_step"] == 1
+    loaded = dict(rebuilt.named_parameters())
+    for name, tensor in full_parameters(worker.parts["actor"].module).items():
+        assert torch.equal(loaded[name], tensor), name

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -27,7 +29,11 @@ def prompts_of(batch: DataProto) -> DataProto:
     return DataProto.from_dict({"input_ids": prompts, "attention_mask": attention_mask, "position_ids": position_ids})
 
 
-@pytest.mark.parametrize("model", [{}, {"lora_rank": 4, "lora_alpha": 8}], ids=["full", "lora"])
+LORA = {"lora_rank": 4, "lora_alpha": 8}
+LORA_MERGED = {**LORA, "lora": {"merge": True}}
+
+
+@pytest.mark.parametrize("model", [{}, LORA, LORA_MERGED], ids=["full", "lora-adapter", "lora-merged"])
 def test_rollout_log_probs_equal_the_trained_actor_after_sync(tiny_model_dir, model):
     worker = ActorRolloutRefWorker(actor_rollout_ref_config(tiny_model_dir, model=model), "actor_rollout")
     worker.init_model()
@@ -56,3 +62,58 @@ def test_generate_sequences_without_new_weights_skips_the_sync(tiny_model_dir):
     assert len(output) == 6
     assert output.batch["responses"].shape == (6, 5)
     assert torch.equal(output.batch["prompts"][0], output.batch["prompts"][1])
+
+
+def spy_on_weight_loads(rollout_part) -> list[tuple[str, tuple[int, ...]]]:
+    """Record (name, shape) of every tensor the engine's ``load_weights`` is given."""
+    loads, load_weights = [], rollout_part.engine.load_weights
+
+    def recording(named_tensors):
+        def record():
+            for name, tensor in named_tensors:
+                loads.append((name, tuple(tensor.shape)))
+                yield name, tensor
+
+        return load_weights(record())
+
+    rollout_part.engine.load_weights = recording
+    return loads
+
+
+def synced_tensors(tiny_model_dir, model) -> list[tuple[str, tuple[int, ...]]]:
+    """What one sync after one update copies into the engine."""
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(tiny_model_dir, model=model), "actor_rollout")
+    worker.init_model()
+    batch = rollout_batch(8, seed=1)
+    worker.update_actor(batch.union(worker.compute_log_prob(batch)))
+    loads = spy_on_weight_loads(worker.parts["rollout"])
+    worker.generate_sequences(prompts_of(batch))
+    return loads
+
+
+def test_a_lora_sync_copies_only_the_adapter_unless_merge_is_asked(tiny_model_dir):
+    adapter = synced_tensors(tiny_model_dir, LORA)
+    merged = synced_tensors(tiny_model_dir, LORA_MERGED)
+    adapted = [shape for name, shape in merged if name.endswith("proj.weight")]
+    # 2 layers x 7 projections (q k v o gate up down), each with lora_A [r, d_in] and lora_B [d_out, r].
+    assert len(adapted) == 14 and len(adapter) == 2 * len(adapted)
+    assert all(".lora_A." in name or ".lora_B." in name for name, _ in adapter)
+    assert not any(".lora_" in name for name, _ in merged)
+    numel = lambda shapes: sum(math.prod(shape) for shape in shapes)  # noqa: E731
+    rank = LORA["lora_rank"]
+    assert numel(shape for _, shape in adapter) == sum(rank * (d_out + d_in) for d_out, d_in in adapted)
+    assert numel(shape for _, shape in adapter) < numel(shape for _, shape in merged) / 10
+
+
+@pytest.mark.parametrize("merge", [False, True], ids=["lora-adapter", "lora-merged"])
+def test_a_saved_adapter_reaches_the_engine_before_the_first_generation(tiny_model_dir, saved_adapter, merge):
+    model = {"lora_adapter_path": str(saved_adapter), "lora": {"merge": merge}}
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(tiny_model_dir, model=model), "actor_rollout")
+    worker.init_model()
+    rollout = worker.parts["rollout"]
+    batch = rollout_batch(8, seed=1)
+    actor_log_probs = worker.compute_log_prob(batch).batch["old_log_probs"]
+    assert rollout.is_stale
+    output = worker.generate_sequences(prompts_of(batch))
+    assert output.meta_info["timing_s/update_weights"] > 0
+    torch.testing.assert_close(engine_log_probs(rollout, batch), actor_log_probs, rtol=0, atol=1e-5)

@@ -1,0 +1,5 @@
+import sys
+
+from hybridflow.model_merger.cli import main
+
+sys.exit(main())
