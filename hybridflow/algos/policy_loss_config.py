@@ -35,6 +35,7 @@ class PolicyLossModeConfig:
     clip_cov_ub: float = option(5.0, "Clip-Cov: upper bound of the covariance window eligible for dropping.")
     kl_cov_ratio: float = option(0.0002, "KL-Cov: fraction of highest-covariance tokens that get a KL penalty.")
     ppo_kl_coef: float = option(0.1, "KL-Cov: coefficient of |log ratio| added on the selected tokens.")
+    dro_beta: float | None = option(None, "DRO: weight of the squared log-ratio penalty; required (> 0) for loss_mode=dro.")
 
 
 @dataclass
@@ -105,6 +106,9 @@ def policy_loss_config_errors(config: Any) -> list[str]:
     for name in ("tau_pos", "tau_neg", "clip_cov_ratio", "kl_cov_ratio"):
         if float(loss_option(config, name)) <= 0:
             errors.append(f"{name}={loss_option(config, name)} must be > 0")
+    dro_beta = loss_option(config, "dro_beta")
+    if loss_option(config, "loss_mode") == "dro" and (dro_beta is None or dro_beta <= 0):
+        errors.append(f"dro_beta={dro_beta} must be > 0 for loss_mode=dro")
     mode = loss_option(config, "loss_agg_mode")
     if mode not in LOSS_AGG_MODES:
         errors.append(f"loss_agg_mode={mode!r} must be one of [{', '.join(LOSS_AGG_MODES.names())}]")

@@ -1,5 +1,5 @@
 """Clipped-ratio and plain policy-gradient losses: PPO (dual-clip, DAPO bounds), GSPO, GMPO, SAPO, CISPO,
-REINFORCE/GPG. Signature and metrics: :mod:`hybridflow.algos.policy_loss_registry`.
+REINFORCE/GPG, DRO. Signature and metrics: :mod:`hybridflow.algos.policy_loss_registry`.
 
 Each function keeps verl's formula (``verl/trainer/ppo/core_algos.py``); the paper is in its docstring.
 """
@@ -232,3 +232,32 @@ def compute_policy_loss_reinforce(
         pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_token_count, global_seq_count
     )
     return loss, loss_metrics(0.0, ppo_kl(log_prob - old_log_prob, response_mask), 0.0)
+
+
+@register_policy_loss("dro")
+def compute_policy_loss_dro(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    global_token_count: Count = None,
+    global_seq_count: Count = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Direct Reward Optimization's loss with a quadratic log-ratio penalty (verl's ``dro`` loss mode).
+
+    ``L = -(A log_prob - beta/2 (log_prob - old_log_prob)^2)`` per token, ``beta = policy_loss.dro_beta > 0``:
+    a REINFORCE term kept near the sampling policy by a squared log-ratio instead of a clip. Metrics:
+    ``ppo_kl``; no clipping, so both clip fractions are 0.
+    """
+    beta = loss_option(config, "dro_beta")
+    if beta is None or beta <= 0:
+        raise PolicyLossConfigError(f"policy_loss.dro_beta={beta} must be > 0 for loss_mode=dro")
+    log_ratio = log_prob - old_log_prob
+    pg_losses = -(log_prob * advantages - 0.5 * beta * log_ratio.square())
+    loss = aggregate_policy_loss(
+        pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_token_count, global_seq_count
+    )
+    return loss, loss_metrics(0.0, ppo_kl(log_ratio, response_mask), 0.0)

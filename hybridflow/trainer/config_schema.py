@@ -26,6 +26,9 @@ class DataConfig:
     max_prompt_length: int = option(512, "Prompt tokens after the chat template; longer prompts follow `truncation`.")
     max_response_length: int = option(512, "Tokens generated per response.")
     train_batch_size: int = option(1024, "Prompts per training step (each sampled rollout.n times).")
+    gen_batch_size: Optional[int] = option(
+        None, "Prompts per generation batch of DAPO dynamic sampling (filter_groups); None: train_batch_size."
+    )
     val_batch_size: Optional[int] = option(None, "Prompts per validation batch; None means the whole set at once.")
     shuffle: bool = option(True, "Shuffle the training prompts each epoch.")
     seed: int = option(1, "Seed of the training shuffle (and of the rollout sampling seeds).")

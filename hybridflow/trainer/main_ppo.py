@@ -69,7 +69,8 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     if compute_score is None and not config.reward_model.enable:
         check_data_sources(train_dataset.data_sources() + (val_dataset.data_sources() if val_dataset else []))
     train_loader = StatefulDataLoader(
-        train_dataset, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=True
+        train_dataset, data.gen_batch_size or data.train_batch_size, shuffle=data.shuffle, seed=data.seed,
+        drop_last=True,
     )
     val_loader = None
     if val_dataset is not None:

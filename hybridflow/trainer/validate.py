@@ -296,6 +296,13 @@ def _algorithm_errors(config: PPOTrainerConfig) -> list[str]:
             f"critic.enable=false but algorithm.adv_estimator={estimator!r} reads critic values; "
             "remove critic.enable or choose an estimator without a critic"
         )
+    gen_batch_size = config.data.gen_batch_size
+    if gen_batch_size is not None and (gen_batch_size < 1 or not algorithm.filter_groups.enable):
+        errors.append(
+            f"data.gen_batch_size={gen_batch_size} sizes the generation batches of dynamic sampling: it needs "
+            "algorithm.filter_groups.enable=true and a value >= 1 (each step trains on data.train_batch_size "
+            "prompts); remove it otherwise"
+        )
     if algorithm.filter_groups.enable:
         if rollout.n < 2:
             errors.append(

@@ -162,6 +162,7 @@ RULES: tuple[Rule, ...] = (
     _unread("data.return_raw_input_ids", "no component here reads raw_prompt_ids (reward models share the tokenizer)"),
     _unread("data.return_full_prompt", "no component here reads full_prompts"),
     _unread("data.filter_overlong_prompts_workers", "prompts are tokenized in one batched call of the fast tokenizer"),
+    _lacks("critic.model.lora_adapter_path", "starting the critic from a saved LoRA adapter"),
     _lacks("*external_lib", "importing extra model-code modules (external_lib)"),
     _unread("reward.num_workers", "rule rewards are scored in the driver with a timeout per sample"),
     _unread("reward.reward_manager.module.*", "reward managers loaded from a file are off"),

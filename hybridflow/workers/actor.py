@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from hybridflow.algos import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
 from hybridflow.models.log_probs import forward_log_probs, forward_token_statistics
+from hybridflow.models.training_options import compile_model
 from hybridflow.models.lora import is_lora_model, lora_config
 from hybridflow.protocol import DataProto
 from hybridflow.workers import checkpoint
@@ -36,7 +37,7 @@ from hybridflow.workers.batching import (
     mini_batch_size_per_rank,
     run_in_micro_batches,
 )
-from hybridflow.workers.config import ActorConfig, PolicyModelConfig, micro_batch_size_per_rank
+from hybridflow.workers.config import ActorConfig, PolicyModelConfig, RefConfig, micro_batch_size_per_rank
 from hybridflow.workers.fsdp import iter_hf_weights, iter_lora_weights
 from hybridflow.workers.model_setup import load_policy_model, shard_for_training
 from hybridflow.workers.training import ShardedTrainer, UpdateBatchError
@@ -64,7 +65,10 @@ def policy_loss_config(config: ActorConfig) -> PolicyLossConfig:
     )
 
 
-def log_prob_forward(model: torch.nn.Module, data: DataProto, temperature: float, use_remove_padding: bool, calculate_entropy: bool):
+def log_prob_forward(
+    model: torch.nn.Module, data: DataProto, temperature: float, use_remove_padding: bool, calculate_entropy: bool,
+    chunk_size: int | None = None,
+):
     """``forward_log_probs`` on a batch's ``input_ids``/``attention_mask``/``position_ids``: ``[B, R]`` each."""
     batch = data.batch
     return forward_log_probs(
@@ -76,7 +80,15 @@ def log_prob_forward(model: torch.nn.Module, data: DataProto, temperature: float
         temperature=temperature,
         use_remove_padding=use_remove_padding,
         calculate_entropy=calculate_entropy,
+        chunk_size=chunk_size,
     )
+
+
+def entropy_chunk_size(config: ActorConfig | RefConfig) -> int | None:
+    """Rows of logits per chunk of the log-prob and entropy statistics: verl's
+    ``entropy_from_logits_chunk_size`` when ``entropy_from_logits_with_chunking``, else hybridflow's own
+    default (about 4 MiB of float32 per chunk; the statistics are chunked either way)."""
+    return config.entropy_from_logits_chunk_size if config.entropy_from_logits_with_chunking else None
 
 
 class ActorPart:
@@ -106,6 +118,8 @@ class ActorPart:
         self.module = shard_for_training(
             model, model_config, config.fsdp_config, mesh, device, lora_adapter_path=model_config.lora_adapter_path
         )
+        if config.use_torch_compile:
+            compile_model(self.module)
         self.matches_model_folder = model_config.lora_adapter_path is None
         self.trainer = ShardedTrainer(self.module, device, config.fsdp_config, config.optim)
         self.mini_batch_size = mini_batch_size_per_rank(
@@ -136,7 +150,7 @@ class ActorPart:
                 self.module, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
                 response_length=batch["responses"].shape[1], temperature=temperature,
                 use_remove_padding=self.model_config.use_remove_padding, calculate_entropy=calculate_entropy,
-                calculate_sum_pi_squared=sum_pi_squared,
+                calculate_sum_pi_squared=sum_pi_squared, chunk_size=entropy_chunk_size(self.config),
             )
             return tuple(value for value in statistics if value is not None)
 
@@ -199,7 +213,9 @@ class ActorPart:
         ``counts`` normalise the loss; ``rows_present`` (default ``counts``) normalise the diagnostics.
         """
         batch, config = micro.batch, self.config
-        log_prob, entropy = log_prob_forward(self.module, micro, temperature, self.model_config.use_remove_padding, True)
+        log_prob, entropy = log_prob_forward(
+            self.module, micro, temperature, self.model_config.use_remove_padding, True, entropy_chunk_size(self.config)
+        )
         response_mask = batch["response_mask"]
         counts_kwargs = dataclasses.asdict(counts)
         pg_loss, pg_metrics = self.policy_loss_fn(

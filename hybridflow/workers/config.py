@@ -159,6 +159,13 @@ class ActorConfig:
         "Skip the old-log-prob forward, using the update's own log-probs (exact on-policy: "
         "ppo_epochs=1, one mini-batch per step, no KL in reward). null: where exact; true: required; false: never.",
     )
+    use_torch_compile: bool = option(
+        False, "Compile the model's forward with torch.compile (verl's default is true; compiling costs minutes on CPU)."
+    )
+    entropy_from_logits_with_chunking: bool = option(
+        False, "Take log-prob and entropy statistics entropy_from_logits_chunk_size rows at a time (else ~4 MiB chunks)."
+    )
+    entropy_from_logits_chunk_size: int = option(2048, "Rows of logits per chunk when entropy_from_logits_with_chunking.")
     policy_loss: PolicyLossModeConfig = section(
         PolicyLossModeConfig, "Which policy loss and its own options; the clip keys above apply to every loss."
     )
@@ -177,6 +184,11 @@ class RefConfig:
     )
     log_prob_use_dynamic_bsz: bool = option(False, "Form micro-batches by a token budget.")
     log_prob_max_token_len_per_gpu: int = option(16384, "Token budget of a micro-batch when dynamic.")
+    use_torch_compile: bool = option(False, "Compile the reference model's forward (a separate reference only).")
+    entropy_from_logits_with_chunking: bool = option(
+        False, "Take log-prob statistics entropy_from_logits_chunk_size rows at a time (else ~4 MiB chunks)."
+    )
+    entropy_from_logits_chunk_size: int = option(2048, "Rows of logits per chunk when entropy_from_logits_with_chunking.")
     fsdp_config: FSDPConfig = section(FSDPConfig, "FSDP2 sharding of the reference model.")
 
 

@@ -17,7 +17,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from hybridflow.models.lora import adapter_disabled
 from hybridflow.protocol import DataProto
-from hybridflow.workers.actor import LOG_PROB_INPUTS, ActorPart, log_prob_forward
+from hybridflow.models.training_options import compile_model
+from hybridflow.workers.actor import LOG_PROB_INPUTS, ActorPart, entropy_chunk_size, log_prob_forward
 from hybridflow.workers.batching import MicroBatching, run_in_micro_batches
 from hybridflow.workers.config import ModelConfig, RefConfig, micro_batch_size_per_rank
 from hybridflow.workers.fsdp import move_model, parameters_on
@@ -45,8 +46,10 @@ class RefPart:
         use_remove_padding: bool,
         device: torch.device,
         scope: Callable[[], ContextManager],
+        chunk_size: int | None = None,
     ):
         self.module = module
+        self.chunk_size = chunk_size
         self.batching = batching
         self.use_remove_padding = use_remove_padding
         self.device = device
@@ -56,11 +59,13 @@ class RefPart:
     def load(cls, model_config: ModelConfig, config: RefConfig, mesh: DeviceMesh, device: torch.device) -> "RefPart":
         """A frozen, sharded copy of the base model (no adapter even when the actor has one)."""
         module = shard_frozen(load_policy_model(model_config), config.fsdp_config, mesh, device)
+        if config.use_torch_compile:
+            compile_model(module)
         offload = config.fsdp_config.param_offload
         if offload:
             move_model(module, CPU)
         scope = functools.partial(parameters_on, module, device, offload)
-        return cls(module, ref_batching(config), model_config.use_remove_padding, device, scope)
+        return cls(module, ref_batching(config), model_config.use_remove_padding, device, scope, entropy_chunk_size(config))
 
     @classmethod
     def from_lora_actor(cls, actor: ActorPart, config: RefConfig) -> "RefPart":
@@ -71,7 +76,10 @@ class RefPart:
             with actor.trainer.on_device(), adapter_disabled(actor.module):
                 yield
 
-        return cls(actor.module, ref_batching(config), actor.model_config.use_remove_padding, actor.device, base_model)
+        return cls(
+            actor.module, ref_batching(config), actor.model_config.use_remove_padding, actor.device, base_model,
+            entropy_chunk_size(config),
+        )
 
     def compute_ref_log_prob(self, data: DataProto, temperature: float) -> torch.Tensor:
         """Reference log-probs ``[B, R]`` of the responses, on CPU."""
@@ -83,7 +91,9 @@ class RefPart:
                 inputs,
                 self.batching,
                 self.device,
-                lambda micro: log_prob_forward(self.module, micro, temperature, self.use_remove_padding, False)[0],
+                lambda micro: log_prob_forward(
+                    self.module, micro, temperature, self.use_remove_padding, False, self.chunk_size
+                )[0],
             )
         self.module.train(was_training)
         return log_probs.cpu()

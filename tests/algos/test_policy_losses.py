@@ -10,6 +10,7 @@ from hybridflow.algos.policy_loss_config import PolicyLossConfig, PolicyLossConf
 from hybridflow.algos.policy_loss_registry import POLICY_LOSSES, get_policy_loss_fn, zero_at_zero_advantage
 from hybridflow.algos.policy_losses import (
     compute_policy_loss_cispo,
+    compute_policy_loss_dro,
     compute_policy_loss_geo_mean,
     compute_policy_loss_gspo,
     compute_policy_loss_reinforce,
@@ -116,6 +117,22 @@ def test_cispo_hand_case_keeps_gradient_of_clipped_tokens():
     assert metrics["pg_clipfrac"] == 1.0
     loss.backward()
     assert log_prob.grad.tolist() == [pytest.approx([-0.6, 0.4])]
+
+
+def test_dro_hand_case_penalises_the_squared_log_ratio():
+    log_prob = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    old_log_prob = torch.tensor([[-1.5, -1.5]])
+    advantages = torch.tensor([[1.0, -1.0]])
+    config = PolicyLossConfig(loss_mode="dro", dro_beta=1.0)
+    loss, metrics = compute_policy_loss_dro(old_log_prob, log_prob, advantages, torch.ones(1, 2), config=config)
+    # token 1: -(1 * -1 - 0.5 * 0.25) = 1.125; token 2: -(-1 * -2 - 0.5 * 0.25) = -1.875; mean -0.375
+    assert loss.item() == pytest.approx(-0.375)
+    assert metrics["ppo_kl"] == pytest.approx(0.0)
+    loss.backward()
+    # d/dlp of -(A lp - b/2 (lp - old)^2) / 2 = (-A + b (lp - old)) / 2: (-1 + 0.5) / 2 and (1 - 0.5) / 2
+    assert log_prob.grad.tolist() == [pytest.approx([-0.25, 0.25])]
+    with pytest.raises(PolicyLossConfigError, match="dro_beta"):
+        PolicyLossConfig(loss_mode="dro")
 
 
 def test_reinforce_and_gpg_hand_case():

@@ -116,8 +116,9 @@ def assert_same_adam_step(params: dict[str, torch.Tensor], expected: dict[str, t
     [
         {"actor": {"fsdp_config": {"param_offload": True, "optimizer_offload": True}}},
         {"model": {"enable_gradient_checkpointing": True, "use_remove_padding": False}},
+        {"actor": {"entropy_from_logits_with_chunking": True, "entropy_from_logits_chunk_size": 3}},
     ],
-    ids=["offload", "checkpointing-padded"],
+    ids=["offload", "checkpointing-padded", "entropy-chunks-of-3-rows"],
 )
 def test_memory_options_keep_the_update(tiny_model_dir, overrides):
     reference = make_worker(tiny_model_dir)
@@ -128,6 +129,18 @@ def test_memory_options_keep_the_update(tiny_model_dir, overrides):
     for key in ("pg_loss", "entropy", "grad_norm"):
         assert metrics[key] == pytest.approx(expected[key], rel=1e-5), key
     assert_same_adam_step(full_parameters(other.parts["actor"].module), full_parameters(reference.parts["actor"].module))
+
+
+@pytest.mark.slow
+def test_torch_compile_compiles_the_actor_and_keeps_its_log_probs(tiny_model_dir):
+    reference = make_worker(tiny_model_dir)
+    compiled = make_worker(tiny_model_dir, actor={"use_torch_compile": True})
+    assert compiled.parts["actor"].module._compiled_call_impl is not None
+    assert reference.parts["actor"].module._compiled_call_impl is None
+    batch = rollout_batch(6, seed=3)
+    expected = reference.compute_log_prob(batch).batch["old_log_probs"]
+    # Inductor fuses and reorders float32 sums over the hidden size: a few ulps of the log-probs' magnitude.
+    torch.testing.assert_close(compiled.compute_log_prob(batch).batch["old_log_probs"], expected, rtol=1e-5, atol=1e-5)
 
 
 def test_lora_actor_trains_only_the_adapter_and_its_reference_is_the_base_model(tiny_model_dir):
