@@ -37,8 +37,12 @@ GENERATED = "verl/trainer/config/_generated_ppo_trainer.yaml"
 # Keys verl scripts set outside verl's generated config (a Hydra group), and hybridflow's own older names.
 EXTRA_KEYS = {
     "model_engine": "dp",
-    "reward": {"reward_kwargs": {}},
-    "ray_init": {"address": None, "num_cpus": None, "num_gpus": None, "object_store_memory": 1 << 30, "temp_dir": None},
+    "reward.reward_kwargs": {},
+    **{f"ray_init.{key}": None for key in ("address", "num_cpus", "num_gpus", "temp_dir")},
+    "ray_init.object_store_memory": 1 << 30,
+    # FSDP1's MixedPrecision field, which verl's scripts add with '+'.
+    **{f"{role}.fsdp_config.mixed_precision.buffer_dtype": "fp32"
+       for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model")},
 }
 HEADER = """\
 # verl's config keys that hybridflow's schema (config_schema.py) has no field for, with verl's defaults.
@@ -94,7 +98,7 @@ def compat_yaml(verl: pathlib.Path, allow_missing: bool) -> None:
     schema = schema_keys()
     compat = {key: (None if value == "???" else value) for key, value in verl_keys.items()
               if not _covered(key, schema)}
-    compat.update(flatten(EXTRA_KEYS))
+    compat.update(EXTRA_KEYS)
     missing = [key for key in compat if rule_for(key) is None]
     if missing and not allow_missing:
         sys.exit("no rule in hybridflow/trainer/verl_compat.py for: " + ", ".join(missing))
@@ -175,7 +179,7 @@ def _outcome(returncode: int, lines: list[str]) -> tuple[str, str]:
         return "accepted", ok[-1]
     refusals = [line for line in lines if "which hybridflow does not have" in line or "hybridflow has no" in line]
     errors = [line for line in lines if line.lstrip().startswith("- ")]
-    if returncode == 2 and refusals and len(refusals) == len(errors or refusals):
+    if returncode != 0 and refusals and len(refusals) == len(errors or refusals):
         return "refused", refusals[0].strip()
     return "failed", (errors or lines or ["(no output)"])[0].strip()
 

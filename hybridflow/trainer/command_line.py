@@ -29,7 +29,7 @@ def without_redundant_plus(args: list[str]) -> list[str]:
 
 def override_errors(args: list[str]) -> list[str]:
     """Capabilities the overrides ask for that hybridflow lacks (alone, if any), else their unknown keys."""
-    lacks = _config_name_lacks(args) + lacks_lines(_override_values(args))
+    lacks = _config_name_lacks(args) or lacks_lines(_override_values(args))
     if lacks:
         return lacks
     tree: dict = {}

@@ -144,7 +144,9 @@ class RayInitConfig:
     num_gpus: Optional[int] = option(None, "GPUs of a local cluster; None means Ray's detection.")
     object_store_memory: int = option(1 << 30, "Object store bytes of a local cluster.")
     temp_dir: Optional[str] = option(None, "Ray's session folder; None makes a fresh one.")
-    runtime_env: dict = option({}, "Ray runtime_env of the job (env_vars, py_executable, ...), merged with hybridflow's.")
+    runtime_env: dict = option(
+        {"py_executable": None}, "Ray runtime_env of the job (env_vars, py_executable, ...), merged with hybridflow's."
+    )
 
 
 @dataclass

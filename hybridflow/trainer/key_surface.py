@@ -38,6 +38,7 @@ class Rule:
     kind: str
     what: str  # lacks: the missing capability; unread: why nothing reads it; alias: the schema key ('*' = suffix)
     allowed: tuple = ()  # lacks: values besides the default that hybridflow serves itself
+    decisive: bool = False  # lacks: a choice of engine or device; refused alone, the rest of the config is moot
 
     def target(self, key: str) -> str:
         """The schema key an alias points at: ``what`` with ``*`` replaced by the part ``*`` matched."""
@@ -47,8 +48,8 @@ class Rule:
         return self.what.replace("*", key[len(prefix):])
 
 
-def lacks(pattern: str, what: str, *allowed: Any) -> Rule:
-    return Rule(pattern, LACKS, what, tuple(allowed))
+def lacks(pattern: str, what: str, *allowed: Any, decisive: bool = False) -> Rule:
+    return Rule(pattern, LACKS, what, tuple(allowed), decisive)
 
 
 def unread(pattern: str, why: str) -> Rule:
@@ -83,7 +84,8 @@ class CompatReport:
 @dataclass(frozen=True)
 class Surface:
     """The keys of ``compat_yaml`` (the schema's are in ``schema_yaml``), what ``rules`` say they mean, and
-    ``choices``: {(schema key, value): missing capability} for values of schema keys hybridflow cannot serve."""
+    ``choices``: {(schema key, value): missing capability} for values of schema keys hybridflow cannot serve
+    (decisive, like an engine choice)."""
 
     compat_yaml: pathlib.Path
     schema_yaml: pathlib.Path
@@ -124,18 +126,20 @@ class Surface:
         return OmegaConf.create(raw), report
 
     def lacks_lines(self, values: dict[str, Any]) -> list[str]:
-        """One line per capability that the dotted ``values`` ask for and hybridflow lacks (each named once)."""
+        """One line per capability that the dotted ``values`` ask for and hybridflow lacks (each named once);
+        only the first if one of them is a decisive choice (an engine or device: the rest is moot then)."""
+        decisive = [_lacks_line(key, choice, what) for (key, choice), what in self.choices if values.get(key) == choice]
         lines = {}
-        for (key, choice), what in self.choices:
-            if values.get(key) == choice:
-                lines.setdefault(what, _lacks_line(key, choice, what))
         for dotted, value in values.items():
             key = self.compat_key(dotted)
             rule = self.rule_for(key) if key is not None else None
             default = self.compat_defaults.get(key)
             if rule is not None and rule.kind == LACKS and value != default and value not in rule.allowed:
-                lines.setdefault(rule.what, _lacks_line(dotted, value, rule.what))
-        return list(lines.values())
+                line = _lacks_line(dotted, value, rule.what)
+                if rule.decisive:
+                    decisive.append(line)
+                lines.setdefault(rule.what, line)
+        return decisive[:1] or list(lines.values())
 
     def compat_key(self, dotted: str) -> str | None:
         """The surface key that ``dotted`` is, or lies under (an open dict such as engine_kwargs.vllm); else None."""

@@ -98,7 +98,8 @@ def run_ppo(config: PPOTrainerConfig) -> None:
     ray_init = ray_kwargs.ray_init
     init_local_ray(
         num_cpus=ray_init.num_cpus, num_gpus=ray_init.num_gpus, object_store_memory=ray_init.object_store_memory,
-        temp_dir=ray_init.temp_dir, address=ray_init.address, runtime_env=dict(ray_init.runtime_env),
+        temp_dir=ray_init.temp_dir, address=ray_init.address,
+        runtime_env={key: value for key, value in ray_init.runtime_env.items() if value is not None},
     )
     try:
         trainer.init_workers()

@@ -38,7 +38,8 @@ VLLM_SERVER = "verl's async rollout-server infrastructure; hybridflow's engines 
 VISION = "vision/audio inputs: hybridflow trains text-only models"
 
 RULES: tuple[Rule, ...] = (
-    _lacks("model_engine", "the Megatron, VeOmni and TorchTitan training engines (model_engine=dp is FSDP2)", "dp"),
+    _lacks("model_engine", "the Megatron, VeOmni and TorchTitan training engines (model_engine=dp is FSDP2)", "dp",
+           decisive=True),
     # Other names of schema keys.
     _alias("ray_init.*", "ray_kwargs.ray_init.*"),
     _alias("reward.reward_manager.name", "reward_model.reward_manager"),
@@ -64,7 +65,7 @@ RULES: tuple[Rule, ...] = (
     # Capabilities hybridflow does not have: refused when chosen.
     _lacks("*._target_", "verl's class targets (_target_): hybridflow picks implementations by registered name"),
     _lacks("*strategy", "a training engine other than FSDP (Megatron, VeOmni, TorchTitan, fsdp_turbo; "
-           "strategy=fsdp or fsdp2 is FSDP2)", "fsdp", "fsdp2"),
+           "strategy=fsdp or fsdp2 is FSDP2)", "fsdp", "fsdp2", decisive=True),
     _lacks("*.optim.optimizer", "optimizers other than AdamW"),
     _lacks("*.optim.optimizer_impl", "optimizers other than torch.optim's AdamW"),
     _lacks("*.optim.override_optimizer_config", "optimizer config overrides (AdamW takes lr, betas, eps, weight_decay)"),
@@ -96,6 +97,7 @@ RULES: tuple[Rule, ...] = (
     _lacks("trainer.default_hdfs_dir", "copying checkpoints to HDFS"),
     # Knobs nothing here reads: accepted, listed at start-up when set.
     _unread("*ulysses*", SEQUENCE_PARALLEL),
+    _unread("*mixed_precision.buffer_dtype", "FSDP2's mixed precision has no buffer dtype: buffers keep the model's"),
     _unread("*use_fused_kernels", KERNELS),
     _unread("*fused_kernel_options.*", KERNELS),
     _unread("*use_liger", KERNELS),

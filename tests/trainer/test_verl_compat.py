@@ -193,7 +193,7 @@ def _verl_style_grpo(model="Qwen/Qwen3-8B"):
         "trainer.critic_warmup=0", "trainer.logger=['console','wandb']", "trainer.project_name=p",
         "trainer.experiment_name=e", "trainer.n_gpus_per_node=8", "trainer.nnodes=1", "trainer.save_freq=20",
         "trainer.test_freq=5", "trainer.total_epochs=15", "trainer.device=cuda",
-        "ray_kwargs.ray_init.runtime_env.env_vars.TOKENIZERS_PARALLELISM=false",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.TOKENIZERS_PARALLELISM=false",
         "actor_rollout_ref.actor.use_torch_compile=False",
     ]
 
