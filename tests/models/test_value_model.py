@@ -34,6 +34,18 @@ def test_value_model_from_causal_lm_keeps_the_body_and_adds_a_scalar_head(tiny_m
     assert critic.dropout.p == 0.0
 
 
+def test_a_new_head_is_the_same_in_every_load_and_leaves_the_callers_rng_alone(tiny_model_dir):
+    torch.manual_seed(5)
+    expected_draw = torch.rand(3)
+    torch.manual_seed(5)
+    first = load_value_model(tiny_model_dir)
+    assert torch.equal(torch.rand(3), expected_draw)
+    torch.manual_seed(6)
+    second = load_value_model(tiny_model_dir)
+    assert torch.equal(first.score.weight, second.score.weight) and torch.equal(first.score.bias, second.score.bias)
+    assert first.score.weight.abs().max() > 0
+
+
 def test_values_zero_on_padding_and_packed_equals_padded(tiny_model_dir, padded_batch):
     critic = load_value_model(tiny_model_dir).eval()
     input_ids, attention_mask, position_ids, response_mask = padded_batch([5, 2, 4], [3, 1, 0], 5, 3)
