@@ -6,7 +6,10 @@ any folder of the same architecture: the actor's causal LM (the head is then new
 reward model saved as ``AutoModelForSequenceClassification`` with one label (its ``score`` head loads too).
 The reward model is read the same way, and its score is the head's output at each sequence's last real
 token, which is what sequence classification computes, without relying on the pad token id to find it.
-Dropout in the head is switched off: values and rewards must be deterministic.
+Dropout in the head is switched off: values and rewards must be deterministic. A new head is drawn from
+:data:`HEAD_INIT_SEED` on a forked RNG, so every run and every rank starts from the same head and the
+caller's random stream does not move. Differs from verl: verl draws it from the process's unseeded RNG, so
+two runs start from different critics and two ranks shard two different heads.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from hybridflow.models.loading import (
     resolve_model_path,
 )
 from hybridflow.models.padding import pack_for_model, packed_outputs, unpack
+
+HEAD_INIT_SEED = 0
 
 
 def load_value_model(
@@ -50,14 +55,16 @@ def _load_scalar_head_model(path, dtype, attn_implementation, trust_remote_code,
     config.num_labels = 1
     config.classifier_dropout = 0.0
     config.token_classification_bias = head_bias
-    return from_pretrained_or_raise(
-        AutoModelForTokenClassification,
-        resolve_model_path(path),
-        config=config,
-        dtype=resolve_dtype(dtype),
-        attn_implementation=attn_implementation,
-        trust_remote_code=trust_remote_code,
-    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(HEAD_INIT_SEED)
+        return from_pretrained_or_raise(
+            AutoModelForTokenClassification,
+            resolve_model_path(path),
+            config=config,
+            dtype=resolve_dtype(dtype),
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+        )
 
 
 def forward_token_scores(

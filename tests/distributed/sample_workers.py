@@ -65,6 +65,11 @@ class CollectiveWorker(Worker):
         time.sleep(seconds)
         return self.rank
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def sleep_span(self, seconds: float) -> tuple[float, float]:
+        """Sleep; return the wall-clock (start, end) (one clock for every process on this machine)."""
+        return _sleep_span(seconds)
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def raise_on_rank(self, bad_rank: int) -> int:
         if self.rank == bad_rank:
@@ -122,6 +127,16 @@ class RoleWorker(Worker):
     def sleep(self, seconds: float) -> int:
         time.sleep(seconds)
         return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def sleep_span(self, seconds: float) -> tuple[float, float]:
+        return _sleep_span(seconds)
+
+
+def _sleep_span(seconds: float) -> tuple[float, float]:
+    start = time.time()
+    time.sleep(seconds)
+    return start, time.time()
 
 
 class ActorRole(RoleWorker):

@@ -29,7 +29,7 @@ def test_a_hanging_call_times_out_and_its_thread_is_replaced(runner):
     started = time.monotonic()
     outcomes = runner.run([lambda: release.wait(30), lambda: 2, lambda: 3])
     assert [o.status for o in outcomes] == ["timeout", "ok", "ok"]
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # a runner that waited for the hanging call would take its 30 s
     assert runner.num_stuck_threads == 1
     # Both worker slots still serve calls while the stuck thread waits.
     assert [o.value for o in runner.run([lambda: 4, lambda: 5, lambda: 6])] == [4, 5, 6]

@@ -1,4 +1,5 @@
 import asyncio
+import signal
 import time
 
 from hybridflow.rollout.tools.python_executor import PythonExecutorTool
@@ -15,10 +16,20 @@ def test_prints_come_back_and_the_working_directory_is_fresh():
 
 
 def test_wall_time_limit_stops_the_code():
+    # Sleeping takes no CPU time, so only the wall-clock limit can stop it, whatever the machine's load: a
+    # broken limit lets the code end normally after 60 s, without the message.
     started = time.monotonic()
-    result = _run("while True:\n    pass", timeout=1)
+    result = _run("import time\ntime.sleep(60)", timeout=1)
     assert "did not finish within 1 s" in result.text
-    assert time.monotonic() - started < 5
+    assert "exit_code" not in result.metrics  # killed by the tool, not exited
+    assert time.monotonic() - started >= 1
+
+
+def test_cpu_time_limit_stops_a_busy_loop():
+    # One CPU-second takes a few wall seconds on a loaded machine, far below the 60 s wall limit.
+    result = _run("while True:\n    pass", timeout=60, cpu_seconds=1)
+    assert "did not finish within 60 s" in result.text
+    assert result.metrics["exit_code"] in (-signal.SIGXCPU, -signal.SIGKILL)
 
 
 def test_memory_limit_and_errors_come_back_as_text():
