@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.lora_options import adapter_errors
 from hybridflow.trainer.tracking import OPTIONAL_BACKEND_PACKAGES
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -30,6 +31,7 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
     """One line per file, cached model, package or device the run needs and this machine lacks."""
     model = config.actor_rollout_ref.model
     errors = _model_errors("actor_rollout_ref.model.path", model.path)
+    errors += adapter_errors(model)
     if model.tokenizer_path and not pathlib.Path(model.tokenizer_path).expanduser().is_dir():
         errors.append(
             f"actor_rollout_ref.model.tokenizer_path={model.tokenizer_path!r} does not exist; "

@@ -4,8 +4,9 @@
 saved one, whose ``adapter_config.json`` then sets rank, alpha and modules (verl loads it with peft's
 ``PeftModel.from_pretrained`` and its own keys do not apply). Here a key left at its default defers to the
 adapter and a key set to another value than the adapter's is an error, never silently overridden.
-``lora.merge`` picks the weight sync: adapter tensors alone (default, needs an engine that applies
-adapters) or the adapter merged into full weights. Keys that only mean something with LoRA are refused
+``lora.merge`` picks the weight sync: adapter tensors alone (needs an engine that applies adapters) or the
+adapter merged into full weights; left null, the engine decides (adapter tensors for ``hf``, merged for
+``vllm``). Keys that only mean something with LoRA are refused
 without it.
 """
 
@@ -28,14 +29,12 @@ def lora_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
     model = config.actor_rollout_ref.model
     errors = _rank_errors(MODEL, model)
     if not model.uses_lora:
-        without = {"exclude_modules": model.exclude_modules is not None, "lora.merge": model.lora.merge}
+        without = {"exclude_modules": model.exclude_modules is not None, "lora.merge": model.lora.merge is not None}
         errors += [
             f"{MODEL}.{key} is set but LoRA is off; {_LORA_ON} or remove it" for key, is_set in without.items() if is_set
         ]
-    if model.lora_adapter_path is not None:
-        errors += _adapter_errors(model)
     engine = config.actor_rollout_ref.rollout.name
-    if model.uses_lora and not model.lora.merge and engine not in LORA_ADAPTER_ENGINES:
+    if model.uses_lora and model.lora.merge is False and engine not in LORA_ADAPTER_ENGINES:
         errors.append(
             f"actor_rollout_ref.rollout.name={engine!r} takes full weights only, so a LoRA policy's sync needs "
             f"{MODEL}.lora.merge=true (or an engine that applies adapters: {sorted(LORA_ADAPTER_ENGINES)})"
@@ -55,8 +54,11 @@ def _rank_errors(prefix: str, model: ModelConfig) -> list[str]:
     return []
 
 
-def _adapter_errors(model: Any) -> list[str]:
-    """The saved adapter must exist, and keys set away from their defaults must agree with it."""
+def adapter_errors(model: Any) -> list[str]:
+    """The saved adapter (``lora_adapter_path``, if set) must exist on this machine, and keys set away from their
+    defaults must agree with it."""
+    if model.lora_adapter_path is None:
+        return []
     key = f"{MODEL}.lora_adapter_path"
     try:
         adapter = read_adapter_config(model.lora_adapter_path)

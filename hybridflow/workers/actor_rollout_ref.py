@@ -100,7 +100,7 @@ class ActorRolloutRefWorker(Worker):
                 self.tokenizer,
                 self.device,
                 weight_source=actor,
-                merge_lora=config.model.lora.merge,
+                merge_lora=config.model.merges_lora(config.rollout.name),
             )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

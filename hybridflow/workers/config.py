@@ -16,7 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.algos.policy_loss_config import PolicyLossModeConfig
 from hybridflow.help_fields import option, section
-from hybridflow.rollout.config import RolloutConfig
+from hybridflow.rollout.config import LORA_ADAPTER_ENGINES, RolloutConfig
 
 T = TypeVar("T")
 
@@ -58,9 +58,10 @@ class LoraOptionsConfig:
     """``actor_rollout_ref.model.lora``: of verl's ``model.lora.*`` keys, the one its FSDP path reads; the
     others configure Megatron-Bridge's LoRA, and hybridflow trains with FSDP2 only."""
 
-    merge: bool = option(
-        False,
-        "Sync the adapter into the rollout engine merged into full weights (true) or as adapter tensors alone (false).",
+    merge: Optional[bool] = option(
+        None,
+        "Sync the adapter into the rollout engine merged into full weights (true) or as adapter tensors alone "
+        "(false); None: adapter tensors where the engine applies adapters (hf), merged weights otherwise (vllm).",
     )
 
 
@@ -73,6 +74,10 @@ class PolicyModelConfig(ModelConfig):
         None, "Saved peft LoRA adapter to start from; its adapter_config.json sets rank, alpha and modules."
     )
     lora: LoraOptionsConfig = section(LoraOptionsConfig, "LoRA weight sync into the rollout engine.")
+
+    def merges_lora(self, engine: str) -> bool:
+        """Whether the weight sync into ``engine`` sends the adapter merged into full weights."""
+        return self.lora.merge if self.lora.merge is not None else engine not in LORA_ADAPTER_ENGINES
 
     @property
     def uses_lora(self) -> bool:

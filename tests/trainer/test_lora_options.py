@@ -2,7 +2,7 @@
 
 import pytest
 
-from hybridflow.trainer.validate import load_config
+from hybridflow.trainer.validate import ConfigError, load_config
 
 from .helpers import compose_config, config_errors
 
@@ -12,7 +12,7 @@ MODEL = "actor_rollout_ref.model"
 def test_lora_keys_load_with_verl_names_and_defaults(base, saved_adapter):
     model = load_config(compose_config(base)).actor_rollout_ref.model
     assert (model.lora_rank, model.lora_alpha, model.target_modules) == (0, 16, "all-linear")
-    assert model.exclude_modules is None and model.lora_adapter_path is None and model.lora.merge is False
+    assert model.exclude_modules is None and model.lora_adapter_path is None and model.lora.merge is None
     assert not model.uses_lora
     fresh = [f"{MODEL}.lora_rank=8", f"{MODEL}.exclude_modules=[o_proj]"]
     model = load_config(compose_config(base + fresh)).actor_rollout_ref.model
@@ -41,12 +41,16 @@ def test_a_negative_rank_is_refused(base):
     ]
 
 
-def test_an_engine_that_takes_full_weights_only_needs_lora_merge(base):
+def test_an_engine_that_takes_full_weights_only_gets_merged_weights_unless_told_otherwise(base):
     lora_on_vllm = [f"{MODEL}.lora_rank=8", "actor_rollout_ref.rollout.name=vllm"]
-    (error,) = config_errors(base + lora_on_vllm)
+    # Keys and values only: this machine has neither vLLM nor a GPU.
+    model = load_config(compose_config(base + lora_on_vllm), check_environment=False).actor_rollout_ref.model
+    assert model.lora.merge is None and model.merges_lora("vllm") and not model.merges_lora("hf")
+    with pytest.raises(ConfigError) as caught:
+        load_config(compose_config(base + lora_on_vllm + [f"{MODEL}.lora.merge=false"]), check_environment=False)
+    (error,) = caught.value.errors
     assert error.startswith("actor_rollout_ref.rollout.name='vllm' takes full weights only")
     assert f"{MODEL}.lora.merge=true" in error and "['hf']" in error
-    load_config(compose_config(base + lora_on_vllm + [f"{MODEL}.lora.merge=true"]))
 
 
 def test_a_missing_adapter_folder_is_named(base, tmp_path):
