@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hybridflow.data.rl_dataset import DatasetError, PromptTooLongError, RLDataset
+from hybridflow.models.loading import load_tokenizer
 
 from .conftest import verl_row
 
@@ -165,3 +166,21 @@ def test_items_are_copies_so_batches_cannot_edit_the_dataset(tokenizer, write_ro
     item["extra_info"]["index"] = 99
     item["raw_prompt"][0]["content"] = "changed"
     assert dataset[0]["index"] == 0 and dataset[0]["raw_prompt"][0]["content"] == "a"
+
+
+def test_a_custom_chat_template_and_its_kwargs_reach_the_prompt(tiny_model_dir, write_rows):
+    path = write_rows([verl_row("What is 2+3?")])
+    template = "{{ greeting }}|{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    templated = load_tokenizer(tiny_model_dir, chat_template=template)
+    dataset = RLDataset(path, templated, max_prompt_length=128, apply_chat_template_kwargs={"greeting": "Hello"})
+    assert templated.decode(dataset[0]["input_ids"]) == "Hello|What is 2+3?"
+
+
+def test_max_samples_keeps_the_first_rows_or_a_seeded_draw(tokenizer, write_rows):
+    path = write_rows([verl_row(f"Sort {i} 0", "sorting", f"0 {i}") for i in range(6)])
+    first = RLDataset(path, tokenizer, max_prompt_length=128, max_samples=2)
+    assert [item["reward_model"]["ground_truth"] for item in (first[0], first[1])] == ["0 0", "0 1"]
+    drawn = [RLDataset(path, tokenizer, max_prompt_length=128, max_samples=3, shuffle=True, seed=5) for _ in range(2)]
+    truths = [[d[i]["reward_model"]["ground_truth"] for i in range(3)] for d in drawn]
+    assert len(drawn[0]) == 3 and truths[0] == truths[1] and len(set(truths[0])) == 3
+    assert len(RLDataset(path, tokenizer, max_prompt_length=128, max_samples=-1)) == 6

@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 from hybridflow.rollout.config import RolloutConfig, RolloutConfigError
+from hybridflow.rollout.vllm_engine import engine_arguments
 
 
 def test_from_dict_builds_nested_sections():
@@ -51,3 +52,17 @@ def test_an_omegaconf_section_is_accepted_as_is():
     section = OmegaConf.create({"n": 2, "stop": ["\n"], "val_kwargs": {"n": 3}})
     config = RolloutConfig.from_dict(section)
     assert (config.n, config.stop, config.val_kwargs.n) == (2, ["\n"], 3) and type(config.stop) is list
+
+
+def test_vllm_engine_arguments_carry_verls_rollout_keys_and_engine_kwargs():
+    config = RolloutConfig.from_dict({
+        "name": "vllm", "prompt_length": 64, "response_length": 32, "enforce_eager": True,
+        "max_num_batched_tokens": 4096, "cudagraph_capture_sizes": [1, 2], "load_format": "auto",
+        "engine_kwargs": {"vllm": {"swap_space": 4, "enforce_eager": False}},
+    })
+    arguments = engine_arguments(config)
+    assert arguments["max_model_len"] == 96 and arguments["max_num_batched_tokens"] == 4096
+    assert arguments["compilation_config"] == {"cudagraph_capture_sizes": [1, 2]}
+    assert arguments["load_format"] == "auto" and arguments["swap_space"] == 4
+    assert arguments["enforce_eager"] is False, "engine_kwargs.vllm has the last word"
+    assert "load_format" not in engine_arguments(RolloutConfig.from_dict({"name": "vllm"}))

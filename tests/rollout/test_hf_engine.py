@@ -65,6 +65,14 @@ def test_eos_ends_the_sequence_and_is_in_the_mask(make_engine, tokenizer, tool_c
     assert torch.all(out["responses"][0, length:] == tokenizer.pad_token_id)
 
 
+def test_ignore_eos_generates_past_the_eos_to_the_full_length(make_engine, tokenizer, tool_calling_model_dir):
+    engine = make_engine(tool_calling_model_dir, response_length=64, do_sample=False, ignore_eos=True)
+    out = engine.generate_sequences(left_padded(tokenizer, [TOOL_QUESTION])).batch
+    expected = tokenizer.encode(TOOL_CALL_TEXT, add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert int(out["response_mask"].sum()) == 64
+    assert out["responses"][0, : len(expected)].tolist() == expected
+
+
 @pytest.mark.parametrize("stop", ["</tool_call>", '"calc'])
 def test_stop_strings_end_the_sequence_and_are_kept(make_engine, tokenizer, tool_calling_model_dir, stop):
     engine = make_engine(tool_calling_model_dir, response_length=64, do_sample=False, stop=[stop])

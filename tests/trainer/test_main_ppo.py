@@ -78,8 +78,12 @@ def test_ppo_with_critic(tiny_model_dir, tiny_parquet, tmp_path):
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run", "gae") + [
         "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.val_before_train=false",
         "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+        f"ray_kwargs.timeline_json_file={tmp_path / 'timeline.json'}",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.HYBRIDFLOW_TEST_MARK=critic-run",
     ]
     run_cli(overrides, cwd=tmp_path)
+    # verl's ray_kwargs: the task timeline is written at the end, as chrome://tracing events.
+    assert json.loads((tmp_path / "timeline.json").read_text())
     steps = _steps(tmp_path / "run")
     assert sorted(steps) == [1, 2]
     for record in steps.values():

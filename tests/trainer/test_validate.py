@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.command_line import override_errors as unknown_override_errors
-from hybridflow.trainer.validate import derived_sizes, load_config
+from hybridflow.trainer.validate import derived_sizes, load_config, uses_critic
 from hybridflow.trainer.verl_compat import split_compat
 from hybridflow.workers.actor import policy_loss_config
 
@@ -203,3 +203,15 @@ def test_checking_a_config_loads_no_models_engines_or_ray():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_critic_enable_forces_the_critic_either_way(base):
+    with_critic = load_config(compose_config(base + ["critic.enable=true"]))
+    assert uses_critic(with_critic) and not uses_critic(load_config(compose_config(base)))
+    _one_error(base + ["algorithm.adv_estimator=gae", "critic.enable=false"], "critic.enable=false", "'gae'")
+
+
+def test_gen_batch_size_only_sizes_dynamic_sampling(base):
+    _one_error(base + ["data.gen_batch_size=8"], "data.gen_batch_size=8", "algorithm.filter_groups.enable=true")
+    config = load_config(compose_config(base + ["data.gen_batch_size=8", "algorithm.filter_groups.enable=true"]))
+    assert config.data.gen_batch_size == 8
