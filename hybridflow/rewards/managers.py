@@ -266,6 +266,9 @@ class DAPORewardManager(NaiveRewardManager):
 REWARD_MANAGERS.add("naive", NaiveRewardManager)
 REWARD_MANAGERS.add("batch", BatchRewardManager)
 REWARD_MANAGERS.add("dapo", DAPORewardManager)
+# verl's "gdpo" manager scores like "naive" and keeps every key of the scorer's dict, which GDPO's
+# algorithm.gdpo_reward_keys then read; naive keeps them too.
+REWARD_MANAGERS.add_alias("gdpo", "naive")
 
 
 def manager_parameters(name: str) -> dict[str, inspect.Parameter]:

@@ -193,12 +193,12 @@ def test_a_batch_without_ground_truths_is_refused(tokenizer, managers):
 
 
 def test_manager_names_and_options_are_checked(tokenizer):
-    assert REWARD_MANAGERS.names() == ["batch", "dapo", "naive"]
+    assert REWARD_MANAGERS.names() == ["batch", "dapo", "gdpo", "naive"]
     assert REWARD_MANAGERS.get("naive") is NaiveRewardManager and REWARD_MANAGERS.get("batch") is BatchRewardManager
     with pytest.raises(UnknownNameError) as error:
         build_reward_manager("prime", tokenizer)
     assert str(error.value) == (
-        "reward_model.reward_manager='prime' is not a registered reward manager; choose one of [batch, dapo, naive]"
+        "reward_model.reward_manager='prime' is not a registered reward manager; choose one of [batch, dapo, gdpo, naive]"
     )
     with pytest.raises(TypeError, match=r"reward manager 'naive': .*'max_resp_len'.*its options are \[.*'timeout_s'"):
         build_reward_manager("naive", tokenizer, max_resp_len=3)
@@ -222,3 +222,7 @@ def test_a_manager_pickles_for_a_ray_actor_and_still_scores(tokenizer):
     assert extra["score"] == [1.0] and copy.runner.timeout_s == 5.0
     manager.close()
     copy.close()
+
+
+def test_verls_gdpo_manager_name_is_the_naive_manager():
+    assert REWARD_MANAGERS.is_alias("gdpo") and REWARD_MANAGERS.get("gdpo") is REWARD_MANAGERS.get("naive")
