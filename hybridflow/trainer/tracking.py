@@ -80,9 +80,10 @@ def _finite_floats(metrics: dict[str, Any]) -> dict[str, float]:
     return scalars
 
 
-@LOGGER_BACKENDS.register("jsonl")
+@LOGGER_BACKENDS.register("jsonl", "file")
 class JsonlBackend:
-    """``<run_dir>/metrics.jsonl``: one JSON object per step, ``{"step": N, <metric>: value, ...}``.
+    """``<run_dir>/metrics.jsonl``: one JSON object per step, ``{"step": N, <metric>: value, ...}``. verl's
+    ``file`` logger (also one JSON line per step) is this backend.
 
     A resumed run first drops the lines of steps it is about to redo, so the file reads as one history.
     """
