@@ -214,7 +214,21 @@ exit 0
 """
 # A container may not raise limits; the scripts' 'ulimit -n' is not what is being measured.
 ULIMIT = "ulimit() { builtin ulimit \"$@\" 2>/dev/null || true; }\n"
-NO_OPS = ("ray", "huggingface-cli", "hf", "wget", "pip", "pip3", "nvidia-smi", "git", "modelscope", "curl")
+NO_OPS = ("ray", "huggingface-cli", "hf", "wget", "pip", "pip3", "nvidia-smi", "modelscope", "curl")
+GIT_SHIM = """#!/usr/bin/env bash
+# Stands in for git: 'git clone URL [dir]' makes the folder that a script enters next; anything else does nothing.
+[ "$1" = clone ] || exit 0
+shift; url=""; dir=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -b|--branch|--depth|-c|-o|--origin) shift 2;;
+    -*) shift;;
+    *) if [ -z "$url" ]; then url=$1; else dir=$1; fi; shift;;
+  esac
+done
+[ -n "$url" ] && mkdir -p "${dir:-$(basename "$url" .git)}"
+exit 0
+"""
 
 
 def run_scripts(verl: pathlib.Path, show: bool, only: str | None) -> None:
@@ -225,6 +239,7 @@ def run_scripts(verl: pathlib.Path, show: bool, only: str | None) -> None:
     for name in ("python", "python3", "torchrun"):
         (bin_dir / name).write_text(shim)
     (bin_dir / "uv").write_text(UV_SHIM)
+    (bin_dir / "git").write_text(GIT_SHIM)
     for name in NO_OPS:
         (bin_dir / name).write_text("#!/usr/bin/env bash\nexit 0\n")
     for path in bin_dir.iterdir():
@@ -259,10 +274,11 @@ def _run_script(text: str, script: str, work: pathlib.Path, env: dict) -> subpro
     command = ["bash", "-c", ULIMIT + text, script, *_positional_args(text, work)]
     for _ in range(8):
         result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300)
-        unbound = re.search(r"line \d+: ([A-Z_][A-Z0-9_]*): ", result.stderr)
-        if not unbound or unbound.group(1) in env:
+        unbound = re.search(r"line \d+: ([A-Z_][A-Z0-9_]*): |line \d+: ([a-z_]\w*): unbound variable", result.stderr)
+        name = unbound and (unbound.group(1) or unbound.group(2))
+        if not name or name in env:
             return result
-        env[unbound.group(1)] = str(work / unbound.group(1).lower())
+        env[name] = str(work / name.lower())
     return result
 
 

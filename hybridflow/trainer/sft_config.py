@@ -16,6 +16,7 @@ problem and raises one ``ConfigError``.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -206,17 +207,7 @@ def sft_config_errors(config: SFTTrainerConfig) -> list[str]:
         )
     if run.total_training_steps is not None and run.total_training_steps < 1:
         errors.append(f"trainer.total_training_steps={run.total_training_steps} must be >= 1 or null")
-    errors += _choice("data.truncation", data.truncation, SFT_TRUNCATION_MODES)
-    errors += _choice("data.pad_mode", data.pad_mode, SFT_PAD_MODES)
-    errors += _choice("optim.lr_scheduler", optim.lr_scheduler, WARMUP_STYLES)
-    if run.device is not None:
-        errors += _choice("trainer.device", run.device, DEVICES)
-    for key in ("save_contents", "load_contents"):
-        unknown = [part for part in getattr(config.checkpoint, key) if part not in CONTENTS]
-        if unknown:
-            errors.append(f"checkpoint.{key} has {unknown}; choose parts from {list(CONTENTS)}")
-    backends = LOGGER_BACKENDS.names()
-    errors += [f"trainer.logger has {name!r}, not one of {backends}" for name in run.logger if name not in backends]
+    errors += _choice_errors(config)
     if run.resume_mode == "resume_path" and not run.resume_from_path:
         errors.append(
             f"trainer.resume_mode='resume_path' needs trainer.resume_from_path (modes: {list(RESUME_MODES)} or a path)"
@@ -230,6 +221,22 @@ def sft_config_errors(config: SFTTrainerConfig) -> list[str]:
     return errors
 
 
+def _choice_errors(config: SFTTrainerConfig) -> list[str]:
+    """Values outside the names hybridflow knows: modes, schedulers, devices, checkpoint parts, trackers."""
+    data, run = config.data, config.trainer
+    errors = _choice("data.truncation", data.truncation, SFT_TRUNCATION_MODES)
+    errors += _choice("data.pad_mode", data.pad_mode, SFT_PAD_MODES)
+    errors += _choice("optim.lr_scheduler", config.optim.lr_scheduler, WARMUP_STYLES)
+    if run.device is not None:
+        errors += _choice("trainer.device", run.device, DEVICES)
+    for key in ("save_contents", "load_contents"):
+        unknown = [part for part in getattr(config.checkpoint, key) if part not in CONTENTS]
+        if unknown:
+            errors.append(f"checkpoint.{key} has {unknown}; choose parts from {list(CONTENTS)}")
+    backends = LOGGER_BACKENDS.names()
+    return errors + [f"trainer.logger has {name!r}, not one of {backends}" for name in run.logger if name not in backends]
+
+
 def _choice(key: str, value: Any, allowed: Any) -> list[str]:
     return [] if value in allowed else [f"{key}={value!r} is not one of {list(allowed)}"]
 
@@ -238,8 +245,8 @@ def sft_environment_errors(config: SFTTrainerConfig) -> list[str]:
     """One line per model folder, data file, package or device the run needs and this machine lacks."""
     model = config.model
     errors = model_errors("model.partial_pretrain", model.partial_pretrain)
-    if model.tokenizer_path:
-        errors += model_errors("model.tokenizer_path", model.tokenizer_path)
+    if model.tokenizer_path and not pathlib.Path(model.tokenizer_path).expanduser().is_dir():
+        errors.append(f"model.tokenizer_path={model.tokenizer_path!r} does not exist; point it at a tokenizer folder")
     errors += data_file_errors("data.train_files", config.data.train_files)
     errors += data_file_errors("data.val_files", config.data.val_files)
     errors += logger_package_errors(config.trainer.logger)
