@@ -41,10 +41,12 @@ def without_served_groups(args: list[str], surface: Surface) -> list[str]:
 def override_errors(
     args: list[str], surface: Surface = PPO_SURFACE, schema: type = PPOTrainerConfig
 ) -> list[str]:
-    """Capabilities the overrides ask for that hybridflow lacks (alone, if any), else their unknown keys."""
-    lacks = _config_name_lacks(args) + _group_lacks(args, surface) + surface.lacks_lines(_override_values(args))
+    """Capabilities the overrides ask for that hybridflow lacks (alone, if any), else their unknown keys.
+
+    A verl config name or group choosing another engine (``engine=megatron``) is decisive: its line comes alone."""
+    lacks = _config_name_lacks(args) or _group_lacks(args, surface) or surface.lacks_lines(_override_values(args))
     if lacks:
-        return list(dict.fromkeys(lacks))
+        return lacks
     tree: dict = {}
     for arg in args:
         if "=" not in arg or arg.startswith(("+", *HYDRA_OPTION_PREFIXES)) or _group_choice(arg, surface):
@@ -84,14 +86,13 @@ def _group_choice(arg: str, surface: Surface) -> tuple[str, str] | None:
 
 
 def _group_lacks(args: list[str], surface: Surface) -> list[str]:
-    """One line per capability the group choices ask for (``engine=megatron optim=megatron`` is one)."""
-    lines: dict[str, str] = {}
+    """The first group choice hybridflow lacks (another engine: the rest of the command line is moot then)."""
     for arg in args:
         name, _, choice = arg.partition("=")
         group = surface.group(name) if choice and not arg.startswith(HYDRA_OPTION_PREFIXES) else None
         if group is not None and group.refusal(choice) is not None:
-            lines.setdefault(group.lacks, group.refusal(choice))
-    return list(lines.values())
+            return [group.refusal(choice)]
+    return []
 
 
 def _override_values(args: list[str]) -> dict[str, Any]:
