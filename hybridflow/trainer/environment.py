@@ -30,7 +30,7 @@ def detected_device() -> str:
 def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
     """One line per file, cached model, package or device the run needs and this machine lacks."""
     model = config.actor_rollout_ref.model
-    errors = _model_errors("actor_rollout_ref.model.path", model.path)
+    errors = model_errors("actor_rollout_ref.model.path", model.path)
     errors += adapter_errors(model)
     if model.tokenizer_path and not pathlib.Path(model.tokenizer_path).expanduser().is_dir():
         errors.append(
@@ -38,12 +38,11 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
             "point it at a tokenizer folder or set it to null"
         )
     if uses_critic:
-        errors += _model_errors("critic.model.path", config.critic.model.path)
+        errors += model_errors("critic.model.path", config.critic.model.path)
     if config.reward_model.enable:
-        errors += _model_errors("reward_model.model.path", config.reward_model.model.path)
-    for key, files in (("data.train_files", _files(config.data.train_files)), ("data.val_files", _files(config.data.val_files))):
-        missing = [f for f in files if not pathlib.Path(f).expanduser().is_file()]
-        errors += [f"{key} entry {f!r} does not exist; fix the path or generate the file first" for f in missing]
+        errors += model_errors("reward_model.model.path", config.reward_model.model.path)
+    errors += data_file_errors("data.train_files", config.data.train_files)
+    errors += data_file_errors("data.val_files", config.data.val_files)
     reward_path = config.custom_reward_function.path
     if reward_path and not pathlib.Path(reward_path).expanduser().is_file():
         errors.append(
@@ -52,13 +51,14 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
     return errors + _package_errors(config) + _device_errors(config)
 
 
-def _files(value: Any) -> list[str]:
-    if value is None or value == "":
-        return []
-    return [str(value)] if isinstance(value, str) else [str(v) for v in value]
+def data_file_errors(key: str, value: Any) -> list[str]:
+    """One line per file of ``value`` (a path or a list of them) that does not exist here."""
+    files = [] if value is None or value == "" else [str(value)] if isinstance(value, str) else [str(v) for v in value]
+    missing = [f for f in files if not pathlib.Path(f).expanduser().is_file()]
+    return [f"{key} entry {f!r} does not exist; fix the path or generate the file first" for f in missing]
 
 
-def _model_errors(key: str, path: str) -> list[str]:
+def model_errors(key: str, path: str) -> list[str]:
     """A local model folder, or a hub id whose config.json is in the local Hugging Face cache."""
     if not path:
         return []
@@ -77,15 +77,21 @@ def _model_errors(key: str, path: str) -> list[str]:
     ]
 
 
-def _package_errors(config: PPOTrainerConfig) -> list[str]:
+def logger_package_errors(loggers: list[str]) -> list[str]:
+    """One line per ``trainer.logger`` backend whose package is not installed here."""
     errors = []
-    for backend in config.trainer.logger:
+    for backend in loggers:
         module, extra = OPTIONAL_BACKEND_PACKAGES.get(backend, (None, None))
         if module is not None and importlib.util.find_spec(module) is None:
             errors.append(
                 f"trainer.logger includes {backend!r} but {module!r} is not installed; "
                 f"pip install 'hybridflow[{extra}]' or remove it from trainer.logger"
             )
+    return errors
+
+
+def _package_errors(config: PPOTrainerConfig) -> list[str]:
+    errors = logger_package_errors(config.trainer.logger)
     engine = config.actor_rollout_ref.rollout.name
     if engine in ENGINE_PACKAGES:
         module, extra = ENGINE_PACKAGES[engine]

@@ -11,6 +11,9 @@ wins):
 - ``unread``: a knob of a component hybridflow does not run; accepted, and a value other than the default is
   listed once at start-up as not read by this run.
 
+A :class:`Group` is one of the other framework's Hydra config groups (``engine=fsdp``): hybridflow's YAML holds
+the keys of the choices it serves inline, so choosing one of those changes nothing, and any other is refused.
+
 :meth:`Surface.split` takes these keys out of a composed config before the schema sees it. The PPO trainer's
 surface is :mod:`hybridflow.trainer.verl_compat`.
 """
@@ -60,6 +63,19 @@ def alias(pattern: str, target: str) -> Rule:
     return Rule(pattern, ALIAS, target)
 
 
+@dataclass(frozen=True)
+class Group:
+    """A config group ``name``: choosing one of ``served`` changes nothing here, any other choice needs ``lacks``."""
+
+    name: str
+    served: tuple[str, ...]
+    lacks: str
+
+    def refusal(self, choice: str) -> str | None:
+        """The one-line refusal of ``name=choice``, or None for a served choice."""
+        return None if choice in self.served else _lacks_line(self.name, choice, self.lacks)
+
+
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     """A nested mapping as {dotted key: leaf}; an empty mapping is a leaf (an open dict such as engine_kwargs)."""
     flat = {}
@@ -83,14 +99,18 @@ class CompatReport:
 
 @dataclass(frozen=True)
 class Surface:
-    """The keys of ``compat_yaml`` (the schema's are in ``schema_yaml``), what ``rules`` say they mean, and
+    """The keys of ``compat_yaml`` (the schema's are in ``schema_yaml``), what ``rules`` say they mean,
     ``choices``: {(schema key, value): missing capability} for values of schema keys hybridflow cannot serve
-    (decisive, like an engine choice)."""
+    (decisive, like an engine choice), and the other framework's config ``groups``."""
 
     compat_yaml: pathlib.Path
     schema_yaml: pathlib.Path
     rules: tuple[Rule, ...]
     choices: tuple[tuple[tuple[str, Any], str], ...] = ()
+    groups: tuple[Group, ...] = ()
+
+    def group(self, name: str) -> Group | None:
+        return next((group for group in self.groups if group.name == name), None)
 
     def rule_for(self, key: str) -> Rule | None:
         """The first rule whose pattern matches ``key``, or None."""

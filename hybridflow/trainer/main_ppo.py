@@ -16,14 +16,12 @@ import hydra
 from omegaconf import DictConfig
 
 from hybridflow.rewards import build_reward_manager, check_data_sources, load_custom_reward_function
-from hybridflow.trainer.command_line import override_errors, without_redundant_plus
+from hybridflow.trainer.command_line import (
+    CONFIG_CHECK_ENV, override_errors, print_check_outcome, without_redundant_plus,
+)
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.reward_options import reward_manager_options
 from hybridflow.trainer.validate import ConfigError, derived_sizes, load_config_with_notes
-
-# "surface": check keys and values only, then exit; "full": also this machine's files, packages and
-# devices, then exit. Unset: check everything and run.
-CONFIG_CHECK_ENV = "HYBRIDFLOW_CONFIG_CHECK"
 
 if TYPE_CHECKING:
     from hybridflow.trainer.ppo_trainer import RayPPOTrainer
@@ -118,12 +116,8 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as error:
         print(error, file=sys.stderr)
         sys.exit(2)
-    if unread:
-        print(f"[hybridflow] accepted, but not read by this run ({len(unread)}):")
-        for line in unread:
-            print(f"[hybridflow]   {line}")
+    print_check_outcome(unread, check)
     if check:
-        print(f"[hybridflow] config check passed ({check}); {CONFIG_CHECK_ENV} is set, so nothing runs")
         return
     run_ppo(config)
 

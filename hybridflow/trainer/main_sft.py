@@ -8,47 +8,70 @@
 (the RL parquet files of ``examples/data_preprocess/`` keep each problem's question and reference answer in
 ``extra_info``; ``examples/tiny_base_model/build.py`` runs this trainer from Python).
 
-The config is checked and the data tokenized before Ray starts; the final model is written as a Hugging
-Face folder to ``<trainer.default_local_dir>/huggingface``.
+verl's SFT command lines work too: ``torchrun ... -m verl.trainer.sft_trainer <keys>`` becomes
+``python -m hybridflow.trainer.main_sft trainer.n_gpus_per_node=<nproc_per_node> <keys>`` (verl's current key names
+are aliases, ``engine=fsdp`` is what this config holds; see :mod:`hybridflow.trainer.verl_sft_compat`).
+
+The config is checked before transformers and Ray are imported and the data tokenized before Ray starts;
+``HYBRIDFLOW_CONFIG_CHECK=surface|full`` stops after the check. The final model is written as a Hugging Face
+folder to ``<trainer.default_local_dir>/huggingface``.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
 
-from hybridflow.data.sampler import StatefulDataLoader
-from hybridflow.data.sft_dataset import SFTDataset
-from hybridflow.distributed import init_local_ray
-from hybridflow.models.loading import load_tokenizer
-from hybridflow.trainer.sft_config import SFTTrainerConfig, load_sft_config
-from hybridflow.trainer.sft_trainer import SFTTrainer
+from hybridflow.trainer.command_line import (
+    CONFIG_CHECK_ENV, override_errors, print_check_outcome, without_redundant_plus, without_served_groups,
+)
+from hybridflow.trainer.sft_config import SFTTrainerConfig, load_sft_config_with_notes
 from hybridflow.trainer.validate import ConfigError
+from hybridflow.trainer.verl_sft_compat import SFT_SURFACE
+
+if TYPE_CHECKING:
+    from hybridflow.trainer.sft_trainer import SFTTrainer
 
 
 def build_sft_trainer(config: SFTTrainerConfig) -> SFTTrainer:
     """Tokenizer, datasets and loaders for ``config`` (no Ray needed yet)."""
+    # Imported once the config is known to be good: they load torch, transformers and Ray (seconds).
+    from hybridflow.data.sampler import StatefulDataLoader
+    from hybridflow.data.sft_dataset import SFTDataset
+    from hybridflow.models.loading import load_tokenizer
+    from hybridflow.trainer.sft_trainer import SFTTrainer
+
     data, model = config.data, config.model
     tokenizer_dir = model.tokenizer_path or model.partial_pretrain
-    tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=model.trust_remote_code)
+    tokenizer = load_tokenizer(
+        tokenizer_dir, trust_remote_code=model.trust_remote_code, chat_template=model.custom_chat_template
+    )
+    multiturn = data.multiturn
 
-    def dataset(files: object) -> SFTDataset:
+    def dataset(files: object, max_samples: int) -> SFTDataset:
         return SFTDataset(
             files, tokenizer, data.max_length, prompt_key=data.prompt_key, response_key=data.response_key,
             prompt_dict_keys=data.prompt_dict_keys, response_dict_keys=data.response_dict_keys,
-            multiturn=data.multiturn.enable, messages_key=data.multiturn.messages_key, truncation=data.truncation,
+            multiturn=multiturn.enable, messages_key=multiturn.messages_key, truncation=data.truncation,
+            tools_key=multiturn.tools_key, enable_thinking_key=multiturn.enable_thinking_key,
+            enable_thinking_default=multiturn.enable_thinking_default,
+            apply_chat_template_kwargs=data.apply_chat_template_kwargs, max_samples=max_samples,
+            pad_mode=data.pad_mode,
         )
 
-    train_dataset = dataset(data.train_files)
+    train_dataset = dataset(data.train_files, data.train_max_samples)
     train_loader = StatefulDataLoader(
         train_dataset, data.train_batch_size, shuffle=data.shuffle, seed=data.seed, drop_last=True
     )
     val_loader = None
     if data.val_files:
-        val_loader = StatefulDataLoader(dataset(data.val_files), data.train_batch_size, shuffle=False, drop_last=False)
+        val_dataset = dataset(data.val_files, data.val_max_samples)
+        val_loader = StatefulDataLoader(val_dataset, data.train_batch_size, shuffle=False, drop_last=False)
     trainer = SFTTrainer(config, train_loader=train_loader, val_loader=val_loader)
     print(f"[hybridflow] {train_dataset.summary()}")
     print(
@@ -61,6 +84,8 @@ def build_sft_trainer(config: SFTTrainerConfig) -> SFTTrainer:
 
 def run_sft(config: SFTTrainerConfig) -> pathlib.Path:
     """Train and export; returns the Hugging Face folder of the fine-tuned model."""
+    from hybridflow.distributed import init_local_ray
+
     trainer = build_sft_trainer(config)
     ray_config = config.ray_init
     init_local_ray(
@@ -78,13 +103,22 @@ def run_sft(config: SFTTrainerConfig) -> pathlib.Path:
 
 @hydra.main(config_path="config", config_name="sft_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
+    check = os.environ.get(CONFIG_CHECK_ENV)
     try:
-        config = load_sft_config(cfg)
+        config, unread = load_sft_config_with_notes(cfg, check_environment=check != "surface")
     except ConfigError as error:
         print(error, file=sys.stderr)
         sys.exit(2)
+    print_check_outcome(unread, check)
+    if check:
+        return
     run_sft(config)
 
 
 if __name__ == "__main__":
+    args = without_redundant_plus(sys.argv[1:], SFT_SURFACE)
+    if errors := override_errors(args, SFT_SURFACE, SFTTrainerConfig):
+        print(ConfigError(errors), file=sys.stderr)
+        sys.exit(2)
+    sys.argv[1:] = without_served_groups(args, SFT_SURFACE)
     main()

@@ -44,18 +44,24 @@ def worker_model_config(config: SFTTrainerConfig) -> ModelConfig:
         enable_gradient_checkpointing=model.enable_gradient_checkpointing, lora_rank=model.lora_rank,
         lora_alpha=model.lora_alpha, target_modules=model.target_modules, dtype=model.dtype,
         attn_implementation=model.attn_implementation, trust_remote_code=model.trust_remote_code,
+        override_config=dict(model.override_config), custom_chat_template=model.custom_chat_template,
     )
 
 
 def worker_optim_config(config: SFTTrainerConfig, total_training_steps: int) -> OptimConfig:
-    """The workers' ``OptimConfig`` for the SFT ``optim`` section, spanning ``total_training_steps``."""
+    """The workers' ``OptimConfig`` for the SFT ``optim`` section, spanning ``total_training_steps``.
+
+    Warmup lasts ``lr_warmup_steps`` steps when that is positive, else ``warmup_steps_ratio`` of the run (verl's
+    ``lr_warmup_steps`` / ``lr_warmup_steps_ratio``)."""
     optim = config.optim
-    warmup = int(optim.warmup_steps_ratio * total_training_steps)
+    ratio_steps = int(optim.warmup_steps_ratio * total_training_steps)
+    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps > 0 else ratio_steps
     # A cosine schedule needs at least one step after warmup.
     warmup = min(warmup, total_training_steps - 1) if optim.lr_scheduler == "cosine" else warmup
     return OptimConfig(
         lr=optim.lr, lr_warmup_steps=max(warmup, 0), warmup_style=optim.lr_scheduler, min_lr_ratio=optim.min_lr_ratio,
-        weight_decay=optim.weight_decay, betas=list(optim.betas), total_training_steps=max(total_training_steps, 1),
+        num_cycles=optim.num_cycles, weight_decay=optim.weight_decay, betas=list(optim.betas),
+        total_training_steps=max(total_training_steps, 1),
     )
 
 
@@ -92,6 +98,7 @@ class SFTTrainer:
             fsdp_config=config.model.fsdp_config,
             batching=batching,
             grad_clip=config.optim.clip_grad,
+            checkpoint_config=config.checkpoint,
         )
         plan = make_resource_plan(
             "colocated", ["sft"], nnodes=trainer.nnodes, processes_per_node=trainer.n_gpus_per_node,

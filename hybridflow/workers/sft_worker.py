@@ -66,6 +66,7 @@ class SFTWorker(Worker):
         fsdp_config: FSDPConfig,
         batching: MicroBatching,
         grad_clip: float,
+        checkpoint_config: CheckpointConfig | None = None,
     ):
         super().__init__()
         self.model_config = model_config
@@ -73,13 +74,15 @@ class SFTWorker(Worker):
         self.fsdp_config = fsdp_config
         self.batching = batching
         self.grad_clip = grad_clip
-        self.checkpoint_config = CheckpointConfig()
+        self.checkpoint_config = checkpoint_config or CheckpointConfig()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> int:
         """Load, (LoRA-)wrap and shard the model and build its optimizer; returns the trainable parameter count."""
         config = self.model_config
-        self.tokenizer = load_tokenizer(config.tokenizer_dir, trust_remote_code=config.trust_remote_code)
+        self.tokenizer = load_tokenizer(
+            config.tokenizer_dir, trust_remote_code=config.trust_remote_code, chat_template=config.custom_chat_template
+        )
         model = load_policy_model(self.model_config)
         self.hf_config = copy.deepcopy(model.config)
         self.generation_config = copy.deepcopy(model.generation_config)
@@ -125,9 +128,11 @@ class SFTWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int = 0) -> None:
-        """Model, optimizer, scheduler and RNG states into ``local_path`` (atomically; every rank writes its shards)."""
+        """The ``checkpoint.save_contents`` parts (model, optimizer, scheduler and RNG states, a Hugging Face
+        folder) into ``local_path``, atomically; every rank writes its shards."""
         checkpoint.save_checkpoint(
-            local_path, self.trainer.training_state, self.checkpoint_config.save_contents, global_step=global_step
+            local_path, self.trainer.training_state, self.checkpoint_config.save_contents,
+            export=self._export_hf, global_step=global_step,
         )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -140,7 +145,10 @@ class SFTWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> str:
         """Write the model (LoRA merged) and tokenizer as a Hugging Face folder that ``from_pretrained`` loads."""
-        exported = checkpoint.export_hf(
-            pathlib.Path(path), iter_hf_weights(self.module), self.hf_config, self.generation_config, self.tokenizer
+        return str(self._export_hf(pathlib.Path(path)))
+
+    def _export_hf(self, path: pathlib.Path) -> pathlib.Path:
+        """:meth:`export_hf` from inside this rank (every rank of the group must call it)."""
+        return checkpoint.export_hf(
+            path, iter_hf_weights(self.module), self.hf_config, self.generation_config, self.tokenizer
         )
-        return str(exported)

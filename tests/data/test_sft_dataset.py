@@ -1,5 +1,7 @@
 """SFTDataset: which tokens the loss sees for {prompt, response} and multi-turn rows, and its errors."""
 
+import copy
+
 import pytest
 import torch
 
@@ -89,3 +91,77 @@ def test_collate_right_pads_and_positions_count_real_tokens():
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["position_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
     assert batch["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]]
+
+
+# ------------------------------------------------------------------ verl's sft_trainer data options
+CONVERSATION = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+# Says which template arguments it got, before the turns, so every prefix of a conversation renders the same.
+MARKING_TEMPLATE = (
+    "{% if enable_thinking is defined %}[thinking={{ enable_thinking }}]{% endif %}"
+    "{% if tools %}[tools={{ tools | map(attribute='name') | join(',') }}]{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture
+def marking_tokenizer(tokenizer):
+    marking = copy.deepcopy(tokenizer)
+    marking.chat_template = MARKING_TEMPLATE
+    return marking
+
+
+def test_rows_with_a_messages_column_are_conversations_unless_told_otherwise(tokenizer, write_rows):
+    conversations = write_rows([{"messages": CONVERSATION}], "messages.parquet")
+    dataset = SFTDataset(conversations, tokenizer, max_length=128)
+    assert dataset.multiturn and masked_text(tokenizer, dataset[0]) == "4<|im_end|>"
+    assert "multi-turn messages" in dataset.summary()
+    pairs = write_rows([{"prompt": "2+2?", "response": "4"}], "pairs.parquet")
+    assert not SFTDataset(pairs, tokenizer, max_length=128).multiturn
+    with pytest.raises(DatasetError, match="column 'prompt' is missing"):
+        SFTDataset(conversations, tokenizer, max_length=128, multiturn=False)
+
+
+def test_max_samples_keeps_the_first_rows_across_files(tokenizer, write_rows):
+    first = write_rows([{"prompt": f"q{i}", "response": f"a{i}"} for i in range(3)], "first.parquet")
+    second = write_rows([{"prompt": "q3", "response": "a3"}], "second.parquet")
+    dataset = SFTDataset([first, second], tokenizer, max_length=128, max_samples=4)
+    assert [masked_text(tokenizer, dataset[i]) for i in range(4)] == [f"a{i}<|im_end|>" for i in range(4)]
+    dataset = SFTDataset([first, second], tokenizer, max_length=128, max_samples=2)
+    assert [masked_text(tokenizer, dataset[i]) for i in range(len(dataset))] == ["a0<|im_end|>", "a1<|im_end|>"]
+    assert len(SFTDataset([first, second], tokenizer, max_length=128, max_samples=-1)) == 4
+
+
+def test_a_conversations_tools_and_thinking_reach_the_chat_template(marking_tokenizer, write_rows):
+    tools = [{"name": "calc", "description": "adds"}]
+    rows = [
+        {"messages": CONVERSATION, "tools": tools, "enable_thinking": False},
+        {"messages": CONVERSATION, "tools": None, "enable_thinking": None},
+    ]
+    path = write_rows(rows)
+    dataset = SFTDataset(path, marking_tokenizer, max_length=256, enable_thinking_default=True)
+    assert unmasked_text(marking_tokenizer, dataset[0]).startswith("[thinking=False][tools=calc]<|im_start|>user")
+    # No tools in the row; no enable_thinking in the row, so the default.
+    assert unmasked_text(marking_tokenizer, dataset[1]).startswith("[thinking=True]<|im_start|>user")
+    assert masked_text(marking_tokenizer, dataset[0]) == "4<|im_end|>"
+    plain = SFTDataset(write_rows([{"messages": CONVERSATION}], "plain.parquet"), marking_tokenizer, max_length=256)
+    assert unmasked_text(marking_tokenizer, plain[0]).startswith("<|im_start|>user")
+
+
+def test_apply_chat_template_kwargs_reach_single_turn_prompts(marking_tokenizer, write_rows):
+    path = write_rows([{"prompt": "2+2?", "response": "4"}])
+    dataset = SFTDataset(path, marking_tokenizer, max_length=128, apply_chat_template_kwargs={"enable_thinking": True})
+    assert unmasked_text(marking_tokenizer, dataset[0]) == "[thinking=True]<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_pad_mode_right_pads_every_batch_to_max_length(tokenizer, write_rows):
+    path = write_rows([{"prompt": "a", "response": "b"}, {"prompt": "abc", "response": "d"}])
+    right = SFTDataset(path, tokenizer, max_length=64, pad_mode="right")
+    lengths = [len(right[0]["input_ids"]), len(right[1]["input_ids"])]
+    batch = right.collate([right[0], right[1]])
+    assert batch.batch["input_ids"].shape == (2, 64)
+    assert batch.batch["attention_mask"].sum(-1).tolist() == lengths
+    no_padding = SFTDataset(path, tokenizer, max_length=64)
+    assert no_padding.collate([no_padding[0], no_padding[1]]).batch["input_ids"].shape == (2, max(lengths))
+    with pytest.raises(DatasetError, match="data.pad_mode='left'"):
+        SFTDataset(path, tokenizer, max_length=64, pad_mode="left")

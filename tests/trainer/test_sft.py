@@ -8,7 +8,8 @@ from hydra import compose, initialize_config_module
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridflow.trainer import main_sft
-from hybridflow.trainer.sft_config import load_sft_config
+from hybridflow.trainer.sft_config import SFTTrainerConfig, load_sft_config
+from hybridflow.trainer.sft_trainer import worker_optim_config
 from hybridflow.trainer.tracking import read_metrics
 from hybridflow.trainer.validate import ConfigError
 
@@ -96,9 +97,14 @@ def test_lora_sft_exports_merged_plain_weights(ray_cluster, tiny_model_dir, tiny
 
 def test_a_resumed_run_continues_from_the_saved_step(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
     run_dir = tmp_path / "resume"
-    base = sft_overrides(tiny_model_dir, tiny_parquet, run_dir, steps=2) + ["trainer.save_freq=2"]
+    base = sft_overrides(tiny_model_dir, tiny_parquet, run_dir, steps=2) + [
+        "trainer.save_freq=2", "checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        "checkpoint.load_contents=[model,optimizer,extra]",
+    ]
     main_sft.run_sft(composed(base))
     assert (run_dir / "latest").read_text().strip() == "global_step_2"
+    # checkpoint.save_contents' hf_model: a Hugging Face folder inside the step's checkpoint.
+    assert max_weight_change(tiny_model_dir, run_dir / "global_step_2" / "model" / "huggingface") > 1e-4
 
     main_sft.run_sft(composed(base + ["trainer.total_training_steps=4"]))
 
@@ -116,3 +122,21 @@ def test_config_problems_are_reported_together_before_anything_starts(tiny_model
     assert len(raised.value.errors) == 2
     assert "data.train_batch_size=7 must be divisible by the 2 worker processes" in str(raised.value)
     assert "optim.lr_scheduler='linear' is not one of ['constant', 'cosine']" in str(raised.value)
+
+
+def test_warmup_steps_come_from_lr_warmup_steps_or_the_ratio():
+    config = SFTTrainerConfig()
+    config.optim.warmup_steps_ratio = 0.1
+    assert worker_optim_config(config, 95).lr_warmup_steps == 9  # int(0.1 * 95)
+    config.optim.lr_warmup_steps = 5
+    assert worker_optim_config(config, 95).lr_warmup_steps == 5
+    config.optim.lr_warmup_steps, config.optim.warmup_steps_ratio = -1, 1.0
+    config.optim.lr_scheduler, config.optim.num_cycles = "cosine", 1.5
+    optim = worker_optim_config(config, 10)
+    # A cosine schedule keeps one step after warmup.
+    assert (optim.lr_warmup_steps, optim.num_cycles, optim.warmup_style) == (9, 1.5, "cosine")
+
+
+def test_the_optimizer_defaults_are_verls_sft_trainer_ones():
+    optim = SFTTrainerConfig().optim
+    assert (optim.lr, optim.betas, optim.warmup_steps_ratio, optim.lr_scheduler) == (1e-3, [0.9, 0.999], 0.0, "constant")
