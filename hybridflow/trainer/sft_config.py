@@ -161,8 +161,8 @@ def load_sft_config_with_notes(
     config, compat = SFT_SURFACE.split(config)
     if compat.lacks:
         raise ConfigError(list(dict.fromkeys(compat.lacks)))
-    config = accepted_forms(config)
-    errors = compat.errors + unknown_key_errors(config, SFTTrainerConfig)
+    config, form_errors = accepted_forms(config)
+    errors = compat.errors + form_errors + unknown_key_errors(config, SFTTrainerConfig)
     if errors:
         raise ConfigError(errors)
     try:

@@ -69,7 +69,7 @@ def test_mlflow_local_file_store(tmp_path, monkeypatch):
 
 
 def test_unknown_backend_lists_the_valid_ones(tmp_path):
-    with pytest.raises(ValueError, match=r"trainer.logger='tensorbord'.*console, jsonl"):
+    with pytest.raises(ValueError, match=r"trainer.logger='tensorbord'.*console, file, jsonl"):
         Tracking(["tensorbord"], _run(tmp_path))
     assert {"console", "jsonl", "tensorboard", "mlflow", "wandb"} <= set(LOGGER_BACKENDS.names())
 
