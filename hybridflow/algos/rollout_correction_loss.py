@@ -11,6 +11,9 @@ current policy, ``log r = log pi_theta - log pi_rollout`` (detached), as verl's 
 
 Rejected tokens leave the loss's mask either way; the loss is still normalised by the counts the caller
 passes (the batch's own tokens, rejected ones included, as verl's global batch counts are).
+
+Differs from verl: ``rollout_is_batch_normalize`` divides by the mean weight of the micro-batch on this rank;
+verl's mean spans the micro-batch of every data-parallel rank (an all-reduce inside the loss).
 """
 
 from __future__ import annotations

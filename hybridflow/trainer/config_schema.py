@@ -68,7 +68,7 @@ class RolloutCorrectionConfig:
     ``actor_rollout_ref.rollout.calculate_log_probs=true``."""
 
     rollout_is: Optional[str] = option(
-        None, "Importance weights pi_train/pi_rollout on the policy loss: token, sequence (product), or null (none)."
+        None, "Importance weights pi_train/pi_rollout on the policy loss: token, sequence (product), or null (none); bypass ppo_clip only measures them."
     )
     rollout_is_threshold: Any = option(
         2.0, "Weight bound: a number truncates the weights there (TIS); 'lower_upper' zeroes weights outside (IcePop)."

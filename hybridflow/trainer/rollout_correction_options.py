@@ -9,8 +9,8 @@ actor's loss corrects each micro-batch (``hybridflow.algos.rollout_correction_lo
 Differs from verl: verl's ``rollout.calculate_log_probs`` defaults to true and its decoupled correction is
 silently skipped without the engine's log-probs; here any correction without them is a config error. verl's
 bypass mode replaces ``policy_loss.loss_mode`` with its own loss; here a ``loss_mode`` other than ``vanilla``
-is an error, and so are settings that nothing would read (``loss_type`` outside bypass mode,
-``rollout_rs_threshold`` without ``rollout_rs``, batch normalisation without weights).
+is an error, and so are settings that nothing would read (``loss_type`` outside bypass mode, a threshold
+without its ``rollout_is``/``rollout_rs``, batch normalisation without weights).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from hybridflow.trainer.config_schema import PPOTrainerConfig
 
 KEY = "algorithm.rollout_correction"
 CALCULATE_LOG_PROBS = "actor_rollout_ref.rollout.calculate_log_probs"
+DEFAULT_IS_THRESHOLD = 2.0  # verl's default, present in every verl config whether or not weights are used
 
 
 def correction_settings(config: PPOTrainerConfig) -> CorrectionSettings:
@@ -57,6 +58,8 @@ def _unread_setting_errors(config: PPOTrainerConfig) -> list[str]:
         errors.append(
             f"{KEY}.loss_type={section.loss_type!r} is read only in bypass mode; set {KEY}.bypass_mode=true or remove it"
         )
+    if section.rollout_is is None and section.rollout_is_threshold not in (None, DEFAULT_IS_THRESHOLD):
+        errors.append(f"{KEY}.rollout_is_threshold is read only with {KEY}.rollout_is; set rollout_is or remove it")
     if section.rollout_rs_threshold is not None and section.rollout_rs is None:
         errors.append(f"{KEY}.rollout_rs_threshold is read only with {KEY}.rollout_rs; set rollout_rs or remove it")
     if section.rollout_is_batch_normalize and section.rollout_is is None:

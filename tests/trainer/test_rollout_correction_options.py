@@ -63,6 +63,8 @@ def test_the_rloo_script_settings_parse(base):
         ([ENGINE_LOG_PROBS, f"{KEY}.rollout_rs=token_k2"],
          f"{KEY}.rollout_rs_threshold=None must be set for rollout_rs='token_k2': a number or a string with one "
          "entry per option (e.g. '0.6_1.6,2.5')"),
+        ([f"{KEY}.rollout_is_threshold=5.0"],
+         f"{KEY}.rollout_is_threshold is read only with {KEY}.rollout_is; set rollout_is or remove it"),
         ([f"{KEY}.rollout_rs_threshold=2.0"],
          f"{KEY}.rollout_rs_threshold is read only with {KEY}.rollout_rs; set rollout_rs or remove it"),
         ([f"{KEY}.loss_type=reinforce"],
