@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.algos import CorrectionSettings
+from hybridflow.algos import CorrectionSettings, compute_optimal_token_baseline_advantage
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.config_schema import AlgorithmConfig
@@ -106,3 +106,23 @@ def test_bypass_mode_takes_the_engines_log_probs_as_old_ones():
     rollout = torch.tensor([[-0.5, -2.0]])
     batch = rollout_log_probs_as_old(DataProto.from_dict({"rollout_log_probs": rollout}))
     assert batch.batch["old_log_probs"] is rollout
+
+
+def test_the_optimal_token_baseline_gets_the_rollout_weights_when_the_batch_has_them():
+    tensors = {
+        "token_level_rewards": torch.tensor([[0.0, 1.0], [0.0, 0.0], [1.0, 0.0]]),
+        "response_mask": torch.ones(3, 2),
+        "old_log_probs": torch.log(torch.tensor([[0.5, 0.25], [0.5, 0.5], [0.9, 0.1]])),
+        "sum_pi_squared": torch.full((3, 2), 0.4),
+    }
+    uids = np.array(["a", "a", "a"], dtype=object)
+    weights = torch.tensor([[1.0, 2.0], [0.5, 1.0], [1.0, 1.0]])
+    estimate = AdvantageEstimator(AlgorithmConfig(adv_estimator="optimal_token_baseline"))
+    inputs = dict(tensors, index=uids)
+    without = estimate(DataProto.from_dict(dict(tensors), non_tensors={"uid": uids})).batch["advantages"]
+    expected, _ = compute_optimal_token_baseline_advantage(**inputs, rollout_is_weights=None)
+    torch.testing.assert_close(without, expected)
+    weighted = estimate(DataProto.from_dict(dict(tensors, rollout_is_weights=weights), non_tensors={"uid": uids}))
+    expected, _ = compute_optimal_token_baseline_advantage(**inputs, rollout_is_weights=weights)
+    torch.testing.assert_close(weighted.batch["advantages"], expected)
+    assert not torch.allclose(expected, without)
