@@ -9,9 +9,8 @@ phase is timed as ``timing_s/<phase>``. Three switches show in the step itself: 
 reorders the samples over the data-parallel ranks before phase 3, rollout correction's bypass mode
 (``algorithm.rollout_correction.bypass_mode``) takes the engine's log-probs as the old ones instead of
 phase 3's pass, and ``trainer.critic_warmup`` leaves the actor update (phase 7) out of the first steps.
-Differs from verl: verl skips the actor update while
-``global_step < critic_warmup`` (one step fewer, as steps count from 1); here the first ``critic_warmup``
-steps skip it, as the key's documentation says.
+Differs from verl: verl skips the actor update while ``global_step < critic_warmup`` (one step fewer, as
+steps count from 1); here the first ``critic_warmup`` steps skip it, as the key's documentation says.
 """
 
 from __future__ import annotations
