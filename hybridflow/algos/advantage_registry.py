@@ -16,10 +16,13 @@ from hybridflow.registry import Registry
 
 AdvantageEstimatorFn = Callable[..., tuple]
 
-ESTIMATOR_INPUTS = ("values", "index", "reward_baselines", "old_log_probs", "sum_pi_squared", "non_tensor_batch")
+ESTIMATOR_INPUTS = (
+    "values", "index", "reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights", "non_tensor_batch"
+)
 """Batch inputs an estimator may ask for: critic ``values [B,T]``, the per-sample ``uid`` array as
 ``index [B]``, ReMax's greedy-response reward ``reward_baselines [B]``, the actor's log-prob pass outputs
-``old_log_probs [B,T]`` and ``sum_pi_squared [B,T]`` (the optimal token baseline's), and the batch's
+``old_log_probs [B,T]`` and ``sum_pi_squared [B,T]`` (the optimal token baseline's), the rollout
+correction's ``rollout_is_weights [B,T]`` (None in a run without importance weights), and the batch's
 per-sample columns ``non_tensor_batch`` (the scoring function's extra outputs among them; GDPO's)."""
 
 ADV_ESTIMATORS: Registry[AdvantageEstimatorFn] = Registry("advantage estimator", "algorithm.adv_estimator")

@@ -30,7 +30,7 @@ import torch
 from hybridflow.algos.advantage_registry import register_adv_est
 from hybridflow.algos.group_stats import group_ids_from_index, group_max, group_sums
 
-OTB_INPUTS = ("index", "old_log_probs", "sum_pi_squared")
+OTB_INPUTS = ("index", "old_log_probs", "sum_pi_squared", "rollout_is_weights")
 
 
 def _path_variance(

@@ -62,8 +62,39 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """The rollout engine's token probabilities vs the trainer's (``algorithm.rollout_correction``, verl's keys
+    and defaults; the math is ``hybridflow.algos.rollout_correction``). Needs the engine's log-probs:
+    ``actor_rollout_ref.rollout.calculate_log_probs=true``."""
+
+    rollout_is: Optional[str] = option(
+        None, "Importance weights pi_train/pi_rollout on the policy loss: token, sequence (product), or null (none); bypass ppo_clip only measures them."
+    )
+    rollout_is_threshold: Any = option(
+        2.0, "Weight bound: a number truncates the weights there (TIS); 'lower_upper' zeroes weights outside (IcePop)."
+    )
+    rollout_rs: Optional[str] = option(
+        None,
+        "Rejection: comma-separated token_k1|k2|k3, seq_sum_k1|k2|k3, seq_mean_k1|k2|k3, seq_max_k2|k3 (all must "
+        "pass); rejected tokens leave response_mask. null: none.",
+    )
+    rollout_rs_threshold: Any = option(
+        None,
+        "Rejection bounds, one for all options or one per option (comma-separated): k1 takes 'lower_upper' ratio "
+        "bounds (or an upper, lower = 1/upper), k2/k3 an upper bound. Required with rollout_rs.",
+    )
+    bypass_mode: bool = option(
+        False, "Use the rollout's log-probs as old_log_probs: no old-log-prob pass; the correction runs in the loss."
+    )
+    loss_type: str = option(
+        "ppo_clip", "Bypass mode's loss: ppo_clip (PPO clip, ratio pi_theta/pi_rollout) or reinforce (IS-weighted PG)."
+    )
+    rollout_is_batch_normalize: bool = option(False, "Divide the importance weights by their batch mean (mean 1).")
+
+
+@dataclass
 class AlgorithmConfig:
-    """Advantage estimation and the KL term in the reward (``algorithm``)."""
+    """Advantage estimation, the KL term in the reward and the rollout correction (``algorithm``)."""
 
     adv_estimator: str = option("gae", "Registered advantage estimator: gae, grpo, rloo, remax, ...")
     gamma: float = option(1.0, "Discount factor.")
@@ -75,6 +106,9 @@ class AlgorithmConfig:
     kl_penalty: str = option("kl", "KL estimator of the reward penalty: kl, abs, mse, low_var_kl, full.")
     kl_ctrl: KLControlConfig = section(KLControlConfig, "KL-in-reward coefficient controller.")
     filter_groups: FilterGroupsConfig = section(FilterGroupsConfig, "DAPO dynamic sampling.")
+    rollout_correction: RolloutCorrectionConfig = section(
+        RolloutCorrectionConfig, "Rollout-vs-trainer mismatch: importance weights, rejection, bypass mode."
+    )
     gdpo_reward_keys: Optional[list[str]] = option(
         None,
         "GDPO (arXiv 2601.05242): keys of the scoring function's returned dict, each normalised within its group "

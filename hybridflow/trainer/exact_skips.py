@@ -5,7 +5,8 @@ true: required, a config error where it is not exact; false: never):
 
 - ``actor_rollout_ref.actor.skip_old_log_prob``: phase 3's separate old-log-prob forward is skipped
   when the update is on-policy (one epoch of one mini-batch): the actor's weights have not moved since
-  they sampled the batch, so its own log-probs, detached, are the old ones (ratio exactly 1).
+  they sampled the batch, so its own log-probs, detached, are the old ones (ratio exactly 1). (Rollout
+  correction's bypass mode has no such pass at all: the rollout's log-probs are the old ones.)
 - ``algorithm.skip_zero_signal_samples``: samples whose advantages are all 0 (GRPO groups that all
   scored the same, ...) skip phases 3 and 7 when their only effect on the update is the loss's
   denominator, which the actor then takes from the whole batch.
@@ -18,6 +19,8 @@ from __future__ import annotations
 from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, estimator_inputs, needs_critic
 from hybridflow.algos.policy_loss_registry import POLICY_LOSSES, zero_at_zero_advantage
 from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.rollout_correction_options import KEY as ROLLOUT_CORRECTION_KEY
+from hybridflow.trainer.rollout_correction_options import corrects_in_driver, uses_bypass
 
 SKIP_OLD_LOG_PROB_KEY = "actor_rollout_ref.actor.skip_old_log_prob"
 SKIP_ZERO_SIGNAL_KEY = "algorithm.skip_zero_signal_samples"
@@ -44,6 +47,8 @@ def _log_prob_pass_readers(config: PPOTrainerConfig) -> list[str]:
         readers.append(
             "actor_rollout_ref.actor.calculate_sum_pi_squared=true takes sum_pi_squared of every sample from that pass"
         )
+    if corrects_in_driver(config):
+        readers.append(f"{ROLLOUT_CORRECTION_KEY} (rollout_is/rollout_rs) weighs and masks every sample by old_log_probs")
     return readers
 
 
@@ -55,6 +60,8 @@ def old_log_prob_skip_blockers(config: PPOTrainerConfig) -> list[str]:
         blockers.append(f"actor_rollout_ref.actor.ppo_epochs={epochs} reuses the batch after an optimizer step")
     if config.algorithm.use_kl_in_reward:
         blockers.append("algorithm.use_kl_in_reward=true reads old_log_probs before the update")
+    if uses_bypass(config):
+        blockers.append(f"{ROLLOUT_CORRECTION_KEY}.bypass_mode=true takes the rollout's log-probs as the old ones")
     return blockers + _log_prob_pass_readers(config)
 
 
@@ -67,6 +74,8 @@ def zero_signal_skip_blockers(config: PPOTrainerConfig) -> list[str]:
     if algorithm.use_kl_in_reward:
         blockers.append("algorithm.use_kl_in_reward=true gives every sample a KL reward")
     blockers += _log_prob_pass_readers(config)
+    if uses_bypass(config):
+        blockers.append(f"{ROLLOUT_CORRECTION_KEY}.bypass_mode=true corrects the loss of every sample")
     if actor.use_kl_loss:
         blockers.append("actor_rollout_ref.actor.use_kl_loss=true adds a KL loss on every sample")
     if actor.entropy_coeff != 0:

@@ -7,6 +7,8 @@ over a batch are ``<group>/mean``, ``<group>/max``, ``<group>/min`` (see :func:`
 
 from __future__ import annotations
 
+from hybridflow.algos.rollout_correction_metrics import METRIC_PREFIX as ROLLOUT_CORRECTION_METRIC_PREFIX
+
 ACTOR_PREFIX = "actor/"
 CRITIC_PREFIX = "critic/"
 
@@ -60,6 +62,12 @@ PERF_MFU_ACTOR = "perf/mfu/actor"
 ROLLOUT_PROBS_DIFF = "training/rollout_probs_diff"
 ROLLOUT_ACTOR_PROBS_PEARSON_CORR = "training/rollout_actor_probs_pearson_corr"
 
+# Rollout correction (algorithm.rollout_correction), named by hybridflow.algos.rollout_correction as verl names
+# them: ``rollout_corr/rollout_is_*`` (importance weights), ``rollout_corr/rollout_rs_*`` (rejection) and the
+# mismatch ``rollout_corr/kl``, ``k3_kl``, ``*_ppl``, ``log_ppl_*``, ``ppl_ratio``, ``chi2_token``, ``chi2_seq``.
+# In bypass mode the actor reports the token means among them (with its update metrics, unprefixed).
+ROLLOUT_CORR_PREFIX = ROLLOUT_CORRECTION_METRIC_PREFIX
+
 # Where the run is.
 GLOBAL_STEP = "training/global_step"
 EPOCH = "training/epoch"
@@ -99,8 +107,9 @@ def timing_per_token(phase: str) -> str:
 
 
 def with_prefix(prefix: str, metrics: dict) -> dict:
-    """Prefix every key of a worker's un-prefixed metrics dict (``pg_loss`` -> ``actor/pg_loss``)."""
-    return {f"{prefix}{name}": value for name, value in metrics.items()}
+    """Prefix every key of a worker's un-prefixed metrics dict (``pg_loss`` -> ``actor/pg_loss``); a name that
+    has its own section already (``rollout_corr/kl``) keeps it."""
+    return {name if "/" in name else f"{prefix}{name}": value for name, value in metrics.items()}
 
 
 def is_timing(name: str) -> bool:

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 from hybridflow.algos.advantage_registry import estimator_inputs, get_adv_estimator_fn
 from hybridflow.algos.kl import apply_kl_penalty
 from hybridflow.algos.kl_controllers import get_kl_controller
+from hybridflow.algos.rollout_correction import CorrectionSettings, compute_rollout_correction
 from hybridflow.data.seqlen_balancing import rank_balanced_order
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import metric_names as names
@@ -92,6 +93,13 @@ class OldLogProbsFromUpdate:
     def __call__(self, batch: DataProto, timer: StepTimer) -> DataProto:
         batch.meta_info[OLD_LOG_PROBS_FROM_UPDATE] = True
         return batch
+
+
+def rollout_log_probs_as_old(batch: DataProto) -> DataProto:
+    """Phase 3a in rollout correction's bypass mode: the engine's ``rollout_log_probs`` are the
+    ``old_log_probs`` (``pi_old = pi_rollout``); no forward pass runs, so no ``timing_s/old_log_prob``."""
+    batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+    return batch
 
 
 class ReferencePolicy:
@@ -195,6 +203,33 @@ class ScoresAsRewards:
         pass
 
 
+class RolloutCorrection:
+    """Decoupled rollout correction, in verl's place: after the KL penalty in the reward, before the
+    advantages. From ``old_log_probs`` and the engine's ``rollout_log_probs``: rejected tokens leave
+    ``response_mask`` (so the advantages, the loss and its counts skip them), ``rollout_is_weights`` [B, R]
+    join the batch when ``rollout_is`` is set, and the ``rollout_corr/*`` metrics are returned."""
+
+    def __init__(self, settings: CorrectionSettings):
+        self.settings = settings
+
+    def __call__(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
+        tensors = batch.batch
+        weights, response_mask, metrics = compute_rollout_correction(
+            tensors["old_log_probs"], tensors["rollout_log_probs"], tensors["response_mask"], self.settings
+        )
+        tensors["response_mask"] = response_mask
+        if weights is not None:
+            tensors["rollout_is_weights"] = weights
+        return batch, metrics
+
+
+class NoRolloutCorrection:
+    """No engine log-probs beside old ones computed by a pass (or bypass mode, whose loss corrects itself)."""
+
+    def __call__(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
+        return batch, {}
+
+
 # How each input an estimator may declare (hybridflow.algos.advantage_registry.ESTIMATOR_INPUTS) is read.
 _ESTIMATOR_INPUT_READERS = {
     "values": lambda batch: batch.batch["values"],
@@ -202,6 +237,7 @@ _ESTIMATOR_INPUT_READERS = {
     "reward_baselines": lambda batch: batch.batch["reward_baselines"],
     "old_log_probs": lambda batch: batch.batch["old_log_probs"],
     "sum_pi_squared": lambda batch: batch.batch["sum_pi_squared"],
+    "rollout_is_weights": lambda batch: batch.batch.get("rollout_is_weights", None),
     "non_tensor_batch": lambda batch: batch.non_tensor_batch,
 }
 
@@ -229,12 +265,19 @@ class AdvantageEstimator:
         return batch
 
 
-class AdvantagesAfterLogProbs:
-    """Phase 5 where the paper has it: after log-probs and values, for every sample, the KL penalty in the
-    reward (when used) first. Every sample goes on to phases 3-7."""
+Correction = RolloutCorrection | NoRolloutCorrection
 
-    def __init__(self, reward_shaping: KLInReward | ScoresAsRewards, estimator: AdvantageEstimator):
+
+class AdvantagesAfterLogProbs:
+    """Phase 5 where the paper has it: after log-probs and values, for every sample: the KL penalty in the
+    reward (when used), the rollout correction (verl's order), then the estimator. Every sample goes on to
+    phases 3-7. Returns the KL and correction metrics."""
+
+    def __init__(
+        self, reward_shaping: KLInReward | ScoresAsRewards, correction: Correction, estimator: AdvantageEstimator
+    ):
         self.reward_shaping = reward_shaping
+        self.correction = correction
         self.estimator = estimator
 
     def training_rows(self, batch: DataProto, timer: StepTimer) -> DataProto:
@@ -243,7 +286,8 @@ class AdvantagesAfterLogProbs:
     def __call__(self, batch: DataProto, timer: StepTimer) -> tuple[DataProto, dict[str, float]]:
         with timer(names.PHASE_ADV):
             batch, kl_metrics = self.reward_shaping(batch)
-            return self.estimator(batch), kl_metrics
+            batch, correction_metrics = self.correction(batch)
+            return self.estimator(batch), {**kl_metrics, **correction_metrics}
 
 
 class ZeroSignalSkip:

@@ -5,11 +5,12 @@
 greedy ReMax baseline, rollout dumps) and the work it can skip exactly (``exact_skips``: the old-log-prob
 pass of an on-policy update, the samples without policy gradient) is decided once in
 ``__init__``/``init_workers`` by choosing phase objects; the step reads the same for all of them. Each
-phase is timed as ``timing_s/<phase>``. Two switches show in the step itself: ``trainer.balance_batch``
-reorders the samples over the data-parallel ranks before phase 3, and ``trainer.critic_warmup`` leaves the
-actor update (phase 7) out of the first steps. Differs from verl: verl skips the actor update while
-``global_step < critic_warmup`` (one step fewer, as steps count from 1); here the first ``critic_warmup``
-steps skip it, as the key's documentation says.
+phase is timed as ``timing_s/<phase>``. Three switches show in the step itself: ``trainer.balance_batch``
+reorders the samples over the data-parallel ranks before phase 3, rollout correction's bypass mode
+(``algorithm.rollout_correction.bypass_mode``) takes the engine's log-probs as the old ones instead of
+phase 3's pass, and ``trainer.critic_warmup`` leaves the actor update (phase 7) out of the first steps.
+Differs from verl: verl skips the actor update while ``global_step < critic_warmup`` (one step fewer, as
+steps count from 1); here the first ``critic_warmup`` steps skip it, as the key's documentation says.
 """
 
 from __future__ import annotations
@@ -49,16 +50,20 @@ from hybridflow.trainer.phases import (
     KLInReward,
     NoCritic,
     NoReference,
+    NoRolloutCorrection,
     OldLogProbs,
     OldLogProbsFromUpdate,
     ReferencePolicy,
+    RolloutCorrection,
     ScoresAsRewards,
     StepTimer,
     ZeroSignalSkip,
     balance_batch,
+    rollout_log_probs_as_old,
     worker_metrics,
 )
 from hybridflow.trainer.placement import ResourcePlan, WorkerGroups, create_worker_groups, make_resource_plan
+from hybridflow.trainer.rollout_correction_options import bypass_correction, correction_settings, uses_bypass
 from hybridflow.trainer.rollout_collection import (
     DynamicSamplingCollector,
     EndOfData,
@@ -104,10 +109,11 @@ class RayPPOTrainer:
         )
         self.reward_shaping = KLInReward(config.algorithm) if config.algorithm.use_kl_in_reward else ScoresAsRewards()
         self.estimator = AdvantageEstimator(config.algorithm)
+        self.bypass_mode = uses_bypass(config)
         if skips_zero_signal_samples(config):
             self.advantages = ZeroSignalSkip(self.estimator, num_processes(config))
         else:
-            self.advantages = AdvantagesAfterLogProbs(self.reward_shaping, self.estimator)
+            self.advantages = AdvantagesAfterLogProbs(self.reward_shaping, self._rollout_correction(), self.estimator)
         self.uses_critic = uses_critic(config)
         self.hooks: list[StepHook] = []
         if trainer.rollout_data_dir:
@@ -132,7 +138,9 @@ class RayPPOTrainer:
         actor_role = "actor_rollout_ref" if uses_reference(config) else "actor_rollout"
         actor_config = self._with_run_length(config.actor_rollout_ref, "actor")
         role_classes = {
-            "actor_rollout_ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=actor_config, role=actor_role)
+            "actor_rollout_ref": RayClassWithInitArgs(
+                ActorRolloutRefWorker, config=actor_config, role=actor_role, bypass=bypass_correction(config)
+            )
         }
         if self.uses_critic:
             critic_config = self._with_run_length(config.critic, None)
@@ -157,6 +165,15 @@ class RayPPOTrainer:
         self.peak_flops = peak_flops_per_process(
             trainer.peak_flops_per_device, trainer.device, trainer.cpus_per_worker
         )
+
+    def _rollout_correction(self) -> RolloutCorrection | NoRolloutCorrection:
+        """Decoupled mode corrects in phase 5 wherever the batch holds both the engine's log-probs and the
+        old-log-prob pass's (weights and rejection as configured; else the mismatch metrics alone)."""
+        config = self.config
+        engine_log_probs = config.actor_rollout_ref.rollout.calculate_log_probs
+        if engine_log_probs and not self.bypass_mode and not skips_old_log_prob(config):
+            return RolloutCorrection(correction_settings(config))
+        return NoRolloutCorrection()
 
     def _with_run_length(self, section: Any, optim_owner: str | None) -> Any:
         """A copy of ``section`` whose lr schedule spans this run when its ``total_training_steps`` is -1."""
@@ -207,13 +224,18 @@ class RayPPOTrainer:
                     balance_metrics = {}
                     if trainer.balance_batch:  # reordered so every data-parallel rank gets about as many tokens
                         train_batch, balance_metrics = balance_batch(train_batch, self.num_processes)
-                    # 3 old and reference log-probs (old: skipped when the update is on-policy)
-                    train_batch = self.old_log_probs(train_batch, timer)
+                    # 3 old and reference log-probs. Old: the rollout engine's own in rollout correction's bypass
+                    # mode (no pass), else a forward pass, skipped when the update is on-policy
+                    if self.bypass_mode:
+                        train_batch = rollout_log_probs_as_old(train_batch)
+                    else:
+                        train_batch = self.old_log_probs(train_batch, timer)
                     train_batch = self.reference.log_probs(train_batch, timer)
                     # 4 values (critic only)
                     train_batch = self.critic.values(train_batch, timer)
-                    # 5 advantages, after the KL penalty in the reward when it is used (unless run early)
-                    train_batch, kl_metrics = self.advantages(train_batch, timer)
+                    # 5 advantages, after the KL penalty in the reward when it is used and the decoupled rollout
+                    # correction (importance weights, rejection; unless run early)
+                    train_batch, adv_metrics = self.advantages(train_batch, timer)
                     # 6 critic update
                     critic_metrics = self.critic.update(train_batch, timer)
                     # 7 actor update, none in the first trainer.critic_warmup steps (they train only the
@@ -225,7 +247,7 @@ class RayPPOTrainer:
                         actor_metrics = worker_metrics(actor_output, names.ACTOR_PREFIX)
                 # Batch metrics describe every sample of the step, trained on or not.
                 metrics = {
-                    **reward_metrics, **balance_metrics, **kl_metrics, **critic_metrics, **actor_metrics,
+                    **reward_metrics, **balance_metrics, **adv_metrics, **critic_metrics, **actor_metrics,
                     **self._step_metrics(batch, train_batch, timer),
                 }
                 for hook in self.hooks:
@@ -273,7 +295,8 @@ class RayPPOTrainer:
         seconds = timer.seconds
         metrics = {
             **compute_data_metrics(batch, use_critic=self.uses_critic),
-            **compute_rollout_probs_diff_metrics(train_batch),
+            # In bypass mode the old log-probs are the rollout's: nothing to compare.
+            **({} if self.bypass_mode else compute_rollout_probs_diff_metrics(train_batch)),
             **compute_timing_metrics(batch, seconds),
             **compute_throughput_metrics(batch, seconds[names.PHASE_STEP], self.num_processes),
             names.GLOBAL_STEP: float(self.global_step),

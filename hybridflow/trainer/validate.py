@@ -34,6 +34,7 @@ from hybridflow.trainer.exact_skips import forced_skip_errors, skips_old_log_pro
 from hybridflow.trainer.lora_options import lora_errors
 from hybridflow.trainer.placement import PLACEMENTS
 from hybridflow.trainer.reward_options import reward_manager_errors
+from hybridflow.trainer.rollout_correction_options import rollout_correction_errors, uses_bypass
 from hybridflow.trainer.tracking import LOGGER_BACKENDS
 from hybridflow.trainer.verl_compat import split_compat, unread_engine_options
 from hybridflow.trainer.environment import detected_device, environment_errors
@@ -199,6 +200,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + reward_manager_errors(config)
         + estimator_option_errors(config)
         + forced_skip_errors(config)
+        + rollout_correction_errors(config)
         + lora_errors(config, uses_critic(config))
     )
 
@@ -398,7 +400,9 @@ def derived_sizes(config: PPOTrainerConfig, steps: int | None = None) -> list[st
     elif actor_micro:
         lines.append(f"actor micro-batches per mini-batch per rank: {per_rank // actor_micro} of {actor_micro} samples")
     rollout, ref = config.actor_rollout_ref.rollout, config.actor_rollout_ref.ref
-    if not skips_old_log_prob(config):
+    if uses_bypass(config):
+        lines.append("old log-probs: the rollout engine's (algorithm.rollout_correction.bypass_mode), no pass")
+    elif not skips_old_log_prob(config):
         lines.append(_forward_batching(
             "old-log-prob", rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu,
             micro.get("actor_rollout_ref.rollout.log_prob_micro_batch_size"),

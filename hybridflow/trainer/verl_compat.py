@@ -89,8 +89,6 @@ RULES: tuple[Rule, ...] = (
     _lacks("reward_model.reward_loop_*", "custom reward-loop classes"),
     _lacks("*reward_model.rollout.name", "reward models served by a rollout engine (generative reward models)"),
     _lacks("algorithm.use_pf_ppo", "PF-PPO policy filtration"),
-    _lacks("algorithm.rollout_correction.*", "rollout correction (importance sampling / rejection on the rollout's "
-           "log-probs); it comes with one-step-off and async training"),
     _lacks("distillation.enabled", "on-policy distillation"),
     _lacks("transfer_queue.enable", "the TransferQueue data plane"),
     _lacks("skip.*.enable", "verl's rollout skip/dump (use trainer.rollout_data_dir to dump rollouts)"),

@@ -1,6 +1,7 @@
 """The actor role: the policy under FSDP2, its old log-probs, and the PPO update (arXiv:1707.06347).
 
-The policy loss is the registered ``policy_loss.loss_mode`` (``hybridflow.algos``), minus
+The policy loss is the registered ``policy_loss.loss_mode`` (``hybridflow.algos``) or, in rollout
+correction's bypass mode, ``compute_bypass_policy_loss`` on the rollout's log-probs as old ones; minus
 ``entropy_coeff`` times the entropy bonus, plus ``kl_loss_coef`` times the KL to the reference policy
 when ``use_kl_loss`` (GRPO's KL loss, arXiv:2402.03300). Every term is aggregated with the mini-batch's
 global counts, so the update does not depend on the micro-batch split or the number of ranks.
@@ -23,7 +24,14 @@ import torch.distributed as dist
 from peft import LoraConfig
 from torch.distributed.device_mesh import DeviceMesh
 
-from hybridflow.algos import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
+from hybridflow.algos import (
+    BypassCorrection,
+    PolicyLossConfig,
+    agg_loss,
+    compute_bypass_policy_loss,
+    get_policy_loss_fn,
+    kl_penalty,
+)
 from hybridflow.models.log_probs import forward_log_probs, forward_token_statistics
 from hybridflow.models.training_options import compile_model
 from hybridflow.models.lora import is_lora_model, lora_config
@@ -97,6 +105,8 @@ class ActorPart:
     ``weights_version`` increases whenever the weights change (update, checkpoint load), so a rollout
     engine fed from this actor knows when its copy is stale. ``matches_model_folder``: the weights are
     still those of ``model_config.path`` (a fresh LoRA adapter adds zero; a loaded one does not).
+    ``bypass`` switches the policy loss to rollout correction's bypass mode (``old_log_probs`` are then the
+    rollout's, and the correction metrics ``rollout_corr/*`` join the update's).
     """
 
     def __init__(
@@ -107,6 +117,7 @@ class ActorPart:
         log_prob_batching: MicroBatching,
         mesh: DeviceMesh,
         device: torch.device,
+        bypass: BypassCorrection | None = None,
     ):
         self.model_config = model_config
         self.config = config
@@ -132,6 +143,7 @@ class ActorPart:
         self.update_batching = MicroBatching(micro_batch_size, config.use_dynamic_bsz, config.ppo_max_token_len_per_gpu)
         self.policy_loss_config = policy_loss_config(config)
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+        self.bypass = bypass
         self.weights_version = 0
 
     def compute_log_prob(self, data: DataProto, temperature: float, calculate_entropy: bool) -> dict[str, torch.Tensor]:
@@ -218,16 +230,7 @@ class ActorPart:
         )
         response_mask = batch["response_mask"]
         counts_kwargs = dataclasses.asdict(counts)
-        pg_loss, pg_metrics = self.policy_loss_fn(
-            old_log_prob=log_prob.detach() if on_policy else batch["old_log_probs"],
-            log_prob=log_prob,
-            advantages=batch["advantages"],
-            response_mask=response_mask,
-            loss_agg_mode=config.loss_agg_mode,
-            config=self.policy_loss_config,
-            rollout_is_weights=batch.get("rollout_is_weights", None),
-            **counts_kwargs,
-        )
+        pg_loss, pg_metrics = self._policy_loss(batch, log_prob, on_policy, counts_kwargs)
         entropy_loss = agg_loss(entropy, response_mask, config.loss_agg_mode, **counts_kwargs)
         loss = pg_loss - config.entropy_coeff * entropy_loss
         rows_present = rows_present or counts
@@ -244,6 +247,22 @@ class ActorPart:
             loss = loss + config.kl_loss_coef * kl_loss
             metrics["kl_loss"] = float(kl_loss.detach())
         return loss, metrics
+
+    def _policy_loss(
+        self, batch: Any, log_prob: torch.Tensor, on_policy: bool, counts_kwargs: dict
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The configured policy loss, or bypass mode's (whose ``old_log_probs`` are the rollout's)."""
+        common = dict(
+            log_prob=log_prob, advantages=batch["advantages"], response_mask=batch["response_mask"],
+            loss_agg_mode=self.config.loss_agg_mode, config=self.policy_loss_config, **counts_kwargs,
+        )
+        if self.bypass is not None:
+            return compute_bypass_policy_loss(rollout_log_prob=batch["old_log_probs"], bypass=self.bypass, **common)
+        return self.policy_loss_fn(
+            old_log_prob=log_prob.detach() if on_policy else batch["old_log_probs"],
+            rollout_is_weights=batch.get("rollout_is_weights", None),
+            **common,
+        )
 
     @property
     def lora_config(self) -> LoraConfig | None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from hybridflow.algos import BypassCorrection
 from hybridflow.distributed import Dispatch, Worker, register
 from hybridflow.models.loading import load_tokenizer
 from hybridflow.protocol import DataProto
@@ -42,14 +43,19 @@ class MissingPartError(RuntimeError):
 
 
 class ActorRolloutRefWorker(Worker):
-    """SPMD worker over the ``actor_rollout_ref`` config section; ``role`` is a key of ``ROLE_PARTS``."""
+    """SPMD worker over the ``actor_rollout_ref`` config section; ``role`` is a key of ``ROLE_PARTS``.
 
-    def __init__(self, config: Any, role: str):
+    ``bypass``: the actor trains with rollout correction's bypass-mode loss (``algorithm.rollout_correction``,
+    which lives outside this section); None trains with ``actor.policy_loss.loss_mode``.
+    """
+
+    def __init__(self, config: Any, role: str, bypass: BypassCorrection | None = None):
         super().__init__()
         if role not in ROLE_PARTS:
             raise WorkerConfigError(f"role={role!r} is not an ActorRolloutRefWorker role; choose one of {list(ROLE_PARTS)}")
         self.config = as_config(ActorRolloutRefConfig, config)
         self.role = role
+        self.bypass = bypass
         self.parts: dict[str, Any] = {}
         self.tokenizer = None
 
@@ -85,7 +91,8 @@ class ActorRolloutRefWorker(Worker):
         if "actor" in wanted:
             mesh = build_device_mesh(config.actor.fsdp_config.fsdp_size, self.device)
             self.parts["actor"] = ActorPart(
-                config.model, config.actor, config.rollout.n, self._log_prob_batching(), mesh, self.device
+                config.model, config.actor, config.rollout.n, self._log_prob_batching(), mesh, self.device,
+                bypass=self.bypass,
             )
         actor = self.parts.get("actor")
         if "ref" in wanted and actor is not None and config.model.uses_lora:

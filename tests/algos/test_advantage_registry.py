@@ -79,6 +79,7 @@ def test_every_estimator_accepts_the_generic_keyword_call():
         "reward_baselines": torch.tensor([0.5, 0.5, 0.5, 0.5]),
         "old_log_probs": torch.full((4, 2), -0.5),
         "sum_pi_squared": torch.full((4, 2), 0.5),
+        "rollout_is_weights": torch.full((4, 2), 1.5),
         "non_tensor_batch": {"score": np.array([1.0, 0.0, 1.0, 2.0], dtype=object)},
     }
     config = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": ["score"]}

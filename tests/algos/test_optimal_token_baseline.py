@@ -97,9 +97,10 @@ def test_tir_rows_without_tokens_take_no_part():
     assert advantages[2].tolist() == [0.0] * 4
 
 
-def test_otb_estimators_ask_for_the_log_prob_pass_outputs():
+def test_otb_estimators_ask_for_the_log_prob_pass_outputs_and_the_rollout_weights():
     for name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
-        assert estimator_inputs(name) == {"index", "old_log_probs", "sum_pi_squared"} and not needs_critic(name)
+        inputs = {"index", "old_log_probs", "sum_pi_squared", "rollout_is_weights"}
+        assert estimator_inputs(name) == inputs and not needs_critic(name)
     assert get_adv_estimator_fn("tir_optimal_token_baseline") is compute_multi_turn_optimal_token_baseline_advantage
 
 

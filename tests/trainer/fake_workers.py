@@ -3,7 +3,8 @@
 They keep the worker contract (DataProto in, DataProto out, metrics in ``meta_info["metrics"]``) and record
 every call. Responses are seeded by ``meta_info["seed"]``; a prompt whose row number in its batch is odd gets
 the same response for all its samples (a group DAPO must drop); the samples of an even row differ in their
-first character.
+first character. With ``rollout.calculate_log_probs`` the engine's log-probs sit below the actor's by
+:func:`rollout_log_ratio` per token: ``log pi_actor - log pi_rollout = 0.1 * (response token % 3)``.
 """
 
 import pathlib
@@ -14,9 +15,18 @@ from hybridflow.protocol import DataProto
 from hybridflow.trainer.placement import WorkerGroups
 
 
+def _log_probs(responses, version):
+    return -(responses % 7).float() / 10 - 0.01 * version
+
+
+def rollout_log_ratio(responses):
+    """``log pi_actor - log pi_rollout`` of the fake engine's tokens (before any update)."""
+    return 0.1 * (responses % 3).float()
+
+
 class FakeActorRollout:
-    def __init__(self, config, role, calls):
-        self.config, self.role, self.calls = config, role, calls
+    def __init__(self, config, role, calls, bypass=None):
+        self.config, self.role, self.calls, self.bypass = config, role, calls, bypass
         self.version = 0
 
     def init_model(self):
@@ -42,21 +52,23 @@ class FakeActorRollout:
         response_mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
         responses = responses.masked_fill(response_mask == 0, meta["pad_token_id"])
         attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-        return DataProto.from_dict(
-            {
-                "prompts": prompt_ids,
-                "responses": responses,
-                "response_mask": response_mask,
-                "input_ids": torch.cat([prompt_ids, responses], dim=1),
-                "attention_mask": attention_mask,
-                "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-            },
-            meta_info={"metrics": {"timing_s/update_weights": [0.001]}},  # one rank's time, as a group returns it
-        )
+        tensors = {
+            "prompts": prompt_ids,
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": torch.cat([prompt_ids, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        }
+        if rollout.calculate_log_probs:
+            log_probs = _log_probs(responses, self.version) - rollout_log_ratio(responses)
+            tensors["rollout_log_probs"] = log_probs * response_mask
+        # timing: one rank's time, as a group returns it
+        return DataProto.from_dict(tensors, meta_info={"metrics": {"timing_s/update_weights": [0.001]}})
 
     def compute_log_prob(self, data):
         self.calls.append(("compute_log_prob", len(data)))
-        log_probs = -(data.batch["responses"] % 7).float() / 10 - 0.01 * self.version
+        log_probs = _log_probs(data.batch["responses"], self.version)
         meta_info = {"temperature": data.meta_info["temperature"]}
         return DataProto.from_dict({"old_log_probs": log_probs}, meta_info=meta_info)
 
@@ -143,7 +155,8 @@ class FakeWorkers:
         roles = {}
         for role, spec in role_classes.items():
             if role == "actor_rollout_ref":
-                roles[role] = FakeActorRollout(spec.kwargs["config"], spec.kwargs["role"], self.calls)
+                kwargs = spec.kwargs
+                roles[role] = FakeActorRollout(kwargs["config"], kwargs["role"], self.calls, kwargs.get("bypass"))
             elif role == "critic":
                 roles[role] = FakeCritic(spec.kwargs["config"], self.calls)
             elif role == "reward_model":

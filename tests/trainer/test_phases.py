@@ -1,11 +1,27 @@
-"""The phase objects' own logic: which samples go on to the update when zero-signal samples are skipped, and
-how a batch is reordered so the data-parallel ranks get about the same number of tokens."""
+"""The phase objects' own logic: which samples go on to the update when zero-signal samples are skipped, how a
+batch is reordered so the data-parallel ranks get about the same number of tokens, and where the rollout
+correction sits in phase 5."""
+
+import math
 
 import numpy as np
+import pytest
 import torch
 
+from hybridflow.algos import CorrectionSettings, compute_optimal_token_baseline_advantage
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.phases import balance_batch, rows_with_signal
+from hybridflow.trainer import metric_names as names
+from hybridflow.trainer.config_schema import AlgorithmConfig
+from hybridflow.trainer.phases import (
+    AdvantageEstimator,
+    AdvantagesAfterLogProbs,
+    KLInReward,
+    RolloutCorrection,
+    StepTimer,
+    balance_batch,
+    rollout_log_probs_as_old,
+    rows_with_signal,
+)
 from hybridflow.workers.batching import LOSS_COUNTS_KEY
 
 
@@ -53,3 +69,60 @@ def test_balancing_reorders_the_rows_with_their_columns_and_logs_verls_seqlen_me
     }
     empty, no_metrics = balance_batch(batch[0:0], num_ranks=2)
     assert len(empty) == 0 and no_metrics == {}
+
+
+def test_the_rollout_correction_runs_after_the_kl_penalty_and_before_the_advantages():
+    """verl's order: the KL penalty in the reward sees the engine's mask, the estimator the corrected one."""
+    # Two samples of one prompt, two tokens each; log r = old - rollout = 0.2 on token (0, 1), 0 elsewhere.
+    old_log_probs = torch.tensor([[-1.0, -0.8], [-1.0, -1.0]])
+    rollout_log_probs = torch.full((2, 2), -1.0)
+    batch = DataProto.from_dict(
+        {
+            "old_log_probs": old_log_probs, "rollout_log_probs": rollout_log_probs,
+            "ref_log_prob": torch.full((2, 2), -1.5), "response_mask": torch.ones(2, 2, dtype=torch.long),
+            "token_level_scores": torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
+        },
+        non_tensors={"uid": np.array(["a", "a"], dtype=object)},
+    )
+    algorithm = AlgorithmConfig(adv_estimator="grpo", use_kl_in_reward=True)
+    algorithm.kl_ctrl.kl_coef = 0.1
+    # token_k2 at 0.01 rejects (0.2)^2 / 2 = 0.02; weights min(e^0.2, 2) = 1.2214 and 1 elsewhere
+    settings = CorrectionSettings.from_keys("token", 2.0, False, "token_k2", 0.01)
+    phase = AdvantagesAfterLogProbs(KLInReward(algorithm), RolloutCorrection(settings), AdvantageEstimator(algorithm))
+    timer = StepTimer()
+    batch, metrics = phase(batch, timer)
+    tensors = batch.batch
+    assert torch.equal(tensors["response_mask"], torch.tensor([[1, 0], [1, 1]]))
+    torch.testing.assert_close(tensors["rollout_is_weights"], torch.tensor([[1.0, math.exp(0.2)], [1.0, 1.0]]))
+    # KL k1 = old - ref per token, on every engine token (the rejected one included): 0.5, 0.7 | 0.5, 0.5
+    torch.testing.assert_close(tensors["token_level_rewards"], torch.tensor([[-0.05, 1.0 - 0.07], [-0.05, -0.05]]))
+    assert tensors["advantages"][0, 1] == 0 and tensors["advantages"][0, 0] != 0
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == 0.25
+    assert metrics[names.KL_IN_REWARD] == pytest.approx((0.6 + 0.5) / 2)
+    assert "adv" in timer.seconds
+
+
+def test_bypass_mode_takes_the_engines_log_probs_as_old_ones():
+    rollout = torch.tensor([[-0.5, -2.0]])
+    batch = rollout_log_probs_as_old(DataProto.from_dict({"rollout_log_probs": rollout}))
+    assert batch.batch["old_log_probs"] is rollout
+
+
+def test_the_optimal_token_baseline_gets_the_rollout_weights_when_the_batch_has_them():
+    tensors = {
+        "token_level_rewards": torch.tensor([[0.0, 1.0], [0.0, 0.0], [1.0, 0.0]]),
+        "response_mask": torch.ones(3, 2),
+        "old_log_probs": torch.log(torch.tensor([[0.5, 0.25], [0.5, 0.5], [0.9, 0.1]])),
+        "sum_pi_squared": torch.full((3, 2), 0.4),
+    }
+    uids = np.array(["a", "a", "a"], dtype=object)
+    weights = torch.tensor([[1.0, 2.0], [0.5, 1.0], [1.0, 1.0]])
+    estimate = AdvantageEstimator(AlgorithmConfig(adv_estimator="optimal_token_baseline"))
+    inputs = dict(tensors, index=uids)
+    without = estimate(DataProto.from_dict(dict(tensors), non_tensors={"uid": uids})).batch["advantages"]
+    expected, _ = compute_optimal_token_baseline_advantage(**inputs, rollout_is_weights=None)
+    torch.testing.assert_close(without, expected)
+    weighted = estimate(DataProto.from_dict(dict(tensors, rollout_is_weights=weights), non_tensors={"uid": uids}))
+    expected, _ = compute_optimal_token_baseline_advantage(**inputs, rollout_is_weights=weights)
+    torch.testing.assert_close(weighted.batch["advantages"], expected)
+    assert not torch.allclose(expected, without)

@@ -1,9 +1,10 @@
 """The driver's step logic against in-process fake workers: which phases run, what they receive, DAPO dynamic
-sampling, the ReMax baseline, KL in the reward, validation, rollout dumps and resuming."""
+sampling, the ReMax baseline, KL in the reward, rollout correction, validation, rollout dumps and resuming."""
 
 import json
 
 import pytest
+import torch
 
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.main_ppo import build_trainer
@@ -14,7 +15,7 @@ from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
 from hybridflow.workers.batching import LOSS_COUNTS_KEY
 
 from .cli import DENSE_REWARD
-from .fake_workers import FakeWorkers
+from .fake_workers import FakeWorkers, rollout_log_ratio
 from .helpers import compose_config, tiny_run_overrides
 
 
@@ -283,3 +284,50 @@ def test_validation_samples_are_logged_as_a_table_and_dumped_per_validation(run,
     assert {"input", "output", "gts", "score", "step", "reward", "acc"} <= set(dumped[0]) and dumped[0]["step"] == 2
     chosen = {(row["input"], row["output"]) for row in tables[1]["val/generations"]}
     assert chosen <= {(row["input"], row["output"]) for row in dumped}
+
+
+ENGINE_LOG_PROBS = "actor_rollout_ref.rollout.calculate_log_probs=true"
+CORRECTION = "algorithm.rollout_correction"
+
+
+def test_decoupled_rollout_correction_weighs_and_masks_the_update_batch(run, tmp_path):
+    # log r = 0.1 * (token % 3): weights e^0, e^0.1 = 1.105 and e^0.2 = 1.221, truncated at 1.15; token_k2 at
+    # 0.01 rejects (0.2)^2 / 2 = 0.02 and keeps (0.1)^2 / 2 = 0.005.
+    _, fakes = run(
+        "grpo", ENGINE_LOG_PROBS, f"{CORRECTION}.rollout_is=token", f"{CORRECTION}.rollout_is_threshold=1.15",
+        f"{CORRECTION}.rollout_rs=token_k2", f"{CORRECTION}.rollout_rs_threshold=0.01",
+    )
+    assert fakes.names().count("compute_log_prob") == 2  # decoupled: the old-log-prob pass runs
+    batch = _updates(fakes)[0].batch
+    width = batch["responses"].shape[1]
+    engine_mask = batch["attention_mask"][:, -width:]
+    log_ratio = rollout_log_ratio(batch["responses"])
+    torch.testing.assert_close(batch["rollout_is_weights"], log_ratio.exp().clamp(max=1.15) * engine_mask)
+    rejected = (batch["responses"] % 3 == 2) & engine_mask.bool()
+    assert rejected.any() and torch.equal(batch["response_mask"], engine_mask * ~rejected)
+    assert (batch["advantages"][rejected] == 0).all()  # the estimator saw the corrected mask
+    record = read_metrics(tmp_path / "run")[0]
+    tokens = engine_mask.bool()
+    assert record["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(rejected.sum().item() / tokens.sum().item())
+    assert record["rollout_corr/kl"] == pytest.approx(-log_ratio[tokens].mean().item(), rel=1e-5)
+    assert "rollout_corr/rollout_is_eff_sample_size" in record and names.timing("old_log_prob") in record
+
+
+def test_bypass_mode_takes_the_engines_log_probs_as_old_ones_without_a_pass(run, tmp_path):
+    _, fakes = run("grpo", ENGINE_LOG_PROBS, f"{CORRECTION}.bypass_mode=true", f"{CORRECTION}.loss_type=reinforce")
+    assert fakes.names() == ["init_model"] + ["generate_sequences", "update_actor"] * 2
+    for batch in _updates(fakes):
+        assert torch.equal(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"])
+        assert OLD_LOG_PROBS_FROM_UPDATE not in batch.meta_info and "rollout_is_weights" not in batch.batch.keys()
+    record = read_metrics(tmp_path / "run")[0]
+    assert names.timing("old_log_prob") not in record
+    assert not any(key.startswith(("training/rollout_probs_diff", "rollout_corr/")) for key in record)
+
+
+def test_the_actor_is_built_with_bypass_modes_loss(run):
+    trainer, _ = run("grpo", ENGINE_LOG_PROBS, f"{CORRECTION}.bypass_mode=true", f"{CORRECTION}.rollout_rs=seq_max_k3",
+                     f"{CORRECTION}.rollout_rs_threshold=0.5")
+    bypass = trainer.actor_rollout.bypass
+    assert bypass.loss_type == "ppo_clip" and bypass.settings.rejections[0].option == "seq_max_k3"
+    trainer, _ = run("grpo", ENGINE_LOG_PROBS)
+    assert trainer.actor_rollout.bypass is None

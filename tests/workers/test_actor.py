@@ -1,5 +1,5 @@
 """The actor part through ActorRolloutRefWorker, in this process on a 1-rank group: PPO update, metrics,
-split invariance, KL loss, LoRA."""
+split invariance, KL loss, LoRA, rollout correction's bypass-mode loss."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from hybridflow.algos import PolicyLossConfig, PolicyLossModeConfig
+from hybridflow.algos import BypassCorrection, CorrectionSettings, PolicyLossConfig, PolicyLossModeConfig
 from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.workers import ActorRolloutRefWorker, MissingPartError
@@ -342,3 +342,32 @@ def test_old_log_probs_take_the_rollout_micro_batching_and_do_not_depend_on_it(
         assert [count for count, _ in calls] == rows
     for key in ("old_log_probs", "entropys"):
         torch.testing.assert_close(output.batch[key], expected.batch[key], rtol=0, atol=LOG_PROB_ATOL, msg=key)
+
+
+def bypass_worker(model_dir, settings, loss_type="ppo_clip"):
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir), "actor", bypass=BypassCorrection(settings, loss_type))
+    worker.init_model()
+    return worker
+
+
+def test_bypass_mode_on_the_actors_own_log_probs_trains_as_vanilla_ppo(tiny_model_dir):
+    """The rollout's log-probs (here the actor's own, bit for bit) are the old ones: the same PPO step."""
+    vanilla, bypass = make_worker(tiny_model_dir), bypass_worker(tiny_model_dir, CorrectionSettings())
+    batch = batch_for(vanilla)
+    expected = vanilla.update_actor(batch).meta_info["metrics"]
+    metrics = bypass.update_actor(batch).meta_info["metrics"]
+    assert_same_weights(weights_of(bypass), weights_of(vanilla))
+    assert metrics["pg_loss"] == pytest.approx(expected["pg_loss"], rel=1e-6)
+    # the update's first forward equals the pass's: no mismatch, each token mean exactly 0
+    assert metrics["rollout_corr/kl"] == [0.0] and metrics["rollout_corr/chi2_token"] == [0.0]
+
+
+def test_bypass_mode_rejection_leaves_the_rejected_tokens_out_of_the_loss(tiny_model_dir):
+    # old log-probs 0.1 above the actor's on every token: (0.1)^2 / 2 = 0.005 > 0.001 rejects them all
+    worker = bypass_worker(tiny_model_dir, CorrectionSettings.from_keys(rollout_rs="token_k2", rollout_rs_threshold=0.001))
+    batch = batch_for(worker)
+    batch.batch["old_log_probs"] = batch.batch["old_log_probs"] + 0.1
+    metrics = worker.update_actor(batch).meta_info["metrics"]
+    assert metrics["pg_loss"] == [0.0]
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == [pytest.approx(1.0)]
+    assert metrics["rollout_corr/kl"] == [pytest.approx(0.1, rel=1e-5)]  # mean of log pi_rollout - log pi_theta
