@@ -69,7 +69,7 @@ def _git_show(verl: pathlib.Path, path: str, ref: str = "HEAD") -> str:
 
 
 def _git_files(verl: pathlib.Path, pattern: str) -> list[str]:
-    out = subprocess.run(["git", "-C", str(verl), "grep", "-l", pattern, "HEAD", "--", "examples/*.sh"],
+    out = subprocess.run(["git", "-C", str(verl), "grep", "-l", "-E", pattern, "HEAD", "--", "examples/*.sh"],
                          capture_output=True, text=True).stdout
     return sorted(line.split(":", 1)[1] for line in out.splitlines())
 
@@ -239,7 +239,7 @@ exit 0
 
 
 def run_scripts(verl: pathlib.Path, show: bool, only: str | None) -> None:
-    scripts = [] if only == "sft" else _git_files(verl, "verl.trainer.main_ppo")
+    scripts = [] if only == "sft" else _git_files(verl, r"verl\.trainer\.main_ppo([^_a-zA-Z0-9]|$)")
     scripts += [] if only == "ppo" else [path for path in _git_files(verl, "sft_trainer") if path not in scripts]
     bin_dir = pathlib.Path(tempfile.mkdtemp(prefix="verl-shim-"))
     shim = SHIM.format(python=sys.executable, modules={**PPO_MODULES, **SFT_MODULES})

@@ -288,11 +288,6 @@ def _algorithm_errors(config: PPOTrainerConfig) -> list[str]:
     algorithm, rollout = config.algorithm, config.actor_rollout_ref.rollout
     errors = []
     estimator = algorithm.adv_estimator
-    if estimator in ADV_ESTIMATORS and "index" in estimator_inputs(estimator) and rollout.n < 2:
-        errors.append(
-            f"algorithm.adv_estimator={estimator!r} compares the samples of each prompt, but "
-            f"actor_rollout_ref.rollout.n={rollout.n}; set rollout.n>=2"
-        )
     if config.critic.enable is False and estimator in ADV_ESTIMATORS and needs_critic(estimator):
         errors.append(
             f"critic.enable=false but algorithm.adv_estimator={estimator!r} reads critic values; "
@@ -413,6 +408,13 @@ def derived_sizes(config: PPOTrainerConfig, steps: int | None = None) -> list[st
             micro.get("actor_rollout_ref.ref.log_prob_micro_batch_size"),
         ))
     lines.append(f"tokens per sample: <= {data.max_prompt_length} prompt + {data.max_response_length} response")
+    estimator = config.algorithm.adv_estimator
+    if n < 2 and estimator in ADV_ESTIMATORS and "index" in estimator_inputs(estimator):
+        # verl runs this too: a group of one sample has mean 0 and std 1, so its advantage is its score.
+        lines.append(
+            f"note: algorithm.adv_estimator={estimator!r} compares the samples of each prompt, but rollout.n=1: "
+            "each group is one sample and its advantage is its raw score (set rollout.n>=2 for group baselines)"
+        )
     if steps is not None:
         lines.append(f"training steps: {steps}")
     yes_no = {True: "yes", False: "no"}

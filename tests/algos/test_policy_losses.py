@@ -171,10 +171,11 @@ def test_masked_tokens_never_change_loss_or_metrics(seed, batch, length, name):
     noise = torch.randn(batch, length, generator=generator) * 5 * ~mask
     loss_fn = get_policy_loss_fn(name)
     torch.manual_seed(0)
-    clean = loss_fn(old_log_prob, log_prob, advantages, mask, config={}, rollout_is_weights=weights)
+    config = {"dro_beta": 0.5}  # only dro reads it, and dro needs one
+    clean = loss_fn(old_log_prob, log_prob, advantages, mask, config=config, rollout_is_weights=weights)
     torch.manual_seed(0)
     noisy = loss_fn(
-        old_log_prob - noise, log_prob + noise, advantages + noise, mask, config={},
+        old_log_prob - noise, log_prob + noise, advantages + noise, mask, config=config,
         rollout_is_weights=weights + noise.abs(),
     )
     torch.testing.assert_close(noisy[0], clean[0])
