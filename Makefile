@@ -25,7 +25,7 @@ demo: $(STAMP)
 	$(PY) -m hybridflow.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs --durations=25
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -x

@@ -11,7 +11,7 @@ from .sample_workers import ActorRole
 def test_keeps_class_and_arguments():
     spec = RayClassWithInitArgs(ActorRole, 2.0)
     assert (spec.cls, spec.args, spec.kwargs) == (ActorRole, (2.0,), {})
-    assert set(spec.registered_methods()) == {"pid", "whoami", "score", "sleep"}
+    assert set(spec.registered_methods()) == {"pid", "whoami", "score", "sleep", "sleep_span"}
 
 
 def test_unwraps_a_ray_remote_class():

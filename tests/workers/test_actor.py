@@ -300,15 +300,17 @@ def test_an_update_of_no_rows_still_steps_adamw_like_a_batch_of_zero_advantages(
 LOG_PROB_ATOL = 512 * 2**-24 * 8
 
 
-def count_forwards(monkeypatch, module) -> list[tuple[int, int]]:
-    """(rows, real tokens) of every ``log_prob_forward`` call made through ``module``."""
-    calls, original = [], module.log_prob_forward
+def count_forwards(monkeypatch, module, name="log_prob_forward") -> list[tuple[int, int]]:
+    """(rows, real tokens) of every call of ``module.<name>``: ``log_prob_forward`` (a DataProto) or the actor's
+    old-log-prob statistics, ``forward_token_statistics`` (its tensors)."""
+    calls, original = [], getattr(module, name)
 
-    def counting(model, data, *args, **kwargs):
-        calls.append((len(data), int(data.batch["attention_mask"].sum())))
-        return original(model, data, *args, **kwargs)
+    def counting(model, first, *args, **kwargs):
+        attention_mask = first.batch["attention_mask"] if name == "log_prob_forward" else args[0]
+        calls.append((len(first), int(attention_mask.sum())))
+        return original(model, first, *args, **kwargs)
 
-    monkeypatch.setattr(module, "log_prob_forward", counting)
+    monkeypatch.setattr(module, name, counting)
     return calls
 
 
@@ -326,7 +328,7 @@ def test_old_log_probs_take_the_rollout_micro_batching_and_do_not_depend_on_it(
 ):
     batch = rollout_batch(8, seed=0)
     batch.meta_info["temperature"] = 1.0
-    calls = count_forwards(monkeypatch, actor_module)
+    calls = count_forwards(monkeypatch, actor_module, "forward_token_statistics")
     # The actor's update micro-batch size plays no part: with no rollout size the rank's 8 rows go in one forward.
     whole = make_worker(
         tiny_model_dir, actor={"ppo_micro_batch_size_per_gpu": 1}, rollout={"log_prob_micro_batch_size_per_gpu": None}

@@ -121,5 +121,5 @@ def test_a_saved_adapter_reaches_the_engine_before_the_first_generation(tiny_mod
     actor_log_probs = worker.compute_log_prob(batch).batch["old_log_probs"]
     assert rollout.is_stale
     output = worker.generate_sequences(prompts_of(batch))
-    assert output.meta_info["timing_s/update_weights"] > 0
+    assert output.meta_info["metrics"]["timing_s/update_weights"] > 0
     torch.testing.assert_close(engine_log_probs(rollout, batch), actor_log_probs, rtol=0, atol=1e-5)
