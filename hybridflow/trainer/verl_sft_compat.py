@@ -20,14 +20,12 @@ from hybridflow.trainer.key_surface import Group, Rule, Surface
 from hybridflow.trainer.key_surface import alias as _alias
 from hybridflow.trainer.key_surface import lacks as _lacks
 from hybridflow.trainer.key_surface import unread as _unread
+from hybridflow.trainer.verl_compat import KERNELS, PROFILER, SEQUENCE_PARALLEL
+from hybridflow.trainer.verl_compat import FSDP1_KNOB as FSDP_KNOB
 
 SFT_COMPAT_YAML = pathlib.Path(__file__).parent / "config" / "verl_sft_compat.yaml"
 
 ENGINES = "a training engine other than FSDP2 (Megatron, Megatron Lite, VeOmni, TorchTitan, Automodel)"
-SEQUENCE_PARALLEL = "Ulysses sequence parallelism is not implemented: each rank holds whole sequences (same math)"
-KERNELS = "fused/Liger/tiled kernels are not used: hybridflow runs the model's own transformers modules (same math)"
-FSDP_KNOB = "an FSDP1/verl-engine tuning knob; hybridflow's FSDP2 engine has no such setting (same math)"
-PROFILER = "verl's profiler hooks (nsys, torch, npu) are not implemented; profile the workers with torch.profiler"
 
 SFT_RULES: tuple[Rule, ...] = (
     # Current and older names of schema keys.
