@@ -105,6 +105,9 @@ def _package_errors(config: PPOTrainerConfig) -> list[str]:
 
 def _device_errors(config: PPOTrainerConfig) -> list[str]:
     device, engine = config.trainer.device, config.actor_rollout_ref.rollout.name
+    if importlib.util.find_spec("torch_npu") is not None:
+        # verl finds Ascend NPUs without trainer.device=npu; here they would be passed over for the CPU.
+        return ["this machine has Ascend NPUs (torch_npu), which hybridflow does not support; it runs on CUDA GPUs or CPU"]
     if device == "cuda" and detected_device() != "cuda":
         return ["trainer.device=cuda but torch sees no GPU on this machine; use trainer.device=cpu (or leave it null)"]
     if device == "cpu" and engine in GPU_ONLY_ENGINES:

@@ -251,3 +251,13 @@ def test_verl_dapo_overlong_buffer_cfg_is_the_overlong_buffer(base):
     buffer = config.reward_model.overlong_buffer
     assert (buffer.enable, buffer.len, buffer.penalty_factor) == (True, 4, 0.5)
     assert "overlong_buffer_cfg" not in config.reward_model.reward_kwargs
+
+
+def test_an_ascend_machine_is_named_even_when_no_key_says_npu(base, tmp_path, monkeypatch):
+    # verl's NPU scripts leave trainer.device unset and let verl find the NPUs; hybridflow must not fall to CPU.
+    (tmp_path / "torch_npu").mkdir()
+    (tmp_path / "torch_npu" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as caught:
+        _check(base, check_environment=True)
+    assert any("Ascend NPUs (torch_npu)" in line for line in caught.value.errors)
