@@ -138,16 +138,11 @@ def test_memory_options_keep_the_update(tiny_model_dir, overrides):
     assert_same_one_step_update(other, reference, metrics, expected, batch, tiny_model_dir)
 
 
-@pytest.mark.slow
-def test_torch_compile_compiles_the_actor_and_keeps_its_log_probs(tiny_model_dir):
-    reference = make_worker(tiny_model_dir)
-    compiled = make_worker(tiny_model_dir, actor={"use_torch_compile": True})
-    assert compiled.parts["actor"].module._compiled_call_impl is not None
-    assert reference.parts["actor"].module._compiled_call_impl is None
-    batch = rollout_batch(6, seed=3)
-    expected = reference.compute_log_prob(batch).batch["old_log_probs"]
-    # Inductor fuses and reorders float32 sums over the hidden size: a few ulps of the log-probs' magnitude.
-    torch.testing.assert_close(compiled.compute_log_prob(batch).batch["old_log_probs"], expected, rtol=1e-5, atol=1e-5)
+def test_use_torch_compile_compiles_the_actor(tiny_model_dir):
+    # That a compiled model computes the same outputs is tests/models/test_training_options.py's (compiling
+    # costs tens of seconds on CPU); here, that the key reaches the actor's module.
+    assert make_worker(tiny_model_dir, actor={"use_torch_compile": True}).parts["actor"].module._compiled_call_impl
+    assert make_worker(tiny_model_dir).parts["actor"].module._compiled_call_impl is None
 
 
 def test_lora_actor_trains_only_the_adapter_and_its_reference_is_the_base_model(tiny_model_dir):
