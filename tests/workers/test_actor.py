@@ -139,8 +139,8 @@ def test_memory_options_keep_the_update(tiny_model_dir, overrides):
 
 
 def test_use_torch_compile_compiles_the_actor(tiny_model_dir):
-    # That a compiled model computes the same outputs is tests/models/test_training_options.py's (compiling
-    # costs tens of seconds on CPU); here, that the key reaches the actor's module.
+    # That compiling keeps a model's outputs is tests/models/test_training_options.py's (with dynamo's eager
+    # backend: inductor costs tens of seconds on CPU); here, that the key reaches the actor's module.
     assert make_worker(tiny_model_dir, actor={"use_torch_compile": True}).parts["actor"].module._compiled_call_impl
     assert make_worker(tiny_model_dir).parts["actor"].module._compiled_call_impl is None
 
