@@ -9,6 +9,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hybridflow"
 
 LAYER = {
     "registry": 0,
+    "errors": 0,
     "protocol": 0,
     "distributed": 0,
     "algos": 0,
