@@ -130,7 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     command = [sys.executable, "-m", "hybridflow.trainer.main_ppo", *overrides(args, model, train, val)]
     print("running:", shlex.join(command), flush=True)
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1")
-    subprocess.run(command, check=True, env=env, cwd=args.run_dir.parent)
+    run = subprocess.run(command, env=env, cwd=args.run_dir.parent)
+    if run.returncode != 0:
+        # main_ppo has printed its own one-line error; the demo adds where to look and ends with its code.
+        print(f"hybridflow: error: the demo's training run stopped (exit {run.returncode}); see the line above. "
+              f"The same command resumes from {args.run_dir}", file=sys.stderr)
+        sys.exit(run.returncode)
     print(summarize(args.run_dir, time.perf_counter() - start, args.algo, args.seed), flush=True)
 
 

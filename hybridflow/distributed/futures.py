@@ -23,7 +23,7 @@ def worker_error(group: str, rank: int, method: str, error: RayError) -> WorkerE
         return error.cause
     if isinstance(error, RayActorError):
         reason = f"the worker process died or was killed: {error}"
-        return WorkerError(group, rank, method, reason, type(error).__name__)
+        return WorkerError(group, rank, method, reason, type(error).__name__, str(error), process_died=True)
     return WorkerError(group, rank, method, str(error), type(error).__name__)
 
 

@@ -16,6 +16,7 @@ import ray
 
 from hybridflow.distributed.errors import WorkerError
 from hybridflow.distributed.worker import find_free_port
+from hybridflow.errors import HybridflowError
 
 
 class WorkerHost:
@@ -57,4 +58,7 @@ class WorkerHost:
             raise self._error(f"{role}.{method}" if role else method, error) from None
 
     def _error(self, method: str, error: BaseException) -> WorkerError:
-        return WorkerError(self._group_name, self._rank, method, traceback.format_exc(), type(error).__name__)
+        return WorkerError(
+            self._group_name, self._rank, method, traceback.format_exc(), type(error).__name__, str(error),
+            user_facing=isinstance(error, HybridflowError),
+        )

@@ -10,13 +10,13 @@ and an unknown key gets a close match, all before Hydra composes anything. Each 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import yaml
 
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.key_surface import Surface
-from hybridflow.trainer.validate import unknown_key_errors
+from hybridflow.trainer.validate import ConfigError, unknown_key_errors
 from hybridflow.trainer.verl_compat import PPO_SURFACE
 
 HYDRA_OPTION_PREFIXES = ("-", "~", "hydra.")
@@ -24,6 +24,7 @@ VERL_ONLY_CONFIGS = {"megatron": "the Megatron training engine", "veomni": "the 
 # "surface": check keys and values only, then exit; "full": also this machine's files, packages and
 # devices, then exit. Unset: check everything and run.
 CONFIG_CHECK_ENV = "HYBRIDFLOW_CONFIG_CHECK"
+T = TypeVar("T")
 
 
 def without_redundant_plus(args: list[str], surface: Surface = PPO_SURFACE) -> list[str]:
@@ -41,18 +42,25 @@ def without_served_groups(args: list[str], surface: Surface) -> list[str]:
 def override_errors(
     args: list[str], surface: Surface = PPO_SURFACE, schema: type = PPOTrainerConfig
 ) -> list[str]:
-    """Capabilities the overrides ask for that hybridflow lacks (alone, if any), else their unknown keys.
+    """What is wrong with the overrides before Hydra: the decisive errors alone if any, else the unknown keys."""
+    return decisive_override_errors(args, surface) or unknown_override_errors(args, surface, schema)
 
-    A verl config name or group choosing another engine (``engine=megatron``) is decisive: its line comes alone."""
-    lacks = _config_name_lacks(args) or _group_lacks(args, surface) or surface.lacks_lines(_override_values(args))
-    if lacks:
-        return lacks
+
+def decisive_override_errors(args: list[str], surface: Surface = PPO_SURFACE) -> list[str]:
+    """Arguments Hydra cannot parse, or capabilities they ask for that hybridflow lacks: the rest is moot then.
+
+    A verl config name or group choosing another engine (``engine=megatron``) comes alone."""
+    if syntax := hydra_syntax_errors(args):
+        return syntax
+    return _config_name_lacks(args) or _group_lacks(args, surface) or surface.lacks_lines(_override_values(args))
+
+
+def unknown_override_errors(
+    args: list[str], surface: Surface = PPO_SURFACE, schema: type = PPOTrainerConfig
+) -> list[str]:
+    """One line per key the schema does not have (with a close match)."""
     tree: dict = {}
-    for arg in args:
-        if "=" not in arg or arg.startswith(("+", *HYDRA_OPTION_PREFIXES)) or _group_choice(arg, surface):
-            continue
-        if surface.compat_key(_key(arg)) is not None:
-            continue
+    for arg in _plain_overrides(args, surface):
         *parents, leaf = _key(arg).split(".")
         node = tree
         for part in parents:
@@ -60,6 +68,61 @@ def override_errors(
         if isinstance(node, dict):
             node[leaf] = None
     return unknown_key_errors(tree, schema)
+
+
+def without_unknown_keys(args: list[str], surface: Surface = PPO_SURFACE, schema: type = PPOTrainerConfig) -> list[str]:
+    """The arguments less those setting an unknown key, so Hydra composes the rest and every problem shows at once."""
+    plain = set(_plain_overrides(args, surface))
+    return [arg for arg in args if arg not in plain or not unknown_override_errors([arg], surface, schema)]
+
+
+def _plain_overrides(args: list[str], surface: Surface) -> list[str]:
+    """``key=value`` arguments for keys of the schema (not Hydra options, ``+`` additions, groups or verl's keys)."""
+    return [
+        arg for arg in args
+        if "=" in arg and not arg.startswith(("+", *HYDRA_OPTION_PREFIXES)) and not _group_choice(arg, surface)
+        and surface.compat_key(_key(arg)) is None
+    ]
+
+
+def hydra_syntax_errors(args: list[str]) -> list[str]:
+    """One line per argument Hydra's override grammar cannot parse (Hydra itself would answer with a traceback)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser, errors = OverridesParser.create(), []
+    for arg in args:
+        if arg.startswith("-"):
+            continue
+        try:
+            parser.parse_overrides([arg])
+        except OverrideParseException as error:
+            reason = " ".join(str(error.message).split())
+            errors.append(f"{arg!r} is not a valid key=value override ({reason}); quote values with spaces or brackets")
+    return errors
+
+
+def hydra_arguments(argv: list[str], surface: Surface = PPO_SURFACE, schema: type = PPOTrainerConfig) -> tuple[list[str], list[str]]:
+    """``(arguments for Hydra, one line per unknown key)``; raises :class:`ConfigError` for a decisive mistake.
+
+    Unknown keys are left out of Hydra's arguments (it would refuse them alone) and reported together with the
+    composed config's own problems, so one run names every mistake."""
+    args = without_redundant_plus(argv, surface)
+    if errors := decisive_override_errors(args, surface):
+        raise ConfigError(errors)
+    unknown = unknown_override_errors(args, surface, schema)
+    return without_served_groups(without_unknown_keys(args, surface, schema), surface), unknown
+
+
+def checked_with(earlier_errors: list[str], load: Callable[[], T]) -> T:
+    """``load()``'s checked config, its problems reported together with ``earlier_errors`` (unknown keys)."""
+    try:
+        loaded = load()
+    except ConfigError as error:
+        raise ConfigError(earlier_errors + error.errors) from None
+    if earlier_errors:
+        raise ConfigError(earlier_errors)
+    return loaded
 
 
 def print_check_outcome(unread: list[str], check: str | None) -> None:

@@ -16,12 +16,11 @@ import hydra
 from omegaconf import DictConfig
 
 from hybridflow.rewards import build_reward_manager, check_data_sources, load_custom_reward_function
-from hybridflow.trainer.command_line import (
-    CONFIG_CHECK_ENV, override_errors, print_check_outcome, without_redundant_plus,
-)
+from hybridflow.trainer.command_line import CONFIG_CHECK_ENV, checked_with, hydra_arguments, print_check_outcome
 from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.error_boundary import WORKERS_STARTING, error_boundary
 from hybridflow.trainer.reward_options import reward_manager_options
-from hybridflow.trainer.validate import ConfigError, derived_sizes, load_config_with_notes
+from hybridflow.trainer.validate import derived_sizes, load_config_with_notes
 
 if TYPE_CHECKING:
     from hybridflow.trainer.ppo_trainer import RayPPOTrainer
@@ -94,6 +93,7 @@ def run_ppo(config: PPOTrainerConfig) -> None:
         print(f"[hybridflow] {line}")
     ray_kwargs = config.ray_kwargs
     ray_init = ray_kwargs.ray_init
+    print(WORKERS_STARTING, flush=True)
     init_local_ray(
         num_cpus=ray_init.num_cpus, num_gpus=ray_init.num_gpus, object_store_memory=ray_init.object_store_memory,
         temp_dir=ray_init.temp_dir, address=ray_init.address,
@@ -108,23 +108,30 @@ def run_ppo(config: PPOTrainerConfig) -> None:
         trainer.shutdown()
 
 
+# Set by cli(): unknown keys, left out of Hydra's arguments and reported with the config's own problems.
+UNKNOWN_KEYS: list[str] = []
+
+
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
-    check = os.environ.get(CONFIG_CHECK_ENV)
-    try:
-        config, unread = load_config_with_notes(cfg, check_environment=check != "surface")
-    except ConfigError as error:
-        print(error, file=sys.stderr)
-        sys.exit(2)
-    print_check_outcome(unread, check)
-    if check:
-        return
-    run_ppo(config)
+    with error_boundary("main_ppo"):
+        check = os.environ.get(CONFIG_CHECK_ENV)
+        config, unread = checked_with(
+            UNKNOWN_KEYS, lambda: load_config_with_notes(cfg, check_environment=check != "surface")
+        )
+        print_check_outcome(unread, check)
+        if check:
+            return
+        run_ppo(config)
+
+
+def cli(argv: list[str]) -> None:
+    """``python -m hybridflow.trainer.main_ppo <argv>``: verl's habits and whole-line mistakes first, then Hydra."""
+    with error_boundary("main_ppo"):
+        args, UNKNOWN_KEYS[:] = hydra_arguments(argv)
+    sys.argv[1:] = args
+    main()
 
 
 if __name__ == "__main__":
-    sys.argv[1:] = without_redundant_plus(sys.argv[1:])
-    if errors := override_errors(sys.argv[1:]):
-        print(ConfigError(errors), file=sys.stderr)
-        sys.exit(2)
-    main()
+    cli(sys.argv[1:])

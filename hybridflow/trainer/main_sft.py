@@ -27,11 +27,9 @@ from typing import TYPE_CHECKING
 import hydra
 from omegaconf import DictConfig
 
-from hybridflow.trainer.command_line import (
-    CONFIG_CHECK_ENV, override_errors, print_check_outcome, without_redundant_plus, without_served_groups,
-)
+from hybridflow.trainer.command_line import CONFIG_CHECK_ENV, checked_with, hydra_arguments, print_check_outcome
+from hybridflow.trainer.error_boundary import WORKERS_STARTING, error_boundary
 from hybridflow.trainer.sft_config import SFTTrainerConfig, load_sft_config_with_notes
-from hybridflow.trainer.validate import ConfigError
 from hybridflow.trainer.verl_sft_compat import SFT_SURFACE
 
 if TYPE_CHECKING:
@@ -88,6 +86,7 @@ def run_sft(config: SFTTrainerConfig) -> pathlib.Path:
 
     trainer = build_sft_trainer(config)
     ray_config = config.ray_init
+    print(WORKERS_STARTING, flush=True)
     init_local_ray(
         num_cpus=ray_config.num_cpus, num_gpus=ray_config.num_gpus, object_store_memory=ray_config.object_store_memory,
         temp_dir=ray_config.temp_dir, address=ray_config.address,
@@ -101,24 +100,30 @@ def run_sft(config: SFTTrainerConfig) -> pathlib.Path:
     return exported
 
 
+# Set by cli(): unknown keys, left out of Hydra's arguments and reported with the config's own problems.
+UNKNOWN_KEYS: list[str] = []
+
+
 @hydra.main(config_path="config", config_name="sft_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
-    check = os.environ.get(CONFIG_CHECK_ENV)
-    try:
-        config, unread = load_sft_config_with_notes(cfg, check_environment=check != "surface")
-    except ConfigError as error:
-        print(error, file=sys.stderr)
-        sys.exit(2)
-    print_check_outcome(unread, check)
-    if check:
-        return
-    run_sft(config)
+    with error_boundary("main_sft"):
+        check = os.environ.get(CONFIG_CHECK_ENV)
+        config, unread = checked_with(
+            UNKNOWN_KEYS, lambda: load_sft_config_with_notes(cfg, check_environment=check != "surface")
+        )
+        print_check_outcome(unread, check)
+        if check:
+            return
+        run_sft(config)
+
+
+def cli(argv: list[str]) -> None:
+    """``python -m hybridflow.trainer.main_sft <argv>``: verl's habits and whole-line mistakes first, then Hydra."""
+    with error_boundary("main_sft"):
+        args, UNKNOWN_KEYS[:] = hydra_arguments(argv, SFT_SURFACE, SFTTrainerConfig)
+    sys.argv[1:] = args
+    main()
 
 
 if __name__ == "__main__":
-    args = without_redundant_plus(sys.argv[1:], SFT_SURFACE)
-    if errors := override_errors(args, SFT_SURFACE, SFTTrainerConfig):
-        print(ConfigError(errors), file=sys.stderr)
-        sys.exit(2)
-    sys.argv[1:] = without_served_groups(args, SFT_SURFACE)
-    main()
+    cli(sys.argv[1:])

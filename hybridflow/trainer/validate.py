@@ -24,6 +24,7 @@ from hybridflow.algos.loss_agg import LOSS_AGG_MODES
 from hybridflow.algos.policy_loss_config import PolicyLossModeConfig, policy_loss_config_errors
 from hybridflow.algos.policy_loss_registry import POLICY_LOSSES
 from hybridflow.data.truncation import TRUNCATION_MODES
+from hybridflow.errors import HybridflowError
 from hybridflow.rewards import REWARD_MANAGERS
 from hybridflow.rollout.config import RolloutConfigError
 from hybridflow.trainer.batch_sizes import batch_size_errors, micro_batch_sizes, positive
@@ -44,13 +45,18 @@ ACTOR = "actor_rollout_ref.actor"
 POLICY_LOSS_MODE_KEYS = frozenset(field.name for field in dataclasses.fields(PolicyLossModeConfig))
 
 
-class ConfigError(ValueError):
+class ConfigError(HybridflowError, ValueError):
     """The config cannot run; ``errors`` holds one line per problem."""
+
+    exit_code = 2
 
     def __init__(self, errors: list[str]):
         self.errors = list(errors)
-        count = f"{len(self.errors)} problem{'s' if len(self.errors) != 1 else ''}"
-        super().__init__(f"invalid config ({count}):\n" + "\n".join(f"  - {error}" for error in self.errors))
+        if len(self.errors) == 1:
+            super().__init__(f"invalid config: {self.errors[0]}")
+        else:
+            lines = "\n".join(f"  - {error}" for error in self.errors)
+            super().__init__(f"invalid config ({len(self.errors)} problems):\n{lines}")
 
 
 def load_config(config: DictConfig | dict, check_environment: bool = True) -> PPOTrainerConfig:

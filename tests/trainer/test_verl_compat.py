@@ -220,8 +220,9 @@ def test_a_verl_style_line_through_the_entry_point_stops_after_the_check():
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert refused.returncode == 2
-    lines = [line for line in refused.stderr.splitlines() if line.strip().startswith("- ")]
-    assert len(lines) == 1 and "Megatron" in lines[0], refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hybridflow: error: invalid config: "), refused.stderr
+    assert "Megatron" in lines[0], refused.stderr
 
 
 def test_a_hub_id_is_checked_against_the_local_cache(base, tmp_path, monkeypatch):

@@ -246,5 +246,6 @@ def test_the_typed_config_of_a_verl_style_line():
 def test_an_other_engine_line_through_the_entry_point_is_refused_in_one_line():
     refused = _main_sft(_conversation_lora_line() + ["engine=megatron", "engine.tensor_model_parallel_size=4"])
     assert refused.returncode == 2
-    lines = [line for line in refused.stderr.splitlines() if line.strip().startswith("- ")]
-    assert len(lines) == 1 and "Megatron" in lines[0], refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hybridflow: error: invalid config: "), refused.stderr
+    assert "Megatron" in lines[0], refused.stderr
