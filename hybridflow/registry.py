@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Generic, Iterator, TypeVar
 
+from hybridflow.errors import HybridflowError
+
 T = TypeVar("T")
 
 
@@ -17,7 +19,7 @@ class DuplicateNameError(ValueError):
     """A name was registered twice in the same registry."""
 
 
-class UnknownNameError(ValueError):
+class UnknownNameError(HybridflowError, ValueError):
     """A name was looked up that nobody registered."""
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hybridflow.errors import HybridflowError
+
 
 class WorkerError(RuntimeError):
     """A method (or constructor) raised inside one rank of a worker group, or that rank's process died.
@@ -41,9 +43,9 @@ class WorkerError(RuntimeError):
         ))
 
 
-class WorkerTimeoutError(TimeoutError):
+class WorkerTimeoutError(HybridflowError, TimeoutError):
     """A group call did not finish within the caller's timeout; names the ranks still running."""
 
 
-class InsufficientResourcesError(RuntimeError):
+class InsufficientResourcesError(HybridflowError, RuntimeError):
     """A ResourcePool asks for more CPUs/GPUs than the Ray cluster has (or has free)."""

@@ -12,11 +12,13 @@ import os
 import pathlib
 from typing import Any
 
+from hybridflow.errors import HybridflowError
+
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 
 
-class LoraAdapterError(ValueError):
+class LoraAdapterError(HybridflowError, ValueError):
     """A folder given as a saved LoRA adapter is not one."""
 
 

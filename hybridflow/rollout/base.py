@@ -19,6 +19,7 @@ from typing import Any, Iterable
 
 import torch
 
+from hybridflow.errors import HybridflowError
 from hybridflow.protocol import DataProto
 from hybridflow.registry import Registry
 from hybridflow.rollout.agent_loop import AgentLoop
@@ -29,11 +30,11 @@ from hybridflow.rollout.sequences import build_requests, pack_outputs, prompt_to
 ROLLOUT_ENGINES: Registry[type["RolloutEngine"]] = Registry("rollout engine", "actor_rollout_ref.rollout.name")
 
 
-class MissingExtraError(ImportError):
+class MissingExtraError(HybridflowError, ImportError):
     """An optional engine was chosen whose package is not installed; the message names the extra to install."""
 
 
-class LoraAdapterUnsupportedError(TypeError):
+class LoraAdapterUnsupportedError(HybridflowError, TypeError):
     """A LoRA adapter was asked of an engine that can only take full (merged) weights."""
 
 

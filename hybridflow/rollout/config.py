@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
+from hybridflow.errors import HybridflowError
 from hybridflow.help_fields import option, section
 
 CONFIG_PREFIX = "actor_rollout_ref.rollout"
@@ -20,7 +21,7 @@ VLLM = ("vllm",)
 LORA_ADAPTER_ENGINES = frozenset({"hf"})
 
 
-class RolloutConfigError(ValueError):
+class RolloutConfigError(HybridflowError, ValueError):
     """One or more rollout config values are invalid; the message lists each key, its value and the fix."""
 
 

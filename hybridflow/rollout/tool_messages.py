@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybridflow.errors import HybridflowError
 
-class ChatTemplateError(ValueError):
+
+class ChatTemplateError(HybridflowError, ValueError):
     """The tokenizer's chat template cannot render tool messages after an assistant turn."""
 
 

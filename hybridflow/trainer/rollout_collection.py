@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridflow.errors import HybridflowError
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.phases import StepTimer, union_columns
@@ -27,7 +28,7 @@ class EndOfData(Exception):
     """The training prompts ran out (every epoch consumed) before the step's batch was complete."""
 
 
-class DynamicSamplingError(RuntimeError):
+class DynamicSamplingError(HybridflowError, RuntimeError):
     """Dynamic sampling could not fill the batch within its generation budget."""
 
 

@@ -17,6 +17,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hybridflow.errors import HybridflowError
 from hybridflow.registry import Registry
 from hybridflow.trainer import metric_names as names
 
@@ -27,7 +28,7 @@ GENERATION_COLUMNS = ("input", "output", "score")
 GenerationRow = tuple[str, str, float]
 
 
-class MissingExtraError(ImportError):
+class MissingExtraError(HybridflowError, ImportError):
     """A logger backend was chosen whose optional package is not installed."""
 
 
