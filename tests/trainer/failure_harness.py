@@ -39,6 +39,7 @@ def check_in_process(entry: str, argv: list[str], capsys, monkeypatch, tmp_path)
     """``python -m hybridflow.trainer.<entry> <argv>`` up to its config check, in this process (fast)."""
     monkeypatch.setenv(CONFIG_CHECK_ENV, "full")
     monkeypatch.setattr(sys, "argv", [entry])
+    tmp_path.mkdir(parents=True, exist_ok=True)
     monkeypatch.chdir(tmp_path)  # Hydra's output folder
     module = importlib.import_module(f"hybridflow.trainer.{entry}")
     capsys.readouterr()
