@@ -21,12 +21,13 @@ import torch
 
 from hybridflow.data.collate import collate_to_dataproto
 from hybridflow.data.truncation import TRUNCATION_MODES, truncate_prompt
+from hybridflow.errors import HybridflowError
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
 
-class DatasetError(ValueError):
+class DatasetError(HybridflowError, ValueError):
     """A data file, row or data option cannot be used; the message names the file, row and column."""
 
 

@@ -13,6 +13,8 @@ import pathlib
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
+from hybridflow.errors import HybridflowError
+
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -23,7 +25,7 @@ DTYPES = {
 }
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(HybridflowError, ValueError):
     """A model or tokenizer path or option that cannot be loaded; the message names the value and the fix."""
 
 

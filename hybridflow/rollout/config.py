@@ -16,6 +16,8 @@ from hybridflow.help_fields import option, section
 
 CONFIG_PREFIX = "actor_rollout_ref.rollout"
 VLLM = ("vllm",)
+# The engines ROLLOUT_ENGINES registers, named here so a config is checked without importing them (transformers).
+ENGINE_NAMES = ("hf", *VLLM)
 # Engines whose add_lora_adapter works (the others take merged full weights only); named here so the
 # config check needs no engine module. A test ties it to the engine classes.
 LORA_ADAPTER_ENGINES = frozenset({"hf"})

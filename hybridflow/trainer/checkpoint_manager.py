@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridflow.errors import HybridflowError
+
 LATEST_FILE = "latest"
 DRIVER_STATE_FILE = "driver_state.pt"
 STEP_DIR_PATTERN = re.compile(r"^global_step_(\d+)$")
@@ -33,7 +35,7 @@ ACTOR_DIR, CRITIC_DIR = "actor", "critic"
 ROLE_DIRS = (ACTOR_DIR, CRITIC_DIR)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(HybridflowError, RuntimeError):
     """A checkpoint to resume from is missing or incomplete."""
 
 

@@ -21,8 +21,8 @@ from hybridflow.trainer.verl_compat import PPO_SURFACE
 
 HYDRA_OPTION_PREFIXES = ("-", "~", "hydra.")
 VERL_ONLY_CONFIGS = {"megatron": "the Megatron training engine", "veomni": "the VeOmni training engine"}
-# "surface": check keys and values only, then exit; "full": also this machine's files, packages and
-# devices, then exit. Unset: check everything and run.
+# "surface": check keys and values only, then exit; "full": also this machine's files, packages and devices,
+# and read the data, tokenizer, reward function and tools as a run would before Ray, then exit. Unset: run.
 CONFIG_CHECK_ENV = "HYBRIDFLOW_CONFIG_CHECK"
 T = TypeVar("T")
 

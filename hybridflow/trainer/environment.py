@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.input_checks import model_folder_errors, parquet_errors, run_folder_errors
 from hybridflow.trainer.lora_options import adapter_errors
 from hybridflow.trainer.tracking import OPTIONAL_BACKEND_PACKAGES
 
@@ -31,6 +32,7 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
     """One line per file, cached model, package or device the run needs and this machine lacks."""
     model = config.actor_rollout_ref.model
     errors = model_errors("actor_rollout_ref.model.path", model.path)
+    errors += model_folder_errors("actor_rollout_ref.model.path", model.path)
     errors += adapter_errors(model)
     if model.tokenizer_path and not pathlib.Path(model.tokenizer_path).expanduser().is_dir():
         errors.append(
@@ -39,10 +41,14 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
         )
     if uses_critic:
         errors += model_errors("critic.model.path", config.critic.model.path)
+        errors += model_folder_errors("critic.model.path", config.critic.model.path)
     if config.reward_model.enable:
         errors += model_errors("reward_model.model.path", config.reward_model.model.path)
-    errors += data_file_errors("data.train_files", config.data.train_files)
-    errors += data_file_errors("data.val_files", config.data.val_files)
+        errors += model_folder_errors("reward_model.model.path", config.reward_model.model.path)
+    for key in ("train_files", "val_files"):
+        files = getattr(config.data, key)
+        errors += data_file_errors(f"data.{key}", files) + parquet_errors(f"data.{key}", files, config.data.prompt_key)
+    errors += run_folder_errors("trainer.default_local_dir", config.trainer.default_local_dir)
     reward_path = config.custom_reward_function.path
     if reward_path and not pathlib.Path(reward_path).expanduser().is_file():
         errors.append(

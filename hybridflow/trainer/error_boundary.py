@@ -17,13 +17,15 @@ import pathlib
 import sys
 import tempfile
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from hybridflow.distributed.errors import WorkerError
 from hybridflow.errors import HybridflowError, RunInterrupted
 from hybridflow.trainer.validate import ConfigError
 
 FULL_ERROR_ENV = "HYBRIDFLOW_FULL_ERROR"
+T = TypeVar("T")
 PREFIX = "hybridflow: error: "
 # Printed just before Ray and the workers start: a failure after it was not found by the config check.
 WORKERS_STARTING = "[hybridflow] starting Ray and the worker processes"
@@ -36,6 +38,16 @@ def user_message(error: BaseException) -> str | None:
     if isinstance(error, WorkerError) and (error.user_facing or error.process_died):
         return error.summary()
     return None
+
+
+def found_before_start(build: Callable[[], T]) -> T:
+    """``build()``: reading the run's inputs before Ray. An error it raises on purpose is a config error (exit 2)."""
+    try:
+        return build()
+    except ConfigError:
+        raise
+    except HybridflowError as error:
+        raise ConfigError([str(error)]) from error
 
 
 def exit_code(error: BaseException) -> int:

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from hybridflow.rewards import build_reward_manager, check_data_sources, load_custom_reward_function
 from hybridflow.trainer.command_line import CONFIG_CHECK_ENV, checked_with, hydra_arguments, print_check_outcome
 from hybridflow.trainer.config_schema import PPOTrainerConfig
-from hybridflow.trainer.error_boundary import WORKERS_STARTING, error_boundary
+from hybridflow.trainer.error_boundary import WORKERS_STARTING, error_boundary, found_before_start
 from hybridflow.trainer.reward_options import reward_manager_options
 from hybridflow.trainer.validate import derived_sizes, load_config_with_notes
 
@@ -83,12 +83,13 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     )
 
 
-def run_ppo(config: PPOTrainerConfig) -> None:
+def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> None:
+    """Start Ray and the workers and train; ``trainer`` is ``build_trainer(config)`` when already built."""
     import ray
 
     from hybridflow.distributed import init_local_ray
 
-    trainer = build_trainer(config)
+    trainer = trainer or build_trainer(config)
     for line in derived_sizes(config, steps=trainer.total_training_steps):
         print(f"[hybridflow] {line}")
     ray_kwargs = config.ray_kwargs
@@ -119,10 +120,12 @@ def main(cfg: DictConfig) -> None:
         config, unread = checked_with(
             UNKNOWN_KEYS, lambda: load_config_with_notes(cfg, check_environment=check != "surface")
         )
+        # The data, tokenizer, reward function and tools are read before Ray starts, also by the full check.
+        trainer = None if check == "surface" else found_before_start(lambda: build_trainer(config))
         print_check_outcome(unread, check)
         if check:
             return
-        run_ppo(config)
+        run_ppo(config, trainer)
 
 
 def cli(argv: list[str]) -> None:

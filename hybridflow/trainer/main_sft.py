@@ -28,7 +28,7 @@ import hydra
 from omegaconf import DictConfig
 
 from hybridflow.trainer.command_line import CONFIG_CHECK_ENV, checked_with, hydra_arguments, print_check_outcome
-from hybridflow.trainer.error_boundary import WORKERS_STARTING, error_boundary
+from hybridflow.trainer.error_boundary import WORKERS_STARTING, error_boundary, found_before_start
 from hybridflow.trainer.sft_config import SFTTrainerConfig, load_sft_config_with_notes
 from hybridflow.trainer.verl_sft_compat import SFT_SURFACE
 
@@ -80,11 +80,11 @@ def build_sft_trainer(config: SFTTrainerConfig) -> SFTTrainer:
     return trainer
 
 
-def run_sft(config: SFTTrainerConfig) -> pathlib.Path:
-    """Train and export; returns the Hugging Face folder of the fine-tuned model."""
+def run_sft(config: SFTTrainerConfig, trainer: SFTTrainer | None = None) -> pathlib.Path:
+    """Train and export; returns the Hugging Face folder of the fine-tuned model (``trainer``: already built)."""
     from hybridflow.distributed import init_local_ray
 
-    trainer = build_sft_trainer(config)
+    trainer = trainer or build_sft_trainer(config)
     ray_config = config.ray_init
     print(WORKERS_STARTING, flush=True)
     init_local_ray(
@@ -111,10 +111,12 @@ def main(cfg: DictConfig) -> None:
         config, unread = checked_with(
             UNKNOWN_KEYS, lambda: load_sft_config_with_notes(cfg, check_environment=check != "surface")
         )
+        # The data and tokenizer are read before Ray starts, also by the full check.
+        trainer = None if check == "surface" else found_before_start(lambda: build_sft_trainer(config))
         print_check_outcome(unread, check)
         if check:
             return
-        run_sft(config)
+        run_sft(config, trainer)
 
 
 def cli(argv: list[str]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import pathlib
 from typing import Any
 
@@ -26,7 +27,7 @@ from hybridflow.algos.policy_loss_registry import POLICY_LOSSES
 from hybridflow.data.truncation import TRUNCATION_MODES
 from hybridflow.errors import HybridflowError
 from hybridflow.rewards import REWARD_MANAGERS
-from hybridflow.rollout.config import RolloutConfigError
+from hybridflow.rollout.config import ENGINE_NAMES, RolloutConfigError
 from hybridflow.trainer.batch_sizes import batch_size_errors, micro_batch_sizes, positive
 from hybridflow.trainer.checkpoint_manager import RESUME_MODES
 from hybridflow.trainer.config_schema import PPOTrainerConfig
@@ -34,6 +35,7 @@ from hybridflow.trainer.estimator_options import estimator_option_errors
 from hybridflow.trainer.exact_skips import forced_skip_errors, skips_old_log_prob, skips_zero_signal_samples
 from hybridflow.trainer.lora_options import lora_errors
 from hybridflow.trainer.placement import PLACEMENTS
+from hybridflow.trainer.range_checks import range_errors
 from hybridflow.trainer.reward_options import reward_manager_errors
 from hybridflow.trainer.rollout_correction_options import rollout_correction_errors, uses_bypass
 from hybridflow.trainer.tracking import LOGGER_BACKENDS
@@ -208,6 +210,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + forced_skip_errors(config)
         + rollout_correction_errors(config)
         + lora_errors(config, uses_critic(config))
+        + range_errors(config)
     )
 
 
@@ -227,6 +230,7 @@ def _registry_errors(config: PPOTrainerConfig) -> list[str]:
         ("reward_model.reward_manager", config.reward_model.reward_manager, REWARD_MANAGERS),
         ("trainer.placement", config.trainer.placement, PLACEMENTS),
         ("data.truncation", config.data.truncation, TRUNCATION_MODES),
+        ("actor_rollout_ref.rollout.name", config.actor_rollout_ref.rollout.name, ENGINE_NAMES),
     ]
     errors = [_not_in(key, value, list(allowed)) for key, value, allowed in checks if value not in allowed]
     if config.trainer.device is not None and config.trainer.device not in DEVICES:
@@ -370,16 +374,26 @@ def _trainer_errors(config: PPOTrainerConfig) -> list[str]:
 def _resource_errors(config: PPOTrainerConfig) -> list[str]:
     """A local cluster too small for the worker processes would leave them pending forever."""
     trainer, ray_config = config.trainer, config.ray_kwargs.ray_init
-    if ray_config.address or ray_config.num_cpus is None or trainer.placement not in PLACEMENTS:
+    if ray_config.address or os.environ.get("RAY_ADDRESS") or trainer.placement not in PLACEMENTS:
         return []
+    if trainer.nnodes > 1:
+        return [
+            f"trainer.nnodes={trainer.nnodes} but no cluster is given, and a local Ray cluster has one node; start Ray "
+            "on each node and set ray_kwargs.ray_init.address (or RAY_ADDRESS), or set trainer.nnodes=1"
+        ]
     pools = 1 if trainer.placement == "colocated" else 1 + uses_critic(config) + config.reward_model.enable
     needed = pools * num_processes(config) * trainer.cpus_per_worker
-    if needed <= ray_config.num_cpus:
+    available, where = (
+        (ray_config.num_cpus, "ray_kwargs.ray_init.num_cpus") if ray_config.num_cpus is not None
+        else (os.cpu_count() or 1, "this machine's CPU count (ray_kwargs.ray_init.num_cpus is unset)")
+    )
+    if needed <= available:
         return []
     return [
         f"trainer.placement={trainer.placement} needs {needed:g} CPUs ({pools} pool(s) x {num_processes(config)} "
-        f"process(es) x trainer.cpus_per_worker={trainer.cpus_per_worker:g}) but ray_kwargs.ray_init.num_cpus="
-        f"{ray_config.num_cpus}; lower trainer.cpus_per_worker or raise ray_kwargs.ray_init.num_cpus"
+        f"process(es) of trainer.n_gpus_per_node x trainer.cpus_per_worker={trainer.cpus_per_worker:g}) but "
+        f"{where} is {available}; lower trainer.n_gpus_per_node or trainer.cpus_per_worker, or raise "
+        "ray_kwargs.ray_init.num_cpus"
     ]
 
 

@@ -207,7 +207,8 @@ CASES = {
     "run folder under a file": _run_folder_under_a_file,
     "negative learning rate": _values("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr"),
     "zero clip ratio": _values("actor_rollout_ref.actor.clip_ratio=0", "actor_rollout_ref.actor.clip_ratio"),
-    "zero temperature": _values("actor_rollout_ref.rollout.temperature=0", "actor_rollout_ref.rollout.temperature"),
+    "discount above 1": _values("algorithm.adv_estimator=gae", "algorithm.gamma=1.5", "algorithm.gamma"),
+    "negative temperature": _values("actor_rollout_ref.rollout.temperature=-1", "actor_rollout_ref.rollout.temperature"),
     "top_p above 1": _values("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p"),
     "misspelled engine": _values("actor_rollout_ref.rollout.name=hff", "hff"),
     "two nodes on a local cluster": _values("trainer.nnodes=2", "trainer.nnodes"),
@@ -222,7 +223,9 @@ CASES = {
 def test_a_broken_input_is_named_before_anything_starts(case, base, tiny_model_dir, tiny_parquet, capsys, monkeypatch, tmp_path):
     overrides, culprits = CASES[case](tiny_model_dir, tiny_parquet, tmp_path)
     error = assert_refused(_run(base, overrides, capsys, monkeypatch, tmp_path), *culprits)
-    assert error.startswith("invalid config: ") and "\n" not in error, error
+    lines = error.splitlines()
+    assert lines[0].startswith("invalid config: " if len(lines) == 1 else "invalid config ("), error
+    assert all(culprit in line for line in lines[1:] for culprit in culprits), error
 
 
 def test_a_vllm_engine_without_vllm_is_one_line(base, capsys, monkeypatch, tmp_path):

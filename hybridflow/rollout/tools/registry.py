@@ -20,13 +20,14 @@ from typing import Any
 
 import yaml
 
+from hybridflow.errors import HybridflowError
 from hybridflow.registry import Registry
 from hybridflow.rollout.tools.base import BaseTool
 
 TOOLS: Registry[type[BaseTool]] = Registry("tool", "actor_rollout_ref.rollout.multi_turn.tool_config_path")
 
 
-class ToolConfigError(ValueError):
+class ToolConfigError(HybridflowError, ValueError):
     """The tool YAML is malformed; the message names the file, the entry and the fix."""
 
 
@@ -34,8 +35,15 @@ def load_tools(tool_config_path: str | os.PathLike | None) -> dict[str, BaseTool
     """Instantiate every tool listed in the YAML file, by the name the model calls it with."""
     if tool_config_path is None:
         return {}
-    with open(tool_config_path) as handle:
-        document = yaml.safe_load(handle) or {}
+    key = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+    try:
+        with open(tool_config_path) as handle:
+            document = yaml.safe_load(handle) or {}
+    except OSError as error:
+        raise ToolConfigError(f"{key}={str(tool_config_path)!r} cannot be read ({error.strerror}); fix the path") from None
+    except yaml.YAMLError as error:
+        reason = " ".join(str(error).split())
+        raise ToolConfigError(f"{key}: {tool_config_path} is not valid YAML ({reason}); fix the file") from None
     entries = document.get("tools") if isinstance(document, dict) else None
     if not isinstance(entries, list):
         raise ToolConfigError(f"{tool_config_path}: expected a top-level 'tools:' list of tool entries")

@@ -1,0 +1,66 @@
+"""Numeric keys with a range outside which a run cannot mean anything (a negative learning rate, top_p > 1).
+
+One table, checked before anything starts; each value out of range is one line naming the key, the value and
+the range. Ranges follow the quantity's definition (and torch's optimizers, which refuse a negative lr). The
+rollout's sampling values are checked by ``RolloutConfig.validate``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+
+class Range(NamedTuple):
+    key: str
+    low: float | None = None
+    low_inclusive: bool = True
+    high: float | None = None
+    high_inclusive: bool = True
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = self.low is None or (value >= self.low if self.low_inclusive else value > self.low)
+        below = self.high is None or (value <= self.high if self.high_inclusive else value < self.high)
+        return above and below
+
+    def text(self) -> str:
+        low = "" if self.low is None else f"{self.low:g} {'<=' if self.low_inclusive else '<'} "
+        high = "" if self.high is None else f" {'<=' if self.high_inclusive else '<'} {self.high:g}"
+        return f"{low}{self.key.rsplit('.', 1)[-1]}{high}"
+
+
+RANGES = (
+    Range("actor_rollout_ref.actor.optim.lr", low=0),
+    Range("critic.optim.lr", low=0),
+    Range("actor_rollout_ref.actor.optim.weight_decay", low=0),
+    Range("critic.optim.weight_decay", low=0),
+    Range("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", low=0, high=1),
+    Range("actor_rollout_ref.actor.optim.min_lr_ratio", low=0, high=1),
+    Range("actor_rollout_ref.actor.grad_clip", low=0, low_inclusive=False),
+    Range("critic.grad_clip", low=0, low_inclusive=False),
+    Range("actor_rollout_ref.actor.kl_loss_coef", low=0),
+    Range("algorithm.kl_ctrl.kl_coef", low=0),
+    Range("algorithm.gamma", low=0, high=1),
+    Range("algorithm.lam", low=0, high=1),
+    Range("critic.cliprange_value", low=0, low_inclusive=False),
+    Range("actor_rollout_ref.actor.ppo_epochs", low=1),
+    Range("critic.ppo_epochs", low=1),
+)
+
+
+def range_errors(config: Any, ranges: tuple[Range, ...] = RANGES) -> list[str]:
+    """One line per key of ``ranges`` whose value in ``config`` (a dataclass tree) is out of its range."""
+    errors = []
+    for entry in ranges:
+        value = _value(config, entry.key)
+        if value is not None and not entry.holds(float(value)):
+            errors.append(f"{entry.key}={value} is out of range; it must satisfy {entry.text()}")
+    return errors
+
+
+def _value(config: Any, key: str) -> Any:
+    for part in key.split("."):
+        config = getattr(config, part)
+    return config
