@@ -87,7 +87,7 @@ def load_config_with_notes(
     if typed is not None:
         if check_environment:
             typed.trainer.device = typed.trainer.device or detected_device()
-            errors += environment_errors(typed, uses_critic(typed))
+            errors += environment_errors(typed, uses_critic(typed)) + machine_resource_errors(typed)
         errors += semantic_errors(typed)
     if errors:
         raise ConfigError(errors)
@@ -373,27 +373,37 @@ def _trainer_errors(config: PPOTrainerConfig) -> list[str]:
 
 def _resource_errors(config: PPOTrainerConfig) -> list[str]:
     """A local cluster too small for the worker processes would leave them pending forever."""
-    trainer, ray_config = config.trainer, config.ray_kwargs.ray_init
-    if ray_config.address or os.environ.get("RAY_ADDRESS") or trainer.placement not in PLACEMENTS:
+    num_cpus = config.ray_kwargs.ray_init.num_cpus
+    return [] if num_cpus is None else _cpu_shortfall(config, num_cpus, f"ray_kwargs.ray_init.num_cpus={num_cpus}")
+
+
+def machine_resource_errors(config: PPOTrainerConfig) -> list[str]:
+    """What a local cluster on this machine lacks: a second node, or CPUs when ``ray_init.num_cpus`` is unset."""
+    if config.ray_kwargs.ray_init.address or os.environ.get("RAY_ADDRESS"):
         return []
-    if trainer.nnodes > 1:
+    if config.trainer.nnodes > 1:
         return [
-            f"trainer.nnodes={trainer.nnodes} but no cluster is given, and a local Ray cluster has one node; start Ray "
-            "on each node and set ray_kwargs.ray_init.address (or RAY_ADDRESS), or set trainer.nnodes=1"
+            f"trainer.nnodes={config.trainer.nnodes} but no cluster is given, and a local Ray cluster has one node; "
+            "start Ray on each node and set ray_kwargs.ray_init.address (or RAY_ADDRESS), or set trainer.nnodes=1"
         ]
+    if config.ray_kwargs.ray_init.num_cpus is not None:
+        return []
+    cpus = os.cpu_count() or 1
+    return _cpu_shortfall(config, cpus, f"this machine has {cpus} (ray_kwargs.ray_init.num_cpus is unset)")
+
+
+def _cpu_shortfall(config: PPOTrainerConfig, available: float, source: str) -> list[str]:
+    trainer, ray_config = config.trainer, config.ray_kwargs.ray_init
+    if ray_config.address or trainer.placement not in PLACEMENTS:
+        return []
     pools = 1 if trainer.placement == "colocated" else 1 + uses_critic(config) + config.reward_model.enable
     needed = pools * num_processes(config) * trainer.cpus_per_worker
-    available, where = (
-        (ray_config.num_cpus, "ray_kwargs.ray_init.num_cpus") if ray_config.num_cpus is not None
-        else (os.cpu_count() or 1, "this machine's CPU count (ray_kwargs.ray_init.num_cpus is unset)")
-    )
     if needed <= available:
         return []
     return [
         f"trainer.placement={trainer.placement} needs {needed:g} CPUs ({pools} pool(s) x {num_processes(config)} "
-        f"process(es) of trainer.n_gpus_per_node x trainer.cpus_per_worker={trainer.cpus_per_worker:g}) but "
-        f"{where} is {available}; lower trainer.n_gpus_per_node or trainer.cpus_per_worker, or raise "
-        "ray_kwargs.ray_init.num_cpus"
+        f"process(es) x trainer.cpus_per_worker={trainer.cpus_per_worker:g}) but {source}; lower "
+        "trainer.n_gpus_per_node or trainer.cpus_per_worker, or raise ray_kwargs.ray_init.num_cpus"
     ]
 
 

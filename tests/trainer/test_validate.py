@@ -83,7 +83,7 @@ def test_batch_size_that_does_not_divide(base):
         "ppo_micro_batch_size_per_gpu=3 does not divide the 4 samples per rank",
     )
     _one_error(
-        base + ["trainer.n_gpus_per_node=3"],
+        base + ["trainer.n_gpus_per_node=3", "ray_init.num_cpus=3"],
         "do not split over 3 worker processes", "make it a multiple of 3",
     )
 
