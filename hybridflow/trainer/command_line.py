@@ -19,7 +19,7 @@ from hybridflow.trainer.key_surface import Surface
 from hybridflow.trainer.validate import ConfigError, unknown_key_errors
 from hybridflow.trainer.verl_compat import PPO_SURFACE
 
-HYDRA_OPTION_PREFIXES = ("-", "~", "hydra.")
+HYDRA_OPTION_PREFIXES = ("-", "~", "hydra.", "hydra/")
 VERL_ONLY_CONFIGS = {"megatron": "the Megatron training engine", "veomni": "the VeOmni training engine"}
 # "surface": check keys and values only, then exit; "full": also this machine's files, packages and devices,
 # and read the data, tokenizer, reward function and tools as a run would before Ray, then exit. Unset: run.
