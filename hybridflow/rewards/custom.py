@@ -18,8 +18,6 @@ from typing import Any, Callable
 
 from hybridflow.errors import HybridflowError
 
-# verl calls a custom reward function with these keywords (verl/workers/reward_manager/naive.py).
-VERL_SCORE_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
 
 class CustomRewardError(HybridflowError, ValueError):
@@ -48,25 +46,7 @@ def load_custom_reward_function(
         raise CustomRewardError(
             f"custom_reward_function.name={name!r} {problem} in {file}; functions defined there: {defined}"
         )
-    bound = functools.partial(function, **reward_kwargs) if reward_kwargs else function
-    _check_signature(bound, name, file)
-    return bound
-
-
-def _check_signature(function: Callable[..., Any], name: str, file: pathlib.Path) -> None:
-    """verl's keyword call must bind, or every sample would fail with the same TypeError."""
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):
-        return  # a builtin or C callable: nothing to check ahead of the call
-    try:
-        signature.bind(**dict.fromkeys(VERL_SCORE_ARGUMENTS))
-    except TypeError as error:
-        raise CustomRewardError(
-            f"custom_reward_function.name={name!r} in {file} has the signature {name}{signature}, which cannot take "
-            f"verl's call {name}({', '.join(f'{a}=...' for a in VERL_SCORE_ARGUMENTS)}) ({error}); "
-            "accept those keywords (or **kwargs)"
-        ) from None
+    return functools.partial(function, **reward_kwargs) if reward_kwargs else function
 
 
 def _import_file(file: pathlib.Path) -> Any:

@@ -8,7 +8,9 @@ already holds ``rm_scores`` (a reward model scored it), those are returned as th
 
 A scoring call that raises, returns something other than a number or a dict with ``"score"``, or runs past
 ``timeout_s`` gives its sample a score of 0 and is counted in ``reward/score_errors`` or
-``reward/score_timeouts``; the first failure of each batch is logged.
+``reward/score_timeouts``; the first failure of each batch is logged. When at least ``max_failed_share`` of a
+batch's samples failed (default 1.0: all of them), nothing could learn from it: :class:`RewardFunctionError`
+stops the run with the first failure.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import torch
 
+from hybridflow.errors import HybridflowError
 from hybridflow.registry import Registry
 from hybridflow.rewards.response_batch import ResponseBatch, read_response_batch, scores_on_last_token
 from hybridflow.rewards.scoring import check_data_sources, default_compute_score
@@ -35,6 +38,14 @@ SCORE_ERRORS_METRIC = "reward/score_errors"
 SCORE_TIMEOUTS_METRIC = "reward/score_timeouts"
 
 REWARD_MANAGERS: Registry[type] = Registry("reward manager", config_key="reward_model.reward_manager")
+
+
+class RewardCallError(HybridflowError, TypeError):
+    """The reward function cannot take the manager's call (checked when the manager is built)."""
+
+
+class RewardFunctionError(HybridflowError, RuntimeError):
+    """At least ``max_failed_share`` of a batch's scoring calls failed."""
 
 
 class RewardResult(NamedTuple):
@@ -79,15 +90,23 @@ class NaiveRewardManager:
         timeout_s: float | None = 30.0,
         max_workers: int = 4,
         reward_fn_key: str = "data_source",
+        max_failed_share: float = 1.0,
     ):
+        if not 0 < max_failed_share <= 1:
+            raise RewardCallError(f"reward_model.reward_kwargs.max_failed_share={max_failed_share} must be in (0, 1]")
+        self.max_failed_share = max_failed_share
         self.tokenizer = tokenizer
         self.uses_registered_scoring = compute_score is None
+        if compute_score is not None:
+            check_call(compute_score, self.CALL)
         self.compute_score = compute_score or self.registered_compute_score
         self.num_examine = num_examine
         self.reward_fn_key = reward_fn_key
         self.runner = TimedCallRunner(max_workers=max_workers, timeout_s=timeout_s)
 
     registered_compute_score = staticmethod(default_compute_score)
+    # How a sample is scored: compute_score(data_source, solution_str, ground_truth, extra_info), positionally.
+    CALL = ((None,) * 4, {})
 
     def __call__(self, data: DataProto) -> RewardResult:
         if "rm_scores" in data.batch.keys():
@@ -110,7 +129,17 @@ class NaiveRewardManager:
                 responses.data_sources, responses.solution_strs, responses.ground_truths, responses.extra_infos
             )
         ]
-        return _results_from_outcomes(self.runner.run(calls), responses.data_sources)
+        return self._results(self.runner.run(calls), responses.data_sources)
+
+    def _results(self, outcomes: list[CallOutcome], data_sources: list[str]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        results, metrics, first_failure = results_from_outcomes(outcomes, data_sources)
+        failed = metrics[SCORE_ERRORS_METRIC] + metrics[SCORE_TIMEOUTS_METRIC]
+        if outcomes and failed / len(outcomes) >= self.max_failed_share:
+            raise RewardFunctionError(
+                f"scoring failed for {failed:g} of {len(outcomes)} samples, at least reward_model.reward_kwargs."
+                f"max_failed_share={self.max_failed_share:g} of them; first: {first_failure}; fix the reward function"
+            )
+        return results, metrics
 
     def close(self) -> None:
         """Stop the idle scoring threads."""
@@ -126,9 +155,28 @@ class NaiveRewardManager:
                 print(f"[{source}] [response] {solution!r}\n[ground_truth] {truth!r} [score] {result}")
 
 
-def _results_from_outcomes(
+def check_call(compute_score: Callable[..., Any], call: tuple[tuple, dict]) -> None:
+    """The manager's call must bind to ``compute_score``'s signature, or every sample would fail alike."""
+    try:
+        signature = inspect.signature(compute_score)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable: nothing to check ahead of the call
+    args, kwargs = call
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as error:
+        shown = ", ".join([*(["_"] * len(args)), *(f"{key}=..." for key in kwargs)])
+        name = getattr(compute_score, "__name__", repr(compute_score))
+        raise RewardCallError(
+            f"the reward function {name}{signature} cannot be called as {name}({shown}) ({error}); "
+            "change its parameters to match (custom_reward_function.name names it)"
+        ) from None
+
+
+def results_from_outcomes(
     outcomes: list[CallOutcome], data_sources: list[str]
-) -> tuple[list[dict[str, Any]], dict[str, float]]:
+) -> tuple[list[dict[str, Any]], dict[str, float], str | None]:
+    """Each sample's score dict (0 where its call failed), the failure counters, and the first failure."""
     results, errors, timeouts, first_failure = [], 0, 0, None
     for outcome, source in zip(outcomes, data_sources):
         if outcome.status == "ok":
@@ -148,7 +196,7 @@ def _results_from_outcomes(
             len(outcomes),
             first_failure,
         )
-    return results, {SCORE_ERRORS_METRIC: float(errors), SCORE_TIMEOUTS_METRIC: float(timeouts)}
+    return results, {SCORE_ERRORS_METRIC: float(errors), SCORE_TIMEOUTS_METRIC: float(timeouts)}, first_failure
 
 
 def registered_batch_compute_score(
@@ -166,6 +214,7 @@ class BatchRewardManager(NaiveRewardManager):
     """
 
     registered_compute_score = staticmethod(registered_batch_compute_score)
+    CALL = ((), dict.fromkeys(("data_sources", "solution_strs", "ground_truths", "extra_infos")))
 
     def score(self, responses: ResponseBatch) -> tuple[list[dict[str, Any]], dict[str, float]]:
         call = functools.partial(
@@ -183,7 +232,7 @@ class BatchRewardManager(NaiveRewardManager):
             outcomes = [CallOutcome("ok", value) for value in outcome.value]
         else:
             outcomes = [outcome] * len(responses)
-        return _results_from_outcomes(outcomes, responses.data_sources)
+        return self._results(outcomes, responses.data_sources)
 
 
 def _is_sequence_of_length(value: Any, length: int) -> bool:
@@ -235,6 +284,7 @@ class DAPORewardManager(NaiveRewardManager):
         timeout_s: float | None = 30.0,
         max_workers: int = 4,
         reward_fn_key: str = "data_source",
+        max_failed_share: float = 1.0,
         *,
         max_resp_len: int | None = None,
         overlong_buffer_len: int | None = None,
@@ -243,7 +293,7 @@ class DAPORewardManager(NaiveRewardManager):
         error = None if overlong_buffer_len is None else overlong_buffer_error(max_resp_len, overlong_buffer_len)
         if error:
             raise ValueError(error)
-        super().__init__(tokenizer, compute_score, num_examine, timeout_s, max_workers, reward_fn_key)
+        super().__init__(tokenizer, compute_score, num_examine, timeout_s, max_workers, reward_fn_key, max_failed_share)
         self.max_resp_len = max_resp_len
         self.overlong_buffer_len = overlong_buffer_len
         self.overlong_penalty_factor = overlong_penalty_factor

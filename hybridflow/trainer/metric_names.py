@@ -71,6 +71,8 @@ ROLLOUT_CORR_PREFIX = ROLLOUT_CORRECTION_METRIC_PREFIX
 # Where the run is.
 GLOBAL_STEP = "training/global_step"
 EPOCH = "training/epoch"
+# Steps so far whose scores, loss or gradient norm were not finite (hybridflow.trainer.nonfinite); their updates were skipped.
+NONFINITE_STEPS = "training/nonfinite_steps"
 
 # DAPO dynamic sampling (arXiv 2503.14476): generation batches spent and groups kept for this step.
 NUM_GEN_BATCHES = "train/num_gen_batches"

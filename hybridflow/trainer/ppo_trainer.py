@@ -42,6 +42,7 @@ from hybridflow.trainer.metrics import (
     compute_throughput_metrics,
     compute_timing_metrics,
 )
+from hybridflow.trainer.nonfinite import NonFiniteGuard
 from hybridflow.trainer.perf import count_parameters, peak_flops_per_process
 from hybridflow.trainer.phases import (
     AdvantageEstimator,
@@ -108,6 +109,7 @@ class RayPPOTrainer:
             max_to_keep={ACTOR_DIR: trainer.max_actor_ckpt_to_keep, CRITIC_DIR: trainer.max_critic_ckpt_to_keep},
         )
         self.reward_shaping = KLInReward(config.algorithm) if config.algorithm.use_kl_in_reward else ScoresAsRewards()
+        self.nonfinite = NonFiniteGuard(config.trainer.max_nonfinite_steps)
         self.estimator = AdvantageEstimator(config.algorithm)
         self.bypass_mode = uses_bypass(config)
         if skips_zero_signal_samples(config):
@@ -218,6 +220,11 @@ class RayPPOTrainer:
                 with timer(names.PHASE_STEP):
                     # 1 rollout and 2 reward (dynamic sampling repeats both until enough groups vary)
                     batch, reward_metrics = self.collector.collect(self.prompts, timer, self.global_step)
+                    # Scores that are not finite would make every later phase NaN: the step trains nothing
+                    if not self.nonfinite.scores_are_finite(batch, self.global_step):
+                        last = self.global_step == self.total_training_steps
+                        self._end_step({**reward_metrics, **self.nonfinite.metrics()}, tracker, last)
+                        continue
                     # The samples phases 3-7 train on: all, or (exact_skips) those left once 5 has run
                     # early on the scores and the samples whose advantages are all 0 are dropped
                     train_batch = self.advantages.training_rows(batch, timer)
@@ -250,6 +257,8 @@ class RayPPOTrainer:
                     **reward_metrics, **balance_metrics, **adv_metrics, **critic_metrics, **actor_metrics,
                     **self._step_metrics(batch, train_batch, timer),
                 }
+                self.nonfinite.check_updates(metrics, self.global_step)
+                metrics.update(self.nonfinite.metrics())
                 for hook in self.hooks:
                     hook.after_step(self.global_step, batch, metrics)
                 self._end_step(metrics, tracker, last=self.global_step == self.total_training_steps)
@@ -354,6 +363,7 @@ class RayPPOTrainer:
             "rng": capture_rng_state(),
             "rollout_calls": self.generate.calls,
             "reward_shaping": self.reward_shaping.state_dict(),
+            "nonfinite": self.nonfinite.state_dict(),
         }
         self.checkpoints.save_driver_state(step_dir, state)
         self.checkpoints.mark_latest(self.global_step)
@@ -368,4 +378,5 @@ class RayPPOTrainer:
         restore_rng_state(state["rng"])
         self.generate.calls = state["rollout_calls"]
         self.reward_shaping.load_state_dict(state["reward_shaping"])
+        self.nonfinite.load_state_dict(state.get("nonfinite", {"steps": 0}))
 

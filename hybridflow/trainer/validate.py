@@ -345,6 +345,8 @@ def _trainer_errors(config: PPOTrainerConfig) -> list[str]:
     errors += positive("trainer.total_epochs", trainer.total_epochs)
     errors += positive("trainer.total_training_steps", trainer.total_training_steps)
     errors += positive("trainer.rollout_dump_freq", trainer.rollout_dump_freq)
+    if trainer.max_nonfinite_steps < 0:
+        errors.append(f"trainer.max_nonfinite_steps={trainer.max_nonfinite_steps} must be >= 0 (0: stop at the first)")
     for key in ("critic_warmup", "log_val_generations"):
         if getattr(trainer, key) < 0:
             errors.append(f"trainer.{key}={getattr(trainer, key)} must be >= 0 (0 turns it off)")

@@ -68,9 +68,16 @@ def test_a_missing_function_names_the_file_and_what_it_defines(user_file):
         load_custom_reward_function(user_file, "NOT_A_FUNCTION")
 
 
+def test_a_syntax_error_is_named_by_file_and_line(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("x = 1\ndef compute_score(:\n    return 1\n")
+    with pytest.raises(CustomRewardError, match=rf"{broken}:2 failed: SyntaxError"):
+        load_custom_reward_function(broken)
+
+
 def test_a_file_that_fails_to_import_is_reported(tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_real_module_xyz\n")
-    expected = r"importing custom_reward_function.path=.*broken.py.* failed: ModuleNotFoundError"
+    expected = r"importing custom_reward_function.path .*broken.py failed: ModuleNotFoundError"
     with pytest.raises(CustomRewardError, match=expected):
         load_custom_reward_function(broken)

@@ -12,6 +12,8 @@ from hybridflow.rewards.managers import (
     BatchRewardManager,
     DAPORewardManager,
     NaiveRewardManager,
+    RewardCallError,
+    RewardFunctionError,
     build_reward_manager,
     overlong_penalty,
 )
@@ -115,8 +117,33 @@ def test_batch_manager_makes_one_call_with_lists(tokenizer, managers):
 
 def test_batch_manager_counts_a_wrong_length_result_for_every_sample(tokenizer, managers):
     batch = rollout_batch(tokenizer, ["a", "b"], ["d"] * 2, ["a", "b"])
-    _, extra, metrics = managers("batch", tokenizer, lambda **lists: [1.0])(batch)
-    assert extra["score"] == [0.0, 0.0] and metrics[SCORE_ERRORS_METRIC] == 2.0
+    with pytest.raises(RewardFunctionError, match="scoring failed for 2 of 2 samples.*expected a list of 2 scores"):
+        managers("batch", tokenizer, lambda **lists: [1.0])(batch)
+
+
+def test_a_step_stops_once_the_failed_share_reaches_the_limit(tokenizer, managers):
+    """Below max_failed_share the failures score 0 and are counted; at it the run stops with the first one."""
+    batch = rollout_batch(tokenizer, ["a", "b", "c", "d"], ["d"] * 4, ["a"] * 4)
+
+    def half_fail(data_source, solution_str, ground_truth, extra_info):
+        if solution_str in ("a", "b"):
+            return 1.0
+        raise KeyError("no answer")
+
+    _, extra, metrics = managers("naive", tokenizer, half_fail, max_failed_share=0.75)(batch)
+    assert extra["score"] == [1.0, 1.0, 0.0, 0.0] and metrics[SCORE_ERRORS_METRIC] == 2.0
+    with pytest.raises(RewardFunctionError, match=r"2 of 4 samples.*max_failed_share=0.5.*KeyError: 'no answer'"):
+        managers("naive", tokenizer, half_fail, max_failed_share=0.5)(batch)
+
+
+@pytest.mark.parametrize("name, function", [
+    ("naive", lambda text: 1.0),
+    ("naive", lambda a, b, c, d, e: 1.0),
+    ("batch", lambda data_source, solution_str, ground_truth, extra_info: [1.0]),
+])
+def test_a_reward_function_that_cannot_take_the_managers_call_is_refused_when_built(tokenizer, managers, name, function):
+    with pytest.raises(RewardCallError, match="cannot be called as"):
+        managers(name, tokenizer, function)
 
 
 def test_batch_manager_defaults_to_the_registered_functions(tokenizer, managers):

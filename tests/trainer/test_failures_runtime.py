@@ -1,0 +1,31 @@
+"""Failures that appear only once a run is going, through the real command line in a subprocess: the run stops
+with one line naming the culprit and a non-zero exit, after the workers started, and leaves its metrics."""
+
+import pytest
+
+from hybridflow.trainer import metric_names as names
+from hybridflow.trainer.tracking import read_metrics
+
+from .failure_harness import assert_refused, run_subprocess
+from .helpers import tiny_run_overrides
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_nan_reward_is_skipped_counted_and_stops_the_run_past_the_limit(tiny_model_dir, tiny_parquet, tmp_path):
+    reward = tmp_path / "nan_reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return float('nan')\n")
+    run_dir = tmp_path / "run"
+    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir) + [
+        f"custom_reward_function.path={reward}", "trainer.total_training_steps=3", "trainer.save_freq=1",
+        "trainer.val_before_train=false", "trainer.max_nonfinite_steps=1",
+    ]
+    outcome = run_subprocess("main_ppo", overrides, cwd=tmp_path)
+    error = assert_refused(
+        outcome, "step 2: the reward of 8 of 8 samples is not finite", "trainer.max_nonfinite_steps=1", code=1,
+        workers_started=True,
+    )
+    assert "\n" not in error
+    steps = {record["step"]: record for record in read_metrics(run_dir)}
+    assert sorted(steps) == [1] and steps[1][names.NONFINITE_STEPS] == 1  # step 1 skipped and logged
+    assert not (run_dir / "global_step_2").exists()  # the stopping step is never checkpointed
