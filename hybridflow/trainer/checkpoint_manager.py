@@ -6,29 +6,42 @@ Layout under ``trainer.default_local_dir``::
         actor/              written by the actor workers (model, optimizer, scheduler, worker RNG)
         critic/             written by the critic workers, when there is a critic
         driver_state.pt     global step, data position, driver RNG, KL controller, rollout seed
+        manifest.json       every file above with its size and BLAKE2b checksum, written once they are all on disk
     latest                  "global_step_4": written last, atomically, once every part above is on disk
 
-A run killed mid-save leaves a folder without a ``latest`` pointing at it, so a resume ignores it.
+A run killed mid-save leaves a folder without a ``latest`` pointing at it, so a resume ignores it. Resume
+checks the manifest: when the latest checkpoint is damaged (a file missing, truncated or changed) or has no
+manifest, the run says which file and resumes from the newest intact one. A checkpoint that ``latest`` points
+at and that has no manifest at all was written before manifests existed and is trusted as before. A full disk
+while saving removes the partial folder and says so; ``latest`` keeps pointing at the previous checkpoint.
 ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` keep the newest N ``actor/`` / ``critic/``
 folders; a ``global_step_N`` folder left with neither is deleted.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
+import json
 import os
 import pathlib
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
+from hybridflow.distributed.errors import WorkerError
 from hybridflow.errors import HybridflowError
 
 LATEST_FILE = "latest"
 DRIVER_STATE_FILE = "driver_state.pt"
+MANIFEST_FILE = "manifest.json"
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 STEP_DIR_PATTERN = re.compile(r"^global_step_(\d+)$")
 RESUME_MODES = ("auto", "disable", "resume_path")
 ACTOR_DIR, CRITIC_DIR = "actor", "critic"
@@ -80,17 +93,26 @@ class CheckpointManager:
         return self.root_dir / step_dir_name(global_step)
 
     def latest_step_dir(self) -> pathlib.Path | None:
-        """The folder ``latest`` points at, or None when nothing was ever fully saved."""
+        """The newest intact checkpoint: the one ``latest`` points at, or, when that one is damaged, the newest
+        other whose manifest checks out (saying so); None when nothing was ever fully saved."""
         pointer = self.root_dir / LATEST_FILE
         if not pointer.exists():
             return None
         step_dir = self.root_dir / pointer.read_text().strip()
-        if not (step_dir / DRIVER_STATE_FILE).exists():
+        damage = checkpoint_damage(step_dir, legacy_ok=True)
+        if damage is None:
+            return step_dir
+        intact = next((path for path in reversed(self._step_dirs()) if path != step_dir
+                       and checkpoint_damage(path) is None), None)
+        if intact is None:
             raise CheckpointError(
-                f"{pointer} points at {step_dir}, which has no {DRIVER_STATE_FILE}; delete {pointer} "
-                "to start fresh or set trainer.resume_mode=<path of a complete global_step_N folder>"
+                f"{pointer} points at {step_dir.name}, which is damaged ({damage}), and no earlier checkpoint in "
+                f"{self.root_dir} is intact; set trainer.resume_mode=disable (or a new trainer.default_local_dir) "
+                "to start fresh"
             )
-        return step_dir
+        print(f"[hybridflow] warning: checkpoint {step_dir.name} is damaged ({damage}); resuming from {intact.name} instead",
+              flush=True)
+        return intact
 
     def resume_dir(self) -> pathlib.Path | None:
         """The checkpoint folder to resume from under the configured ``resume_mode``, or None."""
@@ -104,6 +126,11 @@ class CheckpointManager:
             raise CheckpointError(
                 f"trainer.resume_mode={self.resume_mode!r} asks to resume from {step_dir}, which has no "
                 f"{DRIVER_STATE_FILE}; point it at a global_step_N folder written by a previous run"
+            )
+        if (damage := checkpoint_damage(step_dir, legacy_ok=True)) is not None:
+            raise CheckpointError(
+                f"trainer.resume_mode={self.resume_mode!r} asks to resume from {step_dir}, which is damaged "
+                f"({damage}); point it at an intact global_step_N folder"
             )
         return step_dir
 
@@ -122,9 +149,28 @@ class CheckpointManager:
         # Our own file, holding numpy RNG state and sampler state, so not a weights-only load.
         return torch.load(step_dir / DRIVER_STATE_FILE, weights_only=False)
 
+    @contextlib.contextmanager
+    def saving(self, step_dir: pathlib.Path) -> Iterator[None]:
+        """Writing ``step_dir``: a full disk (here or in a worker) removes it and says so; ``latest`` is untouched."""
+        try:
+            yield
+        except (OSError, WorkerError) as error:
+            if not _disk_full(error):
+                raise
+            shutil.rmtree(step_dir, ignore_errors=True)
+            usage = shutil.disk_usage(self.root_dir)
+            latest = self.root_dir / LATEST_FILE
+            kept = latest.read_text().strip() if latest.exists() else "none (no checkpoint was saved before)"
+            raise CheckpointError(
+                f"disk full while writing checkpoint {step_dir} ({usage.free / 2**20:.0f} MiB free of "
+                f"{usage.total / 2**30:.1f} GiB); the previous checkpoint is kept: {kept}; free space (or lower "
+                "trainer.max_actor_ckpt_to_keep) and run the same command to resume"
+            ) from error
+
     def mark_latest(self, global_step: int) -> None:
-        """Point ``latest`` at this step (temp file + os.replace, so a reader never sees half a name),
-        then delete the oldest checkpoints beyond ``max_to_keep``."""
+        """Record the step's manifest, point ``latest`` at it (temp file + os.replace, so a reader never sees
+        half a name), then delete the oldest checkpoints beyond ``max_to_keep``."""
+        write_manifest(self.step_dir(global_step))
         pointer = self.root_dir / LATEST_FILE
         temporary = self.root_dir / f".{LATEST_FILE}.tmp"
         temporary.write_text(step_dir_name(global_step) + "\n")
@@ -155,3 +201,52 @@ class CheckpointManager:
             if path.is_dir() and (match := STEP_DIR_PATTERN.match(path.name))
         ]
         return [path for _, path in sorted(found)]
+
+
+def _disk_full(error: BaseException) -> bool:
+    if isinstance(error, OSError):
+        return error.errno in DISK_FULL
+    return any(os.strerror(code) in error.remote_traceback for code in DISK_FULL)
+
+
+def _checksum(path: pathlib.Path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(step_dir: pathlib.Path) -> None:
+    """``manifest.json``: each file of ``step_dir`` (relative path) with its size and checksum; written atomically."""
+    files = sorted(path for path in step_dir.rglob("*") if path.is_file() and path.name != MANIFEST_FILE)
+    manifest = {str(path.relative_to(step_dir)): [path.stat().st_size, _checksum(path)] for path in files}
+    temporary = step_dir / f".{MANIFEST_FILE}.tmp"
+    temporary.write_text(json.dumps(manifest, indent=0))
+    os.replace(temporary, step_dir / MANIFEST_FILE)
+
+
+def checkpoint_damage(step_dir: pathlib.Path, legacy_ok: bool = False) -> str | None:
+    """What is wrong with the checkpoint in ``step_dir`` (the first file that differs from its manifest), or None.
+
+    ``legacy_ok``: a folder with ``driver_state.pt`` but no manifest was written before manifests existed."""
+    manifest_file = step_dir / MANIFEST_FILE
+    if not step_dir.is_dir():
+        return f"{step_dir} does not exist"
+    if not manifest_file.is_file():
+        if legacy_ok and (step_dir / DRIVER_STATE_FILE).is_file():
+            return None
+        return f"{step_dir.name} has no {MANIFEST_FILE}: its save did not finish"
+    try:
+        manifest = json.loads(manifest_file.read_text())
+    except (OSError, ValueError) as error:
+        return f"{manifest_file} is unreadable ({error})"
+    for name, (size, checksum) in manifest.items():
+        path = step_dir / name
+        if not path.is_file():
+            return f"{step_dir.name}/{name} is missing"
+        if path.stat().st_size != size:
+            return f"{step_dir.name}/{name} has {path.stat().st_size} bytes, {size} recorded"
+        if _checksum(path) != checksum:
+            return f"{step_dir.name}/{name} differs from its recorded checksum"
+    return None

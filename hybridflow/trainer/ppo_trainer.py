@@ -355,6 +355,12 @@ class RayPPOTrainer:
     def save_checkpoint(self) -> None:
         """Workers' model/optimizer/scheduler/RNG, then the driver's state, then the ``latest`` pointer."""
         step_dir = self.checkpoints.prepare_step_dir(self.global_step)
+        with self.checkpoints.saving(step_dir):
+            self._save_parts(step_dir)
+        self.checkpoints.mark_latest(self.global_step)
+        self._saved_step = self.global_step
+
+    def _save_parts(self, step_dir: pathlib.Path) -> None:
         self.actor_rollout.save_checkpoint(str(step_dir / ACTOR_DIR), self.global_step)
         self.critic.save_checkpoint(str(step_dir / CRITIC_DIR), self.global_step)
         state = {
@@ -366,8 +372,6 @@ class RayPPOTrainer:
             "nonfinite": self.nonfinite.state_dict(),
         }
         self.checkpoints.save_driver_state(step_dir, state)
-        self.checkpoints.mark_latest(self.global_step)
-        self._saved_step = self.global_step
 
     def load_checkpoint(self, step_dir: pathlib.Path) -> None:
         self.actor_rollout.load_checkpoint(str(step_dir / ACTOR_DIR))
