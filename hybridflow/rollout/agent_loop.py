@@ -27,6 +27,7 @@ import numpy as np
 
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.config import MultiTurnConfig, SamplingParams
+from hybridflow.rollout.off_loop import run_off_loop
 from hybridflow.rollout.requests import FINISH_LENGTH, GenerationRequest
 from hybridflow.rollout.sequences import SampleOutput, prompt_token_lists, sample_seed
 from hybridflow.rollout.tool_messages import ToolMessageEncoder
@@ -182,7 +183,8 @@ class AgentLoop:
             return f"Error: unknown tool {call.name!r}; available tools: {sorted(self.tools)}"
         try:
             bound = tool.timeout + TOOL_TIMEOUT_GRACE_S
-            result = await asyncio.wait_for(tool.execute(trajectory.instance_id, call.arguments), timeout=bound)
+            # On a thread of its own: a tool that blocks (time.sleep, a blocking client) cannot stall the rollout.
+            result = await run_off_loop(tool.execute(trajectory.instance_id, call.arguments), bound, f"tool-{call.name}")
         except asyncio.TimeoutError:
             return f"Error: tool {call.name!r} did not answer within {tool.timeout:g} s"
         except Exception as error:  # noqa: BLE001 - a failing tool must not crash the rollout

@@ -75,6 +75,16 @@ class SlowTool(BaseTool):
         return ToolResult("too late")
 
 
+class BlockingTool(BaseTool):
+    """Blocks its thread, as a synchronous client inside ``execute`` would."""
+
+    name = "blocking"
+
+    async def execute(self, instance_id, arguments):
+        time.sleep(30)
+        return ToolResult("too late")
+
+
 class AnswerChecker(BaseTool):
     """Rewards a submitted answer equal to the sample's ground truth (from tools_kwargs.create_kwargs)."""
 
@@ -170,6 +180,17 @@ def test_tool_failures_unknown_tools_malformed_calls_and_slow_tools_become_tool_
     assert responses[2] == "Error: tool 'slow' did not answer within 0.2 s"
     assert responses[3] == "42"
     assert responses[4].startswith("Error: tool call 5 could not be parsed: invalid JSON")
+
+
+def test_a_tool_that_blocks_its_thread_times_out_at_its_limit(tokenizer):
+    """A blocking call used to stall the event loop, so its timeout never fired and the rollout hung."""
+    tools = {"blocking": BlockingTool({"timeout": 0.5}), **build_tools([{"name": "calculator"}])}
+    turn = call("blocking") + call("calculator", expression="6*7")
+    _, loop = _scripted(tokenizer, [turn, "done"], tools=tools, length=1024)
+    start = time.monotonic()
+    text = tokenizer.decode(_run(loop).response_ids)
+    assert time.monotonic() - start < 10  # the 0.5 s limit plus the 1 s grace, never the tool's 30 s
+    assert "Error: tool 'blocking' did not answer within 0.5 s" in text and "42" in text
 
 
 def test_tools_kwargs_reach_the_tools_and_rewards_come_back(tokenizer):
