@@ -67,7 +67,10 @@ def _import_file(file: pathlib.Path) -> Any:
         raise CustomRewardError(
             f"importing custom_reward_function.path {where} failed: {type(error).__name__}: {reason}; fix the file"
         ) from error
-    from ray import cloudpickle  # Ray's own copy is the one that pickles tasks and actor arguments
+    import cloudpickle
+    from ray import cloudpickle as ray_cloudpickle  # Ray's own copy pickles tasks and actor arguments
 
+    # By value: Ray workers and the scoring processes have no module of this name to import.
+    ray_cloudpickle.register_pickle_by_value(module)
     cloudpickle.register_pickle_by_value(module)
     return module

@@ -1,7 +1,8 @@
 """Reward managers: score a batch of rollouts and return ``token_level_scores`` [B, R].
 
-Picked by ``reward_model.reward_manager``: ``naive`` (one scoring call per sample), ``batch`` (one call with
-lists for the whole batch), ``dapo`` (naive plus DAPO's overlong penalty, arXiv 2503.14476). Every manager is
+Picked by ``reward_model.reward_manager``: ``naive`` (one scoring call per sample), ``prime`` (naive's calls in
+processes killed at their time limit), ``batch`` (one call with lists for the whole batch), ``dapo`` (naive plus
+DAPO's overlong penalty, arXiv 2503.14476). Every manager is
 called with a DataProto holding ``responses``, ``attention_mask`` (or ``response_mask``) and the non-tensor
 columns ``data_source``, ``reward_model`` and ``extra_info``, and returns a ``RewardResult``. When the batch
 already holds ``rm_scores`` (a reward model scored it), those are returned as they are, as in verl.
@@ -25,6 +26,7 @@ import torch
 
 from hybridflow.errors import HybridflowError
 from hybridflow.registry import Registry
+from hybridflow.rewards.process_calls import ProcessCallRunner
 from hybridflow.rewards.response_batch import ResponseBatch, read_response_batch, scores_on_last_token
 from hybridflow.rewards.scoring import check_data_sources, default_compute_score
 from hybridflow.rewards.timed_calls import CallOutcome, TimedCallRunner
@@ -102,11 +104,13 @@ class NaiveRewardManager:
         self.compute_score = compute_score or self.registered_compute_score
         self.num_examine = num_examine
         self.reward_fn_key = reward_fn_key
-        self.runner = TimedCallRunner(max_workers=max_workers, timeout_s=timeout_s)
+        self.runner = self.RUNNER(max_workers=max_workers, timeout_s=timeout_s)
 
     registered_compute_score = staticmethod(default_compute_score)
     # How a sample is scored: compute_score(data_source, solution_str, ground_truth, extra_info), positionally.
     CALL = ((None,) * 4, {})
+    # Where: on threads (a call past its limit is abandoned, not killed).
+    RUNNER: type = TimedCallRunner
 
     def __call__(self, data: DataProto) -> RewardResult:
         if "rm_scores" in data.batch.keys():
@@ -313,7 +317,30 @@ class DAPORewardManager(NaiveRewardManager):
         return results, metrics
 
 
+class PrimeRewardManager(NaiveRewardManager):
+    """verl's ``prime`` manager (the PRIME recipe's): naive's per-sample call, each in a process of a warm pool,
+    killed with everything it started when it runs past ``timeout_s`` (300 s, verl's limit). For scorers that
+    run untrusted code or can hang in C; a function with side effects keeps them in its process.
+    Differs from verl: the pool stays up between steps (verl starts and kills 64 processes every batch), and
+    ``max_workers`` (default 4) sets its size."""
+
+    RUNNER = ProcessCallRunner
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        compute_score: Callable[..., Any] | None = None,
+        num_examine: int = 0,
+        timeout_s: float | None = 300.0,
+        max_workers: int = 4,
+        reward_fn_key: str = "data_source",
+        max_failed_share: float = 1.0,
+    ):
+        super().__init__(tokenizer, compute_score, num_examine, timeout_s, max_workers, reward_fn_key, max_failed_share)
+
+
 REWARD_MANAGERS.add("naive", NaiveRewardManager)
+REWARD_MANAGERS.add("prime", PrimeRewardManager)
 REWARD_MANAGERS.add("batch", BatchRewardManager)
 REWARD_MANAGERS.add("dapo", DAPORewardManager)
 # verl's "gdpo" manager scores like "naive" and keeps every key of the scorer's dict, which GDPO's
