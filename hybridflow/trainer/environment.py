@@ -14,6 +14,7 @@ from typing import Any
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.input_checks import model_folder_errors, parquet_errors, run_folder_errors
 from hybridflow.trainer.lora_options import adapter_errors
+from hybridflow.trainer.resume_checks import resume_errors
 from hybridflow.trainer.tracking import OPTIONAL_BACKEND_PACKAGES
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -49,6 +50,7 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
         files = getattr(config.data, key)
         errors += data_file_errors(f"data.{key}", files) + parquet_errors(f"data.{key}", files, config.data.prompt_key)
     errors += run_folder_errors("trainer.default_local_dir", config.trainer.default_local_dir)
+    errors += resume_errors(config, uses_critic)
     reward_path = config.custom_reward_function.path
     if reward_path and not pathlib.Path(reward_path).expanduser().is_file():
         errors.append(
