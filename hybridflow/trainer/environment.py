@@ -46,9 +46,11 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
     if config.reward_model.enable:
         errors += model_errors("reward_model.model.path", config.reward_model.model.path)
         errors += model_folder_errors("reward_model.model.path", config.reward_model.model.path)
+    prompt_key = config.data.prompt_key
     for key in ("train_files", "val_files"):
         files = getattr(config.data, key)
-        errors += data_file_errors(f"data.{key}", files) + parquet_errors(f"data.{key}", files, config.data.prompt_key)
+        errors += data_file_errors(f"data.{key}", files)
+        errors += parquet_errors(f"data.{key}", files, lambda _: {"data.prompt_key": prompt_key}, chat_key=prompt_key)
     errors += run_folder_errors("trainer.default_local_dir", config.trainer.default_local_dir)
     errors += resume_errors(config, uses_critic)
     reward_path = config.custom_reward_function.path

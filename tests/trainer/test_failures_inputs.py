@@ -235,14 +235,33 @@ def test_a_vllm_engine_without_vllm_is_one_line(base, capsys, monkeypatch, tmp_p
     assert_refused(outcome, "actor_rollout_ref.rollout.name=vllm")
 
 
-def test_several_broken_inputs_are_named_together(base, tiny_model_dir, tiny_parquet, capsys, monkeypatch, tmp_path):
+def test_five_broken_inputs_are_named_together(base, tiny_model_dir, tiny_parquet, capsys, monkeypatch, tmp_path):
     folder = _model_copy(tiny_model_dir, tmp_path)
     _truncated_weights(folder)
     train = tmp_path / "train.parquet"
     _csv_renamed(train, [])
-    overrides = [f"actor_rollout_ref.model.path={folder}", f"data.train_files={train}", "actor_rollout_ref.actor.optim.lr=-1"]
-    error = assert_refused(_run(base, overrides, capsys, monkeypatch, tmp_path), "model.safetensors", str(train), "optim.lr")
-    assert error.startswith("invalid config (3 problems):"), error
+    [run_folder], _ = _run_folder_under_a_file(tiny_model_dir, tiny_parquet, tmp_path)
+    overrides = [f"actor_rollout_ref.model.path={folder}", f"data.train_files={train}", run_folder,
+                 "actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.rollout.name=hff"]
+    culprits = ["model.safetensors", str(train), "trainer.default_local_dir", "optim.lr", "hff"]
+    error = assert_refused(_run(base, overrides, capsys, monkeypatch, tmp_path), *culprits)
+    assert error.startswith("invalid config (5 problems):"), error
+
+
+def test_five_broken_sft_inputs_are_named_together(tiny_model_dir, tiny_parquet, capsys, monkeypatch, tmp_path):
+    from .test_sft import sft_overrides
+
+    folder = _model_copy(tiny_model_dir, tmp_path)
+    _truncated_weights(folder)
+    val = _csv_renamed(tmp_path / "val.parquet", [])
+    [run_folder], _ = _run_folder_under_a_file(tiny_model_dir, tiny_parquet, tmp_path)
+    overrides = sft_overrides(folder, tiny_parquet, tmp_path / "run", steps=2) + [
+        f"data.val_files={val}", "data.response_key=answer", "optim.lr=-1", run_folder,
+    ]
+    outcome = check_in_process("main_sft", overrides, capsys, monkeypatch, tmp_path / "cwd")
+    culprits = ["model.safetensors", str(val), "data.response_key='answer'", "optim.lr=-1", "trainer.default_local_dir"]
+    error = assert_refused(outcome, *culprits)
+    assert error.startswith("invalid config (5 problems):"), error
 
 
 def _installed(module: str) -> bool:
