@@ -84,6 +84,20 @@ def load_tokenizer(
     return tokenizer
 
 
+def check_vocabulary(tokenizer, tokenizer_dir: str, model_path: str, trust_remote_code: bool = False) -> None:
+    """Refuse a tokenizer with fewer than half as many tokens as the model has embedding rows: it is not the
+    model's (a folder that lost ``tokenizer.json`` loads a few special tokens, and every prompt becomes the
+    same few ids). Models pad their rows a little past the tokenizer, never to twice its size."""
+    config = load_model_config(model_path, trust_remote_code)
+    rows = getattr(config, "vocab_size", None) or getattr(config.get_text_config(), "vocab_size", None)
+    if rows and 2 * len(tokenizer) < rows:
+        raise ModelLoadError(
+            f"the tokenizer loaded from {tokenizer_dir} has {len(tokenizer)} tokens but the model {model_path} has "
+            f"vocab_size={rows}: it is not the model's tokenizer; copy the model's tokenizer files "
+            "(tokenizer.json, ...) there"
+        )
+
+
 def load_causal_lm(
     path: str | os.PathLike,
     dtype: str | torch.dtype = "float32",

@@ -7,6 +7,7 @@ machine for another (``HYBRIDFLOW_CONFIG_CHECK=surface``, as ``tools/verl_surfac
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import re
 from typing import Any
@@ -87,6 +88,18 @@ def model_errors(key: str, path: str) -> list[str]:
     ]
 
 
+def gpu_count_errors(n_gpus_per_node: int) -> list[str]:
+    """A local cluster with fewer GPUs than the workers ask for would leave them pending forever."""
+    import torch
+
+    if os.environ.get("RAY_ADDRESS") or n_gpus_per_node <= (count := torch.cuda.device_count()):
+        return []
+    return [
+        f"trainer.n_gpus_per_node={n_gpus_per_node} but this machine has {count} GPU(s); set "
+        f"trainer.n_gpus_per_node={count} (or join a cluster with ray_kwargs.ray_init.address)"
+    ]
+
+
 def logger_package_errors(loggers: list[str]) -> list[str]:
     """One line per ``trainer.logger`` backend whose package is not installed here."""
     errors = []
@@ -120,6 +133,8 @@ def _device_errors(config: PPOTrainerConfig) -> list[str]:
         return ["this machine has Ascend NPUs (torch_npu), which hybridflow does not support; it runs on CUDA GPUs or CPU"]
     if device == "cuda" and detected_device() != "cuda":
         return ["trainer.device=cuda but torch sees no GPU on this machine; use trainer.device=cpu (or leave it null)"]
+    if device == "cuda" and not config.ray_kwargs.ray_init.address:
+        return gpu_count_errors(config.trainer.n_gpus_per_node)
     if device == "cpu" and engine in GPU_ONLY_ENGINES:
         return [f"actor_rollout_ref.rollout.name={engine} runs on GPUs only, and trainer.device=cpu; use rollout.name=hf"]
     return []

@@ -27,7 +27,9 @@ from hybridflow.data.sft_dataset import SFT_PAD_MODES, SFT_TRUNCATION_MODES
 from hybridflow.help_fields import option, section
 from hybridflow.trainer.checkpoint_manager import RESUME_MODES
 from hybridflow.trainer.config_schema import RayInitConfig
-from hybridflow.trainer.environment import data_file_errors, detected_device, logger_package_errors, model_errors
+from hybridflow.trainer.environment import (
+    data_file_errors, detected_device, gpu_count_errors, logger_package_errors, model_errors,
+)
 from hybridflow.trainer.input_checks import model_folder_errors, parquet_errors, run_folder_errors
 from hybridflow.trainer.range_checks import SFT_RANGES, range_errors
 from hybridflow.trainer.tracking import LOGGER_BACKENDS
@@ -257,6 +259,8 @@ def sft_environment_errors(config: SFTTrainerConfig) -> list[str]:
     errors += logger_package_errors(config.trainer.logger)
     if config.trainer.device == "cuda" and detected_device() != "cuda":
         errors.append("trainer.device=cuda but torch sees no GPU on this machine; use trainer.device=cpu (or null)")
+    elif config.trainer.device == "cuda" and not config.ray_init.address:
+        errors += gpu_count_errors(config.trainer.n_gpus_per_node)
     return errors
 
 

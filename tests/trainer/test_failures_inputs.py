@@ -80,6 +80,13 @@ def _tokenizer_json_missing(folder):
     return folder
 
 
+def _vocabulary_four_times_the_tokenizer(folder):
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] *= 4  # a tokenizer from another model: far fewer tokens than the embedding rows
+    (folder / "config.json").write_text(json.dumps(config))
+    return f"vocab_size={config['vocab_size']}"
+
+
 def _data_case(break_it, key="data.train_files"):
     def case(tiny_model_dir, tiny_parquet, tmp_path):
         path = tmp_path / "train.parquet"
@@ -186,6 +193,7 @@ CASES = {
     "truncated safetensors": _model_case(_truncated_weights),
     "model folder without tokenizer files": _model_case(_no_tokenizer),
     "tokenizer.json missing, tokenizer_config.json kept": _model_case(_tokenizer_json_missing),
+    "tokenizer far smaller than the model's vocabulary": _model_case(_vocabulary_four_times_the_tokenizer),
     "CSV renamed .parquet": _data_case(_csv_renamed),
     "truncated parquet": _data_case(_truncated_parquet),
     "empty parquet": _data_case(_empty_parquet),

@@ -110,3 +110,19 @@ def test_the_sft_ranges_hold_for_its_defaults_and_catch_a_zero_clip():
     assert range_errors(config, SFT_RANGES) == []
     config.optim.clip_grad = 0
     assert range_errors(config, SFT_RANGES) == ["optim.clip_grad=0 is out of range; it must satisfy 0 < clip_grad"]
+
+
+def test_more_gpus_per_node_than_this_machine_has_is_refused_unless_a_cluster_is_joined(monkeypatch):
+    import torch
+
+    from hybridflow.trainer.environment import gpu_count_errors
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # this CPU machine has none to count
+    assert gpu_count_errors(2) == []
+    assert gpu_count_errors(8) == [
+        "trainer.n_gpus_per_node=8 but this machine has 2 GPU(s); set trainer.n_gpus_per_node=2 "
+        "(or join a cluster with ray_kwargs.ray_init.address)"
+    ]
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert gpu_count_errors(8) == []
