@@ -45,23 +45,23 @@ def resume_keys(config: PPOTrainerConfig, uses_critic: bool) -> dict[str, Any]:
 def resume_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
     """One line per saved value the resumed run would change, or why the checkpoint cannot be read."""
     trainer = config.trainer
-    if trainer.resume_mode == "disable":
-        return []
+    if trainer.resume_mode == "disable" or (trainer.resume_mode == "resume_path" and not trainer.resume_from_path):
+        return []  # nothing to resume from, or validate names the missing resume_from_path
     manager = CheckpointManager(trainer.default_local_dir, trainer.resume_mode, trainer.resume_from_path)
-    step_dir = None
     try:
         step_dir = manager.resume_dir()
-        state = None if step_dir is None else manager.load_driver_state(step_dir)
-    except CheckpointError as error:
-        return [str(error)]
+    except CheckpointError as error:  # a resume path without a checkpoint is validate's line already
+        return [str(error)] if trainer.resume_mode == "auto" else []
+    if step_dir is None:
+        return []
+    try:
+        state = manager.load_driver_state(step_dir)
     except Exception as error:  # torch.load of a damaged file raises whatever its unpickler meets
         reason = str(error).split(". ")[0]  # torch's zip errors go on for five sentences
         return [
             f"trainer.resume_mode={trainer.resume_mode}: {step_dir / DRIVER_STATE_FILE} cannot be read "
             f"({type(error).__name__}: {reason}); resume from another global_step_N folder, or {FIX}"
         ]
-    if state is None:
-        return []
     saved = _saved_keys(state)
     now = resume_keys(config, uses_critic)
     return [

@@ -3,6 +3,8 @@
 The checkpoint is a real one: the driver's own ``save_checkpoint`` (with in-process fake workers) writes it.
 """
 
+import shutil
+
 import pytest
 
 from hybridflow.trainer.checkpoint_manager import CheckpointManager
@@ -63,3 +65,9 @@ def test_an_unreadable_driver_state_is_one_line_naming_the_folder(saved, tmp_pat
     driver_state.write_bytes(driver_state.read_bytes()[:100])
     errors = config_errors(saved)
     assert len(errors) == 1 and f"{driver_state} cannot be read (RuntimeError: " in errors[0], errors
+
+
+def test_a_latest_pointer_to_a_deleted_checkpoint_is_one_line_before_start(saved, tmp_path):
+    shutil.rmtree(tmp_path / "run" / "global_step_1")
+    errors = config_errors(saved)
+    assert len(errors) == 1 and "global_step_1" in errors[0], errors
