@@ -12,6 +12,7 @@ import pathlib
 import re
 from typing import Any
 
+from hybridflow.rewards.custom import CustomRewardError, load_custom_reward_function
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.input_checks import model_folder_errors, parquet_errors, run_folder_errors
 from hybridflow.trainer.lora_options import adapter_errors
@@ -59,7 +60,19 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
         errors.append(
             f"custom_reward_function.path={reward_path!r} does not exist; point it at a .py file or set it to null"
         )
+    elif reward_path:
+        errors += reward_function_errors(config)
     return errors + _package_errors(config) + _device_errors(config)
+
+
+def reward_function_errors(config: PPOTrainerConfig) -> list[str]:
+    """The reward file imports, defines the function and takes verl's keyword call (build_trainer imports it again)."""
+    custom = config.custom_reward_function
+    try:
+        load_custom_reward_function(custom.path, custom.name, custom.reward_kwargs)
+    except CustomRewardError as error:
+        return [str(error)]
+    return []
 
 
 def data_file_errors(key: str, value: Any) -> list[str]:

@@ -243,17 +243,18 @@ def test_a_vllm_engine_without_vllm_is_one_line(base, capsys, monkeypatch, tmp_p
     assert_refused(outcome, "actor_rollout_ref.rollout.name=vllm")
 
 
-def test_five_broken_inputs_are_named_together(base, tiny_model_dir, tiny_parquet, capsys, monkeypatch, tmp_path):
+def test_six_broken_inputs_are_named_together(base, tiny_model_dir, tiny_parquet, capsys, monkeypatch, tmp_path):
     folder = _model_copy(tiny_model_dir, tmp_path)
     _truncated_weights(folder)
     train = tmp_path / "train.parquet"
     _csv_renamed(train, [])
     [run_folder], _ = _run_folder_under_a_file(tiny_model_dir, tiny_parquet, tmp_path)
+    reward_overrides, [reward] = _reward_case("def compute_score(text):\n    return 1.0\n")(None, None, tmp_path)
     overrides = [f"actor_rollout_ref.model.path={folder}", f"data.train_files={train}", run_folder,
-                 "actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.rollout.name=hff"]
-    culprits = ["model.safetensors", str(train), "trainer.default_local_dir", "optim.lr", "hff"]
+                 "actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.rollout.name=hff", *reward_overrides]
+    culprits = ["model.safetensors", str(train), "trainer.default_local_dir", "optim.lr", "hff", reward]
     error = assert_refused(_run(base, overrides, capsys, monkeypatch, tmp_path), *culprits)
-    assert error.startswith("invalid config (5 problems):"), error
+    assert error.startswith("invalid config (6 problems):"), error
 
 
 def test_five_broken_sft_inputs_are_named_together(tiny_model_dir, tiny_parquet, capsys, monkeypatch, tmp_path):
