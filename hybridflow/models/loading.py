@@ -81,7 +81,23 @@ def load_tokenizer(
         tokenizer.pad_token = tokenizer.eos_token
     if chat_template is not None:
         tokenizer.chat_template = chat_template
+        _check_template_syntax(tokenizer)
     return tokenizer
+
+
+def _check_template_syntax(tokenizer) -> None:
+    """Render a one-message conversation: a template that does not parse fails here, not at the first row."""
+    import jinja2
+
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    except jinja2.TemplateSyntaxError as error:
+        raise ModelLoadError(
+            f"model.custom_chat_template is not a valid Jinja template (line {error.lineno}: {error.message}); "
+            "fix it, or set it to null to use the tokenizer's own"
+        ) from None
+    except jinja2.TemplateError:
+        return  # it parses; it only refuses this probe conversation (e.g. one that needs a system turn)
 
 
 def check_vocabulary(tokenizer, tokenizer_dir: str, model_path: str, trust_remote_code: bool = False) -> None:

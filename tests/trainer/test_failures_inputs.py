@@ -204,6 +204,9 @@ CASES = {
     "every prompt too long": _every_prompt_too_long(filtered=False),
     "every prompt too long, filtered": _every_prompt_too_long(filtered=True),
     "fewer prompts than a batch": _values("data.train_max_samples=2", "data.train_batch_size"),
+    "chat template that is not Jinja": _values(
+        "actor_rollout_ref.model.custom_chat_template='{% if %}'", "model.custom_chat_template"
+    ),
     "data_source without a scorer": _unscored_data_source,
     "reward file with a syntax error": _reward_case("def compute_score(:\n    return 1\n", culprit="{path}:1"),
     "reward file without the function": _reward_case("def other(**kwargs):\n    return 1.0\n", culprit="compute_score"),
