@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Sized
 
 import numpy as np
 
+from hybridflow.data.rl_dataset import DatasetError
 from hybridflow.protocol import DataProto
 
 
@@ -50,7 +51,7 @@ class StatefulDataLoader:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
         if drop_last and batch_size > len(dataset):
-            raise ValueError(
+            raise DatasetError(
                 f"batch_size={batch_size} is larger than the dataset ({len(dataset)} prompts after filtering), "
                 f"so drop_last leaves no batch; lower data.train_batch_size or add prompts"
             )
@@ -97,7 +98,7 @@ class StatefulDataLoader:
             if state.get(key) != current[key]
         ]
         if changed:
-            raise ValueError(
+            raise DatasetError(
                 f"the data loader state does not match this loader ({'; '.join(changed)}); resuming would "
                 f"replay different batches; restore the original data settings or start a fresh run"
             )

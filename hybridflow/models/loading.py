@@ -81,7 +81,37 @@ def load_tokenizer(
         tokenizer.pad_token = tokenizer.eos_token
     if chat_template is not None:
         tokenizer.chat_template = chat_template
+        _check_template_syntax(tokenizer)
     return tokenizer
+
+
+def _check_template_syntax(tokenizer) -> None:
+    """Render a one-message conversation: a template that does not parse fails here, not at the first row."""
+    import jinja2
+
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    except jinja2.TemplateSyntaxError as error:
+        raise ModelLoadError(
+            f"model.custom_chat_template is not a valid Jinja template (line {error.lineno}: {error.message}); "
+            "fix it, or set it to null to use the tokenizer's own"
+        ) from None
+    except jinja2.TemplateError:
+        return  # it parses; it only refuses this probe conversation (e.g. one that needs a system turn)
+
+
+def check_vocabulary(tokenizer, tokenizer_dir: str, model_path: str, trust_remote_code: bool = False) -> None:
+    """Refuse a tokenizer with fewer than half as many tokens as the model has embedding rows: it is not the
+    model's (a folder that lost ``tokenizer.json`` loads a few special tokens, and every prompt becomes the
+    same few ids). Models pad their rows a little past the tokenizer, never to twice its size."""
+    config = load_model_config(model_path, trust_remote_code)
+    rows = getattr(config, "vocab_size", None) or getattr(config.get_text_config(), "vocab_size", None)
+    if rows and 2 * len(tokenizer) < rows:
+        raise ModelLoadError(
+            f"the tokenizer loaded from {tokenizer_dir} has {len(tokenizer)} tokens but the model {model_path} has "
+            f"vocab_size={rows}: it is not the model's tokenizer; copy the model's tokenizer files "
+            "(tokenizer.json, ...) there"
+        )
 
 
 def load_causal_lm(

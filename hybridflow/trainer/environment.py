@@ -7,13 +7,17 @@ machine for another (``HYBRIDFLOW_CONFIG_CHECK=surface``, as ``tools/verl_surfac
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import re
 from typing import Any
 
+from hybridflow.rewards.custom import CustomRewardError, load_custom_reward_function
+from hybridflow.rewards.managers import REWARD_MANAGERS, RewardCallError, check_call
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.input_checks import model_folder_errors, parquet_errors, run_folder_errors
 from hybridflow.trainer.lora_options import adapter_errors
+from hybridflow.trainer.resume_checks import resume_errors
 from hybridflow.trainer.tracking import OPTIONAL_BACKEND_PACKAGES
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -45,16 +49,34 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
     if config.reward_model.enable:
         errors += model_errors("reward_model.model.path", config.reward_model.model.path)
         errors += model_folder_errors("reward_model.model.path", config.reward_model.model.path)
+    prompt_key = config.data.prompt_key
     for key in ("train_files", "val_files"):
         files = getattr(config.data, key)
-        errors += data_file_errors(f"data.{key}", files) + parquet_errors(f"data.{key}", files, config.data.prompt_key)
+        errors += data_file_errors(f"data.{key}", files)
+        errors += parquet_errors(f"data.{key}", files, lambda _: {"data.prompt_key": prompt_key}, chat_key=prompt_key)
     errors += run_folder_errors("trainer.default_local_dir", config.trainer.default_local_dir)
+    errors += resume_errors(config, uses_critic)
     reward_path = config.custom_reward_function.path
     if reward_path and not pathlib.Path(reward_path).expanduser().is_file():
         errors.append(
             f"custom_reward_function.path={reward_path!r} does not exist; point it at a .py file or set it to null"
         )
+    elif reward_path:
+        errors += reward_function_errors(config)
     return errors + _package_errors(config) + _device_errors(config)
+
+
+def reward_function_errors(config: PPOTrainerConfig) -> list[str]:
+    """The reward file imports, defines the function, and the function takes the reward manager's call
+    (build_trainer imports it again)."""
+    custom, manager = config.custom_reward_function, config.reward_model.reward_manager
+    try:
+        function = load_custom_reward_function(custom.path, custom.name, custom.reward_kwargs)
+        if manager in REWARD_MANAGERS:
+            check_call(function, REWARD_MANAGERS.get(manager).CALL)
+    except (CustomRewardError, RewardCallError) as error:
+        return [str(error)]
+    return []
 
 
 def data_file_errors(key: str, value: Any) -> list[str]:
@@ -80,6 +102,18 @@ def model_errors(key: str, path: str) -> list[str]:
     return [
         f"{key}={path!r} is a hub id that is not in the local Hugging Face cache; run `hf download {path}` "
         "where there is network (or point it at a local model folder)"
+    ]
+
+
+def gpu_count_errors(n_gpus_per_node: int) -> list[str]:
+    """A local cluster with fewer GPUs than the workers ask for would leave them pending forever."""
+    import torch
+
+    if os.environ.get("RAY_ADDRESS") or n_gpus_per_node <= (count := torch.cuda.device_count()):
+        return []
+    return [
+        f"trainer.n_gpus_per_node={n_gpus_per_node} but this machine has {count} GPU(s); set "
+        f"trainer.n_gpus_per_node={count} (or join a cluster with ray_kwargs.ray_init.address)"
     ]
 
 
@@ -116,6 +150,8 @@ def _device_errors(config: PPOTrainerConfig) -> list[str]:
         return ["this machine has Ascend NPUs (torch_npu), which hybridflow does not support; it runs on CUDA GPUs or CPU"]
     if device == "cuda" and detected_device() != "cuda":
         return ["trainer.device=cuda but torch sees no GPU on this machine; use trainer.device=cpu (or leave it null)"]
+    if device == "cuda" and not config.ray_kwargs.ray_init.address:
+        return gpu_count_errors(config.trainer.n_gpus_per_node)
     if device == "cpu" and engine in GPU_ONLY_ENGINES:
         return [f"actor_rollout_ref.rollout.name={engine} runs on GPUs only, and trainer.device=cpu; use rollout.name=hf"]
     return []

@@ -11,7 +11,7 @@ import json
 import os
 import pathlib
 import struct
-from typing import Any
+from typing import Any, Callable
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
 ROWS_LOOKED_AT = 8
@@ -82,16 +82,24 @@ def tokenizer_file_errors(key: str, folder: pathlib.Path) -> list[str]:
     return [f"{key}: {folder} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); copy the model's tokenizer there"]
 
 
-def parquet_errors(key: str, files: Any, prompt_key: str) -> list[str]:
-    """Each existing file of ``key`` readable as parquet, not empty, with ``prompt_key`` holding chat messages."""
+Columns = Callable[[list[str]], dict[str, str]]
+
+
+def parquet_errors(key: str, files: Any, columns: Columns, chat_key: str | None = None) -> list[str]:
+    """Each existing file of ``key`` readable as parquet, not empty, with the columns it needs.
+
+    ``columns(names)``: the config key -> column name pairs a file with the columns ``names`` must have (what a
+    file needs can depend on what it has, as for SFT's multi-turn rows). ``chat_key``: a column whose first rows
+    must be chat messages.
+    """
     if files is None or files == "":
         return []
     names = [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
     return [error for name in names if pathlib.Path(name).expanduser().is_file()
-            for error in _parquet_file_errors(key, pathlib.Path(name).expanduser(), prompt_key)]
+            for error in _parquet_file_errors(key, pathlib.Path(name).expanduser(), columns, chat_key)]
 
 
-def _parquet_file_errors(key: str, path: pathlib.Path, prompt_key: str) -> list[str]:
+def _parquet_file_errors(key: str, path: pathlib.Path, columns: Columns, chat_key: str | None) -> list[str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -101,26 +109,31 @@ def _parquet_file_errors(key: str, path: pathlib.Path, prompt_key: str) -> list[
         return [f"{key}: {path} is not a readable parquet file ({error}); regenerate it (verl's preprocessing scripts write parquet)"]
     if parquet.metadata.num_rows == 0:
         return [f"{key}: {path} has no rows; regenerate it"]
-    columns = parquet.schema_arrow.names
-    if prompt_key not in columns:
-        return [f"data.prompt_key={prompt_key!r} is not a column of {path} (columns: {columns}); set data.prompt_key"]
+    names = parquet.schema_arrow.names
+    missing = [(option, column) for option, column in columns(names).items() if column not in names]
+    if missing:
+        return [f"{option}={column!r} is not a column of {path} (columns: {names}); set {option}" for option, column in missing]
+    if chat_key is None:
+        return []
     try:
-        first = next(parquet.iter_batches(batch_size=ROWS_LOOKED_AT, columns=[prompt_key])).column(0).to_pylist()
+        first = next(parquet.iter_batches(batch_size=ROWS_LOOKED_AT, columns=[chat_key])).column(0).to_pylist()
     except (pa.ArrowException, OSError, StopIteration) as error:
         return [f"{key}: {path} cannot be read ({error}); regenerate it"]
     for row, prompt in enumerate(first):
         if not _is_chat(prompt):
             found = type(prompt).__name__
             return [
-                f"{key}: {path} row {row}: {prompt_key!r} is a {found}, not a list of {{'role', 'content'}} messages; "
+                f"{key}: {path} row {row}: {chat_key!r} is a {found}, not a list of {{'role', 'content'}} messages; "
                 "write prompts as chat messages (verl's schema)"
             ]
     return []
 
 
 def _is_chat(prompt: Any) -> bool:
+    # parquet gives every struct in a column the same fields, so a missing role or content reads as None.
     return isinstance(prompt, list) and bool(prompt) and all(
-        isinstance(message, dict) and "role" in message and "content" in message for message in prompt
+        isinstance(message, dict) and isinstance(message.get("role"), str) and message.get("content") is not None
+        for message in prompt
     )
 
 

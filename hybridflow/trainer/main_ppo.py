@@ -41,7 +41,7 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     # Imported once the config is known to be good: they load transformers, tensordict and Ray (seconds).
     from hybridflow.data.rl_dataset import RLDataset
     from hybridflow.data.sampler import StatefulDataLoader
-    from hybridflow.models.loading import load_tokenizer
+    from hybridflow.models.loading import check_vocabulary, load_tokenizer
     from hybridflow.trainer.ppo_trainer import RayPPOTrainer
 
     data, model = config.data, config.actor_rollout_ref.model
@@ -49,6 +49,7 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
         model.tokenizer_dir, trust_remote_code=data.trust_remote_code or model.trust_remote_code,
         chat_template=model.custom_chat_template,
     )
+    check_vocabulary(tokenizer, model.tokenizer_dir, model.path, model.trust_remote_code)
     tool_schemas = prompt_tool_schemas(config)
 
     def dataset(files: object, max_samples: int, shuffle: bool) -> RLDataset:

@@ -41,7 +41,7 @@ def build_sft_trainer(config: SFTTrainerConfig) -> SFTTrainer:
     # Imported once the config is known to be good: they load torch, transformers and Ray (seconds).
     from hybridflow.data.sampler import StatefulDataLoader
     from hybridflow.data.sft_dataset import SFTDataset
-    from hybridflow.models.loading import load_tokenizer
+    from hybridflow.models.loading import check_vocabulary, load_tokenizer
     from hybridflow.trainer.sft_trainer import SFTTrainer
 
     data, model = config.data, config.model
@@ -49,6 +49,7 @@ def build_sft_trainer(config: SFTTrainerConfig) -> SFTTrainer:
     tokenizer = load_tokenizer(
         tokenizer_dir, trust_remote_code=model.trust_remote_code, chat_template=model.custom_chat_template
     )
+    check_vocabulary(tokenizer, tokenizer_dir, model.partial_pretrain, model.trust_remote_code)
     multiturn = data.multiturn
 
     def dataset(files: object, max_samples: int) -> SFTDataset:

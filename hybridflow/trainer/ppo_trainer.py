@@ -64,6 +64,7 @@ from hybridflow.trainer.phases import (
     worker_metrics,
 )
 from hybridflow.trainer.placement import ResourcePlan, WorkerGroups, create_worker_groups, make_resource_plan
+from hybridflow.trainer.resume_checks import STATE_KEY as RESUME_STATE_KEY, resume_keys
 from hybridflow.trainer.rollout_correction_options import bypass_correction, correction_settings, uses_bypass
 from hybridflow.trainer.rollout_collection import (
     DynamicSamplingCollector,
@@ -370,6 +371,7 @@ class RayPPOTrainer:
             "rollout_calls": self.generate.calls,
             "reward_shaping": self.reward_shaping.state_dict(),
             "nonfinite": self.nonfinite.state_dict(),
+            RESUME_STATE_KEY: resume_keys(self.config, self.uses_critic),  # compared by the next run's config check
         }
         self.checkpoints.save_driver_state(step_dir, state)
 

@@ -49,6 +49,15 @@ RANGES = (
     Range("critic.ppo_epochs", low=1),
 )
 
+SFT_RANGES = (
+    Range("optim.lr", low=0),
+    Range("optim.weight_decay", low=0),
+    Range("optim.clip_grad", low=0, low_inclusive=False),
+    Range("optim.min_lr_ratio", low=0, high=1),
+    Range("optim.num_cycles", low=0, low_inclusive=False),
+    Range("trainer.cpus_per_worker", low=0, low_inclusive=False),
+)
+
 
 def range_errors(config: Any, ranges: tuple[Range, ...] = RANGES) -> list[str]:
     """One line per key of ``ranges`` whose value in ``config`` (a dataclass tree) is out of its range."""

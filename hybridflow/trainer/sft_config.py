@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -27,7 +27,11 @@ from hybridflow.data.sft_dataset import SFT_PAD_MODES, SFT_TRUNCATION_MODES
 from hybridflow.help_fields import option, section
 from hybridflow.trainer.checkpoint_manager import RESUME_MODES
 from hybridflow.trainer.config_schema import RayInitConfig
-from hybridflow.trainer.environment import data_file_errors, detected_device, logger_package_errors, model_errors
+from hybridflow.trainer.environment import (
+    data_file_errors, detected_device, gpu_count_errors, logger_package_errors, model_errors,
+)
+from hybridflow.trainer.input_checks import model_folder_errors, parquet_errors, run_folder_errors
+from hybridflow.trainer.range_checks import SFT_RANGES, range_errors
 from hybridflow.trainer.tracking import LOGGER_BACKENDS
 from hybridflow.trainer.validate import DEVICES, ConfigError, accepted_forms, unknown_key_errors
 from hybridflow.trainer.verl_sft_compat import SFT_SURFACE
@@ -207,7 +211,7 @@ def sft_config_errors(config: SFTTrainerConfig) -> list[str]:
         )
     if run.total_training_steps is not None and run.total_training_steps < 1:
         errors.append(f"trainer.total_training_steps={run.total_training_steps} must be >= 1 or null")
-    errors += _choice_errors(config)
+    errors += _choice_errors(config) + range_errors(config, SFT_RANGES)
     if run.resume_mode == "resume_path" and not run.resume_from_path:
         errors.append(
             f"trainer.resume_mode='resume_path' needs trainer.resume_from_path (modes: {list(RESUME_MODES)} or a path)"
@@ -245,14 +249,32 @@ def sft_environment_errors(config: SFTTrainerConfig) -> list[str]:
     """One line per model folder, data file, package or device the run needs and this machine lacks."""
     model = config.model
     errors = model_errors("model.partial_pretrain", model.partial_pretrain)
+    errors += model_folder_errors("model.partial_pretrain", model.partial_pretrain)
     if model.tokenizer_path and not pathlib.Path(model.tokenizer_path).expanduser().is_dir():
         errors.append(f"model.tokenizer_path={model.tokenizer_path!r} does not exist; point it at a tokenizer folder")
-    errors += data_file_errors("data.train_files", config.data.train_files)
-    errors += data_file_errors("data.val_files", config.data.val_files)
+    for key in ("train_files", "val_files"):
+        files = getattr(config.data, key)
+        errors += data_file_errors(f"data.{key}", files) + parquet_errors(f"data.{key}", files, _sft_columns(config.data))
+    errors += run_folder_errors("trainer.default_local_dir", config.trainer.default_local_dir)
     errors += logger_package_errors(config.trainer.logger)
     if config.trainer.device == "cuda" and detected_device() != "cuda":
         errors.append("trainer.device=cuda but torch sees no GPU on this machine; use trainer.device=cpu (or null)")
+    elif config.trainer.device == "cuda" and not config.ray_init.address:
+        errors += gpu_count_errors(config.trainer.n_gpus_per_node)
     return errors
+
+
+def _sft_columns(data: SFTDataConfig) -> Callable[[list[str]], dict[str, str]]:
+    """The columns an SFT file needs: the messages of multi-turn rows (``multiturn.enable``, or null and the
+    file has them), else the prompt and the response."""
+
+    def columns(names: list[str]) -> dict[str, str]:
+        multiturn = data.multiturn
+        if multiturn.enable or (multiturn.enable is None and multiturn.messages_key in names):
+            return {"data.multiturn.messages_key": multiturn.messages_key}
+        return {"data.prompt_key": data.prompt_key, "data.response_key": data.response_key}
+
+    return columns
 
 
 def to_plain_dict(config: SFTTrainerConfig) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 import pytest
 
-from hybridflow.data.rl_dataset import RLDataset
+from hybridflow.data.rl_dataset import DatasetError, RLDataset
 from hybridflow.data.sampler import EpochOrder, StatefulDataLoader
 
 from .conftest import verl_row
@@ -68,10 +68,10 @@ def test_a_resumed_loader_continues_with_exactly_the_same_batches(dataset, stop_
 
 def test_a_state_from_other_settings_is_refused(dataset):
     state = StatefulDataLoader(dataset, batch_size=3, seed=7).state_dict()
-    with pytest.raises(ValueError, match=r"seed: saved 7, now 8.*batch_size: saved 3, now 2"):
+    with pytest.raises(DatasetError, match=r"seed: saved 7, now 8.*batch_size: saved 3, now 2"):
         StatefulDataLoader(dataset, batch_size=2, seed=8).load_state_dict(state)
 
 
 def test_a_batch_larger_than_the_dataset_is_refused(dataset):
-    with pytest.raises(ValueError, match=r"batch_size=11 is larger than the dataset \(10 prompts"):
+    with pytest.raises(DatasetError, match=r"batch_size=11 is larger than the dataset \(10 prompts"):
         StatefulDataLoader(dataset, batch_size=11)

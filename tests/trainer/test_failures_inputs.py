@@ -80,6 +80,13 @@ def _tokenizer_json_missing(folder):
     return folder
 
 
+def _vocabulary_four_times_the_tokenizer(folder):
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] *= 4  # a tokenizer from another model: far fewer tokens than the embedding rows
+    (folder / "config.json").write_text(json.dumps(config))
+    return f"vocab_size={config['vocab_size']}"
+
+
 def _data_case(break_it, key="data.train_files"):
     def case(tiny_model_dir, tiny_parquet, tmp_path):
         path = tmp_path / "train.parquet"
@@ -186,6 +193,7 @@ CASES = {
     "truncated safetensors": _model_case(_truncated_weights),
     "model folder without tokenizer files": _model_case(_no_tokenizer),
     "tokenizer.json missing, tokenizer_config.json kept": _model_case(_tokenizer_json_missing),
+    "tokenizer far smaller than the model's vocabulary": _model_case(_vocabulary_four_times_the_tokenizer),
     "CSV renamed .parquet": _data_case(_csv_renamed),
     "truncated parquet": _data_case(_truncated_parquet),
     "empty parquet": _data_case(_empty_parquet),
@@ -195,6 +203,10 @@ CASES = {
     "prompt_key naming a missing column": _prompt_key_case,
     "every prompt too long": _every_prompt_too_long(filtered=False),
     "every prompt too long, filtered": _every_prompt_too_long(filtered=True),
+    "fewer prompts than a batch": _values("data.train_max_samples=2", "data.train_batch_size"),
+    "chat template that is not Jinja": _values(
+        "actor_rollout_ref.model.custom_chat_template='{% if %}'", "model.custom_chat_template"
+    ),
     "data_source without a scorer": _unscored_data_source,
     "reward file with a syntax error": _reward_case("def compute_score(:\n    return 1\n", culprit="{path}:1"),
     "reward file without the function": _reward_case("def other(**kwargs):\n    return 1.0\n", culprit="compute_score"),
@@ -235,14 +247,34 @@ def test_a_vllm_engine_without_vllm_is_one_line(base, capsys, monkeypatch, tmp_p
     assert_refused(outcome, "actor_rollout_ref.rollout.name=vllm")
 
 
-def test_several_broken_inputs_are_named_together(base, tiny_model_dir, tiny_parquet, capsys, monkeypatch, tmp_path):
+def test_six_broken_inputs_are_named_together(base, tiny_model_dir, tiny_parquet, capsys, monkeypatch, tmp_path):
     folder = _model_copy(tiny_model_dir, tmp_path)
     _truncated_weights(folder)
     train = tmp_path / "train.parquet"
     _csv_renamed(train, [])
-    overrides = [f"actor_rollout_ref.model.path={folder}", f"data.train_files={train}", "actor_rollout_ref.actor.optim.lr=-1"]
-    error = assert_refused(_run(base, overrides, capsys, monkeypatch, tmp_path), "model.safetensors", str(train), "optim.lr")
-    assert error.startswith("invalid config (3 problems):"), error
+    [run_folder], _ = _run_folder_under_a_file(tiny_model_dir, tiny_parquet, tmp_path)
+    reward_overrides, [reward] = _reward_case("def compute_score(text):\n    return 1.0\n")(None, None, tmp_path)
+    overrides = [f"actor_rollout_ref.model.path={folder}", f"data.train_files={train}", run_folder,
+                 "actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.rollout.name=hff", *reward_overrides]
+    culprits = ["model.safetensors", str(train), "trainer.default_local_dir", "optim.lr", "hff", reward]
+    error = assert_refused(_run(base, overrides, capsys, monkeypatch, tmp_path), *culprits)
+    assert error.startswith("invalid config (6 problems):"), error
+
+
+def test_five_broken_sft_inputs_are_named_together(tiny_model_dir, tiny_parquet, capsys, monkeypatch, tmp_path):
+    from .test_sft import sft_overrides
+
+    folder = _model_copy(tiny_model_dir, tmp_path)
+    _truncated_weights(folder)
+    val = _csv_renamed(tmp_path / "val.parquet", [])
+    [run_folder], _ = _run_folder_under_a_file(tiny_model_dir, tiny_parquet, tmp_path)
+    overrides = sft_overrides(folder, tiny_parquet, tmp_path / "run", steps=2) + [
+        f"data.val_files={val}", "data.response_key=answer", "optim.lr=-1", run_folder,
+    ]
+    outcome = check_in_process("main_sft", overrides, capsys, monkeypatch, tmp_path / "cwd")
+    culprits = ["model.safetensors", str(val), "data.response_key='answer'", "optim.lr=-1", "trainer.default_local_dir"]
+    error = assert_refused(outcome, *culprits)
+    assert error.startswith("invalid config (5 problems):"), error
 
 
 def _installed(module: str) -> bool:

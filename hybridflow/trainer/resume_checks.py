@@ -1,0 +1,85 @@
+"""A resume that cannot continue the saved run exactly, found before anything starts.
+
+A checkpoint records the values of :data:`RESUME_KEYS` (``driver_state.pt``, key ``resume_keys``). When the
+run would resume (``trainer.resume_mode`` auto with a ``latest`` checkpoint, or a path), each of those values
+that differs now is one line naming the key, both values and the three ways out. A checkpoint saved before
+the keys were recorded is compared on what its data loader state holds (batch size, seed, shuffle).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridflow.trainer.checkpoint_manager import DRIVER_STATE_FILE, CheckpointError, CheckpointManager
+from hybridflow.trainer.config_schema import PPOTrainerConfig
+
+STATE_KEY = "resume_keys"
+WORLD_SIZE = "trainer.nnodes * trainer.n_gpus_per_node"
+USES_CRITIC = "critic (critic.enable, or an estimator that needs values)"
+# What a checkpoint's state depends on: the data position counts batches of train_batch_size prompts in the
+# order data.seed/shuffle give; the optimizer and scheduler count mini-batches of responses; the worker states
+# are per rank; the critic and LoRA states exist only with a critic and with that adapter rank.
+RESUME_KEYS = (
+    "data.train_batch_size",
+    "data.seed",
+    "data.shuffle",
+    "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "actor_rollout_ref.model.lora_rank",
+    WORLD_SIZE,
+    USES_CRITIC,
+)
+# An older checkpoint's data loader state: its key -> the config key it holds.
+LOADER_KEYS = {"batch_size": "data.train_batch_size", "seed": "data.seed", "shuffle": "data.shuffle"}
+FIX = "start a new run: a new trainer.default_local_dir, or trainer.resume_mode=disable"
+
+
+def resume_keys(config: PPOTrainerConfig, uses_critic: bool) -> dict[str, Any]:
+    """The values of :data:`RESUME_KEYS` in ``config``, as saved with a checkpoint."""
+    values = {key: _value(config, key) for key in RESUME_KEYS[:-2]}
+    values[WORLD_SIZE] = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    values[USES_CRITIC] = uses_critic
+    return values
+
+
+def resume_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
+    """One line per saved value the resumed run would change, or why the checkpoint cannot be read."""
+    trainer = config.trainer
+    if trainer.resume_mode == "disable" or (trainer.resume_mode == "resume_path" and not trainer.resume_from_path):
+        return []  # nothing to resume from, or validate names the missing resume_from_path
+    manager = CheckpointManager(trainer.default_local_dir, trainer.resume_mode, trainer.resume_from_path)
+    try:
+        step_dir = manager.resume_dir()
+    except CheckpointError as error:  # a resume path without a checkpoint is validate's line already
+        return [str(error)] if trainer.resume_mode == "auto" else []
+    if step_dir is None:
+        return []
+    try:
+        state = manager.load_driver_state(step_dir)
+    except Exception as error:  # torch.load of a damaged file raises whatever its unpickler meets
+        reason = str(error).split(". ")[0]  # torch's zip errors go on for five sentences
+        return [
+            f"trainer.resume_mode={trainer.resume_mode}: {step_dir / DRIVER_STATE_FILE} cannot be read "
+            f"({type(error).__name__}: {reason}); resume from another global_step_N folder, or {FIX}"
+        ]
+    saved = _saved_keys(state)
+    now = resume_keys(config, uses_critic)
+    return [
+        f"resuming from {step_dir} would change {key} (saved {saved[key]!r}, now {now[key]!r}), and the run could "
+        f"not continue exactly; restore the saved value, or {FIX}"
+        for key in RESUME_KEYS
+        if key in saved and saved[key] != now[key]
+    ]
+
+
+def _saved_keys(state: dict[str, Any]) -> dict[str, Any]:
+    if STATE_KEY in state:
+        return dict(state[STATE_KEY])
+    loader = state.get("data_loader", {})
+    return {key: loader[name] for name, key in LOADER_KEYS.items() if name in loader}
+
+
+def _value(config: Any, key: str) -> Any:
+    for part in key.split("."):
+        config = getattr(config, part)
+    return config
