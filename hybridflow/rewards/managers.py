@@ -159,8 +159,9 @@ class NaiveRewardManager:
                 print(f"[{source}] [response] {solution!r}\n[ground_truth] {truth!r} [score] {result}")
 
 
-def check_call(compute_score: Callable[..., Any], call: tuple[tuple, dict]) -> None:
-    """The manager's call must bind to ``compute_score``'s signature, or every sample would fail alike."""
+def check_call(compute_score: Callable[..., Any], call: tuple[tuple, dict], origin: str = "") -> None:
+    """The manager's call must bind to ``compute_score``'s signature, or every sample would fail alike.
+    ``origin`` says where the function comes from (e.g. its file), for the message."""
     try:
         signature = inspect.signature(compute_score)
     except (TypeError, ValueError):
@@ -172,7 +173,8 @@ def check_call(compute_score: Callable[..., Any], call: tuple[tuple, dict]) -> N
         shown = ", ".join([*(["_"] * len(args)), *(f"{key}=..." for key in kwargs)])
         name = getattr(compute_score, "__name__", repr(compute_score))
         raise RewardCallError(
-            f"the reward function {name}{signature} cannot be called as {name}({shown}) ({error}); "
+            f"the reward function {name}{signature}{f' in {origin}' if origin else ''} cannot be called as "
+            f"{name}({shown}) ({error}); "
             "change its parameters to match (custom_reward_function.name names it)"
         ) from None
 

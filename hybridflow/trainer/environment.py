@@ -73,7 +73,7 @@ def reward_function_errors(config: PPOTrainerConfig) -> list[str]:
     try:
         function = load_custom_reward_function(custom.path, custom.name, custom.reward_kwargs)
         if manager in REWARD_MANAGERS:
-            check_call(function, REWARD_MANAGERS.get(manager).CALL)
+            check_call(function, REWARD_MANAGERS.get(manager).CALL, origin=f"custom_reward_function.path={custom.path}")
     except (CustomRewardError, RewardCallError) as error:
         return [str(error)]
     return []
