@@ -5,12 +5,19 @@ What is enforced, per call:
 - CPU time: ``RLIMIT_CPU`` of ``cpu_seconds`` (default = timeout, rounded up);
 - memory: ``RLIMIT_AS`` of ``memory_mb`` (default 512) and files written: ``RLIMIT_FSIZE`` of 16 MiB;
 - network: the process runs in a new network namespace (``unshare -n``, only a loopback that is down) where the
-  system allows it; in every case ``socket`` is replaced by a function that raises before the code runs
-  (``network_isolation`` in the result metrics says which applied);
-- files: an empty temporary working directory, removed afterwards; ``python -I`` ignores user site-packages
-  and ``PYTHON*`` variables, and the environment holds only PATH, HOME (the temp dir) and thread settings.
+  system allows it; in every case an audit hook (PEP 578) refuses any socket but a local (AF_UNIX) one, and
+  connecting, binding and name lookups, with "network access is disabled in the python tool"
+  (``network_isolation`` in the result metrics says which applied); ``ssl``, ``asyncio``, ``urllib`` import;
+- files: an empty temporary working directory, removed afterwards; the audit hook refuses opening for writing,
+  creating, removing or renaming anything outside it (reading the standard library is fine); ``python -I``
+  ignores user site-packages and ``PYTHON*`` variables, and the environment holds only PATH, HOME (the temp dir)
+  and thread settings;
+- processes: the hook refuses starting processes (subprocess, fork, exec, spawn), new sessions, signals and
+  loading native code with ctypes, so nothing the code does outlives the call; its own process group is
+  killed at the end regardless.
 The limits are set by the runner script inside the child (no ``preexec_fn``, which is unsafe with threads).
-This is a guard against runaway or careless code, not a security boundary against hostile code.
+An audit-hook sandbox stops careless and runaway code, and code that uses Python's own APIs; it is not a
+security boundary against hostile native code (a C extension already installed can still do anything).
 """
 
 from __future__ import annotations
@@ -30,13 +37,38 @@ from hybridflow.rollout.tools.base import BaseTool, ToolResult
 from hybridflow.rollout.tools.registry import TOOLS
 
 _RUNNER = """\
-import resource, runpy, socket, sys
+import os, resource, runpy, socket, sys
 resource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory}))
 resource.setrlimit(resource.RLIMIT_CPU, ({cpu}, {cpu}))
 resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize}))
-def _no_network(*args, **kwargs):
-    raise OSError("network access is disabled in the python tool")
-socket.socket = socket.create_connection = socket.socketpair = socket.getaddrinfo = _no_network
+sys.dont_write_bytecode = True
+ROOT = os.path.realpath(os.getcwd())
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+PATH_EVENTS = {{"os.remove": 1, "os.rmdir": 1, "os.mkdir": 1, "os.chmod": 1, "os.chown": 1, "os.truncate": 1,
+               "os.utime": 1, "os.rename": 2, "os.link": 2, "os.symlink": 2, "shutil.rmtree": 1}}
+PROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec",
+                  "os.setsid", "os.kill", "os.killpg", "ctypes.dlopen", "ctypes.dlsym")
+NETWORK_EVENTS = ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
+                  "socket.gethostbyname", "socket.gethostbyaddr")
+def inside(path):
+    if isinstance(path, int):
+        return True  # an open file descriptor: checked when it was opened
+    return os.path.realpath(os.fsdecode(path)).startswith(ROOT + os.sep)
+def sandbox(event, args):
+    if event == "open":
+        path, mode, flags = args
+        writing = any(c in (mode or "") for c in "wax+") or bool((flags or 0) & WRITE_FLAGS)
+        if writing and path is not None and not inside(path):
+            raise PermissionError(f"the python tool can write only inside its working folder, not {{path}}")
+    elif event in PATH_EVENTS:
+        for path in args[: PATH_EVENTS[event]]:
+            if path is not None and not inside(path):
+                raise PermissionError(f"the python tool can change files only inside its working folder, not {{path}}")
+    elif event in PROCESS_EVENTS:
+        raise PermissionError(f"the python tool cannot start, signal or load native code ({{event}} is disabled)")
+    elif event in NETWORK_EVENTS or (event == "socket.__new__" and args[1] != socket.AF_UNIX):
+        raise PermissionError("network access is disabled in the python tool")
+sys.addaudithook(sandbox)
 sys.argv = ["main.py"]
 runpy.run_path("main.py", run_name="__main__")
 """
@@ -57,7 +89,10 @@ def network_namespace_available() -> bool:
 @TOOLS.register("python", "code_interpreter")
 class PythonExecutorTool(BaseTool):
     name = "python"
-    description = "Run Python 3 code and return what it prints (stdout and stderr). No network access."
+    description = (
+        "Run Python 3 code and return what it prints (stdout and stderr). No network access, no subprocesses; "
+        "files can be written only in the working folder."
+    )
     parameters = {
         "type": "object",
         "properties": {"code": {"type": "string", "description": "The program to run; print the results."}},

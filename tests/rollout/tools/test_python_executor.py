@@ -37,10 +37,37 @@ def test_memory_limit_and_errors_come_back_as_text():
     assert "MemoryError" in result.text and "exit code 1" in result.text
 
 
-def test_no_network():
+def test_no_network_says_so_and_networking_modules_still_import():
     result = _run("import socket\nsocket.create_connection(('127.0.0.1', 9))")
-    assert "OSError" in result.text
+    assert "PermissionError: network access is disabled in the python tool" in result.text
     assert result.metrics["network_isolation"] in ("namespace", "socket_patch")
+    result = _run("import ssl, asyncio, urllib.request\nprint(asyncio.run(asyncio.sleep(0, 'ok')))")
+    assert result.text.strip() == "ok", result.text
+    result = _run("import urllib.request\nurllib.request.urlopen('http://example.com')")
+    assert "network access is disabled in the python tool" in result.text
+
+
+def test_writes_outside_the_working_folder_are_refused(tmp_path):
+    outside = tmp_path / "outside.txt"
+    code = f"open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())\nopen({str(outside)!r}, 'w')"
+    result = _run(code)
+    assert result.text.startswith("ok") and "can write only inside its working folder" in result.text
+    assert not outside.exists()
+    result = _run(f"import os\nos.remove({str(tmp_path)!r})")
+    assert "can change files only inside its working folder" in result.text
+    assert "JSON" in _run("import json\nprint(open(json.__file__).read()[:100])").text  # reading is fine
+
+
+def test_no_process_outlives_the_call(tmp_path):
+    marker = tmp_path / "daemon.txt"
+    for code in (
+        "import subprocess\nsubprocess.Popen(['sleep', '100'], start_new_session=True)",
+        f"import os\nif os.fork() == 0:\n    os.setsid()\n    open({str(marker)!r}, 'w')",
+        "import ctypes\nctypes.CDLL(None).fork()",
+    ):
+        result = _run(code)
+        assert "the python tool cannot start, signal or load native code" in result.text, result.text
+    assert not marker.exists()
 
 
 def test_long_output_is_cut():
