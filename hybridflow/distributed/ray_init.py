@@ -13,6 +13,8 @@ import tempfile
 
 import ray
 
+from hybridflow.distributed.reaper import start_reaper
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_OBJECT_STORE_BYTES = 1 << 30
@@ -42,7 +44,8 @@ def init_local_ray(
     detection), an object store of ``object_store_memory`` bytes, no dashboard, and its own temp folder
     (``temp_dir`` or a fresh one under the system temp dir). Calling it again while Ray is up is a no-op.
     ``env_vars`` are added to every worker's environment; ``runtime_env`` is the job's Ray runtime_env
-    (its own ``env_vars`` are merged with hybridflow's, which they override).
+    (its own ``env_vars`` are merged with hybridflow's, which they override). A local cluster's processes are
+    killed when this process ends (``hybridflow.distributed.reaper``), ``kill -9`` included.
     """
     if ray.is_initialized():
         return ray.cluster_resources()
@@ -55,6 +58,7 @@ def init_local_ray(
         logger.info("joining the Ray cluster at %s; num_cpus, num_gpus, temp_dir apply only to a new one", address)
         ray.init(address=address, runtime_env=runtime_env, namespace=namespace, log_to_driver=True)
     else:
+        start_reaper()  # the cluster's processes go with this driver, however it ends
         ray.init(
             address="local",
             num_cpus=num_cpus if num_cpus is not None else os.cpu_count(),

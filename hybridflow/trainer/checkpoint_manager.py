@@ -114,6 +114,17 @@ class CheckpointManager:
               flush=True)
         return intact
 
+    def resume_hint(self) -> str:
+        """What the same command would resume from, in words (for a run that stops early)."""
+        pointer = self.root_dir / LATEST_FILE
+        if self.resume_mode == "disable":
+            return "trainer.resume_mode=disable, so the same command starts over"
+        if self.resume_mode == "auto" and not pointer.exists():
+            return f"no checkpoint was saved yet, so the same command starts over (in {self.root_dir})"
+        if self.resume_mode == "auto":
+            return f"the same command resumes from {self.root_dir / pointer.read_text().strip()}"
+        return f"trainer.resume_mode={self.resume_mode!r} resumes from that checkpoint again"
+
     def resume_dir(self) -> pathlib.Path | None:
         """The checkpoint folder to resume from under the configured ``resume_mode``, or None."""
         if self.resume_mode == "disable":

@@ -16,6 +16,7 @@ import hydra
 from omegaconf import DictConfig
 
 from hybridflow.rewards import build_reward_manager, check_data_sources, load_custom_reward_function
+from hybridflow.errors import RunInterrupted
 from hybridflow.trainer.command_line import CONFIG_CHECK_ENV, checked_with, hydra_arguments, print_check_outcome
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.error_boundary import WORKERS_STARTING, error_boundary, found_before_start
@@ -104,6 +105,10 @@ def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> N
     try:
         trainer.init_workers()
         trainer.fit()
+    except KeyboardInterrupt:
+        raise RunInterrupted(
+            f"interrupted (Ctrl-C) during step {trainer.global_step}; {trainer.checkpoints.resume_hint()}"
+        ) from None
     finally:
         if ray_kwargs.timeline_json_file:
             ray.timeline(filename=ray_kwargs.timeline_json_file)

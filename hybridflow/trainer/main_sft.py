@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import hydra
 from omegaconf import DictConfig
 
+from hybridflow.errors import RunInterrupted
 from hybridflow.trainer.command_line import CONFIG_CHECK_ENV, checked_with, hydra_arguments, print_check_outcome
 from hybridflow.trainer.error_boundary import WORKERS_STARTING, error_boundary, found_before_start
 from hybridflow.trainer.sft_config import SFTTrainerConfig, load_sft_config_with_notes
@@ -95,6 +96,10 @@ def run_sft(config: SFTTrainerConfig, trainer: SFTTrainer | None = None) -> path
     try:
         trainer.init_workers()
         exported = trainer.fit()
+    except KeyboardInterrupt:
+        raise RunInterrupted(
+            f"interrupted (Ctrl-C) during step {trainer.global_step}; {trainer.checkpoints.resume_hint()}"
+        ) from None
     finally:
         trainer.shutdown()
     print(f"[hybridflow] fine-tuned model written to {exported}")

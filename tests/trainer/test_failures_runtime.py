@@ -1,12 +1,18 @@
 """Failures that appear only once a run is going, through the real command line in a subprocess: the run stops
 with one line naming the culprit and a non-zero exit, after the workers started, and leaves its metrics."""
 
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.tracking import read_metrics
 
-from .failure_harness import assert_refused, run_subprocess
+from .cli import DENSE_REWARD, RayTempDir, cli_env
+from .failure_harness import Outcome, assert_refused, run_subprocess
 from .helpers import tiny_run_overrides
 
 pytestmark = pytest.mark.slow
@@ -29,3 +35,26 @@ def test_a_nan_reward_is_skipped_counted_and_stops_the_run_past_the_limit(tiny_m
     steps = {record["step"]: record for record in read_metrics(run_dir)}
     assert sorted(steps) == [1] and steps[1][names.NONFINITE_STEPS] == 1  # step 1 skipped and logged
     assert not (run_dir / "global_step_2").exists()  # the stopping step is never checkpointed
+
+
+def test_ctrl_c_says_where_the_run_stopped_and_what_resumes(tiny_model_dir, tiny_parquet, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir) + [
+        f"custom_reward_function.path={DENSE_REWARD}", "trainer.total_training_steps=50", "trainer.save_freq=1",
+        "trainer.val_before_train=false",
+    ]
+    with RayTempDir() as ray_temp_dir:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "hybridflow.trainer.main_ppo", *overrides, "ray_init.num_cpus=2",
+             f"ray_init.temp_dir={ray_temp_dir}"],
+            cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        deadline = time.monotonic() + 180
+        while not (run_dir / "latest").exists() and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGINT)
+        stdout, stderr = driver.communicate(timeout=120)
+    error = assert_refused(Outcome(driver.returncode, stdout, stderr), "interrupted (Ctrl-C) during step",
+                           "the same command resumes from", str(run_dir / "global_step_"), code=130,
+                           workers_started=True)
+    assert "\n" not in error

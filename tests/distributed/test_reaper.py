@@ -1,0 +1,39 @@
+"""A driver killed with SIGKILL leaves no process of its local Ray cluster behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from hybridflow.distributed.reaper import marked_processes
+
+DRIVER = """
+import os, time
+from hybridflow.distributed.ray_init import init_local_ray
+init_local_ray(num_cpus=1, temp_dir={temp_dir!r})
+print(os.environ["HYBRIDFLOW_RAY_SESSION"], flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_driver_takes_its_local_cluster_with_it(tmp_path):
+    temp_dir = f"/tmp/hfreap{os.getpid()}"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    env.pop("RAY_ADDRESS", None)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER.format(temp_dir=temp_dir)], stdout=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        marker = driver.stdout.readline().strip()
+        assert marker, "the driver did not start its cluster"
+        assert len(marked_processes(marker)) >= 3  # the driver, the GCS server and the raylet at least
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        deadline = time.monotonic() + 20
+        while marked_processes(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marked_processes(marker) == []
+    finally:
+        driver.kill()
+        subprocess.run(["rm", "-rf", temp_dir])
