@@ -269,7 +269,7 @@ class RewardModelConfig:
 
     enable: bool = option(False, "Score samples with the reward model.")
     reward_manager: str = option(
-        "naive", "Reward manager: naive (gdpo is its verl alias), batch (one call per batch) or dapo (with the overlong penalty)."
+        "naive", "Reward manager: naive (gdpo is its verl alias), prime (naive in killable processes), batch (one call per batch) or dapo (with the overlong penalty)."
     )
     reward_kwargs: dict = option({}, "Further reward manager options, e.g. +reward_model.reward_kwargs.timeout_s=60.")
     overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO's overlong penalty (dapo manager).")

@@ -74,18 +74,31 @@ def test_grpo_writes_metrics_and_checkpoints(grpo_run):
         assert not (run_dir / f"global_step_{step}" / "critic").exists()
 
 
-def test_ppo_with_critic(tiny_model_dir, tiny_parquet, tmp_path):
-    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run", "gae") + [
-        "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.val_before_train=false",
+@pytest.fixture(scope="module")
+def ppo_run(tiny_model_dir, tiny_parquet, tmp_path_factory):
+    """An uninterrupted PPO run with a critic, on 2 ranks, through the multi-turn agent loop with a tool."""
+    work = tmp_path_factory.mktemp("ppo")
+    tools = work / "tools.yaml"
+    tools.write_text("tools:\n  - name: calculator\n")
+    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, work / "run", "gae") + [
+        f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", "trainer.val_before_train=false",
+        # The chat template renders the tool's schema into every prompt (about 560 tokens with it).
+        "data.max_prompt_length=640", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.multi_turn.enable=true",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
         "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
-        f"ray_kwargs.timeline_json_file={tmp_path / 'timeline.json'}",
-        "+ray_kwargs.ray_init.runtime_env.env_vars.HYBRIDFLOW_TEST_MARK=critic-run",
     ]
-    run_cli(overrides, cwd=tmp_path)
+    extra = [f"ray_kwargs.timeline_json_file={work / 'timeline.json'}",
+             "+ray_kwargs.ray_init.runtime_env.env_vars.HYBRIDFLOW_TEST_MARK=critic-run"]
+    run_cli(overrides + extra, cwd=work)
+    return work / "run", overrides
+
+
+def test_ppo_with_critic(ppo_run):
+    run_dir, _ = ppo_run
     # verl's ray_kwargs: the task timeline is written at the end, as chrome://tracing events.
-    assert json.loads((tmp_path / "timeline.json").read_text())
-    steps = _steps(tmp_path / "run")
-    assert sorted(steps) == [1, 2]
+    assert json.loads((run_dir.parent / "timeline.json").read_text())
+    steps = _steps(run_dir)
+    assert sorted(steps) == [1, 2, 3]
     for record in steps.values():
         critic_keys = ("critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "critic/returns/mean")
         for key in (*critic_keys, names.KL_IN_REWARD):
@@ -94,9 +107,9 @@ def test_ppo_with_critic(tiny_model_dir, tiny_parquet, tmp_path):
             assert names.timing(phase) in record
     # The adaptive controller moved the KL coefficient after the first step.
     assert steps[2][names.KL_COEF_IN_REWARD] != steps[1][names.KL_COEF_IN_REWARD]
-    step_dir = tmp_path / "run" / "global_step_2"
+    step_dir = run_dir / "global_step_3"
     assert (step_dir / "actor").is_dir() and (step_dir / "critic").is_dir()
-    assert (tmp_path / "run" / "latest").read_text().strip() == "global_step_2"
+    assert (run_dir / "latest").read_text().strip() == "global_step_3"
 
 
 def _comparable(record):
@@ -114,8 +127,10 @@ def _wait_for_first_checkpoint(run_dir, process, timeout=180):
     raise AssertionError("no checkpoint within the timeout")
 
 
-def test_kill_9_then_resume_matches_an_uninterrupted_run(grpo_run, tmp_path):
-    reference_dir, overrides = grpo_run
+@pytest.mark.parametrize("reference", ["grpo_run", "ppo_run"])
+def test_kill_9_then_resume_matches_an_uninterrupted_run(reference, request, tmp_path):
+    """GRPO on one rank; PPO with a critic on 2 ranks through the multi-turn agent loop with a tool."""
+    reference_dir, overrides = request.getfixturevalue(reference)
     run_dir = tmp_path / "run"
     overrides = [o for o in overrides if not o.startswith("trainer.default_local_dir=")]
     overrides.append(f"trainer.default_local_dir={run_dir}")
