@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybridflow.errors import HybridflowError
 from hybridflow.trainer.checkpoint_manager import DRIVER_STATE_FILE, CheckpointError, CheckpointManager
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 
@@ -70,6 +71,26 @@ def resume_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
         for key in RESUME_KEYS
         if key in saved and saved[key] != now[key]
     ]
+
+
+class ResumeMismatchError(HybridflowError):
+    """The checkpoint to resume from was saved by a run this one cannot continue exactly."""
+
+
+def check_data_position(checkpoints: CheckpointManager, train_loader: Any) -> None:
+    """The saved data position counts batches of a training set of the same size (after filtering and
+    ``train_max_samples``), which only the loaded dataset knows; a different size would replay other batches."""
+    step_dir = checkpoints.resume_dir()
+    if step_dir is None:
+        return
+    saved = checkpoints.load_driver_state(step_dir)["data_loader"].get("num_samples")
+    now = train_loader.state_dict()["num_samples"]
+    if saved is not None and saved != now:
+        raise ResumeMismatchError(
+            f"resuming from {step_dir}: the training set has {now} prompts now (after filtering and "
+            f"data.train_max_samples) and had {saved} when the checkpoint was saved, so the saved data position "
+            f"would replay other batches; restore data.train_files and the data settings, or {FIX}"
+        )
 
 
 def _saved_keys(state: dict[str, Any]) -> dict[str, Any]:
