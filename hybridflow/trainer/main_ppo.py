@@ -20,6 +20,7 @@ from hybridflow.errors import RunInterrupted
 from hybridflow.trainer.command_line import CONFIG_CHECK_ENV, checked_with, hydra_arguments, print_check_outcome
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.error_boundary import WORKERS_STARTING, error_boundary, found_before_start
+from hybridflow.trainer.resume_checks import check_data_position
 from hybridflow.trainer.reward_options import reward_manager_options
 from hybridflow.trainer.validate import derived_sizes, load_config_with_notes
 
@@ -80,9 +81,11 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     reward_manager = build_reward_manager(
         config.reward_model.reward_manager, tokenizer, compute_score, **reward_manager_options(config)
     )
-    return RayPPOTrainer(
+    trainer = RayPPOTrainer(
         config, tokenizer=tokenizer, train_loader=train_loader, val_loader=val_loader, reward_manager=reward_manager
     )
+    check_data_position(trainer.checkpoints, train_loader)
+    return trainer
 
 
 def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> None:

@@ -47,6 +47,24 @@ RANGES = (
     Range("critic.cliprange_value", low=0, low_inclusive=False),
     Range("actor_rollout_ref.actor.ppo_epochs", low=1),
     Range("critic.ppo_epochs", low=1),
+    Range("actor_rollout_ref.actor.optim.eps", low=0, low_inclusive=False),
+    Range("critic.optim.eps", low=0, low_inclusive=False),
+    Range("critic.optim.lr_warmup_steps_ratio", low=0, high=1),
+    Range("critic.optim.min_lr_ratio", low=0, high=1),
+    Range("actor_rollout_ref.actor.optim.num_cycles", low=0),
+    Range("critic.optim.num_cycles", low=0),
+    Range("actor_rollout_ref.rollout.top_k", low=-1),  # -1 (or 0): off
+    Range("actor_rollout_ref.rollout.val_kwargs.top_k", low=-1),
+    Range("actor_rollout_ref.rollout.gpu_memory_utilization", low=0, low_inclusive=False, high=1),
+    Range("actor_rollout_ref.rollout.multi_turn.max_tool_response_length", low=1),
+    Range("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", low=1),
+    Range("critic.ppo_max_token_len_per_gpu", low=1),
+    Range("critic.forward_max_token_len_per_gpu", low=1),
+    Range("reward_model.forward_max_token_len_per_gpu", low=1),
+    Range("reward_model.overlong_buffer.len", low=0),
+    Range("reward_model.overlong_buffer.penalty_factor", low=0),
+    Range("algorithm.kl_ctrl.horizon", low=0, low_inclusive=False),  # the adaptive controller divides by it
+    Range("algorithm.kl_ctrl.target_kl", low=0, low_inclusive=False),
 )
 
 SFT_RANGES = (

@@ -8,8 +8,10 @@ the keys were recorded is compared on what its data loader state holds (batch si
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
+from hybridflow.errors import HybridflowError
 from hybridflow.trainer.checkpoint_manager import DRIVER_STATE_FILE, CheckpointError, CheckpointManager
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 
@@ -50,8 +52,8 @@ def resume_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
     manager = CheckpointManager(trainer.default_local_dir, trainer.resume_mode, trainer.resume_from_path)
     try:
         step_dir = manager.resume_dir()
-    except CheckpointError as error:  # a resume path without a checkpoint is validate's line already
-        return [str(error)] if trainer.resume_mode == "auto" else []
+    except CheckpointError as error:
+        return [] if _named_by_validate(trainer) else [str(error)]
     if step_dir is None:
         return []
     try:
@@ -70,6 +72,34 @@ def resume_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
         for key in RESUME_KEYS
         if key in saved and saved[key] != now[key]
     ]
+
+
+class ResumeMismatchError(HybridflowError):
+    """The checkpoint to resume from was saved by a run this one cannot continue exactly."""
+
+
+def check_data_position(checkpoints: CheckpointManager, train_loader: Any) -> None:
+    """The saved data position counts batches of a training set of the same size (after filtering and
+    ``train_max_samples``), which only the loaded dataset knows; a different size would replay other batches."""
+    step_dir = checkpoints.resume_dir()
+    if step_dir is None:
+        return
+    saved = checkpoints.load_driver_state(step_dir)["data_loader"].get("num_samples")
+    now = train_loader.state_dict()["num_samples"]
+    if saved is not None and saved != now:
+        raise ResumeMismatchError(
+            f"resuming from {step_dir}: the training set has {now} prompts now (after filtering and "
+            f"data.train_max_samples) and had {saved} when the checkpoint was saved, so the saved data position "
+            f"would replay other batches; restore data.train_files and the data settings, or {FIX}"
+        )
+
+
+def _named_by_validate(trainer: Any) -> bool:
+    """A resume path with no driver_state.pt at all: validate's check names it already."""
+    if trainer.resume_mode == "auto":
+        return False
+    path = trainer.resume_from_path if trainer.resume_mode == "resume_path" else trainer.resume_mode
+    return not (pathlib.Path(path) / DRIVER_STATE_FILE).exists()
 
 
 def _saved_keys(state: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from hybridflow.data.truncation import TRUNCATION_MODES
 from hybridflow.errors import HybridflowError
 from hybridflow.rewards import REWARD_MANAGERS
 from hybridflow.rollout.config import ENGINE_NAMES, RolloutConfigError
+from hybridflow.rollout.tool_parser import TOOL_PARSERS
 from hybridflow.trainer.batch_sizes import batch_size_errors, micro_batch_sizes, positive
 from hybridflow.trainer.checkpoint_manager import RESUME_MODES
 from hybridflow.trainer.config_schema import PPOTrainerConfig
@@ -215,7 +216,9 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
 
 
 def _not_in(key: str, value: Any, allowed: Any) -> str:
-    return f"{key}={value!r} is not one of [{', '.join(allowed)}]; choose one of them"
+    close = difflib.get_close_matches(str(value), [str(name) for name in allowed], n=1)
+    fix = f"did you mean {close[0]!r}?" if close else "choose one of them"
+    return f"{key}={value!r} is not one of [{', '.join(allowed)}]; {fix}"
 
 
 def _registry_errors(config: PPOTrainerConfig) -> list[str]:
@@ -231,6 +234,8 @@ def _registry_errors(config: PPOTrainerConfig) -> list[str]:
         ("trainer.placement", config.trainer.placement, PLACEMENTS),
         ("data.truncation", config.data.truncation, TRUNCATION_MODES),
         ("actor_rollout_ref.rollout.name", config.actor_rollout_ref.rollout.name, ENGINE_NAMES),
+        ("actor_rollout_ref.rollout.multi_turn.format", config.actor_rollout_ref.rollout.multi_turn.format,
+         TOOL_PARSERS.names()),
     ]
     errors = [_not_in(key, value, list(allowed)) for key, value, allowed in checks if value not in allowed]
     if config.trainer.device is not None and config.trainer.device not in DEVICES:

@@ -9,7 +9,7 @@ import pytest
 
 from hybridflow.trainer.checkpoint_manager import CheckpointManager
 from hybridflow.trainer.main_ppo import build_trainer
-from hybridflow.trainer.resume_checks import STATE_KEY, WORLD_SIZE
+from hybridflow.trainer.resume_checks import STATE_KEY, WORLD_SIZE, ResumeMismatchError
 from hybridflow.trainer.validate import load_config
 
 from .fake_workers import FakeWorkers
@@ -75,3 +75,15 @@ def test_a_latest_pointer_to_a_deleted_checkpoint_is_one_line_before_start(saved
     shutil.rmtree(tmp_path / "run" / "global_step_1")
     errors = config_errors(saved)
     assert len(errors) == 1 and "global_step_1" in errors[0], errors
+
+
+def test_a_training_set_of_another_size_is_refused_once_it_is_loaded(saved):
+    with pytest.raises(ResumeMismatchError, match=r"has 12 prompts now .* and had 16 when the checkpoint was saved"):
+        build_trainer(load_config(compose_config(saved + ["data.train_max_samples=12"])))
+
+
+def test_a_damaged_checkpoint_given_as_the_resume_path_is_one_line(saved, tmp_path):
+    step_dir = tmp_path / "run" / "global_step_1"
+    (step_dir / "actor" / "version").write_text("changed after the manifest was written")
+    errors = config_errors(saved + [f"trainer.resume_mode={step_dir}"])
+    assert len(errors) == 1 and f"asks to resume from {step_dir}, which is damaged" in errors[0], errors

@@ -218,3 +218,15 @@ def test_gen_batch_size_only_sizes_dynamic_sampling(base):
     _one_error(base + ["data.gen_batch_size=8"], "data.gen_batch_size=8", "algorithm.filter_groups.enable=true")
     config = load_config(compose_config(base + ["data.gen_batch_size=8", "algorithm.filter_groups.enable=true"]))
     assert config.data.gen_batch_size == 8
+
+
+def test_a_misspelled_name_gets_its_close_match(base):
+    errors = config_errors(
+        base + ["actor_rollout_ref.rollout.name=hff", "actor_rollout_ref.rollout.multi_turn.format=hermez",
+                "algorithm.kl_ctrl.type=zzz"]
+    )
+    assert errors == [
+        "algorithm.kl_ctrl.type='zzz' is not one of [adaptive, fixed]; choose one of them",
+        "actor_rollout_ref.rollout.name='hff' is not one of [hf, vllm]; did you mean 'hf'?",
+        "actor_rollout_ref.rollout.multi_turn.format='hermez' is not one of [hermes]; did you mean 'hermes'?",
+    ]
