@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import cloudpickle
 
 from hybridflow.rewards.scoring_child import HEADER
-from hybridflow.rewards.timed_calls import CallOutcome
+from hybridflow.rewards.timed_calls import CallOutcome, check_runner_options
 
 CHILD = pathlib.Path(__file__).with_name("scoring_child.py")
 
@@ -71,10 +71,7 @@ class ProcessCallRunner:
     """
 
     def __init__(self, max_workers: int = 4, timeout_s: float | None = 30.0):
-        if not isinstance(max_workers, int) or max_workers < 1:
-            raise ValueError(f"max_workers={max_workers!r} must be a positive integer")
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"timeout_s={timeout_s!r} must be positive, or None for no time limit")
+        check_runner_options(max_workers, timeout_s)
         self.max_workers = max_workers
         self.timeout_s = timeout_s
         self._children: list[_Child] = []

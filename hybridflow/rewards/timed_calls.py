@@ -45,6 +45,13 @@ def call_safely(call: Callable[[], Any]) -> CallOutcome:
         return CallOutcome("error", error=f"{type(error).__name__}: {error}")
 
 
+def check_runner_options(max_workers: int, timeout_s: float | None) -> None:
+    if not isinstance(max_workers, int) or max_workers < 1:
+        raise ValueError(f"max_workers={max_workers!r} must be a positive integer")
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"timeout_s={timeout_s!r} must be positive, or None for no time limit")
+
+
 class TimedCallRunner:
     """Runs batches of zero-argument calls on up to ``max_workers`` threads, each limited to ``timeout_s``.
 
@@ -53,10 +60,7 @@ class TimedCallRunner:
     """
 
     def __init__(self, max_workers: int = 4, timeout_s: float | None = 30.0):
-        if not isinstance(max_workers, int) or max_workers < 1:
-            raise ValueError(f"max_workers={max_workers!r} must be a positive integer")
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"timeout_s={timeout_s!r} must be positive, or None for no time limit")
+        check_runner_options(max_workers, timeout_s)
         self.max_workers = max_workers
         self.timeout_s = timeout_s
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()

@@ -8,21 +8,21 @@ driver loop runs in this process.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
 
-from hybridflow.rewards import build_reward_manager, check_data_sources, load_custom_reward_function
 from hybridflow.errors import RunInterrupted
-from hybridflow.trainer.command_line import CONFIG_CHECK_ENV, checked_with, hydra_arguments, print_check_outcome
+from hybridflow.rewards import build_reward_manager, check_data_sources, load_custom_reward_function
 from hybridflow.trainer.config_schema import PPOTrainerConfig
-from hybridflow.trainer.error_boundary import WORKERS_STARTING, error_boundary, found_before_start
+from hybridflow.trainer.entry_point import checked_run, command_line
+from hybridflow.trainer.error_boundary import WORKERS_STARTING
 from hybridflow.trainer.resume_checks import check_data_position
 from hybridflow.trainer.reward_options import reward_manager_options
 from hybridflow.trainer.validate import derived_sizes, load_config_with_notes
+from hybridflow.trainer.verl_compat import PPO_SURFACE
 
 if TYPE_CHECKING:
     from hybridflow.trainer.ppo_trainer import RayPPOTrainer
@@ -118,31 +118,14 @@ def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> N
         trainer.shutdown()
 
 
-# Set by cli(): unknown keys, left out of Hydra's arguments and reported with the config's own problems.
-UNKNOWN_KEYS: list[str] = []
-
-
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
-    with error_boundary("main_ppo"):
-        check = os.environ.get(CONFIG_CHECK_ENV)
-        config, unread = checked_with(
-            UNKNOWN_KEYS, lambda: load_config_with_notes(cfg, check_environment=check != "surface")
-        )
-        # The data, tokenizer, reward function and tools are read before Ray starts, also by the full check.
-        trainer = None if check == "surface" else found_before_start(lambda: build_trainer(config))
-        print_check_outcome(unread, check)
-        if check:
-            return
-        run_ppo(config, trainer)
+    checked_run("main_ppo", lambda check_environment: load_config_with_notes(cfg, check_environment), build_trainer, run_ppo)
 
 
 def cli(argv: list[str]) -> None:
-    """``python -m hybridflow.trainer.main_ppo <argv>``: verl's habits and whole-line mistakes first, then Hydra."""
-    with error_boundary("main_ppo"):
-        args, UNKNOWN_KEYS[:] = hydra_arguments(argv)
-    sys.argv[1:] = args
-    main()
+    """``python -m hybridflow.trainer.main_ppo <argv>``."""
+    command_line("main_ppo", argv, PPO_SURFACE, PPOTrainerConfig, main)
 
 
 if __name__ == "__main__":

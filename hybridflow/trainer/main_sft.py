@@ -19,7 +19,6 @@ folder to ``<trainer.default_local_dir>/huggingface``.
 
 from __future__ import annotations
 
-import os
 import pathlib
 import sys
 from typing import TYPE_CHECKING
@@ -28,8 +27,8 @@ import hydra
 from omegaconf import DictConfig
 
 from hybridflow.errors import RunInterrupted
-from hybridflow.trainer.command_line import CONFIG_CHECK_ENV, checked_with, hydra_arguments, print_check_outcome
-from hybridflow.trainer.error_boundary import WORKERS_STARTING, error_boundary, found_before_start
+from hybridflow.trainer.entry_point import checked_run, command_line
+from hybridflow.trainer.error_boundary import WORKERS_STARTING
 from hybridflow.trainer.sft_config import SFTTrainerConfig, load_sft_config_with_notes
 from hybridflow.trainer.verl_sft_compat import SFT_SURFACE
 
@@ -106,31 +105,17 @@ def run_sft(config: SFTTrainerConfig, trainer: SFTTrainer | None = None) -> path
     return exported
 
 
-# Set by cli(): unknown keys, left out of Hydra's arguments and reported with the config's own problems.
-UNKNOWN_KEYS: list[str] = []
-
-
 @hydra.main(config_path="config", config_name="sft_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
-    with error_boundary("main_sft"):
-        check = os.environ.get(CONFIG_CHECK_ENV)
-        config, unread = checked_with(
-            UNKNOWN_KEYS, lambda: load_sft_config_with_notes(cfg, check_environment=check != "surface")
-        )
-        # The data and tokenizer are read before Ray starts, also by the full check.
-        trainer = None if check == "surface" else found_before_start(lambda: build_sft_trainer(config))
-        print_check_outcome(unread, check)
-        if check:
-            return
-        run_sft(config, trainer)
+    checked_run(
+        "main_sft", lambda check_environment: load_sft_config_with_notes(cfg, check_environment), build_sft_trainer,
+        run_sft,
+    )
 
 
 def cli(argv: list[str]) -> None:
-    """``python -m hybridflow.trainer.main_sft <argv>``: verl's habits and whole-line mistakes first, then Hydra."""
-    with error_boundary("main_sft"):
-        args, UNKNOWN_KEYS[:] = hydra_arguments(argv, SFT_SURFACE, SFTTrainerConfig)
-    sys.argv[1:] = args
-    main()
+    """``python -m hybridflow.trainer.main_sft <argv>``."""
+    command_line("main_sft", argv, SFT_SURFACE, SFTTrainerConfig, main)
 
 
 if __name__ == "__main__":

@@ -127,10 +127,10 @@ def _wait_for_first_checkpoint(run_dir, process, timeout=180):
     raise AssertionError("no checkpoint within the timeout")
 
 
-@pytest.mark.parametrize("reference", ["grpo_run", "ppo_run"])
-def test_kill_9_then_resume_matches_an_uninterrupted_run(reference, request, tmp_path):
-    """GRPO on one rank; PPO with a critic on 2 ranks through the multi-turn agent loop with a tool."""
-    reference_dir, overrides = request.getfixturevalue(reference)
+def test_kill_9_then_resume_matches_an_uninterrupted_run(ppo_run, tmp_path):
+    """PPO with a critic on 2 ranks through the multi-turn agent loop with a tool: the actor, critic, reference,
+    agent-loop and data states all resume (GRPO's one-rank path is a subset of this one's)."""
+    reference_dir, overrides = ppo_run
     run_dir = tmp_path / "run"
     overrides = [o for o in overrides if not o.startswith("trainer.default_local_dir=")]
     overrides.append(f"trainer.default_local_dir={run_dir}")

@@ -262,8 +262,8 @@ def test_actor_and_critic_checkpoints_are_kept_to_their_own_counts(run, tmp_path
         for path in sorted((tmp_path / "run").glob("global_step_*"))
     }
     assert saved == {
-        "global_step_2": ["actor", "driver_state.pt"],
-        "global_step_3": ["actor", "critic", "driver_state.pt"],
+        "global_step_2": ["actor", "driver_state.pt", "manifest.json"],
+        "global_step_3": ["actor", "critic", "driver_state.pt", "manifest.json"],
     }
 
 
