@@ -50,8 +50,11 @@ def load_custom_reward_function(
 
 
 def _import_file(file: pathlib.Path) -> Any:
-    digest = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:10]
+    stat = file.stat()
+    digest = hashlib.sha1(f"{file.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:10]
     module_name = f"hybridflow_custom_reward_{file.stem}_{digest}"
+    if module_name in sys.modules:  # the config check imported this very file already: run its top level once
+        return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, file)
     if spec is None or spec.loader is None:
         raise CustomRewardError(f"custom_reward_function.path={str(file)!r} cannot be imported as a Python module")

@@ -81,3 +81,12 @@ def test_a_file_that_fails_to_import_is_reported(tmp_path):
     expected = r"importing custom_reward_function.path .*broken.py failed: ModuleNotFoundError"
     with pytest.raises(CustomRewardError, match=expected):
         load_custom_reward_function(broken)
+
+
+def test_the_same_unchanged_file_runs_its_top_level_once(tmp_path):
+    """The config check and the trainer both load the reward function: a file that loads a judge does it once."""
+    counter = tmp_path / "imports.txt"
+    reward = tmp_path / "reward.py"
+    reward.write_text(f"open({str(counter)!r}, 'a').write('x')\ndef compute_score(*args):\n    return 1.0\n")
+    first, second = load_custom_reward_function(reward), load_custom_reward_function(reward)
+    assert first is second and counter.read_text() == "x"

@@ -224,9 +224,8 @@ def test_manager_names_and_options_are_checked(tokenizer):
     assert REWARD_MANAGERS.get("naive") is NaiveRewardManager and REWARD_MANAGERS.get("batch") is BatchRewardManager
     with pytest.raises(UnknownNameError) as error:
         build_reward_manager("prim", tokenizer)
-    assert str(error.value) == (
-        "reward_model.reward_manager='prim' is not a registered reward manager; did you mean 'prime'?"
-    ) or "choose one of [batch, dapo, gdpo, naive, prime]" in str(error.value)
+    assert str(error.value).startswith("reward_model.reward_manager='prim' is not a registered reward manager")
+    assert "prime" in str(error.value)
     with pytest.raises(TypeError, match=r"reward manager 'naive': .*'max_resp_len'.*its options are \[.*'timeout_s'"):
         build_reward_manager("naive", tokenizer, max_resp_len=3)
 
