@@ -71,7 +71,11 @@ ROLLOUT_CORR_PREFIX = ROLLOUT_CORRECTION_METRIC_PREFIX
 # Where the run is.
 GLOBAL_STEP = "training/global_step"
 EPOCH = "training/epoch"
-# Steps so far whose scores, loss or gradient norm were not finite (hybridflow.trainer.nonfinite); their updates were skipped.
+# Non-finite values (hybridflow.trainer.nonfinite): ``training/nonfinite_skip`` is 1 for a step whose scores, loss or
+# gradient norm were NaN/inf (scores: the step trained nothing; loss or gradient norm: the optimizer steps of
+# ``actor/nonfinite_skip_frac`` / ``critic/nonfinite_skip_frac`` were skipped); ``training/nonfinite_steps``
+# counts such steps so far. Neither is checkpointed.
+NONFINITE_SKIP = "training/nonfinite_skip"
 NONFINITE_STEPS = "training/nonfinite_steps"
 
 # DAPO dynamic sampling (arXiv 2503.14476): generation batches spent and groups kept for this step.
