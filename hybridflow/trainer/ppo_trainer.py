@@ -359,10 +359,8 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> None:
         """Workers' model/optimizer/scheduler/RNG, then the driver's state, then the ``latest`` pointer."""
-        step_dir = self.checkpoints.prepare_step_dir(self.global_step)
-        with self.checkpoints.saving(step_dir):
+        with self.checkpoints.saving(self.global_step) as step_dir:
             self._save_parts(step_dir)
-        self.checkpoints.mark_latest(self.global_step)
         self._saved_step = self.global_step
 
     def _save_parts(self, step_dir: pathlib.Path) -> None:
