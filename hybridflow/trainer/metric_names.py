@@ -23,6 +23,8 @@ VF_EXPLAINED_VAR = "critic/vf_explained_var"
 RESPONSE_LENGTH = "response_length"
 PROMPT_LENGTH = "prompt_length"
 CLIP_RATIO = "clip_ratio"
+# Assistant plus tool turns per sample of a multi-turn rollout (verl's num_turns/{mean,max,min}).
+NUM_TURNS = "num_turns"
 
 # Share of the batch's samples whose advantages are 0 on every response token (no policy gradient; e.g.
 # GRPO groups that all scored the same). With algorithm.skip_zero_signal_samples they skip the update.
