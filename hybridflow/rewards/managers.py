@@ -9,45 +9,45 @@ already holds ``rm_scores`` (a reward model scored it), those are returned as th
 
 A scoring call that raises, returns something other than a number or a dict with ``"score"``, or runs past
 ``timeout_s`` gives its sample a score of 0 and is counted in ``reward/score_errors`` or
-``reward/score_timeouts``; the first failure of each batch is logged. When at least ``max_failed_share`` of a
-batch's samples failed (default 1.0: all of them), nothing could learn from it: :class:`RewardFunctionError`
-stops the run with the first failure.
+``reward/score_timeouts``, their share of the batch in ``reward/failed_share`` (``rewards.failures``); the first
+failure of each batch is logged. When at least ``max_failed_share`` of a batch's samples failed (default 1.0:
+all of them), nothing could learn from it: :class:`RewardFunctionError` stops the run with the first failure,
+the function that failed and the key to change. Training and validation batches alike.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import logging
-import numbers
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import torch
 
 from hybridflow.errors import HybridflowError
 from hybridflow.registry import Registry
+from hybridflow.rewards.failures import (
+    FAILED_SHARE_METRIC,
+    SCORE_ERRORS_METRIC,
+    SCORE_TIMEOUTS_METRIC,
+    RewardFunctionError,
+    failure_message,
+    function_name,
+    results_from_outcomes,
+)
 from hybridflow.rewards.process_calls import ProcessCallRunner
 from hybridflow.rewards.response_batch import ResponseBatch, read_response_batch, scores_on_last_token
-from hybridflow.rewards.scoring import check_data_sources, default_compute_score
+from hybridflow.rewards.scoring import check_data_sources, default_compute_score, resolve_scoring_function
 from hybridflow.rewards.timed_calls import CallOutcome, TimedCallRunner
 
 if TYPE_CHECKING:  # DataProto loads tensordict (~2 s): not needed to check a config
     from hybridflow.protocol import DataProto
 
-logger = logging.getLogger(__name__)
-
-SCORE_ERRORS_METRIC = "reward/score_errors"
-SCORE_TIMEOUTS_METRIC = "reward/score_timeouts"
 
 REWARD_MANAGERS: Registry[type] = Registry("reward manager", config_key="reward_model.reward_manager")
 
 
 class RewardCallError(HybridflowError, TypeError):
     """The reward function cannot take the manager's call (checked when the manager is built)."""
-
-
-class RewardFunctionError(HybridflowError, RuntimeError):
-    """At least ``max_failed_share`` of a batch's scoring calls failed."""
 
 
 class RewardResult(NamedTuple):
@@ -57,17 +57,6 @@ class RewardResult(NamedTuple):
     token_level_scores: torch.Tensor
     extra: dict[str, list]
     metrics: dict[str, float]
-
-
-def as_score_dict(value: Any) -> dict[str, Any]:
-    """A scoring function's float or dict result as a dict with a float ``"score"``; TypeError otherwise."""
-    if isinstance(value, dict):
-        if not isinstance(value.get("score"), numbers.Real):
-            raise TypeError(f"a dict result needs a numeric 'score', got keys {sorted(value)}")
-        return {**value, "score": float(value["score"])}
-    if isinstance(value, numbers.Real):
-        return {"score": float(value)}
-    raise TypeError(f"scoring functions return a float or a dict with 'score', got {type(value).__name__}")
 
 
 def collect_extra(results: list[dict[str, Any]]) -> dict[str, list]:
@@ -104,6 +93,7 @@ class NaiveRewardManager:
         self.compute_score = compute_score or self.registered_compute_score
         self.num_examine = num_examine
         self.reward_fn_key = reward_fn_key
+        self.timeout_s = timeout_s
         self.runner = self.RUNNER(max_workers=max_workers, timeout_s=timeout_s)
 
     registered_compute_score = staticmethod(default_compute_score)
@@ -136,13 +126,14 @@ class NaiveRewardManager:
         return self._results(self.runner.run(calls), responses.data_sources)
 
     def _results(self, outcomes: list[CallOutcome], data_sources: list[str]) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        results, metrics, first_failure = results_from_outcomes(outcomes, data_sources)
-        failed = metrics[SCORE_ERRORS_METRIC] + metrics[SCORE_TIMEOUTS_METRIC]
-        if outcomes and failed / len(outcomes) >= self.max_failed_share:
-            raise RewardFunctionError(
-                f"scoring failed for {failed:g} of {len(outcomes)} samples, at least reward_model.reward_kwargs."
-                f"max_failed_share={self.max_failed_share:g} of them; first: {first_failure}; fix the reward function"
-            )
+        results, metrics, first = results_from_outcomes(outcomes, data_sources)
+        if first and metrics[FAILED_SHARE_METRIC] >= self.max_failed_share:
+            custom = not self.uses_registered_scoring
+            scorer = function_name(self.compute_score if custom else resolve_scoring_function(first.data_source))
+            failed = int(metrics[SCORE_ERRORS_METRIC] + metrics[SCORE_TIMEOUTS_METRIC])
+            raise RewardFunctionError(failure_message(
+                scorer, custom, first, failed, len(outcomes), self.max_failed_share, self.timeout_s
+            ))
         return results, metrics
 
     def close(self) -> None:
@@ -162,47 +153,24 @@ class NaiveRewardManager:
 def check_call(compute_score: Callable[..., Any], call: tuple[tuple, dict], origin: str = "") -> None:
     """The manager's call must bind to ``compute_score``'s signature, or every sample would fail alike.
     ``origin`` says where the function comes from (e.g. its file), for the message."""
+    function, (args, kwargs) = compute_score, call
+    bound = isinstance(function, functools.partial)
+    if bound:  # custom_reward_function.reward_kwargs: checked with the call, as the function will get them
+        function, args, kwargs = function.func, (*function.args, *args), {**function.keywords, **kwargs}
     try:
-        signature = inspect.signature(compute_score)
+        signature = inspect.signature(function)
     except (TypeError, ValueError):
         return  # a builtin or C callable: nothing to check ahead of the call
-    args, kwargs = call
     try:
         signature.bind(*args, **kwargs)
     except TypeError as error:
         shown = ", ".join([*(["_"] * len(args)), *(f"{key}=..." for key in kwargs)])
-        name = getattr(compute_score, "__name__", repr(compute_score))
+        name = getattr(function, "__name__", repr(function))
+        keys = "custom_reward_function.name names it" + (", .reward_kwargs adds keywords" if bound else "")
         raise RewardCallError(
             f"the reward function {name}{signature}{f' in {origin}' if origin else ''} cannot be called as "
-            f"{name}({shown}) ({error}); "
-            "change its parameters to match (custom_reward_function.name names it)"
+            f"{name}({shown}) ({error}); change its parameters to match ({keys})"
         ) from None
-
-
-def results_from_outcomes(
-    outcomes: list[CallOutcome], data_sources: list[str]
-) -> tuple[list[dict[str, Any]], dict[str, float], str | None]:
-    """Each sample's score dict (0 where its call failed), the failure counters, and the first failure."""
-    results, errors, timeouts, first_failure = [], 0, 0, None
-    for outcome, source in zip(outcomes, data_sources):
-        if outcome.status == "ok":
-            try:
-                results.append(as_score_dict(outcome.value))
-                continue
-            except TypeError as error:
-                outcome = CallOutcome("error", error=str(error))
-        errors += outcome.status == "error"
-        timeouts += outcome.status == "timeout"
-        first_failure = first_failure or f"data_source={source!r}: {outcome.status}: {outcome.error}"
-        results.append({"score": 0.0})
-    if first_failure:
-        logger.warning(
-            "scoring failed for %d of %d samples (they score 0); first: %s",
-            errors + timeouts,
-            len(outcomes),
-            first_failure,
-        )
-    return results, {SCORE_ERRORS_METRIC: float(errors), SCORE_TIMEOUTS_METRIC: float(timeouts)}, first_failure
 
 
 def registered_batch_compute_score(
@@ -233,7 +201,7 @@ class BatchRewardManager(NaiveRewardManager):
         outcome = self.runner.run([call])[0]
         if outcome.status == "ok" and not _is_sequence_of_length(outcome.value, len(responses)):
             got = repr(outcome.value)[:200]
-            outcome = CallOutcome("error", error=f"expected a list of {len(responses)} scores, got {got}")
+            outcome = CallOutcome("error", error=f"returned {got}, expected a list of {len(responses)} scores")
         if outcome.status == "ok":
             outcomes = [CallOutcome("ok", value) for value in outcome.value]
         else:

@@ -10,10 +10,11 @@ Layout under ``trainer.default_local_dir``::
     latest                  "global_step_4": written last, atomically, once every part above is on disk
 
 A run killed mid-save leaves a folder without a ``latest`` pointing at it, so a resume ignores it. Resume
-checks the manifest: when the latest checkpoint is damaged (a file missing, truncated or changed) or has no
-manifest, the run says which file and resumes from the newest intact one. A checkpoint that ``latest`` points
-at and that has no manifest at all was written before manifests existed and is trusted as before. A full disk
-while saving removes the partial folder and says so; ``latest`` keeps pointing at the previous checkpoint.
+checks the manifest (``checkpoint_integrity``): when the latest checkpoint is damaged (a file missing,
+truncated or changed) or has no manifest, the run says which file and resumes from the newest intact one.
+A checkpoint that ``latest`` points at and that has no manifest at all was written before manifests existed
+and is trusted as before (only a folder with a manifest is ever a fallback). A full disk while saving (here
+or in a worker) removes the partial folder and says so; ``latest`` keeps pointing at the previous checkpoint.
 ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` keep the newest N ``actor/`` / ``critic/``
 folders; a ``global_step_N`` folder left with neither is deleted.
 """
@@ -21,9 +22,6 @@ folders; a ``global_step_N`` folder left with neither is deleted.
 from __future__ import annotations
 
 import contextlib
-import errno
-import hashlib
-import json
 import os
 import pathlib
 import random
@@ -35,13 +33,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridflow.distributed.errors import WorkerError
 from hybridflow.errors import HybridflowError
+from hybridflow.trainer.checkpoint_integrity import (
+    DRIVER_STATE_FILE,
+    checkpoint_damage,
+    free_space,
+    is_disk_full,
+    write_manifest,
+)
 
 LATEST_FILE = "latest"
-DRIVER_STATE_FILE = "driver_state.pt"
-MANIFEST_FILE = "manifest.json"
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 STEP_DIR_PATTERN = re.compile(r"^global_step_(\d+)$")
 RESUME_MODES = ("auto", "disable", "resume_path")
 ACTOR_DIR, CRITIC_DIR = "actor", "critic"
@@ -88,20 +89,32 @@ class CheckpointManager:
         self.resume_mode = resume_mode
         self.resume_from_path = resume_from_path
         self.max_to_keep = dict(max_to_keep or {})
+        self._latest: tuple[pathlib.Path | None, str] | None = None  # (newest intact checkpoint, fallback warning)
+        self._announced = False
 
     def step_dir(self, global_step: int) -> pathlib.Path:
         return self.root_dir / step_dir_name(global_step)
 
-    def latest_step_dir(self) -> pathlib.Path | None:
+    def latest_step_dir(self, announce: bool = True) -> pathlib.Path | None:
         """The newest intact checkpoint: the one ``latest`` points at, or, when that one is damaged, the newest
-        other whose manifest checks out (saying so); None when nothing was ever fully saved."""
+        other whose manifest checks out; None when nothing was ever fully saved. Checked once per manager; the
+        fallback is printed (once) when ``announce``."""
+        if self._latest is None:
+            self._latest = self._find_latest()
+        step_dir, warning = self._latest
+        if warning and announce and not self._announced:
+            print(f"[hybridflow] warning: {warning}", flush=True)
+            self._announced = True
+        return step_dir
+
+    def _find_latest(self) -> tuple[pathlib.Path | None, str]:
         pointer = self.root_dir / LATEST_FILE
         if not pointer.exists():
-            return None
+            return None, ""
         step_dir = self.root_dir / pointer.read_text().strip()
         damage = checkpoint_damage(step_dir, legacy_ok=True)
         if damage is None:
-            return step_dir
+            return step_dir, ""
         intact = next((path for path in reversed(self._step_dirs()) if path != step_dir
                        and checkpoint_damage(path) is None), None)
         if intact is None:
@@ -110,9 +123,7 @@ class CheckpointManager:
                 f"{self.root_dir} is intact; set trainer.resume_mode=disable (or a new trainer.default_local_dir) "
                 "to start fresh"
             )
-        print(f"[hybridflow] warning: checkpoint {step_dir.name} is damaged ({damage}); resuming from {intact.name} instead",
-              flush=True)
-        return intact
+        return intact, f"checkpoint {step_dir.name} is damaged ({damage}); resuming from {intact.name} instead"
 
     def resume_hint(self) -> str:
         """What the same command would resume from, in words (for a run that stops early)."""
@@ -125,12 +136,13 @@ class CheckpointManager:
             return f"the same command resumes from {self.root_dir / pointer.read_text().strip()}"
         return f"trainer.resume_mode={self.resume_mode!r} resumes from that checkpoint again"
 
-    def resume_dir(self) -> pathlib.Path | None:
-        """The checkpoint folder to resume from under the configured ``resume_mode``, or None."""
+    def resume_dir(self, announce: bool = True) -> pathlib.Path | None:
+        """The checkpoint folder to resume from under the configured ``resume_mode``, or None (``announce``: see
+        :meth:`latest_step_dir`)."""
         if self.resume_mode == "disable":
             return None
         if self.resume_mode == "auto":
-            return self.latest_step_dir()
+            return self.latest_step_dir(announce)
         path = self.resume_from_path if self.resume_mode == "resume_path" else self.resume_mode
         step_dir = pathlib.Path(path)
         if not (step_dir / DRIVER_STATE_FILE).exists():
@@ -154,28 +166,34 @@ class CheckpointManager:
         return step_dir
 
     def save_driver_state(self, step_dir: pathlib.Path, state: dict[str, Any]) -> None:
-        torch.save(state, step_dir / DRIVER_STATE_FILE)
+        # Through a Python file: torch's own file writer reports a full disk as "unexpected pos", with no errno.
+        with open(step_dir / DRIVER_STATE_FILE, "wb") as handle:
+            torch.save(state, handle)
 
     def load_driver_state(self, step_dir: pathlib.Path) -> dict[str, Any]:
         # Our own file, holding numpy RNG state and sampler state, so not a weights-only load.
         return torch.load(step_dir / DRIVER_STATE_FILE, weights_only=False)
 
     @contextlib.contextmanager
-    def saving(self, step_dir: pathlib.Path) -> Iterator[None]:
-        """Writing ``step_dir``: a full disk (here or in a worker) removes it and says so; ``latest`` is untouched."""
+    def saving(self, global_step: int) -> Iterator[pathlib.Path]:
+        """An empty folder for step ``global_step`` to write into; once the body is done, its manifest is written
+        and ``latest`` points at it. A full disk (here or in a worker) removes the folder and raises one line
+        saying so; ``latest`` still points at the previous checkpoint."""
+        step_dir = self.step_dir(global_step)
         try:
-            yield
-        except (OSError, WorkerError) as error:
-            if not _disk_full(error):
+            self.prepare_step_dir(global_step)
+            yield step_dir
+            self.mark_latest(global_step)
+        except Exception as error:
+            if not is_disk_full(error):
                 raise
             shutil.rmtree(step_dir, ignore_errors=True)
-            usage = shutil.disk_usage(self.root_dir)
             latest = self.root_dir / LATEST_FILE
-            kept = latest.read_text().strip() if latest.exists() else "none (no checkpoint was saved before)"
+            kept = (f"the previous checkpoint {latest.read_text().strip()} is kept" if latest.exists()
+                    else "no earlier checkpoint exists")
             raise CheckpointError(
-                f"disk full while writing checkpoint {step_dir} ({usage.free / 2**20:.0f} MiB free of "
-                f"{usage.total / 2**30:.1f} GiB); the previous checkpoint is kept: {kept}; free space (or lower "
-                "trainer.max_actor_ckpt_to_keep) and run the same command to resume"
+                f"disk full while writing checkpoint {step_dir} ({free_space(self.root_dir)}); {kept}; free space "
+                "(or keep fewer checkpoints) and run the same command to resume"
             ) from error
 
     def mark_latest(self, global_step: int) -> None:
@@ -186,6 +204,7 @@ class CheckpointManager:
         temporary = self.root_dir / f".{LATEST_FILE}.tmp"
         temporary.write_text(step_dir_name(global_step) + "\n")
         os.replace(temporary, pointer)
+        self._latest = None  # checked again if asked
         self._prune(keep=self.step_dir(global_step))
 
     def _prune(self, keep: pathlib.Path) -> None:
@@ -212,52 +231,3 @@ class CheckpointManager:
             if path.is_dir() and (match := STEP_DIR_PATTERN.match(path.name))
         ]
         return [path for _, path in sorted(found)]
-
-
-def _disk_full(error: BaseException) -> bool:
-    if isinstance(error, OSError):
-        return error.errno in DISK_FULL
-    return any(os.strerror(code) in error.remote_traceback for code in DISK_FULL)
-
-
-def _checksum(path: pathlib.Path) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def write_manifest(step_dir: pathlib.Path) -> None:
-    """``manifest.json``: each file of ``step_dir`` (relative path) with its size and checksum; written atomically."""
-    files = sorted(path for path in step_dir.rglob("*") if path.is_file() and path.name != MANIFEST_FILE)
-    manifest = {str(path.relative_to(step_dir)): [path.stat().st_size, _checksum(path)] for path in files}
-    temporary = step_dir / f".{MANIFEST_FILE}.tmp"
-    temporary.write_text(json.dumps(manifest, indent=0))
-    os.replace(temporary, step_dir / MANIFEST_FILE)
-
-
-def checkpoint_damage(step_dir: pathlib.Path, legacy_ok: bool = False) -> str | None:
-    """What is wrong with the checkpoint in ``step_dir`` (the first file that differs from its manifest), or None.
-
-    ``legacy_ok``: a folder with ``driver_state.pt`` but no manifest was written before manifests existed."""
-    manifest_file = step_dir / MANIFEST_FILE
-    if not step_dir.is_dir():
-        return f"{step_dir} does not exist"
-    if not manifest_file.is_file():
-        if legacy_ok and (step_dir / DRIVER_STATE_FILE).is_file():
-            return None
-        return f"{step_dir.name} has no {MANIFEST_FILE}: its save did not finish"
-    try:
-        manifest = json.loads(manifest_file.read_text())
-    except (OSError, ValueError) as error:
-        return f"{manifest_file} is unreadable ({error})"
-    for name, (size, checksum) in manifest.items():
-        path = step_dir / name
-        if not path.is_file():
-            return f"{step_dir.name}/{name} is missing"
-        if path.stat().st_size != size:
-            return f"{step_dir.name}/{name} has {path.stat().st_size} bytes, {size} recorded"
-        if _checksum(path) != checksum:
-            return f"{step_dir.name}/{name} differs from its recorded checksum"
-    return None

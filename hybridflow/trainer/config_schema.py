@@ -151,7 +151,7 @@ class TrainerConfig:
     val_only: bool = option(False, "Validate once and exit.")
     critic_warmup: int = option(0, "Train only the critic for the first N steps; the actor's update starts at N+1.")
     max_nonfinite_steps: int = option(
-        3, "Steps whose scores, loss or gradient norm are NaN/inf are skipped; more than this many stop the run (0: the first)."
+        3, "Steps whose scores, loss or gradient norm are NaN/inf are skipped and never checkpointed; more than this many stop the run (0: the first)."
     )
     default_local_dir: str = option("checkpoints/hybridflow/ppo", "The run folder: checkpoints, metrics.jsonl, dumps.")
     resume_mode: str = option("auto", "auto: resume from the run folder's latest; disable; resume_path; or a path.")

@@ -23,6 +23,8 @@ VF_EXPLAINED_VAR = "critic/vf_explained_var"
 RESPONSE_LENGTH = "response_length"
 PROMPT_LENGTH = "prompt_length"
 CLIP_RATIO = "clip_ratio"
+# Assistant plus tool turns per sample of a multi-turn rollout (verl's num_turns/{mean,max,min}).
+NUM_TURNS = "num_turns"
 
 # Share of the batch's samples whose advantages are 0 on every response token (no policy gradient; e.g.
 # GRPO groups that all scored the same). With algorithm.skip_zero_signal_samples they skip the update.
@@ -71,7 +73,11 @@ ROLLOUT_CORR_PREFIX = ROLLOUT_CORRECTION_METRIC_PREFIX
 # Where the run is.
 GLOBAL_STEP = "training/global_step"
 EPOCH = "training/epoch"
-# Steps so far whose scores, loss or gradient norm were not finite (hybridflow.trainer.nonfinite); their updates were skipped.
+# Non-finite values (hybridflow.trainer.nonfinite): ``training/nonfinite_skip`` is 1 for a step whose scores, loss or
+# gradient norm were NaN/inf (scores: the step trained nothing; loss or gradient norm: the optimizer steps of
+# ``actor/nonfinite_skip_frac`` / ``critic/nonfinite_skip_frac`` were skipped); ``training/nonfinite_steps``
+# counts such steps so far. Neither is checkpointed.
+NONFINITE_SKIP = "training/nonfinite_skip"
 NONFINITE_STEPS = "training/nonfinite_steps"
 
 # DAPO dynamic sampling (arXiv 2503.14476): generation batches spent and groups kept for this step.

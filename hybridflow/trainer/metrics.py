@@ -83,6 +83,8 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
         names.stat(names.PROMPT_LENGTH, names.CLIP_RATIO): (prompt_length == max_prompt_length).float().mean().item(),
         names.ZERO_SIGNAL_FRAC: 1.0 - samples_with_signal(batch).float().mean().item(),
     }
+    if "num_turns" in batch.non_tensor_batch:  # the agent loop's rollouts
+        metrics.update(_stats(names.NUM_TURNS, torch.as_tensor(batch.non_tensor_batch["num_turns"].astype(float))))
     if use_critic:
         values = torch.masked_select(tensors["values"], response_mask)
         returns = torch.masked_select(tensors["returns"], response_mask)

@@ -224,7 +224,8 @@ class RayPPOTrainer:
                     # Scores that are not finite would make every later phase NaN: the step trains nothing
                     if not self.nonfinite.scores_are_finite(batch, self.global_step):
                         last = self.global_step == self.total_training_steps
-                        self._end_step({**reward_metrics, **self.nonfinite.metrics()}, tracker, last)
+                        metrics = {**reward_metrics, **self.nonfinite.metrics(self.global_step)}
+                        self._end_step(metrics, tracker, last, save=False)
                         continue
                     # The samples phases 3-7 train on: all, or (exact_skips) those left once 5 has run
                     # early on the scores and the samples whose advantages are all 0 are dropped
@@ -258,28 +259,31 @@ class RayPPOTrainer:
                     **reward_metrics, **balance_metrics, **adv_metrics, **critic_metrics, **actor_metrics,
                     **self._step_metrics(batch, train_batch, timer),
                 }
-                self.nonfinite.check_updates(metrics, self.global_step)
-                metrics.update(self.nonfinite.metrics())
+                # A loss or gradient norm that was not finite (its optimizer steps were skipped): not saved
+                finite = self.nonfinite.updates_are_finite(metrics, self.global_step)
+                metrics.update(self.nonfinite.metrics(self.global_step))
                 for hook in self.hooks:
                     hook.after_step(self.global_step, batch, metrics)
-                self._end_step(metrics, tracker, last=self.global_step == self.total_training_steps)
+                self._end_step(metrics, tracker, last=self.global_step == self.total_training_steps, save=finite)
         except EndOfData as end:
             self.global_step -= 1
             print(f"stopping after step {self.global_step}: {end}")
-            if self.config.trainer.save_freq > 0 and self._saved_step != self.global_step:
+            # Unless saved already, or its values were not finite (such a step is never saved)
+            unsaved = self.global_step not in (self._saved_step, self.nonfinite.last_step)
+            if self.config.trainer.save_freq > 0 and unsaved:
                 self.save_checkpoint()
         finally:
             tracker.close()
 
-    def _end_step(self, metrics: dict[str, float], tracker: Tracking, last: bool) -> None:
-        """Validate and save on their schedules (and at the end); metrics are logged before the save, so a
-        run killed while saving redoes this step after resuming."""
+    def _end_step(self, metrics: dict[str, float], tracker: Tracking, last: bool, save: bool = True) -> None:
+        """Validate and save (unless ``save`` is False) on their schedules and at the end; metrics are logged
+        before the save, so a run killed while saving redoes this step after resuming."""
         trainer = self.config.trainer
         validate_now = trainer.test_freq > 0 and (last or self.global_step % trainer.test_freq == 0)
         if validate_now and self.val_loader is not None:
             metrics.update(self.validate(tracker))
         tracker.log(metrics, self.global_step)
-        if trainer.save_freq > 0 and (last or self.global_step % trainer.save_freq == 0):
+        if save and trainer.save_freq > 0 and (last or self.global_step % trainer.save_freq == 0):
             self.save_checkpoint()
 
     def _start_run(self) -> Tracking:
@@ -355,10 +359,8 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> None:
         """Workers' model/optimizer/scheduler/RNG, then the driver's state, then the ``latest`` pointer."""
-        step_dir = self.checkpoints.prepare_step_dir(self.global_step)
-        with self.checkpoints.saving(step_dir):
+        with self.checkpoints.saving(self.global_step) as step_dir:
             self._save_parts(step_dir)
-        self.checkpoints.mark_latest(self.global_step)
         self._saved_step = self.global_step
 
     def _save_parts(self, step_dir: pathlib.Path) -> None:

@@ -51,7 +51,7 @@ def resume_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
         return []  # nothing to resume from, or validate names the missing resume_from_path
     manager = CheckpointManager(trainer.default_local_dir, trainer.resume_mode, trainer.resume_from_path)
     try:
-        step_dir = manager.resume_dir()
+        step_dir = manager.resume_dir(announce=False)  # the run itself says which checkpoint it falls back to
     except CheckpointError as error:
         return [] if _named_by_validate(trainer) else [str(error)]
     if step_dir is None:

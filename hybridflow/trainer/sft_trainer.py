@@ -178,15 +178,13 @@ class SFTTrainer:
 
     def save_checkpoint(self) -> None:
         """Worker states, then the driver's (step, data position, RNG), then the ``latest`` pointer."""
-        step_dir = self.checkpoints.prepare_step_dir(self.global_step)
-        with self.checkpoints.saving(step_dir):
+        with self.checkpoints.saving(self.global_step) as step_dir:
             self.sft_group.save_checkpoint(str(step_dir / WORKER_STATE_DIR), self.global_step)
             state = {
                 "global_step": self.global_step, "train_loader": self.train_loader.state_dict(),
                 "rng": capture_rng_state(),
             }
             self.checkpoints.save_driver_state(step_dir, state)
-        self.checkpoints.mark_latest(self.global_step)
 
     def load_checkpoint(self, step_dir: pathlib.Path) -> None:
         state = self.checkpoints.load_driver_state(step_dir)

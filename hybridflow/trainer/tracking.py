@@ -175,6 +175,8 @@ class ConsoleBackend:
         scalars = _finite_floats(metrics)
         shown = [f"{label} {scalars[key]:.4g}" for label, key in self.SHOWN.items() if key in scalars]
         shown += [f"{key} {value:.4g}" for key, value in scalars.items() if key.startswith(names.VAL_CORE_PREFIX)]
+        if scalars.get(names.NONFINITE_STEPS):  # steps skipped for NaN/inf so far; shown once there is one
+            shown.append(f"nonfinite_steps {scalars[names.NONFINITE_STEPS]:.0f}")
         self.progress.console.print(f"step {step}: " + "  ".join(shown), soft_wrap=True)
         score = scalars.get(self.SHOWN["score"])
         throughput = scalars.get(names.PERF_THROUGHPUT)

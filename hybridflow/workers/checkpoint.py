@@ -129,9 +129,9 @@ def save_checkpoint(
     if sharded:
         dcp.save(sharded, checkpoint_id=str(staging))
     if "extra" in contents:
-        torch.save(capture_rng_state(), staging / f"rng_rank{rank}.pt")
+        _save_torch(capture_rng_state(), staging / f"rng_rank{rank}.pt")
         if rank == 0 and state.lr_scheduler is not None:
-            torch.save({"lr_scheduler": state.lr_scheduler.state_dict()}, staging / EXTRA_STATE_FILE)
+            _save_torch({"lr_scheduler": state.lr_scheduler.state_dict()}, staging / EXTRA_STATE_FILE)
     if "hf_model" in contents:
         export(staging / HF_DIR)
     if rank == 0:
@@ -141,6 +141,12 @@ def save_checkpoint(
     if rank == 0:
         _replace_dir(staging, final)
     dist.barrier()
+
+
+def _save_torch(value: Any, path: pathlib.Path) -> None:
+    # Through a Python file: torch's own file writer reports a full disk as "unexpected pos", with no errno.
+    with open(path, "wb") as handle:
+        torch.save(value, handle)
 
 
 def _replace_dir(staging: pathlib.Path, final: pathlib.Path) -> None:

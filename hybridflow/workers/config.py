@@ -271,7 +271,9 @@ class RewardModelConfig:
     reward_manager: str = option(
         "naive", "Reward manager: naive (gdpo is its verl alias), prime (naive in killable processes), batch (one call per batch) or dapo (with the overlong penalty)."
     )
-    reward_kwargs: dict = option({}, "Further reward manager options, e.g. +reward_model.reward_kwargs.timeout_s=60.")
+    reward_kwargs: dict = option(
+        {}, "Further reward manager options, e.g. +reward_model.reward_kwargs.timeout_s=60, or max_failed_share=0.5 (stop once half a batch fails to score; default 1.0)."
+    )
     overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO's overlong penalty (dapo manager).")
     model: RewardModelModelConfig = section(RewardModelModelConfig, "The reward model.")
     micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per forward on one rank.")

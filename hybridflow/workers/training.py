@@ -35,6 +35,9 @@ from hybridflow.workers.config import FSDPConfig, OptimConfig
 from hybridflow.workers.fsdp import move_model, move_optimizer_state
 from hybridflow.workers.optim import build_lr_scheduler, build_optimizer
 
+# The metric of each optimizer step: 1.0 when its gradient norm was not finite and the step was not taken.
+NONFINITE_SKIP_FRAC = "nonfinite_skip_frac"
+
 # (micro-batch on device, mini-batch counts) -> (loss, metrics that add up over micro-batches and ranks)
 LossFn = Callable[[DataProto, LossCounts], tuple[torch.Tensor, dict[str, float]]]
 
@@ -117,8 +120,9 @@ class ShardedTrainer:
         ``mini_batch_size`` rows) and each epoch is one optimizer step with these counts, taken even when
         ``data`` is empty on every rank: zero gradients still move AdamW's moments and its weight decay.
 
-        Returns, per mini-batch step, the summed ``loss_fn`` metrics (identical on every rank) and
-        ``grad_norm``; and the ``lr`` the steps used.
+        Returns, per mini-batch step, the summed ``loss_fn`` metrics (identical on every rank), ``grad_norm``
+        and ``nonfinite_skip_frac`` (1.0 for a step skipped because its gradient norm was NaN or inf); and the
+        ``lr`` the steps used.
         """
         # A shuffle stream per (seed, update call, rank): a resumed run draws the same permutations.
         stream = np.random.SeedSequence([seed, self.update_count, dist.get_rank()]).generate_state(1)[0]
@@ -166,6 +170,8 @@ class ShardedTrainer:
             self._zero_gradients()
         step_metrics = all_reduce_sums(dict(summed), self.device)
         step_metrics["grad_norm"] = self._clip_and_step(grad_clip)
+        # Averaged over an update's steps by the driver: the share of them skipped.
+        step_metrics[NONFINITE_SKIP_FRAC] = float(not math.isfinite(step_metrics["grad_norm"]))
         return step_metrics
 
     def _zero_gradients(self) -> None:

@@ -1,4 +1,4 @@
-"""A driver killed with SIGKILL leaves no process of its local Ray cluster behind."""
+"""A local Ray cluster leaves no process behind: after ``ray.shutdown()``, nor when its driver is killed with SIGKILL."""
 
 import os
 import signal
@@ -9,15 +9,23 @@ import time
 from hybridflow.distributed.reaper import marked_processes
 
 DRIVER = """
-import os, time
+import os, time, ray
 from hybridflow.distributed.ray_init import init_local_ray
+from hybridflow.distributed.reaper import marked_processes
+init_local_ray(num_cpus=1, temp_dir={temp_dir!r})
+first = os.environ["HYBRIDFLOW_RAY_SESSION"]
+ray.shutdown()
+deadline = time.monotonic() + 10
+while marked_processes(first) and time.monotonic() < deadline:
+    time.sleep(0.2)
+print(len(marked_processes(first)), flush=True)
 init_local_ray(num_cpus=1, temp_dir={temp_dir!r})
 print(os.environ["HYBRIDFLOW_RAY_SESSION"], flush=True)
 time.sleep(600)
 """
 
 
-def test_a_killed_driver_takes_its_local_cluster_with_it(tmp_path):
+def test_a_shut_down_or_killed_driver_leaves_no_ray_process(tmp_path):
     temp_dir = f"/tmp/hfreap{os.getpid()}"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     env.pop("RAY_ADDRESS", None)
@@ -25,6 +33,7 @@ def test_a_killed_driver_takes_its_local_cluster_with_it(tmp_path):
         [sys.executable, "-c", DRIVER.format(temp_dir=temp_dir)], stdout=subprocess.PIPE, text=True, env=env,
     )
     try:
+        assert driver.stdout.readline().strip() == "0", "ray.shutdown() left processes of its cluster running"
         marker = driver.stdout.readline().strip()
         assert marker, "the driver did not start its cluster"
         assert len(marked_processes(marker)) >= 3  # the driver, the GCS server and the raylet at least

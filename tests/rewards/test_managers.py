@@ -1,4 +1,6 @@
+import functools
 import logging
+import re
 import threading
 
 import pytest
@@ -9,6 +11,7 @@ from hybridflow.rewards.managers import (
     REWARD_MANAGERS,
     SCORE_ERRORS_METRIC,
     SCORE_TIMEOUTS_METRIC,
+    FAILED_SHARE_METRIC,
     BatchRewardManager,
     DAPORewardManager,
     NaiveRewardManager,
@@ -54,7 +57,7 @@ def test_naive_places_each_score_on_the_last_response_token(tokenizer, managers)
     assert scores.dtype == torch.float32 and torch.equal(scores, expected)
     assert extra["score"] == [1.0, 0.0, 1.0] and extra["acc"] == [1.0, 0.0, 1.0]
     assert extra["pred"] == ["4", "5", "1 2 3"]  # decoded without the EOS special token
-    assert metrics == {SCORE_ERRORS_METRIC: 0.0, SCORE_TIMEOUTS_METRIC: 0.0}
+    assert metrics == {SCORE_ERRORS_METRIC: 0.0, SCORE_TIMEOUTS_METRIC: 0.0, FAILED_SHARE_METRIC: 0.0}
 
 
 def test_custom_functions_get_verls_arguments(tokenizer, managers):
@@ -86,12 +89,12 @@ def test_raising_and_hanging_functions_cost_only_their_sample(tokenizer, manager
 
     batch = rollout_batch(tokenizer, ["ok", "raise", "hang", "none", "ok"], ["d"] * 5, ["x"] * 5)
     manager = managers("naive", tokenizer, compute_score, timeout_s=0.3, max_workers=2)
-    with caplog.at_level(logging.WARNING, logger="hybridflow.rewards.managers"):
+    with caplog.at_level(logging.WARNING, logger="hybridflow.rewards.failures"):
         scores, extra, metrics = manager(batch)
     release.set()
     assert extra["score"] == [1.0, 0.0, 0.0, 0.0, 1.0]
     assert scores.sum().item() == 2.0
-    assert metrics == {SCORE_ERRORS_METRIC: 2.0, SCORE_TIMEOUTS_METRIC: 1.0}
+    assert metrics == {SCORE_ERRORS_METRIC: 2.0, SCORE_TIMEOUTS_METRIC: 1.0, FAILED_SHARE_METRIC: 0.6}
     assert "scoring failed for 3 of 5 samples" in caplog.text and "ValueError: bad input" in caplog.text
 
 
@@ -117,7 +120,7 @@ def test_batch_manager_makes_one_call_with_lists(tokenizer, managers):
 
 def test_batch_manager_counts_a_wrong_length_result_for_every_sample(tokenizer, managers):
     batch = rollout_batch(tokenizer, ["a", "b"], ["d"] * 2, ["a", "b"])
-    with pytest.raises(RewardFunctionError, match="scoring failed for 2 of 2 samples.*expected a list of 2 scores"):
+    with pytest.raises(RewardFunctionError, match=r"failed on 2 of 2 samples.*returned \[1.0\], expected a list of 2 scores"):
         managers("batch", tokenizer, lambda **lists: [1.0])(batch)
 
 
@@ -132,8 +135,62 @@ def test_a_step_stops_once_the_failed_share_reaches_the_limit(tokenizer, manager
 
     _, extra, metrics = managers("naive", tokenizer, half_fail, max_failed_share=0.75)(batch)
     assert extra["score"] == [1.0, 1.0, 0.0, 0.0] and metrics[SCORE_ERRORS_METRIC] == 2.0
+    assert metrics[FAILED_SHARE_METRIC] == 0.5
     with pytest.raises(RewardFunctionError, match=r"2 of 4 samples.*max_failed_share=0.5.*KeyError: 'no answer'"):
         managers("naive", tokenizer, half_fail, max_failed_share=0.5)(batch)
+
+
+def returns_text(data_source, solution_str, ground_truth, extra_info):
+    return "abc"
+
+
+def test_a_batch_that_failed_entirely_stops_with_the_function_its_file_the_first_failure_and_the_fix(tokenizer, managers):
+    batch = rollout_batch(tokenizer, ["a", "b"], ["d", "e"], ["x"] * 2)
+    with pytest.raises(RewardFunctionError) as raised:
+        managers("naive", tokenizer, returns_text)(batch)
+    line = returns_text.__code__.co_firstlineno
+    assert str(raised.value) == (
+        f"the reward function returns_text in {__file__}:{line} failed on 2 of 2 samples, at least "
+        "reward_model.reward_kwargs.max_failed_share=1 of them; first: data_source 'd': returned 'abc' (str), "
+        "expected a float or a dict with 'score'; fix it (custom_reward_function.path and .name choose it)"
+    )
+
+
+@pytest.mark.parametrize("result, first", [
+    ({"acc": 1.0}, "returned a dict with no 'score' (keys ['acc']), expected a float or a dict with 'score'"),
+    ({"score": "high"}, "returned a dict with 'score': 'high' (str) (keys ['score']), expected a float or"),
+    (None, "returned None (NoneType), expected a float or a dict with 'score'"),
+    (ValueError("line one\nline two"), "ValueError: line one line two; fix it"),  # one line
+])
+def test_each_kind_of_failure_is_named_as_it_happened(tokenizer, managers, result, first):
+    def compute_score(data_source, solution_str, ground_truth, extra_info):
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    batch = rollout_batch(tokenizer, ["a", "b"], ["d"] * 2, ["x"] * 2)
+    with pytest.raises(RewardFunctionError, match=f"first: data_source 'd': {re.escape(first)}"):
+        managers("naive", tokenizer, compute_score)(batch)
+
+
+def test_a_batch_that_timed_out_names_the_time_limit_key(tokenizer, managers):
+    release = threading.Event()
+    batch = rollout_batch(tokenizer, ["a"], ["d"], ["x"])
+    manager = managers("naive", tokenizer, lambda *sample: release.wait(30), timeout_s=0.2)
+    try:
+        with pytest.raises(RewardFunctionError, match=r"first: data_source 'd': still running after 0.2 s.*; make it "
+                                                      r"faster or raise \+reward_model.reward_kwargs.timeout_s \(now 0.2 s\)$"):
+            manager(batch)
+    finally:
+        release.set()
+
+
+def test_a_registered_scorer_that_fails_points_at_the_ground_truth(tokenizer, managers):
+    batch = rollout_batch(tokenizer, ["1+2"], ["countdown"], [None])
+    with pytest.raises(RewardFunctionError, match=r"^the reward function compute_score in .*countdown.py:\d+ failed on 1 "
+                                                  r".*TypeError: .*check the rows' reward_model.ground_truth for "
+                                                  r"data_source 'countdown'"):
+        managers("naive", tokenizer)(batch)
 
 
 @pytest.mark.parametrize("name, function", [
@@ -144,6 +201,16 @@ def test_a_step_stops_once_the_failed_share_reaches_the_limit(tokenizer, manager
 def test_a_reward_function_that_cannot_take_the_managers_call_is_refused_when_built(tokenizer, managers, name, function):
     with pytest.raises(RewardCallError, match="cannot be called as"):
         managers(name, tokenizer, function)
+
+
+def test_reward_kwargs_the_function_does_not_take_are_refused_when_built(tokenizer, managers):
+    """inspect.signature refuses such a partial (ValueError): its function is checked with the keywords."""
+    function = functools.partial(returns_text, scale=2)
+    with pytest.raises(RewardCallError, match=re.escape(
+        "cannot be called as returns_text(_, _, _, _, scale=...) (got an unexpected keyword argument 'scale'); "
+        "change its parameters to match (custom_reward_function.name names it, .reward_kwargs adds keywords)"
+    )):
+        managers("naive", tokenizer, function)
 
 
 def test_batch_manager_defaults_to_the_registered_functions(tokenizer, managers):

@@ -40,3 +40,50 @@ def tiny_run_overrides(model_dir, parquet, run_dir, estimator="grpo"):
         "trainer.logger=[jsonl]",
         "trainer.n_gpus_per_node=1",
     ]
+
+
+# What the tool-calling model learns to answer the first training prompt with (the tiny parquet's row 0).
+TOOL_QUESTION = "What is 8-2? End with '#### <answer>'."
+TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "8-2"}}\n</tool_call>'
+TOOL_ANSWER = "#### 6"
+
+
+def tool_calling_model(model_dir, tools_yaml, out_dir):
+    """The tiny model overfit (prompt tokens masked) on one conversation rendered as the trainer renders it, the
+    tools' schemas in the prompt: question -> calculator call -> tool says 6 -> answer. Sampling then calls the
+    tool in most samples of the other arithmetic prompts too, so a run goes through real tool turns."""
+    import torch
+
+    from hybridflow.models.loading import load_causal_lm, load_tokenizer
+    from hybridflow.rollout.tool_messages import ToolMessageEncoder
+    from hybridflow.rollout.tools import load_tools
+
+    tokenizer, model = load_tokenizer(model_dir), load_causal_lm(model_dir)
+    schemas = [tool.schema for tool in load_tools(str(tools_yaml)).values()]
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": TOOL_QUESTION}], tools=schemas,
+                                           add_generation_prompt=True, tokenize=False)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    eos = [tokenizer.eos_token_id]
+    completion = (tokenizer.encode(TOOL_CALL, add_special_tokens=False) + eos
+                  + ToolMessageEncoder(tokenizer).encode(["6"], ended_with_eos=True)
+                  + tokenizer.encode(TOOL_ANSWER, add_special_tokens=False) + eos)
+    sequence = torch.tensor([prompt_ids + completion])
+    labels = sequence.clone()
+    labels[0, : len(prompt_ids)] = -100
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        for _ in range(400):
+            loss = model(input_ids=sequence, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if loss.item() < 0.005:
+                break
+    torch.set_num_threads(previous)
+    assert loss.item() < 0.005, f"the tool-calling model did not converge (loss {loss.item():.4f})"
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir

@@ -3,21 +3,25 @@ and a full disk while saving is named as such with the previous checkpoint kept.
 
 import errno
 import json
+import os
 import shutil
 
 import pytest
 
 from hybridflow.distributed.errors import WorkerError
-from hybridflow.trainer.checkpoint_manager import CheckpointError, CheckpointManager, checkpoint_damage
+from hybridflow.trainer.checkpoint_integrity import checkpoint_damage, free_space
+from hybridflow.trainer.checkpoint_manager import CheckpointError, CheckpointManager
+
+# Every write to /dev/full fails with ENOSPC: a real full disk, one file at a time.
+FULL = "/dev/full"
+needs_dev_full = pytest.mark.skipif(not os.path.exists(FULL), reason="needs /dev/full (Linux)")
 
 
 def _save(manager, step, weights=b"w" * 1000):
-    step_dir = manager.prepare_step_dir(step)
-    with manager.saving(step_dir):
+    with manager.saving(step) as step_dir:
         (step_dir / "actor").mkdir()
         (step_dir / "actor" / "model.distcp").write_bytes(weights)
         manager.save_driver_state(step_dir, {"global_step": step})
-    manager.mark_latest(step)
     return step_dir
 
 
@@ -76,24 +80,59 @@ def test_a_damaged_explicit_resume_path_is_refused(tmp_path):
         CheckpointManager(tmp_path, str(tmp_path / "global_step_1")).resume_dir()
 
 
-@pytest.mark.parametrize("failure", [
-    OSError(errno.ENOSPC, "No space left on device"),
-    WorkerError("actor_rollout", 0, "actor.save_checkpoint", "Traceback ...\nOSError: [Errno 28] No space left on device", "OSError"),
-])
-def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, failure):
+DISK_FULL = r"disk full while writing checkpoint .*global_step_2 \(\d+ MiB free on /.*\); the previous checkpoint global_step_1 is kept"
+
+
+@needs_dev_full
+@pytest.mark.parametrize("full_file", ["driver_state.pt", ".manifest.json.tmp"])
+def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, full_file):
+    """torch.save of the driver state, or the manifest written last, meets a real ENOSPC."""
     manager = CheckpointManager(tmp_path, "auto")
     _save(manager, 1)
-    step_dir = manager.prepare_step_dir(2)
-    with pytest.raises(CheckpointError, match=r"disk full while writing checkpoint .*global_step_2 .*the previous checkpoint is kept: global_step_1"):
-        with manager.saving(step_dir):
-            (step_dir / "actor").mkdir()
-            raise failure
+    with pytest.raises(CheckpointError, match=DISK_FULL) as raised:
+        with manager.saving(2) as step_dir:
+            (step_dir / full_file).symlink_to(FULL)
+            manager.save_driver_state(step_dir, {"global_step": 2})
+    assert "\n" not in str(raised.value)
     assert not step_dir.exists()
-    assert manager.resume_dir() == tmp_path / "global_step_1"
+    assert (tmp_path / "latest").read_text().strip() == "global_step_1"
+    assert CheckpointManager(tmp_path, "auto").resume_dir() == tmp_path / "global_step_1"
+
+
+def test_a_full_disk_in_a_worker_is_named_from_its_traceback(tmp_path):
+    manager = CheckpointManager(tmp_path, "auto")
+    failure = WorkerError("actor_rollout", 1, "actor.save_checkpoint",
+                          "Traceback ...\nOSError: [Errno 28] No space left on device", "CheckpointException")
+    with pytest.raises(CheckpointError, match=r"global_step_1 .*; no earlier checkpoint exists;"):
+        with manager.saving(1):
+            raise failure
+    assert not (tmp_path / "global_step_1").exists() and not (tmp_path / "latest").exists()
+
+
+def test_free_space_names_the_mount_point(tmp_path):
+    assert free_space(tmp_path / "not" / "yet").endswith(f" MiB free on {_mount_of(tmp_path)}")
+
+
+def _mount_of(path):
+    path = path.resolve()
+    while not os.path.ismount(path):
+        path = path.parent
+    return path
+
+
+def test_the_fallback_is_checked_and_said_once(tmp_path, capsys):
+    manager = CheckpointManager(tmp_path, "auto")
+    _save(manager, 1)
+    _save(manager, 2)
+    (tmp_path / "global_step_2" / "driver_state.pt").write_bytes(b"")
+    assert manager.resume_dir(announce=False) == tmp_path / "global_step_1"
+    assert capsys.readouterr().out == ""
+    (tmp_path / "global_step_1" / "driver_state.pt").write_bytes(b"")  # not looked at again
+    assert manager.resume_dir() == manager.resume_dir() == tmp_path / "global_step_1"
+    assert capsys.readouterr().out.count("resuming from global_step_1 instead") == 1
 
 
 def test_other_errors_while_saving_pass_through(tmp_path):
     manager = CheckpointManager(tmp_path, "auto")
-    step_dir = manager.prepare_step_dir(1)
-    with pytest.raises(PermissionError), manager.saving(step_dir):
+    with pytest.raises(PermissionError), manager.saving(1):
         raise PermissionError(errno.EACCES, "denied")

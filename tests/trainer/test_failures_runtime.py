@@ -28,13 +28,14 @@ def test_a_nan_reward_is_skipped_counted_and_stops_the_run_past_the_limit(tiny_m
     ]
     outcome = run_subprocess("main_ppo", overrides, cwd=tmp_path)
     error = assert_refused(
-        outcome, "step 2: the reward of 8 of 8 samples is not finite", "trainer.max_nonfinite_steps=1", code=1,
-        workers_started=True,
+        outcome, "step 2: the reward of 8 of 8 samples is not finite", "data_source 'arithmetic'",
+        "trainer.max_nonfinite_steps=1", code=1, workers_started=True,
     )
     assert "\n" not in error
     steps = {record["step"]: record for record in read_metrics(run_dir)}
-    assert sorted(steps) == [1] and steps[1][names.NONFINITE_STEPS] == 1  # step 1 skipped and logged
-    assert not (run_dir / "global_step_2").exists()  # the stopping step is never checkpointed
+    assert sorted(steps) == [1]  # step 1 trained nothing, was flagged and counted
+    assert steps[1][names.NONFINITE_SKIP] == 1 and steps[1][names.NONFINITE_STEPS] == 1
+    assert not list(run_dir.glob("global_step_*"))  # no step from the first NaN on is checkpointed
 
 
 def test_ctrl_c_says_where_the_run_stopped_and_what_resumes(tiny_model_dir, tiny_parquet, tmp_path):

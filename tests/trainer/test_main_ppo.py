@@ -19,7 +19,7 @@ from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.tracking import read_metrics
 
 from .cli import RayTempDir, cli_env, command, run_cli
-from .helpers import tiny_run_overrides
+from .helpers import tiny_run_overrides, tool_calling_model
 
 pytestmark = pytest.mark.slow
 
@@ -76,14 +76,21 @@ def test_grpo_writes_metrics_and_checkpoints(grpo_run):
 
 @pytest.fixture(scope="module")
 def ppo_run(tiny_model_dir, tiny_parquet, tmp_path_factory):
-    """An uninterrupted PPO run with a critic, on 2 ranks, through the multi-turn agent loop with a tool."""
+    """An uninterrupted PPO run with a critic, on 2 ranks, through the multi-turn agent loop with real calls of
+    the calculator tool (a model overfit to call it), with the KL penalty in the reward (an adaptive controller)."""
     work = tmp_path_factory.mktemp("ppo")
     tools = work / "tools.yaml"
     tools.write_text("tools:\n  - name: calculator\n")
-    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, work / "run", "gae") + [
+    model_dir = tool_calling_model(tiny_model_dir, tools, work / "tool_calling_model")
+    # A small learning rate keeps the policy calling the tool in every step.
+    base = [o for o in tiny_run_overrides(model_dir, tiny_parquet, work / "run", "gae")
+            if not o.startswith(("actor_rollout_ref.actor.optim.lr=", "data.max_response_length="))]
+    overrides = base + [
         f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", "trainer.val_before_train=false",
-        # The chat template renders the tool's schema into every prompt (about 560 tokens with it).
-        "data.max_prompt_length=640", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.multi_turn.enable=true",
+        # The chat template renders the tool's schema into every prompt (about 560 tokens with it); a call, the
+        # tool's turn and the answer take about 95 response tokens.
+        "data.max_prompt_length=640", "data.max_response_length=96", "actor_rollout_ref.actor.optim.lr=1e-5",
+        "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.multi_turn.enable=true",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
         "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
     ]
@@ -105,6 +112,8 @@ def test_ppo_with_critic(ppo_run):
             assert key in record, key
         for phase in ("ref", "values", "update_critic"):
             assert names.timing(phase) in record
+        # Every step has samples that called the tool and answered after its turn (assistant, tool, assistant).
+        assert record[names.stat(names.NUM_TURNS, "max")] == 3
     # The adaptive controller moved the KL coefficient after the first step.
     assert steps[2][names.KL_COEF_IN_REWARD] != steps[1][names.KL_COEF_IN_REWARD]
     step_dir = run_dir / "global_step_3"

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -58,6 +59,14 @@ def test_data_metrics_without_critic_have_no_values():
     metrics = compute_data_metrics(_batch(), use_critic=False)
     assert not any(key.startswith("critic/values") for key in metrics)
     assert names.VF_EXPLAINED_VAR not in metrics
+    assert not any(key.startswith("num_turns") for key in metrics)  # not a multi-turn rollout
+
+
+def test_multi_turn_rollouts_log_their_turns_as_verl_does():
+    batch = _batch()
+    batch.non_tensor_batch["num_turns"] = np.array([3, 1], dtype=np.int64)  # call, tool, answer; one answer
+    metrics = compute_data_metrics(batch, use_critic=False)
+    assert (metrics["num_turns/mean"], metrics["num_turns/max"], metrics["num_turns/min"]) == (2.0, 3.0, 1.0)
 
 
 def test_timing_per_token_uses_response_tokens_for_generation():

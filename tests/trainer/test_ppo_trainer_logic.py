@@ -1,13 +1,16 @@
 """The driver's step logic against in-process fake workers: which phases run, what they receive, DAPO dynamic
-sampling, the ReMax baseline, KL in the reward, rollout correction, validation, rollout dumps and resuming."""
+sampling, the ReMax baseline, KL in the reward, rollout correction, validation, rollout dumps, resuming, and the
+steps with NaN/inf values or failed scoring."""
 
 import json
 
 import pytest
 import torch
 
+from hybridflow.rewards.failures import RewardFunctionError
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.main_ppo import build_trainer
+from hybridflow.trainer.nonfinite import NonFiniteError
 from hybridflow.trainer.rollout_collection import DynamicSamplingError
 from hybridflow.trainer.tracking import read_metrics
 from hybridflow.trainer.validate import load_config
@@ -15,7 +18,7 @@ from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
 from hybridflow.workers.batching import LOSS_COUNTS_KEY
 
 from .cli import DENSE_REWARD
-from .fake_workers import FakeWorkers, rollout_log_ratio
+from .fake_workers import FakeActorRollout, FakeWorkers, rollout_log_ratio
 from .helpers import compose_config, tiny_run_overrides
 
 
@@ -331,3 +334,50 @@ def test_the_actor_is_built_with_bypass_modes_loss(run):
     assert bypass.loss_type == "ppo_clip" and bypass.settings.rejections[0].option == "seq_max_k3"
     trainer, _ = run("grpo", ENGINE_LOG_PROBS)
     assert trainer.actor_rollout.bypass is None
+
+
+def _checkpoints(run_dir):
+    return sorted(path.name for path in run_dir.glob("global_step_*"))
+
+
+def test_non_finite_scores_train_nothing_are_never_saved_and_stop_the_run_past_the_limit(run, tmp_path):
+    reward = tmp_path / "nan_reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return float('nan')\n")
+    with pytest.raises(NonFiniteError, match=r"^step 2: the reward of 8 of 8 samples is not finite"):
+        run("grpo", "trainer.max_nonfinite_steps=1", "trainer.save_freq=1", reward=reward)
+    records = read_metrics(tmp_path / "run")
+    assert [(r["step"], r[names.NONFINITE_SKIP], r[names.NONFINITE_STEPS]) for r in records] == [(1, 1.0, 1)]
+    assert not any(key.startswith((names.ACTOR_PREFIX, "critic/advantages")) for key in records[0])
+    assert _checkpoints(tmp_path / "run") == [] and not (tmp_path / "run" / "latest").exists()
+
+
+def test_steps_whose_update_was_not_finite_are_logged_but_never_saved(run, tmp_path, monkeypatch):
+    """Steps 2 and 3 (the last) skip an optimizer step on a NaN grad norm: the latest checkpoint stays step 1's."""
+    update = FakeActorRollout.update_actor
+
+    def nan_from_step_2(self, data):
+        output = update(self, data)
+        if self.version >= 2:
+            output.meta_info["metrics"].update(grad_norm=[1.0, float("nan")], nonfinite_skip_frac=[0.0, 1.0])
+        return output
+
+    monkeypatch.setattr(FakeActorRollout, "update_actor", nan_from_step_2)
+    run("grpo", "trainer.total_training_steps=3", "trainer.save_freq=1")
+    records = read_metrics(tmp_path / "run")
+    assert [(r[names.NONFINITE_SKIP], r[names.NONFINITE_STEPS]) for r in records] == [(0.0, 0), (1.0, 1), (1.0, 2)]
+    assert records[1]["actor/grad_norm"] == "nan" and records[1]["actor/nonfinite_skip_frac"] == 0.5
+    assert _checkpoints(tmp_path / "run") == ["global_step_1"]
+    assert (tmp_path / "run" / "latest").read_text().strip() == "global_step_1"
+
+
+def test_a_reward_function_failing_on_every_sample_stops_training_and_validation(run, tmp_path):
+    reward = tmp_path / "raising_reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    raise KeyError('answer')\n")
+    expected = rf"^the reward function compute_score in {reward}:1 failed on 8 of 8 samples, .* KeyError: 'answer'"
+    with pytest.raises(RewardFunctionError, match=expected):
+        run("grpo", reward=reward)
+    assert not (tmp_path / "run" / "metrics.jsonl").read_text()  # stopped in step 1's scoring
+    with pytest.raises(RewardFunctionError, match=r"^the reward function compute_score in .* failed on 4 of 4 samples"):
+        run("grpo", "trainer.val_before_train=true", reward=reward)  # the 4 validation prompts, before step 1

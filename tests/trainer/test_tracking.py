@@ -51,6 +51,15 @@ def test_console_and_tensorboard(tmp_path, capsys):
     assert event_files and event_files[0].stat().st_size > 0
 
 
+def test_the_console_line_shows_nan_losses_and_the_nonfinite_steps_once_there_is_one(tmp_path, capsys):
+    tracker = Tracking(["console"], _run(tmp_path))
+    tracker.log({"actor/pg_loss": 0.25, "training/nonfinite_steps": 0}, step=1)
+    tracker.log({"actor/pg_loss": float("nan"), "training/nonfinite_steps": 2}, step=2)
+    tracker.close()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert lines == ["step 1: pg_loss 0.25", "step 2: pg_loss nan  nonfinite_steps 2"]
+
+
 @pytest.mark.parametrize("backend", ["mlflow", "wandb"])
 def test_optional_backend_names_its_extra_when_missing(tmp_path, backend):
     if importlib.util.find_spec(backend) is not None:

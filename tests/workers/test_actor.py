@@ -66,6 +66,22 @@ def test_ppo_update_reduces_the_loss_on_a_fixed_batch_and_reports_metrics(tiny_m
     assert 0.0 <= metrics["pg_clipfrac"][-1] <= 1.0
 
 
+def test_an_optimizer_step_with_a_non_finite_gradient_norm_is_skipped_and_reported(tiny_model_dir):
+    """lr=1e6: the first of two mini-batch steps moves every weight by ~1e6 (Adam's first step is lr x sign);
+    the second's forward pass overflows, its gradient norm is NaN and the step is not taken. A later update
+    with every norm NaN leaves the weights bit for bit."""
+    worker = make_worker(tiny_model_dir, actor={"optim": {"lr": 1e6}, "ppo_mini_batch_size": 4})
+    first = worker.update_actor(batch_for(worker)).meta_info["metrics"]
+    assert math.isfinite(first["grad_norm"][0]) and math.isnan(first["grad_norm"][1])
+    assert first["nonfinite_skip_frac"] == [0.0, 1.0]
+    before = full_parameters(worker.parts["actor"].module)
+    assert max(float(weights.abs().max()) for weights in before.values()) > 1e5
+    second = worker.update_actor(batch_for(worker, seed=1)).meta_info["metrics"]
+    assert second["nonfinite_skip_frac"] == [1.0, 1.0]
+    after = full_parameters(worker.parts["actor"].module)
+    assert all(torch.equal(before[name], after[name]) for name in before)
+
+
 def test_old_log_probs_and_entropy_shapes_and_padding(tiny_model_dir):
     worker = make_worker(tiny_model_dir)
     batch = rollout_batch(6, seed=3)

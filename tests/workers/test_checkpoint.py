@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pathlib
+import pickle
 
 import pytest
 import torch
+from torch.distributed.checkpoint.filesystem import FileSystem
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from hybridflow.distributed.worker_host import WorkerHost
 from hybridflow.models.log_probs import forward_log_probs
+from hybridflow.trainer.checkpoint_manager import CheckpointError, CheckpointManager
 from hybridflow.workers import ActorRolloutRefWorker
 from hybridflow.workers import checkpoint as checkpoint_module
 from hybridflow.workers.checkpoint import CheckpointContentError, read_manifest
@@ -90,6 +97,35 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_usable(tiny_model_dir, 
     worker.load_checkpoint(str(tmp_path / "actor"))
     for name, tensor in full_parameters(worker.parts["actor"].module).items():
         assert torch.equal(tensor, saved[name]), name
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_full_disk_in_a_worker_reaches_the_driver_as_one_line(tiny_model_dir, tmp_path, monkeypatch):
+    """DCP's shard writes meet a real ENOSPC (/dev/full); the worker's error, as Ray hands it to the driver,
+    becomes the driver's one line, the partial step folder goes and the previous checkpoint stays latest."""
+    host = WorkerHost("actor_rollout", 0)
+    host.construct({"actor": (ActorRolloutRefWorker, (actor_rollout_ref_config(tiny_model_dir), "actor"), {})}, {})
+    host.execute("actor", "init_model", (), {})
+    manager = CheckpointManager(tmp_path, "auto")
+    with manager.saving(1) as step_dir:
+        host.execute("actor", "save_checkpoint", (str(step_dir / "actor"),), {"global_step": 1})
+
+    @contextlib.contextmanager
+    def full_disk(self, path, mode):
+        with (pathlib.Path("/dev/full") if "w" in mode else pathlib.Path(path)).open(mode) as stream:
+            yield stream
+
+    monkeypatch.setattr(FileSystem, "create_stream", full_disk)
+    with pytest.raises(CheckpointError) as raised:
+        with manager.saving(2) as step_dir:
+            try:
+                host.execute("actor", "save_checkpoint", (str(step_dir / "actor"),), {"global_step": 2})
+            except Exception as error:  # what Ray ships to the driver: the pickled WorkerError
+                raise pickle.loads(pickle.dumps(error)) from None
+    message = str(raised.value)
+    assert message.startswith(f"disk full while writing checkpoint {step_dir} (") and "\n" not in message
+    assert "the previous checkpoint global_step_1 is kept" in message
+    assert not step_dir.exists() and manager.resume_dir() == tmp_path / "global_step_1"
 
 
 @pytest.mark.parametrize("model", [{}, {"lora_rank": 4, "lora_alpha": 8}], ids=["full", "lora"])
