@@ -7,41 +7,21 @@ the method's ``Dispatch``/``Execute`` modes. ``blocking=False`` methods return a
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.distributed.class_with_init import RayClassWithInitArgs
-from hybridflow.distributed.colocate import ColocatedClassWithInitArgs, WorkerGroupView
-from hybridflow.distributed.decorator import MethodSpec
-from hybridflow.distributed.dispatch import dispatch
+from hybridflow.distributed.colocate import ColocatedClassWithInitArgs
+from hybridflow.distributed.dispatch import DispatchedCall
 from hybridflow.distributed.futures import GroupFuture, wait_for_ranks
+from hybridflow.distributed.group_base import WorkerGroupBase, roles_of
 from hybridflow.distributed.ray_init import WORKER_ENV_VARS
 from hybridflow.distributed.resource_pool import ResourcePool
 from hybridflow.distributed.worker_host import WorkerHost
 
 _RemoteWorkerHost = ray.remote(WorkerHost)
-
-# Attributes of groups and views that a registered method may not shadow.
-RESERVED_NAMES = frozenset(
-    {"name", "role", "world_size", "resource_pool", "kill", "spawn", "worker_info", "make_group_method"}
-)
-
-
-def _roles_of(
-    ray_cls_with_init: RayClassWithInitArgs | ColocatedClassWithInitArgs,
-) -> dict[str, RayClassWithInitArgs]:
-    """{role: class}; a single class is the one role "" and keeps plain method names."""
-    if isinstance(ray_cls_with_init, ColocatedClassWithInitArgs):
-        return ray_cls_with_init.role_classes
-    if isinstance(ray_cls_with_init, RayClassWithInitArgs):
-        return {"": ray_cls_with_init}
-    raise TypeError(
-        "RayWorkerGroup needs RayClassWithInitArgs(cls, *args, **kwargs) or create_colocated_worker_cls(...), "
-        f"got {type(ray_cls_with_init).__name__}"
-    )
-
 
 def _local_ranks(node_ids: list[str]) -> list[tuple[int, int]]:
     """(LOCAL_RANK, LOCAL_WORLD_SIZE) of each rank, from the node each one actually landed on."""
@@ -53,7 +33,7 @@ def _local_ranks(node_ids: list[str]) -> list[tuple[int, int]]:
     return [(index, seen[node]) for index, node in zip(local, node_ids)]
 
 
-class RayWorkerGroup:
+class RayWorkerGroup(WorkerGroupBase):
     """Starts ``ray_cls_with_init`` on every rank of ``resource_pool`` and exposes its registered methods.
 
     The constructor returns once every rank's worker is built (and has joined the group's process group);
@@ -70,7 +50,7 @@ class RayWorkerGroup:
         name_prefix: str | None = None,
         init_timeout_s: float | None = 600.0,
     ):
-        self._roles = _roles_of(ray_cls_with_init)
+        self._roles = roles_of(ray_cls_with_init, type(self).__name__)
         self.name = name_prefix or "_".join(self._roles) or self._roles[""].cls.__name__
         self.resource_pool = resource_pool
         self._hosts: list[Any] = self._start_hosts()
@@ -79,11 +59,7 @@ class RayWorkerGroup:
         except BaseException:
             self.kill()
             raise
-        if "" in self._roles:
-            self._bind(self, "", self._roles[""].registered_methods(), prefix="")
-        else:
-            for role, cls_with_init in self._roles.items():
-                self._bind(self, role, cls_with_init.registered_methods(), prefix=f"{role}_")
+        self._bind_methods()
 
     @property
     def world_size(self) -> int:
@@ -126,31 +102,11 @@ class RayWorkerGroup:
             refs[rank] = host.construct.remote(roles, env)
         wait_for_ranks(self.name, "__init__", refs, timeout)
 
-    def _bind(self, target: Any, role: str, methods: dict[str, MethodSpec], prefix: str) -> None:
-        for method, spec in methods.items():
-            setattr(target, prefix + method, self.make_group_method(role, method, spec, public_name=prefix + method))
-
-    def make_group_method(self, role: str, method: str, spec: MethodSpec, public_name: str) -> Callable[..., Any]:
-        """The driver-side callable for ``role``'s registered ``method``."""
-        if public_name in RESERVED_NAMES:
-            raise ValueError(
-                f"worker method {method!r} of group {self.name!r} would hide the group's own {public_name!r}; rename it"
-            )
-
-        def group_method(*args: Any, **kwargs: Any) -> Any:
-            return self._call(role, method, spec, public_name, args, kwargs)
-
-        group_method.__name__ = public_name
-        group_method.__qualname__ = f"{type(self).__name__}.{public_name}"
-        group_method.__doc__ = getattr(getattr(self._roles[role].cls, method), "__doc__", None)
-        return group_method
-
-    def _call(self, role: str, method: str, spec: MethodSpec, public_name: str, args: tuple, kwargs: dict) -> Any:
+    def _run(self, role: str, method: str, public_name: str, plan: DispatchedCall) -> GroupFuture:
         if not self._hosts:
             raise RuntimeError(
                 f"group {self.name!r} was killed; create a new RayWorkerGroup to call {public_name!r}"
             )
-        plan = dispatch(spec, public_name, self.world_size, args, kwargs)
         call_ids = [id(call) for call in plan.calls]
         shared: dict[int, Any] = {}
         refs = {}
@@ -161,20 +117,7 @@ class RayWorkerGroup:
                     shared[id(call)] = (ray.put(call[0]), ray.put(call[1]))
                 call = shared[id(call)]
             refs[rank] = self._hosts[rank].execute.remote(role, method, call[0], call[1])
-        future = GroupFuture(self.name, public_name, refs, plan.collect)
-        return future.get() if spec.blocking else future
-
-    def spawn(self, prefix_set: set[str] | list[str] | None = None) -> dict[str, WorkerGroupView]:
-        """{role: view} for a colocated group; each view's methods have the plain names."""
-        if "" in self._roles:
-            raise ValueError(
-                f"group {self.name!r} has one class; spawn() splits groups built with create_colocated_worker_cls"
-            )
-        roles = list(prefix_set) if prefix_set is not None else list(self._roles)
-        unknown = [role for role in roles if role not in self._roles]
-        if unknown:
-            raise ValueError(f"group {self.name!r} has no roles {unknown}; its roles are {list(self._roles)}")
-        return {role: WorkerGroupView(self, role, self._roles[role].registered_methods()) for role in roles}
+        return GroupFuture(self.name, public_name, refs, plan.collect)
 
     def worker_info(self) -> list[dict[str, Any]]:
         """Per rank: ``rank``, ``pid`` and Ray ``node_id`` of its process."""

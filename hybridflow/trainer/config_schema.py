@@ -145,6 +145,9 @@ class TrainerConfig:
     cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each worker process (fractions allowed).")
     device: Optional[str] = option(None, "cpu or cuda; None means cuda when this machine has a GPU, else cpu.")
     placement: str = option("colocated", "colocated: every role in one process per device; split: one pool per role.")
+    local_mode: bool = option(
+        False, "Run every role in this process without Ray (one process: nnodes=1, n_gpus_per_node=1): breakpoints stop inside workers and a run starts in seconds."
+    )
     save_freq: int = option(-1, "Save a checkpoint every N steps (and at the end); -1 never.")
     test_freq: int = option(-1, "Validate every N steps (and at the end); -1 never.")
     val_before_train: bool = option(True, "Validate before the first step of a fresh run.")

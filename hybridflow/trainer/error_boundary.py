@@ -28,7 +28,7 @@ FULL_ERROR_ENV = "HYBRIDFLOW_FULL_ERROR"
 T = TypeVar("T")
 PREFIX = "hybridflow: error: "
 # Printed just before Ray and the workers start: a failure after it was not found by the config check.
-WORKERS_STARTING = "[hybridflow] starting Ray and the worker processes"
+WORKERS_STARTING = "[hybridflow] starting the workers"
 
 
 def user_message(error: BaseException) -> str | None:

@@ -3,7 +3,8 @@
 Order matters: the config is checked before transformers, tensordict and Ray are even imported, and the
 data is loaded before Ray starts, so a typo costs a second or two, not a cluster start-up. Then a local Ray
 cluster is started (or ``ray_init.address`` / ``RAY_ADDRESS`` joined), the workers are built, and the
-driver loop runs in this process.
+driver loop runs in this process; with ``trainer.local_mode=true`` the workers are built in this process
+too, and Ray never starts.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hybridflow.rewards import build_reward_manager, check_data_sources, load_cu
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.entry_point import checked_run, command_line
 from hybridflow.trainer.error_boundary import WORKERS_STARTING
+from hybridflow.trainer.local_mode import apply_runtime_env
 from hybridflow.trainer.resume_checks import check_data_position
 from hybridflow.trainer.reward_options import reward_manager_options
 from hybridflow.trainer.validate import derived_sizes, load_config_with_notes
@@ -100,11 +102,14 @@ def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> N
     ray_kwargs = config.ray_kwargs
     ray_init = ray_kwargs.ray_init
     print(WORKERS_STARTING, flush=True)
-    init_local_ray(
-        num_cpus=ray_init.num_cpus, num_gpus=ray_init.num_gpus, object_store_memory=ray_init.object_store_memory,
-        temp_dir=ray_init.temp_dir, address=ray_init.address,
-        runtime_env={key: value for key, value in ray_init.runtime_env.items() if value is not None},
-    )
+    if config.trainer.local_mode:
+        apply_runtime_env(config)
+    else:
+        init_local_ray(
+            num_cpus=ray_init.num_cpus, num_gpus=ray_init.num_gpus, object_store_memory=ray_init.object_store_memory,
+            temp_dir=ray_init.temp_dir, address=ray_init.address,
+            runtime_env={key: value for key, value in ray_init.runtime_env.items() if value is not None},
+        )
     try:
         trainer.init_workers()
         trainer.fit()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from hybridflow import distributed
 
 if TYPE_CHECKING:
-    from hybridflow.distributed import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
+    from hybridflow.distributed import LocalWorkerGroup, RayClassWithInitArgs, RayWorkerGroup, ResourcePool
 
 PLACEMENTS = ("colocated", "split")
 GLOBAL_POOL = "global_pool"
@@ -69,7 +69,7 @@ class WorkerGroups:
     """The started groups: ``roles[role]`` is what the driver calls (a group, or a view of a fused one)."""
 
     roles: dict[str, object]
-    groups: list[RayWorkerGroup]
+    groups: list[RayWorkerGroup | LocalWorkerGroup]
     plan: ResourcePlan
 
     def shutdown(self) -> None:
@@ -102,4 +102,25 @@ def create_worker_groups(plan: ResourcePlan, role_classes: dict[str, RayClassWit
     except BaseException:
         WorkerGroups(roles, groups, plan).shutdown()
         raise
+    return WorkerGroups(roles, groups, plan)
+
+
+def create_local_worker_groups(
+    plan: ResourcePlan, role_classes: dict[str, RayClassWithInitArgs]
+) -> WorkerGroups:
+    """``trainer.local_mode``: every pool's roles built in this process (one rank each, no Ray), fused or
+    not as ``create_worker_groups`` would, with the torch threads a pool gives each of its processes."""
+    roles: dict[str, object] = {}
+    groups: list[LocalWorkerGroup] = []
+    for pool_name, pool in plan.pools.items():
+        pool_roles = plan.roles_in(pool_name)
+        threads = int(pool.num_cpus_per_process)
+        if len(pool_roles) == 1:
+            group = distributed.LocalWorkerGroup(role_classes[pool_roles[0]], pool_roles[0], num_threads=threads)
+            roles[pool_roles[0]] = group
+        else:
+            fused = distributed.create_colocated_worker_cls({role: role_classes[role] for role in pool_roles})
+            group = distributed.LocalWorkerGroup(fused, pool_name, num_threads=threads)
+            roles.update(group.spawn())
+        groups.append(group)
     return WorkerGroups(roles, groups, plan)

@@ -63,7 +63,9 @@ from hybridflow.trainer.phases import (
     rollout_log_probs_as_old,
     worker_metrics,
 )
-from hybridflow.trainer.placement import ResourcePlan, WorkerGroups, create_worker_groups, make_resource_plan
+from hybridflow.trainer.placement import (
+    ResourcePlan, WorkerGroups, create_local_worker_groups, create_worker_groups, make_resource_plan,
+)
 from hybridflow.trainer.resume_checks import STATE_KEY as RESUME_STATE_KEY, resume_keys
 from hybridflow.trainer.rollout_correction_options import bypass_correction, correction_settings, uses_bypass
 from hybridflow.trainer.rollout_collection import (
@@ -130,14 +132,15 @@ class RayPPOTrainer:
         self.workers = None
 
     # ----------------------------------------------------------------------------------------- workers
-    def init_workers(
-        self, start_workers: Callable[[ResourcePlan, dict], WorkerGroups] = create_worker_groups
-    ) -> None:
+    def init_workers(self, start_workers: Callable[[ResourcePlan, dict], WorkerGroups] | None = None) -> None:
         """Start the worker groups (colocated or split), load their models, and pick the phase objects.
 
-        ``start_workers`` turns the resource plan and {role: RayClassWithInitArgs} into running groups.
+        ``start_workers`` turns the resource plan and {role: RayClassWithInitArgs} into running groups: Ray
+        actors by default, this process in ``trainer.local_mode``.
         """
         config, trainer = self.config, self.config.trainer
+        if start_workers is None:
+            start_workers = create_local_worker_groups if trainer.local_mode else create_worker_groups
         actor_role = "actor_rollout_ref" if uses_reference(config) else "actor_rollout"
         actor_config = self._with_run_length(config.actor_rollout_ref, "actor")
         role_classes = {

@@ -35,6 +35,7 @@ from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.estimator_options import estimator_option_errors
 from hybridflow.trainer.exact_skips import forced_skip_errors, skips_old_log_prob, skips_zero_signal_samples
 from hybridflow.trainer.lora_options import lora_errors
+from hybridflow.trainer.local_mode import local_mode_errors
 from hybridflow.trainer.placement import PLACEMENTS
 from hybridflow.trainer.range_checks import range_errors
 from hybridflow.trainer.reward_options import reward_manager_errors
@@ -205,6 +206,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + _empty_path_errors(config)
         + _algorithm_errors(config)
         + _trainer_errors(config)
+        + local_mode_errors(config)
         + _resource_errors(config)
         + reward_manager_errors(config)
         + estimator_option_errors(config)

@@ -67,11 +67,8 @@ RUNS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(RUNS))
-def logged_run(request, tiny_model_dir, tiny_parquet, tmp_path_factory):
-    """(run name, its pinned numbers) of a seeded 3-step run, without validation or checkpoints."""
-    name = request.param
-    work = tmp_path_factory.mktemp(name)
+def seeded_run(name: str, work: pathlib.Path, tiny_model_dir, tiny_parquet, extra: tuple[str, ...] = ()):
+    """{step: logged record} and the per-step hashes of the sampled responses of run ``name``."""
     run = RUNS[name]
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, work / "run", run["estimator"]) + [
         f"trainer.total_training_steps={STEPS}",
@@ -82,13 +79,23 @@ def logged_run(request, tiny_model_dir, tiny_parquet, tmp_path_factory):
         # A second epoch is off-policy: step 1 already logs a non-zero pg_loss, ppo_kl and KL.
         "actor_rollout_ref.actor.ppo_epochs=2",
         *run["overrides"],
+        *extra,
     ]
     run_cli(overrides, cwd=work)
     steps = {record["step"]: record for record in read_metrics(work / "run")}
     assert sorted(steps) == list(range(1, STEPS + 1))
-    numbers = {key: [steps[step][key] for step in range(1, STEPS + 1)] for key in run["metrics"]}
-    numbers[SAMPLED] = [responses_hash(work / "rollouts" / f"step_{step}.jsonl") for step in range(1, STEPS + 1)]
-    return name, numbers
+    hashes = [responses_hash(work / "rollouts" / f"step_{step}.jsonl") for step in range(1, STEPS + 1)]
+    return steps, hashes
+
+
+@pytest.fixture(scope="module", params=sorted(RUNS))
+def logged_run(request, tiny_model_dir, tiny_parquet, tmp_path_factory):
+    """(run name, its pinned numbers, {step: record}) of a seeded 3-step run, without validation or checkpoints."""
+    name = request.param
+    steps, hashes = seeded_run(name, tmp_path_factory.mktemp(name), tiny_model_dir, tiny_parquet)
+    numbers = {key: [steps[step][key] for step in range(1, STEPS + 1)] for key in RUNS[name]["metrics"]}
+    numbers[SAMPLED] = hashes
+    return name, numbers, steps
 
 
 def responses_hash(dump: pathlib.Path) -> str:
@@ -104,7 +111,7 @@ def repin(name: str, numbers: dict[str, list]) -> None:
 
 
 def test_logged_losses_kl_entropy_and_grad_norms_match_the_pinned_run(logged_run):
-    name, numbers = logged_run
+    name, numbers, _ = logged_run
     if REPIN:
         repin(name, numbers)
         pytest.skip(f"re-pinned the {name} run in {PINNED.name}; review it with git diff")
@@ -125,3 +132,21 @@ def test_logged_losses_kl_entropy_and_grad_norms_match_the_pinned_run(logged_run
             assert abs(value - expected) <= REL * abs(expected) + FLOOR, (
                 f"{key} at step {step}: {value} vs pinned {expected} (tolerance {REL:g} relative + {FLOOR:.1e})"
             )
+
+
+# Metrics that measure time, not the computation.
+TIMED = ("timing_s/", "timing_per_token_ms/", names.PERF_THROUGHPUT, names.PERF_TIME_PER_STEP, "perf/mfu/")
+
+
+def test_local_mode_logs_exactly_what_the_ray_run_logs(logged_run, tiny_model_dir, tiny_parquet, tmp_path):
+    """``trainer.local_mode`` builds the same workers in the driver's process with the torch threads a Ray
+    worker gets: the same operations in the same order, and only the transport differs (Ray copies tensors
+    bit for bit). So every number the Ray run logged but its timings is equal exactly, sampled tokens included;
+    the GAE run fuses three roles (actor, reference, critic) in the one process."""
+    name, ray_numbers, ray_steps = logged_run
+    local_steps, hashes = seeded_run(name, tmp_path, tiny_model_dir, tiny_parquet, extra=("trainer.local_mode=true",))
+    assert hashes == ray_numbers[SAMPLED]
+    for step, ray_record in ray_steps.items():
+        computed = {key: value for key, value in ray_record.items() if not key.startswith(TIMED)}
+        assert {key: local_steps[step][key] for key in computed} == computed, f"step {step}"
+        assert local_steps[step].keys() == ray_record.keys()

@@ -1,0 +1,68 @@
+"""``LocalWorkerGroup``: the same workers and dispatch modes as a Ray group of one rank, in this process."""
+
+import os
+
+import pytest
+import torch
+
+from hybridflow.distributed import LocalWorkerGroup, RayClassWithInitArgs, create_colocated_worker_cls
+from hybridflow.protocol import DataProto
+
+from .sample_workers import CollectiveWorker
+
+
+@pytest.fixture
+def local_group(monkeypatch):
+    # The group sets these for the worker it builds here; monkeypatch puts them back afterwards.
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
+        monkeypatch.setenv(key, os.environ.get(key, "0"))
+    threads = torch.get_num_threads()
+    group = LocalWorkerGroup(RayClassWithInitArgs(CollectiveWorker), num_threads=1)
+    yield group
+    torch.set_num_threads(threads)
+
+
+def test_the_one_rank_runs_in_this_process_with_the_threads_asked_for(local_group):
+    (environment,) = local_group.environment()
+    assert (environment["rank"], environment["world_size"], environment["pid"]) == (0, 1, os.getpid())
+    assert environment["torch_threads"] == 1
+    assert local_group.world_size == 1
+    assert local_group.all_reduce_sum(2.0) == [2.0]
+
+
+def test_every_dispatch_mode_collects_as_a_ray_group_of_one_rank(local_group):
+    data = DataProto.from_dict(tensors={"x": torch.arange(5.0)}, non_tensors={"uid": list("abcde")})
+    doubled = local_group.double(data, factor=3)
+    assert torch.equal(doubled.batch["doubled"], torch.arange(5.0) * 3)
+    assert list(doubled.non_tensor_batch["uid"]) == list("abcde")
+    assert local_group.count_rows(data) == [5]
+    assert local_group.add_rank([7], offset=[1]) == [8]
+    assert local_group.rank_zero_echo("hi") == (0, "hi")
+    assert local_group.rank_zero_world_size() == (0, 1)
+    future = local_group.sleep(0.0)
+    assert future.done() and future.get() == [0]
+
+
+def test_a_worker_exception_reaches_the_caller_as_raised(local_group):
+    # No WorkerError wrapping: a debugger stops where the worker raised.
+    with pytest.raises(ValueError, match="deliberate failure on rank 0"):
+        local_group.raise_on_rank(0)
+
+
+def test_a_killed_group_says_so(local_group):
+    local_group.kill()
+    with pytest.raises(RuntimeError, match="was killed"):
+        local_group.all_reduce_sum(1.0)
+
+
+def test_fused_roles_share_the_process_and_views_use_plain_names(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.setenv(key, os.environ.get(key, "0"))
+    fused = create_colocated_worker_cls(
+        {"actor": RayClassWithInitArgs(CollectiveWorker), "critic": RayClassWithInitArgs(CollectiveWorker)}
+    )
+    group = LocalWorkerGroup(fused, "pool")
+    views = group.spawn()
+    assert group.actor_rank_zero_echo(1) == (0, 1)
+    assert views["critic"].rank_zero_echo(2) == (0, 2)
+    assert views["actor"].environment()[0]["pid"] == views["critic"].environment()[0]["pid"] == os.getpid()
