@@ -5,7 +5,9 @@ The model projects to the vocabulary only at the positions that predict response
 (``logits_to_keep``), never at the prompt, and the log-softmax statistics are taken chunk by chunk
 (``hybridflow.models.chunked_softmax``), so no ``[tokens, vocab]`` log-softmax is ever materialised.
 With ``use_remove_padding`` the batch's real tokens run packed, in rows laid out for the model's attention
-kernel (``hybridflow.models.padding.pack_for_model``).
+kernel (``hybridflow.models.padding.pack_for_model``). With ``share_prompts`` the samples of one prompt run
+it once (``hybridflow.models.shared_prompts``): ``None`` where that is estimated cheaper than the padded or
+packed layout, ``True`` wherever a prompt repeats.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from typing import NamedTuple
 import torch
 
 from hybridflow.models.chunked_softmax import log_probs_and_entropy, sum_pi_squared_from_logits
-from hybridflow.models.padding import PackedBatch, pack_for_model, pack_values
+from hybridflow.models.padding import (
+    PackedBatch, attention_pair_cost, layout_cost, pack_for_model, pack_values, uses_varlen_attention,
+)
+from hybridflow.models.shared_prompts import SharedPromptBatch, shared_prompt_layout
 
 
 def response_prediction_mask(attention_mask: torch.Tensor, response_length: int) -> torch.Tensor:
@@ -54,6 +59,7 @@ def forward_log_probs(
     use_remove_padding: bool = True,
     calculate_entropy: bool = False,
     chunk_size: int | None = None,
+    share_prompts: bool | None = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of the response tokens under ``model``: ``[B, R]`` float32 each.
 
@@ -65,7 +71,7 @@ def forward_log_probs(
     """
     statistics = forward_token_statistics(
         model, input_ids, attention_mask, position_ids, response_length, temperature, use_remove_padding,
-        calculate_entropy=calculate_entropy, chunk_size=chunk_size,
+        calculate_entropy=calculate_entropy, chunk_size=chunk_size, share_prompts=share_prompts,
     )
     return statistics.log_probs, statistics.entropy
 
@@ -81,13 +87,21 @@ def forward_token_statistics(
     calculate_entropy: bool = False,
     calculate_sum_pi_squared: bool = False,
     chunk_size: int | None = None,
+    share_prompts: bool | None = False,
 ) -> TokenStatistics:
     """:func:`forward_log_probs`, and with ``calculate_sum_pi_squared`` also ``sum_v pi_v^2`` of each
     position's next-token distribution (at ``temperature``; no gradient), from the same forward pass."""
     predicts = response_prediction_mask(attention_mask, response_length)
     statistics = dict(temperature=temperature, calculate_entropy=calculate_entropy, chunk_size=chunk_size)
     packed = pack_for_model(model, input_ids, attention_mask) if use_remove_padding else None
-    if packed is not None:
+    shared = None
+    if share_prompts is not False and not uses_varlen_attention(model):
+        pair_cost = attention_pair_cost(model.config)
+        other = None if share_prompts else _layout_cost(packed, input_ids, pair_cost)
+        shared = shared_prompt_layout(input_ids, attention_mask, response_length, pair_cost, other)
+    if shared is not None:
+        logits, labels, place = _shared_logits(model, shared)
+    elif packed is not None:
         logits, labels, place = _packed_logits(model, packed, input_ids, response_length, predicts)
     else:
         logits, labels, place = _padded_logits(
@@ -126,6 +140,26 @@ def _packed_logits(model, packed: PackedBatch, input_ids, response_length, predi
         return values.new_zeros(shape).index_put((rows, cols), values.reshape(-1))
 
     return output.logits, labels, place
+
+
+def _layout_cost(packed: PackedBatch | None, input_ids: torch.Tensor, pair_cost: float) -> float:
+    """``layout_cost`` of the layout that runs unless the prompts are shared: packed rows or the rectangle."""
+    rows, width = packed.input_ids.shape if packed is not None else input_ids.shape
+    return layout_cost(rows, width, pair_cost)
+
+
+def _shared_logits(model, shared: SharedPromptBatch):
+    """Run one row per prompt, projecting to the vocabulary only at the predicting positions: the logits of
+    every predicted token (the prompt's last position's read by each member), labels, and ``place``."""
+    output = model(
+        input_ids=shared.input_ids,
+        position_ids=shared.position_ids,
+        attention_mask=shared.attention_mask,
+        use_cache=False,
+        logits_to_keep=shared.keep,
+    )
+    logits = output.logits.reshape(-1, output.logits.shape[-1])[shared.logit_row]
+    return logits, shared.labels, shared.place
 
 
 def _padded_logits(model, input_ids, attention_mask, position_ids, response_length, predicts):

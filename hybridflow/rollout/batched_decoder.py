@@ -9,7 +9,8 @@ took 2.5 s and 1.2 s. Here a batch is a left-padded ``DynamicCache``:
 - a row that ends (EOS, stop token, stop string, length) is dropped from the cache at once
   (``batch_select_indices``), and cache columns that became padding for every row are trimmed;
 - new requests are prefilled in their own forward (at most ``max_batch_tokens`` padded tokens each) and
-  concatenated to the running batch after left-padding the shorter cache, so they share every later decode step.
+  concatenated to the running batch after left-padding the shorter cache, so they share every later decode step;
+  requests with the same prompt (the n samples of a GRPO group) prefill it once and copy its cache rows.
 
 Positions are explicit per row, so padding never shifts RoPE. Caches whose layers are not plain ``DynamicLayer``
 (e.g. sliding-window) are not merged: new rows then wait until the running batch has drained.
@@ -124,24 +125,31 @@ class BatchedDecoder:
         return next(self.model.parameters()).device
 
     def _prefill_chunks(self, sequences: list[Sequence]) -> list[list[Sequence]]:
+        """Chunks of at most ``max_batch_tokens`` padded prompt tokens, counting each distinct prompt once."""
         if not self._mergeable:
             return [sequences]
-        chunks, current, longest = [], [], 0
+        chunks, current, prompts, longest = [], [], set(), 0
         for seq in sequences:
-            length = max(longest, len(seq.request.prompt_ids))
-            if current and length * (len(current) + 1) > self.max_batch_tokens:
-                chunks.append(current)
-                current, length = [], len(seq.request.prompt_ids)
+            prompt = tuple(seq.request.prompt_ids)
+            if prompt not in prompts:
+                length = max(longest, len(prompt))
+                if prompts and length * (len(prompts) + 1) > self.max_batch_tokens:
+                    chunks.append(current)
+                    current, prompts, length = [], set(), len(prompt)
+                prompts.add(prompt)
+                longest = length
             current.append(seq)
-            longest = length
         return chunks + ([current] if current else [])
 
     def _prefill(self, chunk: list[Sequence]) -> list[Sequence]:
-        width = max(len(s.request.prompt_ids) for s in chunk)
-        input_ids = torch.zeros(len(chunk), width, dtype=torch.long)
-        attention_mask = torch.zeros(len(chunk), width, dtype=torch.long)
-        for row, seq in enumerate(chunk):
-            ids = seq.request.prompt_ids
+        """Prefill each distinct prompt of ``chunk`` once; its cache rows and next-token logits are then copied
+        to every sequence that has it (the n samples of one prompt), each sampling with its own generator."""
+        distinct: dict[tuple[int, ...], int] = {}
+        source = [distinct.setdefault(tuple(s.request.prompt_ids), len(distinct)) for s in chunk]
+        width = max(len(prompt) for prompt in distinct)
+        input_ids = torch.zeros(len(distinct), width, dtype=torch.long)
+        attention_mask = torch.zeros(len(distinct), width, dtype=torch.long)
+        for row, ids in enumerate(distinct):
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, width - len(ids) :] = 1
         positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
@@ -155,6 +163,10 @@ class BatchedDecoder:
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]
+        if len(distinct) < len(chunk):
+            rows = torch.tensor(source, dtype=torch.long)
+            cache.batch_select_indices(rows.to(device))
+            logits, attention_mask, positions = logits[rows.to(device)], attention_mask[rows], positions[rows]
         sampling = RowSampling.from_params([s.request.sampling for s in chunk])
         self._join(chunk, cache, attention_mask, positions[:, -1] + 1, sampling)
         return self._sample_and_compact(logits, first_row=len(self.sequences) - len(chunk))

@@ -63,7 +63,7 @@ class HFRolloutEngine(RolloutEngine):
         return await asyncio.wrap_future(self._scheduler.submit(request))
 
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        futures = [self._scheduler.submit(request) for request in requests]
+        futures = self._scheduler.submit_all(list(requests))
         return [future.result() for future in futures]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

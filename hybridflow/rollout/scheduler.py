@@ -56,15 +56,21 @@ class DecodeScheduler:
 
     def submit(self, request: GenerationRequest) -> Future:
         """Queue ``request``; the returned future resolves to its ``GenerationResult``."""
-        future: Future = Future()
+        return self.submit_all([request])[0]
+
+    def submit_all(self, requests: list[GenerationRequest]) -> list[Future]:
+        """Queue ``requests`` at once, so they are admitted together (and the samples of one prompt prefill it
+        once); one future per request, in order."""
+        futures = [Future() for _ in requests]
         with self._condition:
             if not self.running or self._stopping:
                 raise EngineAsleepError("the rollout engine is asleep (sleep() was called); call engine.wake() first")
-            sequence = self.decoder.new_sequence(request)
-            self._futures[id(sequence)] = future
-            self._waiting.append(sequence)
+            for request, future in zip(requests, futures):
+                sequence = self.decoder.new_sequence(request)
+                self._futures[id(sequence)] = future
+                self._waiting.append(sequence)
             self._condition.notify_all()
-        return future
+        return futures
 
     @contextmanager
     def paused(self) -> Iterator[None]:

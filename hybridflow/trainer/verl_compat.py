@@ -129,7 +129,6 @@ RULES: tuple[Rule, ...] = (
     _unread("*hf_config_path", "the model's config.json is read from model.path"),
     _unread("actor_rollout_ref.nccl_timeout", "the process-group timeout is HYBRIDFLOW_DIST_TIMEOUT_S"),
     _unread("actor_rollout_ref.actor.freeze_vision_tower", VISION),
-    _unread("actor_rollout_ref.actor.use_prefix_grouper", "shared-prefix grouping is not implemented yet (same math)"),
     _unread("actor_rollout_ref.actor.calculate_entropy", "entropy is computed when entropy_coeff != 0 and for metrics"),
     _unread("actor_rollout_ref.rollout.mode", VLLM_SERVER),
     _unread("actor_rollout_ref.rollout.skip_tokenizer_init", "the vllm engine decodes text (stop strings, tools)"),

@@ -75,7 +75,7 @@ def policy_loss_config(config: ActorConfig) -> PolicyLossConfig:
 
 def log_prob_forward(
     model: torch.nn.Module, data: DataProto, temperature: float, use_remove_padding: bool, calculate_entropy: bool,
-    chunk_size: int | None = None,
+    chunk_size: int | None = None, share_prompts: bool | None = False,
 ):
     """``forward_log_probs`` on a batch's ``input_ids``/``attention_mask``/``position_ids``: ``[B, R]`` each."""
     batch = data.batch
@@ -89,6 +89,7 @@ def log_prob_forward(
         use_remove_padding=use_remove_padding,
         calculate_entropy=calculate_entropy,
         chunk_size=chunk_size,
+        share_prompts=share_prompts,
     )
 
 
@@ -163,6 +164,7 @@ class ActorPart:
                 response_length=batch["responses"].shape[1], temperature=temperature,
                 use_remove_padding=self.model_config.use_remove_padding, calculate_entropy=calculate_entropy,
                 calculate_sum_pi_squared=sum_pi_squared, chunk_size=entropy_chunk_size(self.config),
+                share_prompts=self.config.use_prefix_grouper,
             )
             return tuple(value for value in statistics if value is not None)
 
@@ -226,7 +228,8 @@ class ActorPart:
         """
         batch, config = micro.batch, self.config
         log_prob, entropy = log_prob_forward(
-            self.module, micro, temperature, self.model_config.use_remove_padding, True, entropy_chunk_size(self.config)
+            self.module, micro, temperature, self.model_config.use_remove_padding, True, entropy_chunk_size(self.config),
+            share_prompts=config.use_prefix_grouper,
         )
         response_mask = batch["response_mask"]
         counts_kwargs = dataclasses.asdict(counts)

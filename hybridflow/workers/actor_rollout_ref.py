@@ -99,7 +99,9 @@ class ActorRolloutRefWorker(Worker):
             self.parts["ref"] = RefPart.from_lora_actor(actor, config.ref)
         elif "ref" in wanted:
             mesh = build_device_mesh(config.ref.fsdp_config.fsdp_size, self.device)
-            self.parts["ref"] = RefPart.load(config.model, config.ref, mesh, self.device)
+            self.parts["ref"] = RefPart.load(
+                config.model, config.ref, mesh, self.device, share_prompts=config.actor.use_prefix_grouper
+            )
         if "rollout" in wanted:
             self.parts["rollout"] = RolloutPart(
                 config.rollout,

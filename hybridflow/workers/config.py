@@ -167,6 +167,12 @@ class ActorConfig:
     use_torch_compile: bool = option(
         False, "Compile the model's forward with torch.compile (verl's default is true; compiling costs minutes on CPU)."
     )
+    use_prefix_grouper: Optional[bool] = option(
+        None,
+        "Run each prompt once for all its samples in the policy's and reference's forward and backward (exact; "
+        "arXiv 2506.05433). null: where estimated cheaper than the padded/packed layout; true: wherever a prompt "
+        "repeats; false: never.",
+    )
     entropy_from_logits_with_chunking: bool = option(
         False, "Take log-prob and entropy statistics entropy_from_logits_chunk_size rows at a time (else ~4 MiB chunks)."
     )

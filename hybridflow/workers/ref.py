@@ -47,17 +47,23 @@ class RefPart:
         device: torch.device,
         scope: Callable[[], ContextManager],
         chunk_size: int | None = None,
+        share_prompts: bool | None = False,
     ):
         self.module = module
         self.chunk_size = chunk_size
+        self.share_prompts = share_prompts
         self.batching = batching
         self.use_remove_padding = use_remove_padding
         self.device = device
         self.scope = scope
 
     @classmethod
-    def load(cls, model_config: ModelConfig, config: RefConfig, mesh: DeviceMesh, device: torch.device) -> "RefPart":
-        """A frozen, sharded copy of the base model (no adapter even when the actor has one)."""
+    def load(
+        cls, model_config: ModelConfig, config: RefConfig, mesh: DeviceMesh, device: torch.device,
+        share_prompts: bool | None = False,
+    ) -> "RefPart":
+        """A frozen, sharded copy of the base model (no adapter even when the actor has one); ``share_prompts``
+        is the actor's ``use_prefix_grouper``."""
         module = shard_frozen(load_policy_model(model_config), config.fsdp_config, mesh, device)
         if config.use_torch_compile:
             compile_model(module)
@@ -65,7 +71,10 @@ class RefPart:
         if offload:
             move_model(module, CPU)
         scope = functools.partial(parameters_on, module, device, offload)
-        return cls(module, ref_batching(config), model_config.use_remove_padding, device, scope, entropy_chunk_size(config))
+        return cls(
+            module, ref_batching(config), model_config.use_remove_padding, device, scope, entropy_chunk_size(config),
+            share_prompts,
+        )
 
     @classmethod
     def from_lora_actor(cls, actor: ActorPart, config: RefConfig) -> "RefPart":
@@ -78,7 +87,7 @@ class RefPart:
 
         return cls(
             actor.module, ref_batching(config), actor.model_config.use_remove_padding, actor.device, base_model,
-            entropy_chunk_size(config),
+            entropy_chunk_size(config), actor.config.use_prefix_grouper,
         )
 
     def compute_ref_log_prob(self, data: DataProto, temperature: float) -> torch.Tensor:
@@ -92,7 +101,7 @@ class RefPart:
                 self.batching,
                 self.device,
                 lambda micro: log_prob_forward(
-                    self.module, micro, temperature, self.use_remove_padding, False, self.chunk_size
+                    self.module, micro, temperature, self.use_remove_padding, False, self.chunk_size, self.share_prompts
                 )[0],
             )
         self.module.train(was_training)

@@ -7,6 +7,7 @@ import torch
 from hybridflow.models.loading import load_causal_lm
 from hybridflow.rollout import GenerationRequest, SamplingParams
 from hybridflow.rollout.batched_decoder import BatchedDecoder
+from tests.float_bounds import longest_reduction, model_output_bound
 
 
 def test_finished_rows_leave_the_batch_and_the_cache(tiny_model_dir, tokenizer):
@@ -51,3 +52,46 @@ def test_samples_do_not_depend_on_which_requests_share_the_batch(make_engine, to
     joined = asyncio.run(crowded())
     assert joined.token_ids == alone.token_ids
     torch.testing.assert_close(torch.tensor(joined.log_probs), torch.tensor(alone.log_probs), atol=1e-4, rtol=0)
+
+
+def _decode_all(decoder, sequences, together):
+    """Prefill ``sequences`` in one call (together) or one call each, then decode until every row ends."""
+    if together:
+        decoder.add(sequences)
+    else:
+        for sequence in sequences:
+            decoder.add([sequence])
+    while decoder.sequences:
+        decoder.step()
+    return [(s.token_ids, s.log_probs) for s in sequences]
+
+
+def test_the_samples_of_one_prompt_prefill_it_once_and_sample_as_if_alone(tiny_model_dir, tokenizer):
+    model = load_causal_lm(tiny_model_dir).eval()
+    prefill_rows = []
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: prefill_rows.append(kwargs["input_ids"].shape[0])
+        if kwargs["input_ids"].shape[1] > 1 else None,
+        with_kwargs=True,
+    )
+    prompts = [tokenizer.encode("first prompt"), tokenizer.encode("the second, longer prompt")]
+
+    def sequences(decoder):
+        return [
+            decoder.new_sequence(GenerationRequest(prompt, SamplingParams(max_new_tokens=12, seed=10 * p + k)))
+            for p, prompt in enumerate(prompts) for k in range(4)
+        ]
+
+    decoder = BatchedDecoder(model, eos_token_ids=set(), max_batch_tokens=1024)
+    shared = _decode_all(decoder, sequences(decoder), together=True)
+    assert prefill_rows == [2]  # two distinct prompts, eight samples
+    prefill_rows.clear()
+    decoder = BatchedDecoder(model, eos_token_ids=set(), max_batch_tokens=1024)
+    alone = _decode_all(decoder, sequences(decoder), together=False)
+    assert prefill_rows == [1] * 8
+    # The same seeds draw the same tokens; log-probs agree up to the batch's float32 summation order.
+    assert [tokens for tokens, _ in shared] == [tokens for tokens, _ in alone]
+    assert len({tuple(tokens) for tokens, _ in shared[:4]}) > 1  # the four samples of a prompt differ
+    expected = torch.tensor([lp for _, lps in alone for lp in lps])
+    bound = model_output_bound(expected, longest_reduction(model.config))
+    torch.testing.assert_close(torch.tensor([lp for _, lps in shared for lp in lps]), expected, atol=bound, rtol=0)
