@@ -2,23 +2,31 @@
 
 Both systems train the same ~4M-parameter Qwen2 (``build_tiny_model`` with hidden 256, 4 layers,
 intermediate 1024) on the same synthetic arithmetic prompts (one parquet file; TRL reads its rows as a
-``datasets.Dataset`` with chat-message prompts), scored by the same ``default_compute_score``. Matched
-settings: 16 prompts x 4 samples per step, at most 16 new tokens, temperature 1.0, fp32, no reference
-model or KL, one optimiser step per step (one mini-batch, one epoch, whole batch in one micro-batch),
-token-mean loss, group-std advantages, lr 1e-6 constant, grad clip 1.0.
+``datasets.Dataset`` with chat-message prompts), scored by the same function: by default
+``bench/dense_reward.py``, under which every prompt group carries signal (``--reward task``: the task's
+own 0/1 score, under which most groups of an untrained model carry none). Matched settings: 16 prompts x 4
+samples per step, at most 16 new tokens, temperature 1.0, no reference model or KL, one optimiser step per
+step (one mini-batch, one epoch, whole batch in one micro-batch), token-mean loss, group-std advantages,
+lr 1e-6 constant, grad clip 1.0.
+
+Two rows (``--precisions``): ``fp32`` (both in fp32), and ``bf16``: TRL with ``bf16=True`` (bf16 autocast
+over fp32 weights), hybridflow with FSDP2 mixed precision ``param_dtype=bfloat16`` over fp32 master weights
+and optimizer state, and a bf16 rollout engine.
 
 Each system runs in its own process with ``OMP_NUM_THREADS=--threads`` and ``OMP_WAIT_POLICY=PASSIVE``.
-TRL trains in that one process with ``--threads`` torch threads. hybridflow runs its normal driver (in
-that process) over one Ray worker process given ``trainer.cpus_per_worker=--threads``, hence the same
-torch thread count, on a local Ray cluster of ``--threads`` CPUs.
+TRL trains in that one process with ``--threads`` torch threads. hybridflow runs ``main_ppo``'s driver in
+that process with ``trainer.local_mode=true`` (its workers in the same process, as TRL, with
+``trainer.cpus_per_worker=--threads`` torch threads), or with ``--ray`` over one Ray worker process given
+those threads, on a local Ray cluster of ``--threads`` CPUs.
 
 Per system: the median wall seconds of a step over the steps after ``--warmup`` (start-up such as Ray
 init and model loading is never inside a step), samples/s and generated tokens/s over those steps, CPU
-seconds per step of the whole process tree (for hybridflow: driver, Ray worker and Ray's own daemons;
+seconds per step of the whole process tree (with ``--ray``: driver, Ray worker and Ray's own daemons;
 the main process's share on its own line), the share of zero-signal prompt groups (all samples scored
 the same, so their advantages are 0), and the 1-minute load average when the measured steps start and end. Phase times come from TRL
-(``model.generate``; generate + score) and from hybridflow's ``timing_s/*`` metrics.
-Run: ``.venv/bin/python -m bench.bench_vs_trl [--steps 12] [--only trl|hybridflow] [--repeats 3]``
+(``model.generate``; generate + score) and from hybridflow's ``timing_s/*`` metrics. With ``--repeats``,
+the systems alternate within each row, and the median ratios over the repeats are printed per row.
+Run: ``.venv/bin/python -m bench.bench_vs_trl [--steps 12] [--repeats 3] [--precisions fp32,bf16] [--ray]``
 (needs ``pip install -c constraints.txt 'hybridflow[bench]'`` for TRL).
 """
 
@@ -46,6 +54,24 @@ MODEL_SIZE = {
 }
 PROMPTS_PER_STEP, SAMPLES_PER_PROMPT, MAX_NEW_TOKENS = 16, 4, 16
 SYSTEMS = ("trl", "hybridflow")
+PRECISIONS = ("fp32", "bf16")
+REWARDS = ("dense", "task")
+
+
+def precision_overrides(precision: str) -> list[str]:
+    """hybridflow's keys for a row: fp32 throughout, or bf16 compute over fp32 weights and a bf16 rollout."""
+    if precision == "fp32":
+        return ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=float32",
+                "actor_rollout_ref.rollout.dtype=float32"]
+    return ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16",
+            "actor_rollout_ref.rollout.dtype=bfloat16"]
+
+
+def placement_overrides(spec: dict[str, Any]) -> list[str]:
+    """The driver's workers in its own process, or (``--ray``) one Ray worker on a local cluster."""
+    if not spec["ray"]:
+        return ["trainer.local_mode=true"]
+    return [f"ray_init.num_cpus={spec['threads']}", f"ray_init.temp_dir={spec['ray_temp_dir']}"]
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -94,6 +120,7 @@ def hybridflow_overrides(spec: dict[str, Any]) -> list[str]:
         f"data.seed={spec['seed']}",
         f"actor_rollout_ref.model.path={spec['model_dir']}",
         "actor_rollout_ref.model.dtype=float32",
+        *precision_overrides(spec["precision"]),
         f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS_PER_STEP}",
         "actor_rollout_ref.actor.ppo_epochs=1",
         "actor_rollout_ref.actor.use_kl_loss=false",
@@ -108,7 +135,6 @@ def hybridflow_overrides(spec: dict[str, Any]) -> list[str]:
         f"actor_rollout_ref.rollout.temperature={spec['temperature']}",
         "actor_rollout_ref.rollout.top_p=1.0",
         "actor_rollout_ref.rollout.top_k=-1",
-        "actor_rollout_ref.rollout.dtype=float32",
         "algorithm.adv_estimator=grpo",
         "algorithm.norm_adv_by_std_in_grpo=true",
         "algorithm.use_kl_in_reward=false",
@@ -123,8 +149,8 @@ def hybridflow_overrides(spec: dict[str, Any]) -> list[str]:
         "trainer.n_gpus_per_node=1",
         f"trainer.cpus_per_worker={spec['threads']}",
         f"trainer.default_local_dir={spec['hybridflow_run_dir']}",
-        f"ray_init.num_cpus={spec['threads']}",
-        f"ray_init.temp_dir={spec['ray_temp_dir']}",
+        *placement_overrides(spec),
+        *([f"custom_reward_function.path={REPO_DIR / 'bench' / 'dense_reward.py'}"] if spec["reward"] == "dense" else []),
         *spec["hybridflow_extra_overrides"],
     ]
 
@@ -164,10 +190,11 @@ def run_hybridflow(spec: dict[str, Any]) -> dict[str, Any]:
     with initialize_config_module("hybridflow.trainer.config", version_base=None):
         config = load_config(compose("ppo_trainer", overrides=hybridflow_overrides(spec)))
     trainer = build_trainer(config)
-    ray_config = config.ray_init
-    init_local_ray(
-        num_cpus=ray_config.num_cpus, object_store_memory=ray_config.object_store_memory, temp_dir=ray_config.temp_dir
-    )
+    if spec["ray"]:
+        ray_config = config.ray_init
+        init_local_ray(
+            num_cpus=ray_config.num_cpus, object_store_memory=ray_config.object_store_memory, temp_dir=ray_config.temp_dir
+        )
     recorder = StepRecorder()
     try:
         trainer.init_workers()
@@ -177,12 +204,13 @@ def run_hybridflow(spec: dict[str, Any]) -> dict[str, Any]:
         trainer.fit()
     finally:
         trainer.shutdown()
-        ray.shutdown()
+        if spec["ray"]:
+            ray.shutdown()
     return {
         "setup_s": setup_s, "start": recorder.start_mark, "steps": recorder.marks,
         "settings": {
             "overrides": hybridflow_overrides(spec),
-            # RayWorkerGroup gives each actor OMP_NUM_THREADS=int(cpus_per_worker); the worker sets torch's from it.
+            # Each worker's group sets OMP_NUM_THREADS=int(cpus_per_worker); the worker sets torch's from it.
             "worker_torch_threads": int(config.trainer.cpus_per_worker),
             "driver_torch_threads": torch.get_num_threads(),
         },
@@ -211,6 +239,7 @@ def prepare_inputs(work_dir: pathlib.Path, args: argparse.Namespace) -> dict[str
         "prompts_per_step": PROMPTS_PER_STEP, "samples_per_prompt": SAMPLES_PER_PROMPT, "max_new_tokens": MAX_NEW_TOKENS,
         "temperature": 1.0, "lr": 1e-6, "clip_ratio": 0.2, "grad_clip": 1.0, "seed": args.seed, "threads": args.threads,
         "hybridflow_extra_overrides": args.override, "num_parameters": count_parameters(model_dir),
+        "reward": args.reward, "ray": args.ray,
     }
 
 
@@ -328,7 +357,9 @@ def print_settings(spec: dict[str, Any], results: dict[str, dict[str, Any]]) -> 
         "num_parameters", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "temperature", "lr", "clip_ratio",
         "grad_clip", "seed", "threads", "max_prompt_length", "mean_prompt_length", "total_steps")}
     print("  " + json.dumps(shared))
-    print(f"  model: Qwen2 {json.dumps(MODEL_SIZE)}, vocab 263, fp32, sdpa; task: arithmetic, default_compute_score")
+    reward = "bench/dense_reward.py" if spec["reward"] == "dense" else "default_compute_score"
+    print(f"  model: Qwen2 {json.dumps(MODEL_SIZE)}, vocab 263, fp32 weights, sdpa; task: arithmetic, reward: {reward}")
+    print(f"  hybridflow's workers: {'one Ray worker process' if spec['ray'] else 'in its driver process (local mode)'}")
     print(f"  env of both processes: OMP_NUM_THREADS={spec['threads']} OMP_WAIT_POLICY=PASSIVE; machine: {os.cpu_count()} CPUs")
     for system, result in results.items():
         print(f"== Settings ({system})")
@@ -344,6 +375,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each system's compute process")
     parser.add_argument("--repeats", type=int, default=1, help="alternate the systems this many times (busy machines)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--precisions", default="fp32,bf16", help="rows to measure, comma-separated: fp32, bf16")
+    parser.add_argument("--reward", choices=REWARDS, default="dense",
+                        help="dense: every group carries signal (default); task: the arithmetic task's 0/1 score")
+    parser.add_argument("--ray", action="store_true", help="hybridflow's workers on Ray, not in its driver process")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra main_ppo override for the hybridflow side, applied last (repeatable; for profiling)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (model, parquet, run outputs)")
@@ -370,26 +405,38 @@ def main() -> None:
 def run_all(args: argparse.Namespace, work_dir: pathlib.Path) -> None:
     spec = prepare_inputs(work_dir, args)
     systems = [args.only] if args.only else list(SYSTEMS)
-    runs: list[dict[str, dict[str, Any]]] = []
+    precisions = [name.strip() for name in args.precisions.split(",")]
+    unknown = [name for name in precisions if name not in PRECISIONS]
+    if unknown:
+        sys.exit(f"--precisions {args.precisions!r}: {unknown} unknown; choose from {list(PRECISIONS)}")
+    # runs[precision][repeat] = {system: summary}; the systems alternate within each repeat.
+    runs: dict[str, list[dict[str, dict[str, Any]]]] = {precision: [] for precision in precisions}
     results: dict[str, dict[str, Any]] = {}
     for repeat in range(args.repeats):
-        summaries = {}
-        for system in systems:
-            print(f"running {system} (repeat {repeat + 1}/{args.repeats}), load1 {os.getloadavg()[0]:.2f} ...", flush=True)
-            results[system] = launch(system, spec, work_dir / f"run{repeat}_{system}")
-            summaries[system] = summarize(results[system], args.warmup)
-        runs.append(summaries)
+        for precision in precisions:
+            summaries = {}
+            for system in systems:
+                print(f"running {system} {precision} (repeat {repeat + 1}/{args.repeats}), "
+                      f"load1 {os.getloadavg()[0]:.2f} ...", flush=True)
+                run_dir = work_dir / f"run{repeat}_{precision}_{system}"
+                results[system] = launch(system, {**spec, "precision": precision}, run_dir)
+                summaries[system] = summarize(results[system], args.warmup)
+            runs[precision].append(summaries)
     print()
     print_settings(spec, results)
-    for repeat, summaries in enumerate(runs):
-        print(f"\n== Repeat {repeat + 1}: {args.steps} measured steps after {args.warmup} warm-up")
-        print_table(summaries)
-    if args.repeats > 1 and len(systems) == 2:
-        print()
-        for label, key in (("speed-up (wall)", "s_per_step"), ("CPU ratio", "cpu_s_per_step")):
-            ratios = [s["trl"][key] / s["hybridflow"][key] for s in runs]
-            print(f"{label} over {args.repeats} repeats: median {statistics.median(ratios):.2f}x, "
-                  f"range {min(ratios):.2f}x..{max(ratios):.2f}x (target >= 2x)")
+    for precision, repeats in runs.items():
+        for repeat, summaries in enumerate(repeats):
+            print(f"\n== {precision}, repeat {repeat + 1}: {args.steps} measured steps after {args.warmup} warm-up")
+            print_table(summaries)
+    if len(systems) == 2:
+        print(f"\n== Speed-up of hybridflow over TRL, median over {args.repeats} repeat(s) (target >= 2x)")
+        for precision, repeats in runs.items():
+            cells = []
+            for label, key in (("wall", "s_per_step"), ("CPU-seconds", "cpu_s_per_step")):
+                ratios = [summaries["trl"][key] / summaries["hybridflow"][key] for summaries in repeats]
+                cells.append(f"{label} {statistics.median(ratios):.2f}x ({min(ratios):.2f}x..{max(ratios):.2f}x)")
+            loads = [summaries[system][mark] for summaries in repeats for system in systems for mark in ("load_start", "load_end")]
+            print(f"  {precision}: " + ", ".join(cells) + f"; load1 {min(loads):.2f}..{max(loads):.2f}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ settings as the hybridflow side. It trains ``spec["total_steps"]`` GRPO steps an
 wall time and process CPU time at the step's end, the generated tokens, the share of prompt groups
 whose samples all got the same reward (zero-signal groups), and the time spent in
 ``model.generate`` and in TRL's whole rollout-and-score call, to the JSON file ``OUT``.
-The reward is hybridflow's ``default_compute_score`` on the same parquet rows hybridflow trains on.
+The reward is the one hybridflow scores with (``bench/dense_reward.py`` by default, or hybridflow's
+``default_compute_score`` with ``--reward task``) on the same parquet rows hybridflow trains on.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from bench import dense_reward
 from bench.bench_vs_trl import StepRecorder
 from hybridflow.rewards.scoring import default_compute_score
 
@@ -35,12 +37,13 @@ SHOWN_SETTINGS = (
 
 
 def grpo_config(spec: dict[str, Any]) -> GRPOConfig:
-    """One optimiser step per generation of prompts_per_step x samples_per_prompt completions, fp32, no KL."""
+    """One optimiser step per generation of prompts_per_step x samples_per_prompt completions, no KL; fp32, or
+    bf16 autocast over fp32 weights (``bf16=True``) in the bf16 row."""
     samples = spec["prompts_per_step"] * spec["samples_per_prompt"]
     return GRPOConfig(
         output_dir=spec["trl_output_dir"],
         use_cpu=True,
-        bf16=False,
+        bf16=spec["precision"] == "bf16",
         fp16=False,
         gradient_checkpointing=False,
         per_device_train_batch_size=samples,
@@ -78,6 +81,17 @@ def arithmetic_reward(completions: list, data_source: list, reward_model: list, 
         float(default_compute_score(source, text, truth["ground_truth"])["score"])
         for source, text, truth in zip(data_source, texts, reward_model, strict=True)
     ]
+
+
+def dense_reward_fn(completions: list, data_source: list, reward_model: list, **kwargs: Any) -> list[float]:
+    """``bench/dense_reward.py``'s score of each completion, as hybridflow's custom reward function."""
+    return [
+        float(dense_reward.compute_score(source, completion[-1]["content"], truth["ground_truth"]))
+        for source, completion, truth in zip(data_source, completions, reward_model, strict=True)
+    ]
+
+
+REWARDS = {"dense": dense_reward_fn, "task": arithmetic_reward}
 
 
 class TimedGRPOTrainer(GRPOTrainer):
@@ -138,7 +152,7 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
     recorder = StepRecorder()
     trainer = TimedGRPOTrainer(
         model=model,
-        reward_funcs=arithmetic_reward,
+        reward_funcs=REWARDS[spec["reward"]],
         args=grpo_config(spec),
         train_dataset=load_prompts(spec["train_file"]),
         processing_class=tokenizer,
