@@ -58,7 +58,6 @@ def build_batch(seed: int = 0) -> DataProto:
             "response_mask": response_mask,
             "advantages": torch.randn(SAMPLES, 1, generator=generator) * response_mask,
         },
-        meta_info={"temperature": 1.0},
     )
 
 

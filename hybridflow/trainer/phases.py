@@ -22,8 +22,9 @@ from hybridflow.data.seqlen_balancing import rank_balanced_order
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.metrics import reduce_worker_metrics, samples_with_signal
-from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
-from hybridflow.workers.batching import LOSS_COUNTS_KEY, local_loss_counts
+from hybridflow.workers.actor import LOG_PROB_INPUTS, update_columns
+from hybridflow.workers.critic import UPDATE_INPUTS as CRITIC_UPDATE_INPUTS, VALUE_INPUTS
+from hybridflow.workers.batching import local_loss_counts
 
 
 class StepTimer:
@@ -75,24 +76,26 @@ def union_columns(batch: DataProto, output: DataProto) -> DataProto:
     return batch.union(DataProto(batch=output.batch, non_tensor_batch=output.non_tensor_batch))
 
 
+def columns(batch: DataProto, keys: Any) -> DataProto:
+    """The tensors ``keys`` of ``batch`` alone: what a worker call reads is all that travels to it."""
+    return batch.select(batch_keys=list(keys), non_tensor_batch_keys=[], meta_info_keys=[])
+
+
+def actor_update_input(batch: DataProto, old_log_probs_from_update: bool) -> DataProto:
+    """Phase 7's input: the columns the actor's update reads."""
+    return columns(batch, update_columns(batch.batch.keys(), old_log_probs_from_update))
+
+
 class OldLogProbs:
-    """Phase 3a: ``old_log_probs`` [B, R] (and ``entropys``) under the actor's weights before its update."""
+    """Phase 3a: ``old_log_probs`` [B, R] under the actor's weights before its update (and ``sum_pi_squared``
+    when ``actor.calculate_sum_pi_squared``). No entropy: the update reports ``actor/entropy``."""
 
     def __init__(self, worker_group: Any):
         self.worker_group = worker_group
 
     def __call__(self, batch: DataProto, timer: StepTimer) -> DataProto:
         with timer(names.PHASE_OLD_LOG_PROB):
-            return union_columns(batch, self.worker_group.compute_log_prob(batch))
-
-
-class OldLogProbsFromUpdate:
-    """Phase 3a skipped: the update is on-policy (one epoch of one mini-batch), so the actor takes its own
-    log-probs, detached, as the old ones (ratio exactly 1) and no separate forward runs."""
-
-    def __call__(self, batch: DataProto, timer: StepTimer) -> DataProto:
-        batch.meta_info[OLD_LOG_PROBS_FROM_UPDATE] = True
-        return batch
+            return union_columns(batch, self.worker_group.compute_log_prob(columns(batch, LOG_PROB_INPUTS)))
 
 
 def rollout_log_probs_as_old(batch: DataProto) -> DataProto:
@@ -110,7 +113,7 @@ class ReferencePolicy:
 
     def log_probs(self, batch: DataProto, timer: StepTimer) -> DataProto:
         with timer(names.PHASE_REF):
-            return batch.union(self.worker_group.compute_ref_log_prob(batch))
+            return batch.union(self.worker_group.compute_ref_log_prob(columns(batch, LOG_PROB_INPUTS)))
 
 
 class NoReference:
@@ -128,11 +131,12 @@ class Critic:
 
     def values(self, batch: DataProto, timer: StepTimer) -> DataProto:
         with timer(names.PHASE_VALUES):
-            return batch.union(self.worker_group.compute_values(batch))
+            return batch.union(self.worker_group.compute_values(columns(batch, VALUE_INPUTS)))
 
     def update(self, batch: DataProto, timer: StepTimer) -> dict[str, float]:
         with timer(names.PHASE_UPDATE_CRITIC):
-            return worker_metrics(self.worker_group.update_critic(batch), names.CRITIC_PREFIX)
+            output = self.worker_group.update_critic(columns(batch, CRITIC_UPDATE_INPUTS))
+            return worker_metrics(output, names.CRITIC_PREFIX)
 
     def save_checkpoint(self, path: str, global_step: int) -> None:
         self.worker_group.save_checkpoint(path, global_step)
@@ -268,10 +272,9 @@ class AdvantageEstimator:
 Correction = RolloutCorrection | NoRolloutCorrection
 
 
-class AdvantagesAfterLogProbs:
-    """Phase 5 where the paper has it: after log-probs and values, for every sample: the KL penalty in the
-    reward (when used), the rollout correction (verl's order), then the estimator. Every sample goes on to
-    phases 3-7. Returns the KL and correction metrics."""
+class Advantages:
+    """Phase 5: for every sample of the batch, the KL penalty in the reward (when used), the rollout
+    correction (verl's order), then the estimator. Returns the KL and correction metrics."""
 
     def __init__(
         self, reward_shaping: KLInReward | ScoresAsRewards, correction: Correction, estimator: AdvantageEstimator
@@ -280,9 +283,6 @@ class AdvantagesAfterLogProbs:
         self.correction = correction
         self.estimator = estimator
 
-    def training_rows(self, batch: DataProto, timer: StepTimer) -> DataProto:
-        return batch
-
     def __call__(self, batch: DataProto, timer: StepTimer) -> tuple[DataProto, dict[str, float]]:
         with timer(names.PHASE_ADV):
             batch, kl_metrics = self.reward_shaping(batch)
@@ -290,40 +290,19 @@ class AdvantagesAfterLogProbs:
             return self.estimator(batch), {**kl_metrics, **correction_metrics}
 
 
-class ZeroSignalSkip:
-    """Phase 5 first, from the scores alone; then the samples whose advantages are all 0 leave the step.
-
-    Chosen only where that is exact (``exact_skips.zero_signal_skip_blockers``): such a sample adds nothing
-    to the loss or its gradient but its share of the loss's denominator, so the actor trains on the others
-    with the whole batch's counts (``batching.LOSS_COUNTS_KEY``). The full batch keeps its advantages for
-    the step's metrics and hooks.
-    """
-
-    def __init__(self, estimator: AdvantageEstimator, num_ranks: int):
-        self.scores_as_rewards = ScoresAsRewards()
-        self.estimator = estimator
-        self.num_ranks = num_ranks
-
-    def training_rows(self, batch: DataProto, timer: StepTimer) -> DataProto:
-        with timer(names.PHASE_ADV):
-            batch, _ = self.scores_as_rewards(batch)
-            return rows_with_signal(self.estimator(batch), self.num_ranks)
-
-    def __call__(self, batch: DataProto, timer: StepTimer) -> tuple[DataProto, dict[str, float]]:
-        return batch, {}
-
-
-def rows_with_signal(batch: DataProto, num_ranks: int) -> DataProto:
+def rows_with_signal(batch: DataProto, num_ranks: int) -> tuple[DataProto, dict[str, float]]:
     """The samples of ``batch`` with a non-zero advantage, in order, and ``batch``'s loss counts.
 
-    Padded to a multiple of ``num_ranks`` (so every rank gets the same number of rows) with copies whose
-    ``response_mask`` and ``advantages`` are 0: they add nothing to the loss, its gradient or the counts.
-    No sample with signal gives an empty batch, which the actor still steps on (zero gradients).
+    Where ``exact_skips.zero_signal_skip_blockers`` finds nothing, a sample whose advantages are all 0 adds
+    nothing to the loss or its gradient but its share of the loss's denominator, so the actor trains on the
+    others with the whole batch's counts (``update_actor``'s ``loss_counts``). Padded to a multiple of
+    ``num_ranks`` (so every rank gets the same number of rows) with copies whose ``response_mask`` and
+    ``advantages`` are 0: they add nothing to the loss, its gradient or the counts. No sample with signal
+    gives an empty batch, which the actor still steps on (zero gradients).
     """
     kept = batch[samples_with_signal(batch).nonzero().flatten()]
     kept, pad_size = kept.pad_to_divisor(num_ranks)
     if pad_size:
         kept.batch["response_mask"][-pad_size:] = 0
         kept.batch["advantages"][-pad_size:] = 0
-    kept.meta_info[LOSS_COUNTS_KEY] = dataclasses.asdict(local_loss_counts(batch.batch["response_mask"]))
-    return kept
+    return kept, dataclasses.asdict(local_loss_counts(batch.batch["response_mask"]))

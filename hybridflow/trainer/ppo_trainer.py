@@ -46,21 +46,21 @@ from hybridflow.trainer.nonfinite import NonFiniteGuard
 from hybridflow.trainer.perf import count_parameters, peak_flops_per_process
 from hybridflow.trainer.phases import (
     AdvantageEstimator,
-    AdvantagesAfterLogProbs,
+    Advantages,
     Critic,
     KLInReward,
     NoCritic,
     NoReference,
     NoRolloutCorrection,
     OldLogProbs,
-    OldLogProbsFromUpdate,
     ReferencePolicy,
     RolloutCorrection,
     ScoresAsRewards,
     StepTimer,
-    ZeroSignalSkip,
+    actor_update_input,
     balance_batch,
     rollout_log_probs_as_old,
+    rows_with_signal,
     worker_metrics,
 )
 from hybridflow.trainer.placement import (
@@ -115,10 +115,10 @@ class RayPPOTrainer:
         self.nonfinite = NonFiniteGuard(config.trainer.max_nonfinite_steps)
         self.estimator = AdvantageEstimator(config.algorithm)
         self.bypass_mode = uses_bypass(config)
-        if skips_zero_signal_samples(config):
-            self.advantages = ZeroSignalSkip(self.estimator, num_processes(config))
-        else:
-            self.advantages = AdvantagesAfterLogProbs(self.reward_shaping, self._rollout_correction(), self.estimator)
+        self.advantages = Advantages(self.reward_shaping, self._rollout_correction(), self.estimator)
+        # Work skipped exactly (exact_skips), decided once: the samples without signal, the old-log-prob pass
+        self.signal_only = skips_zero_signal_samples(config)
+        self.old_log_probs_from_update = skips_old_log_prob(config)
         self.uses_critic = uses_critic(config)
         self.hooks: list[StepHook] = []
         if trainer.rollout_data_dir:
@@ -162,7 +162,7 @@ class RayPPOTrainer:
         for group in groups.values():
             group.init_model()
         self.actor_rollout = groups["actor_rollout_ref"]
-        self.old_log_probs = OldLogProbsFromUpdate() if skips_old_log_prob(config) else OldLogProbs(self.actor_rollout)
+        self.old_log_probs = OldLogProbs(self.actor_rollout)
         self.reference = ReferencePolicy(self.actor_rollout) if uses_reference(config) else NoReference()
         self.critic = Critic(groups["critic"]) if self.uses_critic else NoCritic()
         self.collector = self._make_collector(groups.get("reward_model"))
@@ -192,7 +192,7 @@ class RayPPOTrainer:
     def _make_collector(self, reward_model_group: Any) -> RolloutCollector:
         rollout = self.config.actor_rollout_ref.rollout
         meta = {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id}
-        self.generate = Generation(self.actor_rollout, meta, temperature=rollout.temperature, seed=rollout.seed)
+        self.generate = Generation(self.actor_rollout, meta, seed=rollout.seed)
         if reward_model_group is not None:
             self.score = ModelRewardScorer(self.reward_manager, reward_model_group)
         else:
@@ -230,24 +230,28 @@ class RayPPOTrainer:
                         metrics = {**reward_metrics, **self.nonfinite.metrics(self.global_step)}
                         self._end_step(metrics, tracker, last, save=False)
                         continue
-                    # The samples phases 3-7 train on: all, or (exact_skips) those left once 5 has run
-                    # early on the scores and the samples whose advantages are all 0 are dropped
-                    train_batch = self.advantages.training_rows(batch, timer)
+                    # signal_only: 5 runs now, on the scores alone (all it reads here), and the samples whose
+                    # advantages are all 0 skip 3-7; the actor keeps the whole batch's loss counts
+                    train_batch, loss_counts, adv_metrics = batch, None, {}
+                    if self.signal_only:
+                        batch, adv_metrics = self.advantages(batch, timer)
+                        train_batch, loss_counts = rows_with_signal(batch, self.num_processes)
                     balance_metrics = {}
                     if trainer.balance_batch:  # reordered so every data-parallel rank gets about as many tokens
                         train_batch, balance_metrics = balance_batch(train_batch, self.num_processes)
                     # 3 old and reference log-probs. Old: the rollout engine's own in rollout correction's bypass
-                    # mode (no pass), else a forward pass, skipped when the update is on-policy
+                    # mode, the update's own when it is on-policy (old_log_probs_from_update), else a forward pass
                     if self.bypass_mode:
                         train_batch = rollout_log_probs_as_old(train_batch)
-                    else:
+                    elif not self.old_log_probs_from_update:
                         train_batch = self.old_log_probs(train_batch, timer)
                     train_batch = self.reference.log_probs(train_batch, timer)
                     # 4 values (critic only)
                     train_batch = self.critic.values(train_batch, timer)
                     # 5 advantages, after the KL penalty in the reward when it is used and the decoupled rollout
-                    # correction (importance weights, rejection; unless run early)
-                    train_batch, adv_metrics = self.advantages(train_batch, timer)
+                    # correction (importance weights, rejection); run before 3 when signal_only
+                    if not self.signal_only:
+                        train_batch, adv_metrics = self.advantages(train_batch, timer)
                     # 6 critic update
                     critic_metrics = self.critic.update(train_batch, timer)
                     # 7 actor update, none in the first trainer.critic_warmup steps (they train only the
@@ -255,7 +259,10 @@ class RayPPOTrainer:
                     actor_metrics = {}
                     if self.global_step > trainer.critic_warmup:
                         with timer(names.PHASE_UPDATE_ACTOR):
-                            actor_output = self.actor_rollout.update_actor(train_batch)
+                            actor_output = self.actor_rollout.update_actor(
+                                actor_update_input(train_batch, self.old_log_probs_from_update),
+                                old_log_probs_from_update=self.old_log_probs_from_update, loss_counts=loss_counts,
+                            )
                         actor_metrics = worker_metrics(actor_output, names.ACTOR_PREFIX)
                 # Batch metrics describe every sample of the step, trained on or not.
                 metrics = {

@@ -88,10 +88,9 @@ class Generation:
     saved in checkpoints) so a resumed run draws the samples an uninterrupted one would.
     """
 
-    def __init__(self, actor_rollout: Any, meta_info: dict[str, Any], temperature: float, seed: int):
+    def __init__(self, actor_rollout: Any, meta_info: dict[str, Any], seed: int):
         self.actor_rollout = actor_rollout
         self.meta_info = meta_info
-        self.temperature = temperature
         self.seed = seed
         self.calls = 0
 
@@ -110,10 +109,7 @@ class Generation:
                 # Each rank times its own part (the weight sync); the phase lasts as long as the slowest.
                 timer.add(key[len(names.TIMING_PREFIX) :], float(np.max(seconds_per_rank)))
         samples_per_prompt = len(output) // len(prompts)
-        batch = union_columns(prompts.repeat(samples_per_prompt, interleave=True), output)
-        # Log-probs are recomputed at the temperature the samples were drawn with (as in verl).
-        batch.meta_info["temperature"] = self.temperature
-        return batch
+        return union_columns(prompts.repeat(samples_per_prompt, interleave=True), output)
 
 
 def assign_uids(prompts: DataProto, prefix: str) -> DataProto:

@@ -6,10 +6,10 @@ correction's bypass mode, ``compute_bypass_policy_loss`` on the rollout's log-pr
 when ``use_kl_loss`` (GRPO's KL loss, arXiv:2402.03300). Every term is aggregated with the mini-batch's
 global counts, so the update does not depend on the micro-batch split or the number of ranks.
 
-Two ``meta_info`` keys of an update batch, set by the trainer only where they are exact, save work:
-:data:`OLD_LOG_PROBS_FROM_UPDATE` (no ``old_log_probs`` column: an on-policy update takes the old
-log-probs from its own forward) and ``batching.LOSS_COUNTS_KEY`` (only the rows that can change the
-gradient were sent, with the whole batch's counts).
+Two arguments of an update, passed by the trainer only where they are exact, save work:
+``old_log_probs_from_update`` (no ``old_log_probs`` column: an on-policy update takes the old log-probs
+from its own forward) and ``whole_batch_counts`` (only the rows that can change the gradient were sent,
+with the whole batch's loss counts).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pathlib
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -38,7 +38,6 @@ from hybridflow.models.lora import is_lora_model, lora_config
 from hybridflow.protocol import DataProto
 from hybridflow.workers import checkpoint
 from hybridflow.workers.batching import (
-    LOSS_COUNTS_KEY,
     LossCounts,
     MicroBatching,
     loss_counts,
@@ -52,12 +51,15 @@ from hybridflow.workers.training import ShardedTrainer, UpdateBatchError
 
 LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 UPDATE_INPUTS = LOG_PROB_INPUTS + ("response_mask", "advantages")
+# Read when present: the loss's old log-probs, its KL term's reference, rollout correction's weights.
+UPDATE_OPTIONAL_INPUTS = ("old_log_probs", "ref_log_prob", "rollout_is_weights")
 
-OLD_LOG_PROBS_FROM_UPDATE = "old_log_probs_from_update"
-"""``meta_info`` key: the update is on-policy (one epoch of one mini-batch, so the weights it starts from
-sampled the batch) and carries no ``old_log_probs``; the update's own log-probs, detached, stand in for
-them, which makes the ratio exactly 1 (as verl's actor does when ``ppo_epochs == 1`` with one mini-batch)."""
 
+def update_columns(present: Iterable[str], old_log_probs_from_update: bool) -> list[str]:
+    """The batch keys an update reads, of the keys ``present`` (an on-policy update has no old log-probs)."""
+    present = set(present)
+    optional = [key for key in UPDATE_OPTIONAL_INPUTS if key in present]
+    return list(UPDATE_INPUTS) + [key for key in optional if not (old_log_probs_from_update and key == "old_log_probs")]
 
 def policy_loss_config(config: ActorConfig) -> PolicyLossConfig:
     """What the policy loss reads: the ``policy_loss`` section (mode and its own options) plus the actor's
@@ -172,15 +174,20 @@ class ActorPart:
             outputs = run_in_micro_batches(inputs, self.log_prob_batching, self.device, forward)
         return {name: output.cpu() for name, output in zip(names, outputs)}
 
-    def update(self, data: DataProto, temperature: float) -> dict[str, Any]:
+    def update(
+        self, data: DataProto, temperature: float, old_log_probs_from_update: bool = False,
+        whole_batch_counts: LossCounts | None = None,
+    ) -> dict[str, Any]:
         """PPO epochs over ``data`` (this rank's share); returns verl's actor metrics, un-prefixed.
 
-        With ``batching.LOSS_COUNTS_KEY`` in ``meta_info``, ``pg_loss`` is the whole batch's loss while
-        ``pg_clipfrac``, ``ppo_kl`` and ``entropy`` describe the rows trained on; an update of no rows
-        reports ``pg_loss`` 0 (every left-out row has advantage 0) and no entropy.
+        ``old_log_probs_from_update``: the update is on-policy (one epoch of one mini-batch, so the weights it
+        starts from sampled the batch) and ``data`` has no ``old_log_probs``; the update's own log-probs,
+        detached, stand in for them, which makes the ratio exactly 1 (as verl's actor does when
+        ``ppo_epochs == 1`` with one mini-batch). With ``whole_batch_counts``, ``pg_loss`` is the whole batch's
+        loss while ``pg_clipfrac``, ``ppo_kl`` and ``entropy`` describe the rows trained on; an update of no
+        rows reports ``pg_loss`` 0 (every left-out row has advantage 0) and no entropy.
         """
-        on_policy = bool(data.meta_info.get(OLD_LOG_PROBS_FROM_UPDATE, False))
-        whole_batch_counts = data.meta_info.get(LOSS_COUNTS_KEY)
+        on_policy = old_log_probs_from_update
         keys = self._update_inputs(data, on_policy)
         # Diagnostics describe the rows present; the loss is normalised by the whole batch.
         rows_present = None if whole_batch_counts is None else loss_counts(data.batch["response_mask"].to(self.device))
@@ -193,7 +200,7 @@ class ActorPart:
             grad_clip=self.config.grad_clip,
             shuffle=self.config.shuffle,
             seed=self.config.seed,
-            whole_batch_counts=None if whole_batch_counts is None else LossCounts(**whole_batch_counts),
+            whole_batch_counts=whole_batch_counts,
         )
         metrics.setdefault("pg_loss", [0.0] * len(metrics["grad_norm"]))
         self.weights_version += 1
@@ -205,7 +212,7 @@ class ActorPart:
         """The batch keys the update reads; raises when ``data`` lacks one or cannot be trained as it asks."""
         if on_policy and (self.config.ppo_epochs != 1 or len(data) > self.mini_batch_size):
             raise UpdateBatchError(
-                f"update_actor got no old_log_probs ({OLD_LOG_PROBS_FROM_UPDATE}=True), which is exact only for one "
+                "update_actor got no old_log_probs (old_log_probs_from_update=True), which is exact only for one "
                 f"epoch of one mini-batch; got actor.ppo_epochs={self.config.ppo_epochs} and {len(data)} rows on this "
                 f"rank for mini-batches of {self.mini_batch_size}; run compute_log_prob first"
             )
@@ -214,10 +221,9 @@ class ActorPart:
             raise KeyError("actor.use_kl_loss=True needs 'ref_log_prob' in the batch: run compute_ref_log_prob first")
         if not on_policy and "old_log_probs" not in present:
             raise KeyError(
-                f"update_actor needs 'old_log_probs' (run compute_log_prob first) or {OLD_LOG_PROBS_FROM_UPDATE}=True"
+                "update_actor needs 'old_log_probs' (run compute_log_prob first) or old_log_probs_from_update=True"
             )
-        optional = ("ref_log_prob", "rollout_is_weights") + (() if on_policy else ("old_log_probs",))
-        return list(UPDATE_INPUTS) + [key for key in optional if key in present]
+        return update_columns(present, on_policy)
 
     def _loss(
         self, micro: DataProto, counts: LossCounts, temperature: float, on_policy: bool, rows_present: LossCounts | None

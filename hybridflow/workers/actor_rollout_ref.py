@@ -17,7 +17,7 @@ from hybridflow.distributed import Dispatch, Worker, register
 from hybridflow.models.loading import load_tokenizer
 from hybridflow.protocol import DataProto
 from hybridflow.workers.actor import ActorPart
-from hybridflow.workers.batching import MicroBatching
+from hybridflow.workers.batching import LossCounts, MicroBatching
 from hybridflow.workers.config import (
     ActorRolloutRefConfig,
     WorkerConfigError,
@@ -67,9 +67,10 @@ class ActorRolloutRefWorker(Worker):
             )
         return self.parts[name]
 
-    def _temperature(self, data: DataProto) -> float:
-        # Log-probs are taken at the temperature the samples were drawn with (as verl does).
-        return float(data.meta_info.get("temperature", self.config.rollout.temperature))
+    @property
+    def temperature(self) -> float:
+        """The training samples were drawn at the rollout's temperature: log-probs are taken at it (as in verl)."""
+        return self.config.rollout.temperature
 
     def _log_prob_batching(self) -> MicroBatching:
         # The old-log-prob pass runs on the actor but, as in verl, takes its micro-batching from the rollout keys.
@@ -120,28 +121,30 @@ class ActorRolloutRefWorker(Worker):
         return self._part("rollout", "generate_sequences").generate_sequences(prompts)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` [B, R], ``entropys`` [B, R] (unless ``meta_info['calculate_entropy']`` is False) and
-        ``sum_pi_squared`` [B, R] (when ``actor.calculate_sum_pi_squared``)."""
-        temperature = self._temperature(data)
-        calculate_entropy = bool(data.meta_info.get("calculate_entropy", True))
-        tensors = self._part("actor", "compute_log_prob").compute_log_prob(data, temperature, calculate_entropy)
-        return DataProto.from_dict(tensors, meta_info={"temperature": temperature})
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> DataProto:
+        """``old_log_probs`` [B, R], ``entropys`` [B, R] when ``calculate_entropy``, and ``sum_pi_squared``
+        [B, R] when ``actor.calculate_sum_pi_squared``."""
+        tensors = self._part("actor", "compute_log_prob").compute_log_prob(data, self.temperature, calculate_entropy)
+        return DataProto.from_dict(tensors)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` [B, R] under the reference policy."""
-        log_probs = self._part("ref", "compute_ref_log_prob").compute_ref_log_prob(data, self._temperature(data))
+        log_probs = self._part("ref", "compute_ref_log_prob").compute_ref_log_prob(data, self.temperature)
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def update_actor(self, data: DataProto) -> DataProto:
+    def update_actor(
+        self, data: DataProto, old_log_probs_from_update: bool = False, loss_counts: dict | None = None
+    ) -> DataProto:
         """PPO update on the batch; ``meta_info['metrics']``: pg_loss, pg_clipfrac, pg_clipfrac_lower,
         ppo_kl, entropy, grad_norm (lists, one entry per optimizer step), kl_loss when used, lr.
 
-        The batch's ``meta_info`` may ask for the exact shortcuts of ``workers/actor.py``: no
-        ``old_log_probs`` (``old_log_probs_from_update``) and only some rows (``loss_counts``)."""
-        metrics = self._part("actor", "update_actor").update(data, self._temperature(data))
+        The exact shortcuts of ``workers/actor.py``: ``old_log_probs_from_update`` (the batch has no
+        ``old_log_probs``; the update is on-policy) and ``loss_counts`` (the whole batch's, when only some of
+        its rows were sent)."""
+        counts = None if loss_counts is None else LossCounts(**loss_counts)
+        metrics = self._part("actor", "update_actor").update(data, self.temperature, old_log_probs_from_update, counts)
         return metrics_output(metrics, self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

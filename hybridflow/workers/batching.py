@@ -37,13 +37,6 @@ class LossCounts:
     global_seq_count: float
 
 
-LOSS_COUNTS_KEY = "loss_counts"
-"""``meta_info`` key of an update batch that holds only part of the step's batch: the whole batch's
-:class:`LossCounts` as a dict. The rows left out must change the loss only through these counts (rows whose
-advantages are all 0 under a ``zero_at_zero_advantage`` policy loss); ``ShardedTrainer.update`` then
-trains the part as one mini-batch with the whole batch's denominators."""
-
-
 def mini_batch_size_per_rank(ppo_mini_batch_size: int, rollout_n: int, world_size: int, key: str) -> int:
     """verl's convention: ``ppo_mini_batch_size`` counts prompts; a rank's mini-batch holds
     ``ppo_mini_batch_size * rollout_n / world_size`` samples."""

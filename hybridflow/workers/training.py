@@ -116,7 +116,8 @@ class ShardedTrainer:
         """One update call: ``epochs`` passes of mini-batch optimizer steps, then one scheduler step.
 
         ``whole_batch_counts``: ``data`` is the part of a larger batch whose other rows change the loss only
-        through its counts (see ``batching.LOSS_COUNTS_KEY``). ``data`` is then a single mini-batch (at most
+        through its counts (rows whose advantages are all 0 under a ``zero_at_zero_advantage`` policy loss),
+        with the whole batch's :class:`LossCounts`. ``data`` is then a single mini-batch (at most
         ``mini_batch_size`` rows) and each epoch is one optimizer step with these counts, taken even when
         ``data`` is empty on every rank: zero gradients still move AdamW's moments and its weight decay.
 

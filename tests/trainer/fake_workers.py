@@ -66,18 +66,17 @@ class FakeActorRollout:
         # timing: one rank's time, as a group returns it
         return DataProto.from_dict(tensors, meta_info={"metrics": {"timing_s/update_weights": [0.001]}})
 
-    def compute_log_prob(self, data):
+    def compute_log_prob(self, data, calculate_entropy=False):
         self.calls.append(("compute_log_prob", len(data)))
-        log_probs = _log_probs(data.batch["responses"], self.version)
-        meta_info = {"temperature": data.meta_info["temperature"]}
-        return DataProto.from_dict({"old_log_probs": log_probs}, meta_info=meta_info)
+        return DataProto.from_dict({"old_log_probs": _log_probs(data.batch["responses"], self.version)})
 
     def compute_ref_log_prob(self, data):
         self.calls.append(("compute_ref_log_prob", len(data)))
         return DataProto.from_dict({"ref_log_prob": -(data.batch["responses"] % 7).float() / 10 - 0.01})
 
-    def update_actor(self, data):
-        self.calls.append(("update_actor", data))
+    def update_actor(self, data, old_log_probs_from_update=False, loss_counts=None):
+        arguments = {"old_log_probs_from_update": old_log_probs_from_update, "loss_counts": loss_counts}
+        self.calls.append(("update_actor", data, arguments))
         self.version += 1
         advantages = data.batch["advantages"]
         metrics = {"pg_loss": [float(advantages.mean()), 0.0], "grad_norm": [1.0, 3.0], "lr": 0.1}
@@ -147,6 +146,7 @@ class FakeWorkers:
 
     def __init__(self):
         self.calls = []
+        self.step_batches = []  # filled by a step hook where a test adds one
         self.plan = None
         self.shut_down = False
 

@@ -14,7 +14,7 @@ from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.config_schema import AlgorithmConfig
 from hybridflow.trainer.phases import (
     AdvantageEstimator,
-    AdvantagesAfterLogProbs,
+    Advantages,
     KLInReward,
     RolloutCorrection,
     StepTimer,
@@ -22,14 +22,13 @@ from hybridflow.trainer.phases import (
     rollout_log_probs_as_old,
     rows_with_signal,
 )
-from hybridflow.workers.batching import LOSS_COUNTS_KEY
 
 
 def _batch(advantages, response_mask):
     advantages, response_mask = torch.tensor(advantages), torch.tensor(response_mask)
     rows = torch.arange(len(advantages))
     return DataProto.from_dict(
-        {"advantages": advantages, "response_mask": response_mask, "row": rows}, meta_info={"temperature": 0.7}
+        {"advantages": advantages, "response_mask": response_mask, "row": rows}
     )
 
 
@@ -38,17 +37,17 @@ def test_samples_with_signal_are_kept_in_order_and_padded_with_inert_rows():
         [[1.0, 0.0], [0.0, 0.0], [0.0, -2.0], [0.0, 3.0], [0.5, 0.5]],
         [[1, 1], [1, 0], [1, 1], [1, 0], [1, 1]],  # row 3's advantage sits on a masked-out token: no signal
     )
-    kept = rows_with_signal(batch, num_ranks=2)
+    kept, counts = rows_with_signal(batch, num_ranks=2)
     assert kept.batch["row"].tolist() == [0, 2, 4, 0]
     assert kept.batch["response_mask"][-1].sum() == 0 and kept.batch["advantages"][-1].abs().sum() == 0
     assert batch.batch["response_mask"][0].sum() == 2  # the padding copy is not a view of the batch
-    assert kept.meta_info == {"temperature": 0.7, LOSS_COUNTS_KEY: {"global_token_count": 8.0, "global_seq_count": 5.0}}
+    assert counts == {"global_token_count": 8.0, "global_seq_count": 5.0}
 
 
 def test_no_sample_with_signal_leaves_an_empty_batch_with_the_whole_counts():
-    kept = rows_with_signal(_batch([[0.0, 0.0], [0.0, 0.0]], [[1, 1], [1, 0]]), num_ranks=2)
+    kept, counts = rows_with_signal(_batch([[0.0, 0.0], [0.0, 0.0]], [[1, 1], [1, 0]]), num_ranks=2)
     assert len(kept) == 0 and kept.batch["advantages"].shape == (0, 2)
-    assert kept.meta_info[LOSS_COUNTS_KEY] == {"global_token_count": 3.0, "global_seq_count": 2.0}
+    assert counts == {"global_token_count": 3.0, "global_seq_count": 2.0}
 
 
 def test_balancing_reorders_the_rows_with_their_columns_and_logs_verls_seqlen_metrics():
@@ -88,7 +87,7 @@ def test_the_rollout_correction_runs_after_the_kl_penalty_and_before_the_advanta
     algorithm.kl_ctrl.kl_coef = 0.1
     # token_k2 at 0.01 rejects (0.2)^2 / 2 = 0.02; weights min(e^0.2, 2) = 1.2214 and 1 elsewhere
     settings = CorrectionSettings.from_keys("token", 2.0, False, "token_k2", 0.01)
-    phase = AdvantagesAfterLogProbs(KLInReward(algorithm), RolloutCorrection(settings), AdvantageEstimator(algorithm))
+    phase = Advantages(KLInReward(algorithm), RolloutCorrection(settings), AdvantageEstimator(algorithm))
     timer = StepTimer()
     batch, metrics = phase(batch, timer)
     tensors = batch.batch

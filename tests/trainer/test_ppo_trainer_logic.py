@@ -14,8 +14,7 @@ from hybridflow.trainer.nonfinite import NonFiniteError
 from hybridflow.trainer.rollout_collection import DynamicSamplingError
 from hybridflow.trainer.tracking import read_metrics
 from hybridflow.trainer.validate import load_config
-from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
-from hybridflow.workers.batching import LOSS_COUNTS_KEY
+from hybridflow.workers.actor import UPDATE_INPUTS
 
 from .cli import DENSE_REWARD
 from .fake_workers import FakeActorRollout, FakeWorkers, rollout_log_ratio
@@ -33,6 +32,7 @@ def run(tiny_model_dir, tiny_parquet, tmp_path):
         trainer = build_trainer(load_config(compose_config(base + list(overrides))))
         fakes = FakeWorkers()
         trainer.init_workers(start_workers=fakes)
+        trainer.hooks.append(StepBatches(fakes.step_batches))
         try:
             trainer.fit()
         finally:
@@ -43,8 +43,24 @@ def run(tiny_model_dir, tiny_parquet, tmp_path):
     return run_with
 
 
+class StepBatches:
+    """A step hook that keeps each step's whole batch (every column, every sample)."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def after_step(self, global_step, batch, metrics):
+        self.batches.append(batch)
+
+
 def _updates(fakes):
-    return [call[1] for call in fakes.calls if call[0] == "update_actor"]
+    """What update_actor received, call by call: (the columns it reads, its keyword arguments)."""
+    return [(call[1], call[2]) for call in fakes.calls if call[0] == "update_actor"]
+
+
+def _step_batches(fakes):
+    """Each step's whole batch, every column."""
+    return fakes.step_batches
 
 
 def test_grpo_runs_only_the_phases_it_needs(run, tmp_path):
@@ -53,7 +69,7 @@ def test_grpo_runs_only_the_phases_it_needs(run, tmp_path):
     assert fakes.names() == ["init_model"] + step + step
     assert fakes.calls[0] == ("init_model", "actor_rollout")  # no reference part is built
     assert fakes.plan.role_pool == {"actor_rollout_ref": "global_pool"}
-    batch = _updates(fakes)[0]
+    batch = _step_batches(fakes)[0]
     assert len(batch) == 8
     uids = list(batch.non_tensor_batch["uid"])
     assert uids == [uid for uid in dict.fromkeys(uids) for _ in range(2)]  # the 2 samples of a prompt are adjacent
@@ -72,7 +88,7 @@ def test_gae_with_kl_in_reward_uses_critic_and_reference(run, tmp_path):
     step += ["update_critic", "update_actor"]
     assert fakes.names() == ["init_model", "init_model"] + step + step
     assert fakes.plan.role_pool == {"actor_rollout_ref": "global_pool", "critic": "global_pool"}
-    batch = _updates(fakes)[0]
+    batch = _step_batches(fakes)[0]
     mask = batch.batch["response_mask"]
     # old - ref = 0.01 on every token before the first update: r = score - 0.5 * 0.01 per response token.
     expected = batch.batch["token_level_scores"] - 0.5 * 0.01 * mask
@@ -88,7 +104,7 @@ def test_kl_loss_needs_the_reference_but_not_in_the_reward(run):
     step = ["generate_sequences", "compute_log_prob", "compute_ref_log_prob", "update_actor"]
     assert fakes.names() == ["init_model"] + step + step
     assert fakes.calls[0] == ("init_model", "actor_rollout_ref")
-    batch = _updates(fakes)[0]
+    batch = _step_batches(fakes)[0]
     assert "ref_log_prob" in batch.batch.keys()
     assert (batch.batch["token_level_rewards"] == batch.batch["token_level_scores"]).all()
 
@@ -97,7 +113,7 @@ def test_dynamic_sampling_keeps_only_groups_whose_scores_vary(run, tmp_path):
     _, fakes = run("grpo", "algorithm.filter_groups.enable=true")
     generations = fakes.names().count("generate_sequences")
     assert generations == 4  # half of each batch's groups are identical, so 2 batches per step
-    for batch in _updates(fakes):
+    for batch in _step_batches(fakes):
         assert len(batch) == 8
         scores = batch.batch["token_level_scores"].sum(-1).view(4, 2)
         assert (scores[:, 0] != scores[:, 1]).all()
@@ -114,7 +130,7 @@ def test_remax_generates_a_greedy_baseline(run):
     _, fakes = run("remax")
     greedy = [call[1] for call in fakes.calls if call[0] == "generate_sequences" and call[1].get("do_sample") is False]
     assert len(greedy) == 2  # one per step
-    batch = _updates(fakes)[0]
+    batch = _step_batches(fakes)[0]
     baselines = batch.batch["reward_baselines"]
     assert baselines.shape == (8,) and (baselines[0::2] == baselines[1::2]).all()
 
@@ -142,7 +158,7 @@ def test_a_reward_model_scores_instead_of_the_rules(run, tiny_model_dir):
     _, fakes = run("grpo", "reward_model.enable=true", f"reward_model.model.path={tiny_model_dir}")
     assert fakes.names().count("compute_rm_score") == 2
     assert fakes.plan.role_pool == {"actor_rollout_ref": "global_pool", "reward_model": "global_pool"}
-    batch = _updates(fakes)[0]
+    batch = _step_batches(fakes)[0]
     assert (batch.batch["token_level_scores"].sum(-1) == 0.75).all()
 
 
@@ -165,7 +181,7 @@ def test_resume_continues_where_the_saved_run_stopped(run, tmp_path):
     run("grpo", "trainer.save_freq=1", run_dir=tmp_path / "b")
     _, resumed = run("grpo", "trainer.total_training_steps=4", "trainer.save_freq=1", run_dir=tmp_path / "b")
     assert ("load_checkpoint", str(tmp_path / "b" / "global_step_2" / "actor")) in resumed.calls
-    for before, after in zip(_updates(uninterrupted)[2:], _updates(resumed)):
+    for before, after in zip(_step_batches(uninterrupted)[2:], _step_batches(resumed)):
         assert list(before.non_tensor_batch["uid"]) == list(after.non_tensor_batch["uid"])
         assert (before.batch["input_ids"] == after.batch["input_ids"]).all()  # same prompts, same samples
         assert (before.batch["advantages"] == after.batch["advantages"]).all()
@@ -182,12 +198,14 @@ ONE_MINI_BATCH = "actor_rollout_ref.actor.ppo_mini_batch_size=4"  # on-policy: o
 def test_an_on_policy_grpo_step_skips_the_old_log_prob_pass_and_the_samples_without_signal(run, tmp_path):
     _, fakes = run("grpo", ONE_MINI_BATCH)
     assert fakes.names() == ["init_model"] + ["generate_sequences", "update_actor"] * 2
-    for batch in _updates(fakes):
-        assert batch.meta_info[OLD_LOG_PROBS_FROM_UPDATE] is True and "old_log_probs" not in batch.batch.keys()
+    for batch, arguments in _updates(fakes):
+        assert arguments["old_log_probs_from_update"] is True and "old_log_probs" not in batch.batch.keys()
         # The fakes' odd prompts get one response for all their samples: those groups have no signal.
         assert len(batch) == 4 and (batch.batch["advantages"].abs().sum(-1) > 0).all()
-        counts = batch.meta_info[LOSS_COUNTS_KEY]
+        counts = arguments["loss_counts"]
         assert counts["global_seq_count"] == 8 and counts["global_token_count"] > batch.batch["response_mask"].sum()
+        # Only what the update reads travels: no scores, uids or prompts' other columns.
+        assert sorted(batch.batch.keys()) == sorted(UPDATE_INPUTS) and not batch.non_tensor_batch
     record = read_metrics(tmp_path / "run")[0]
     assert record[names.ZERO_SIGNAL_FRAC] == 0.5
     assert names.timing("old_log_prob") not in record and names.timing("adv") in record
@@ -197,18 +215,19 @@ def test_an_on_policy_grpo_step_skips_the_old_log_prob_pass_and_the_samples_with
 def test_a_step_without_any_signal_still_calls_the_update(run, tmp_path):
     _, fakes = run("grpo", ONE_MINI_BATCH, reward=None)  # the arithmetic score: 0 for every fake response
     assert fakes.names() == ["init_model"] + ["generate_sequences", "update_actor"] * 2
-    assert [len(batch) for batch in _updates(fakes)] == [0, 0]
+    assert [len(batch) for batch, _ in _updates(fakes)] == [0, 0]
     assert read_metrics(tmp_path / "run")[0][names.ZERO_SIGNAL_FRAC] == 1.0
 
 
 def test_the_shortcuts_switch_off_one_at_a_time(run):
     _, fakes = run("grpo", ONE_MINI_BATCH, "algorithm.skip_zero_signal_samples=false")
-    assert "compute_log_prob" not in fakes.names() and len(_updates(fakes)[0]) == 8
+    update, arguments = _updates(fakes)[0]
+    assert "compute_log_prob" not in fakes.names() and len(update) == 8 and arguments["loss_counts"] is None
     _, fakes = run("grpo", ONE_MINI_BATCH, "actor_rollout_ref.actor.skip_old_log_prob=false")
     assert fakes.names().count("compute_log_prob") == 2
-    update = _updates(fakes)[0]
+    update, arguments = _updates(fakes)[0]
     assert len(update) == 4 and "old_log_probs" in update.batch.keys()
-    assert OLD_LOG_PROBS_FROM_UPDATE not in update.meta_info
+    assert arguments["old_log_probs_from_update"] is False
 
 
 def _rank_tokens(batch, ranks):
@@ -229,7 +248,7 @@ def _samples(batch):
 def test_balancing_gives_the_ranks_about_the_same_tokens_and_keeps_the_groups(run, tmp_path):
     _, unbalanced = run("grpo", "trainer.n_gpus_per_node=2", "trainer.balance_batch=false", run_dir=tmp_path / "off")
     _, balanced = run("grpo", "trainer.n_gpus_per_node=2", run_dir=tmp_path / "on")
-    for before, after, record in zip(_updates(unbalanced), _updates(balanced), read_metrics(tmp_path / "on")):
+    for before, after, record in zip(_step_batches(unbalanced), _step_batches(balanced), read_metrics(tmp_path / "on")):
         # The same samples with the same advantages (GRPO groups by uid, whatever rank a sample lands on;
         # a group's statistics may sum its n = 2 samples in another order: float32 rounding, n * 2**-24).
         (keys, advantages), (expected_keys, expected) = _samples(after), _samples(before)
@@ -240,7 +259,7 @@ def test_balancing_gives_the_ranks_about_the_same_tokens_and_keeps_the_groups(ru
         assert (record["global_seqlen/balanced_min"], record["global_seqlen/balanced_max"]) == (
             min(tokens_after), max(tokens_after),
         )
-    assert any(_rank_tokens(b, 2) != _rank_tokens(a, 2) for b, a in zip(_updates(unbalanced), _updates(balanced)))
+    assert any(_rank_tokens(b, 2) != _rank_tokens(a, 2) for b, a in zip(_step_batches(unbalanced), _step_batches(balanced)))
     assert "global_seqlen/min" not in read_metrics(tmp_path / "off")[0]
 
 
@@ -301,7 +320,7 @@ def test_decoupled_rollout_correction_weighs_and_masks_the_update_batch(run, tmp
         f"{CORRECTION}.rollout_rs=token_k2", f"{CORRECTION}.rollout_rs_threshold=0.01",
     )
     assert fakes.names().count("compute_log_prob") == 2  # decoupled: the old-log-prob pass runs
-    batch = _updates(fakes)[0].batch
+    batch = _step_batches(fakes)[0].batch
     width = batch["responses"].shape[1]
     engine_mask = batch["attention_mask"][:, -width:]
     log_ratio = rollout_log_ratio(batch["responses"])
@@ -319,9 +338,10 @@ def test_decoupled_rollout_correction_weighs_and_masks_the_update_batch(run, tmp
 def test_bypass_mode_takes_the_engines_log_probs_as_old_ones_without_a_pass(run, tmp_path):
     _, fakes = run("grpo", ENGINE_LOG_PROBS, f"{CORRECTION}.bypass_mode=true", f"{CORRECTION}.loss_type=reinforce")
     assert fakes.names() == ["init_model"] + ["generate_sequences", "update_actor"] * 2
-    for batch in _updates(fakes):
+    for batch in _step_batches(fakes):
         assert torch.equal(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"])
-        assert OLD_LOG_PROBS_FROM_UPDATE not in batch.meta_info and "rollout_is_weights" not in batch.batch.keys()
+        assert "rollout_is_weights" not in batch.batch.keys()
+    assert all(arguments["old_log_probs_from_update"] is False for _, arguments in _updates(fakes))
     record = read_metrics(tmp_path / "run")[0]
     assert names.timing("old_log_prob") not in record
     assert not any(key.startswith(("training/rollout_probs_diff", "rollout_corr/")) for key in record)
@@ -356,8 +376,8 @@ def test_steps_whose_update_was_not_finite_are_logged_but_never_saved(run, tmp_p
     """Steps 2 and 3 (the last) skip an optimizer step on a NaN grad norm: the latest checkpoint stays step 1's."""
     update = FakeActorRollout.update_actor
 
-    def nan_from_step_2(self, data):
-        output = update(self, data)
+    def nan_from_step_2(self, data, **arguments):
+        output = update(self, data, **arguments)
         if self.version >= 2:
             output.meta_info["metrics"].update(grad_norm=[1.0, float("nan")], nonfinite_skip_frac=[0.0, 1.0])
         return output

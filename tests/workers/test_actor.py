@@ -15,8 +15,8 @@ from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.workers import ActorRolloutRefWorker, MissingPartError
 from hybridflow.workers import actor as actor_module
-from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE, policy_loss_config
-from hybridflow.workers.batching import LOSS_COUNTS_KEY, local_loss_counts
+from hybridflow.workers.actor import policy_loss_config
+from hybridflow.workers.batching import local_loss_counts
 from hybridflow.workers.config import ActorConfig
 from hybridflow.workers.training import UpdateBatchError
 
@@ -44,8 +44,7 @@ def make_worker(model_dir, role="actor", **overrides) -> ActorRolloutRefWorker:
 
 def batch_for(worker, num_samples=8, seed=0):
     batch = rollout_batch(num_samples, seed=seed)
-    batch.meta_info["temperature"] = 1.0
-    return batch.union(worker.compute_log_prob(batch))
+    return batch.union(worker.compute_log_prob(batch, calculate_entropy=True))
 
 
 def test_ppo_update_reduces_the_loss_on_a_fixed_batch_and_reports_metrics(tiny_model_dir):
@@ -85,7 +84,7 @@ def test_an_optimizer_step_with_a_non_finite_gradient_norm_is_skipped_and_report
 def test_old_log_probs_and_entropy_shapes_and_padding(tiny_model_dir):
     worker = make_worker(tiny_model_dir)
     batch = rollout_batch(6, seed=3)
-    output = worker.compute_log_prob(batch)
+    output = worker.compute_log_prob(batch, calculate_entropy=True)
     log_probs, entropys = output.batch["old_log_probs"], output.batch["entropys"]
     assert log_probs.shape == entropys.shape == batch.batch["responses"].shape
     padding = batch.batch["response_mask"] == 0
@@ -239,16 +238,15 @@ def weights_of(worker) -> dict[str, torch.Tensor]:
 
 
 def on_policy_batch(num_samples=8, seed=0):
-    batch = rollout_batch(num_samples, seed=seed)
-    batch.meta_info.update(temperature=1.0, **{OLD_LOG_PROBS_FROM_UPDATE: True})
-    return batch
+    """A batch without old log-probs, for an update with ``old_log_probs_from_update=True``."""
+    return rollout_batch(num_samples, seed=seed)
 
 
 def test_an_on_policy_update_without_old_log_probs_equals_the_one_with_the_separate_pass(tiny_model_dir):
     separate, on_policy = make_worker(tiny_model_dir), make_worker(tiny_model_dir)
     batch = batch_for(separate)
     expected = separate.update_actor(batch).meta_info["metrics"]
-    metrics = on_policy.update_actor(on_policy_batch()).meta_info["metrics"]
+    metrics = on_policy.update_actor(on_policy_batch(), old_log_probs_from_update=True).meta_info["metrics"]
     assert metrics["pg_clipfrac"] == [0.0] and metrics["ppo_kl"] == [0.0]  # the ratio is exactly 1
     # The separate pass ran its forward in another micro-batch size: its ratio is 1 within the log-prob bound.
     assert_same_one_step_update(on_policy, separate, metrics, expected, batch, tiny_model_dir)
@@ -257,16 +255,15 @@ def test_an_on_policy_update_without_old_log_probs_equals_the_one_with_the_separ
 def test_old_log_probs_from_the_update_are_refused_unless_the_update_is_on_policy(tiny_model_dir):
     worker = make_worker(tiny_model_dir, actor={"ppo_mini_batch_size": 4})
     with pytest.raises(UpdateBatchError, match="ppo_epochs=1 and 8 rows on this rank for mini-batches of 4"):
-        worker.update_actor(on_policy_batch())
+        worker.update_actor(on_policy_batch(), old_log_probs_from_update=True)
     with pytest.raises(KeyError, match="old_log_probs"):
         worker.update_actor(rollout_batch(4))
 
 
 def only_rows(batch, rows, whole):
-    """``batch[rows]`` with ``whole``'s loss counts, as the trainer sends the rows with signal."""
+    """``batch[rows]`` and ``whole``'s loss counts, as the trainer sends the rows with signal."""
     part = batch[rows] if len(rows) else batch[0:0]
-    part.meta_info[LOSS_COUNTS_KEY] = dataclasses.asdict(local_loss_counts(whole.batch["response_mask"]))
-    return part
+    return part, dataclasses.asdict(local_loss_counts(whole.batch["response_mask"]))
 
 
 # One row per micro-batch: the update sums per-row gradients in row order, so leaving out rows whose
@@ -280,8 +277,8 @@ def test_an_update_of_the_rows_with_signal_equals_the_whole_batch_update(tiny_mo
     batch = batch_for(whole)
     batch.batch["advantages"][[1, 4, 5]] = 0.0
     expected = whole.update_actor(batch).meta_info["metrics"]
-    sent = only_rows(on_policy_batch() if on_policy else batch, [0, 2, 3, 6, 7], whole=batch)
-    metrics = part.update_actor(sent).meta_info["metrics"]
+    sent, counts = only_rows(on_policy_batch() if on_policy else batch, [0, 2, 3, 6, 7], whole=batch)
+    metrics = part.update_actor(sent, old_log_probs_from_update=on_policy, loss_counts=counts).meta_info["metrics"]
     # On-policy, the ratio is exactly 1 where the whole update's is 1 within the log-prob bound.
     assert_same_one_step_update(part, whole, metrics, expected, batch, tiny_model_dir, keys=("pg_loss", "grad_norm"))
 
@@ -296,7 +293,8 @@ def test_an_update_of_no_rows_still_steps_adamw_like_a_batch_of_zero_advantages(
     no_signal = batch_for(whole, seed=1)
     no_signal.batch["advantages"].zero_()
     expected = whole.update_actor(no_signal).meta_info["metrics"]
-    metrics = part.update_actor(only_rows(no_signal, [], whole=no_signal)).meta_info["metrics"]
+    sent, counts = only_rows(no_signal, [], whole=no_signal)
+    metrics = part.update_actor(sent, loss_counts=counts).meta_info["metrics"]
     assert_same_weights(weights_of(part), weights_of(whole))
     assert any(not torch.equal(after_first[name], tensor) for name, tensor in weights_of(part).items())
     assert part.parts["actor"].trainer.update_count == whole.parts["actor"].trainer.update_count == 2
@@ -338,16 +336,15 @@ def test_old_log_probs_take_the_rollout_micro_batching_and_do_not_depend_on_it(
     tiny_model_dir, monkeypatch, rollout_keys, rows
 ):
     batch = rollout_batch(8, seed=0)
-    batch.meta_info["temperature"] = 1.0
     calls = count_forwards(monkeypatch, actor_module, "forward_token_statistics")
     # The actor's update micro-batch size plays no part: with no rollout size the rank's 8 rows go in one forward.
     whole = make_worker(
         tiny_model_dir, actor={"ppo_micro_batch_size_per_gpu": 1}, rollout={"log_prob_micro_batch_size_per_gpu": None}
     )
-    expected = whole.compute_log_prob(batch)
+    expected = whole.compute_log_prob(batch, calculate_entropy=True)
     assert calls == [(8, int(batch.batch["attention_mask"].sum()))]
     calls.clear()
-    output = make_worker(tiny_model_dir, rollout=rollout_keys).compute_log_prob(batch)
+    output = make_worker(tiny_model_dir, rollout=rollout_keys).compute_log_prob(batch, calculate_entropy=True)
     if rows is None:  # a token budget: as few forwards as hold at most 24 real tokens each
         total = sum(tokens for _, tokens in calls)
         assert len(calls) >= -(-total // 24) > 1 and max(tokens for _, tokens in calls) <= 24

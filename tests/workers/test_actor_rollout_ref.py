@@ -12,8 +12,7 @@ from transformers import AutoConfig
 from hybridflow.distributed import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
 from hybridflow.protocol import DataProto
 from hybridflow.workers import ActorRolloutRefWorker
-from hybridflow.workers.actor import OLD_LOG_PROBS_FROM_UPDATE
-from hybridflow.workers.batching import LOSS_COUNTS_KEY, local_loss_counts
+from hybridflow.workers.batching import local_loss_counts
 
 from tests.float_bounds import longest_reduction, model_output_bound
 
@@ -56,7 +55,7 @@ def one_rank_worker(process_group, tiny_model_dir):
 
 
 def with_log_probs(group, batch: DataProto) -> DataProto:
-    batch = batch.union(group.compute_log_prob(batch))
+    batch = batch.union(group.compute_log_prob(batch, calculate_entropy=True))
     return batch.union(group.compute_ref_log_prob(batch))
 
 
@@ -143,17 +142,16 @@ def two_rank_on_policy_group(ray_cluster, tiny_model_dir):
     pool.release()
 
 
-def rows_with_signal_padded(batch: DataProto, rows: list[int], whole: DataProto) -> DataProto:
-    """What the trainer sends when skipping zero-signal samples: ``rows``, padded to an even count with an
-    inert copy (response_mask and advantages 0), the whole batch's loss counts, no old_log_probs."""
+def update_rows_with_signal(group, batch: DataProto, rows: list[int], whole: DataProto) -> DataProto:
+    """The update the trainer calls when skipping zero-signal samples: ``rows``, padded to an even count with
+    an inert copy (response_mask and advantages 0), no old_log_probs, and the whole batch's loss counts."""
     part = batch[rows] if rows else batch[0:0]
     part, pad_size = part.pad_to_divisor(2)
     if pad_size:
         part.batch["response_mask"][-pad_size:] = 0
         part.batch["advantages"][-pad_size:] = 0
-    counts = local_loss_counts(whole.batch["response_mask"])
-    part.meta_info.update({LOSS_COUNTS_KEY: dataclasses.asdict(counts), OLD_LOG_PROBS_FROM_UPDATE: True})
-    return part
+    counts = dataclasses.asdict(local_loss_counts(whole.batch["response_mask"]))
+    return group.update_actor(part, old_log_probs_from_update=True, loss_counts=counts)
 
 
 def test_two_ranks_skipping_zero_signal_rows_and_old_log_probs_match_the_full_updates(
@@ -163,13 +161,11 @@ def test_two_ranks_skipping_zero_signal_rows_and_old_log_probs_match_the_full_up
     step 2: none. Weights after both match the full updates with separately computed old log-probs."""
     group = two_rank_on_policy_group
     # A first update, so the checkpoint holds AdamW moments for the restore to overwrite.
-    group.update_actor(rows_with_signal_padded(rollout_batch(8, seed=29), list(range(8)), whole=rollout_batch(8, seed=29)))
+    update_rows_with_signal(group, rollout_batch(8, seed=29), list(range(8)), whole=rollout_batch(8, seed=29))
     group.save_checkpoint(str(tmp_path / "start"))
     with_signal = rollout_batch(8, seed=30)
-    with_signal.meta_info["temperature"] = 1.0
     with_signal.batch["advantages"][[1, 2, 3]] = 0.0
     no_signal = rollout_batch(8, seed=31)
-    no_signal.meta_info["temperature"] = 1.0
     no_signal.batch["advantages"].zero_()
     full_batches, full_metrics = [], []
     for batch in (with_signal, no_signal):
@@ -179,8 +175,8 @@ def test_two_ranks_skipping_zero_signal_rows_and_old_log_probs_match_the_full_up
 
     group.load_checkpoint(str(tmp_path / "start"))
     skipped = [
-        group.update_actor(rows_with_signal_padded(with_signal, [0, 4, 5, 6, 7], whole=with_signal)),
-        group.update_actor(rows_with_signal_padded(no_signal, [], whole=no_signal)),
+        update_rows_with_signal(group, with_signal, [0, 4, 5, 6, 7], whole=with_signal),
+        update_rows_with_signal(group, no_signal, [], whole=no_signal),
     ]
     # The ranks hold other rows than in the full run, so they sum the gradient in another order; the full run's
     # ratio is e^(update's log pi - separate pass's), 1 within the log-prob bound, the skipping run's exactly 1.

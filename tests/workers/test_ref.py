@@ -26,7 +26,6 @@ def test_reference_log_probs_take_the_ref_micro_batching_and_do_not_depend_on_it
     tiny_model_dir, monkeypatch, ref_keys, rows
 ):
     batch = rollout_batch(8, seed=0)
-    batch.meta_info["temperature"] = 1.0
     calls = count_forwards(monkeypatch, ref_module)
     # Neither the actor's nor the rollout's micro-batch keys reach the reference pass.
     whole = make_worker(
