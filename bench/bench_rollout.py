@@ -3,7 +3,9 @@
 Workload: 64 prompts of 8-40 random tokens, up to 128 new tokens each, sampling at temperature 1, on a
 randomly initialised Qwen2 of about 3M parameters (hidden 256, 4 layers, vocabulary 263 like the tiny model).
 - ``fixed``: no stop token, every sequence runs 128 tokens;
-- ``eos-varied``: 8 token ids end a sequence (about 3% per step), so lengths vary from 1 to 128.
+- ``eos-varied``: 8 token ids end a sequence (about 3% per step), so lengths vary from 1 to 128;
+- ``groups``: as a GRPO step samples: 16 prompts of 120-136 tokens, each 8 times (128 requests, each with its
+  own seed), ended by the same stop ids.
 
 Methods:
 - ``generate``: ``model.generate`` on the left-padded batch (finished rows keep decoding until the longest ends);
@@ -15,7 +17,8 @@ Methods:
 Each (method, workload) runs in a fresh subprocess with one torch thread: a warm-up pass, then a timed pass.
 "tokens/s" counts useful tokens (up to and including each sequence's stop token); "cpu s" is the child's
 CPU time for the timed pass; "peak MiB" is the child's peak resident memory minus its resident memory after
-the model was built. Run: ``.venv/bin/python -m bench.bench_rollout`` (about a minute on a quiet machine).
+the model was built; "tokens/cpu s" is the throughput per CPU-second. Run: ``.venv/bin/python -m
+bench.bench_rollout`` (a few minutes on a quiet machine).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ import torch  # noqa: E402
 PROMPTS, MAX_NEW_TOKENS, VOCAB_SIZE, PAD_ID = 64, 128, 263, 0
 STOP_IDS = list(range(100, 108))
 METHODS = ("generate", "cb", "hybridflow")
-WORKLOADS = ("fixed", "eos-varied")
+WORKLOADS = ("fixed", "eos-varied", "groups")
+GROUPS, SAMPLES_PER_PROMPT = 16, 8
 PAGE_SIZE = 32
 
 
@@ -55,6 +59,14 @@ def build_prompts() -> list[list[int]]:
     generator = torch.Generator().manual_seed(1)
     lengths = torch.randint(8, 41, (PROMPTS,), generator=generator).tolist()
     return [torch.randint(110, VOCAB_SIZE, (n,), generator=generator).tolist() for n in lengths]
+
+
+def build_group_prompts() -> list[list[int]]:
+    """``GROUPS`` prompts of 120-136 tokens, each repeated ``SAMPLES_PER_PROMPT`` times in a row."""
+    generator = torch.Generator().manual_seed(2)
+    lengths = torch.randint(120, 137, (GROUPS,), generator=generator).tolist()
+    distinct = [torch.randint(110, VOCAB_SIZE, (n,), generator=generator).tolist() for n in lengths]
+    return [prompt for prompt in distinct for _ in range(SAMPLES_PER_PROMPT)]
 
 
 def useful_tokens(rows: list[list[int]], stop_ids: list[int]) -> int:
@@ -132,8 +144,9 @@ def _cpu_seconds() -> float:
 
 def child(method: str, workload: str) -> dict:
     torch.set_num_threads(1)
-    model, prompts = build_model(), build_prompts()
-    stop_ids = STOP_IDS if workload == "eos-varied" else []
+    model = build_model()
+    prompts = build_group_prompts() if workload == "groups" else build_prompts()
+    stop_ids = [] if workload == "fixed" else STOP_IDS
     baseline = _rss_bytes()
     RUNNERS[method](model, prompts, stop_ids)  # warm-up
     cpu, start = _cpu_seconds(), time.perf_counter()
@@ -155,9 +168,10 @@ def main() -> None:
         print(json.dumps(child(*args.child)))
         return
     params = sum(p.numel() for p in build_model().parameters())
-    print(f"{PROMPTS} prompts x up to {MAX_NEW_TOKENS} new tokens, Qwen2 {params / 1e6:.1f}M params, 1 torch thread")
-    print(f"| workload | method | tokens | wall s | tokens/s | cpu s | peak MiB | load1 |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print(f"up to {MAX_NEW_TOKENS} new tokens per request, Qwen2 {params / 1e6:.1f}M params, 1 torch thread")
+    print("| workload | method | tokens | wall s | tokens/s | cpu s | tokens/cpu s | peak MiB | load1 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    per_cpu_second: dict[tuple[str, str], float] = {}
     for workload in WORKLOADS:
         for method in args.methods:
             command = [sys.executable, "-m", "bench.bench_rollout", "--child", method, workload]
@@ -166,8 +180,14 @@ def main() -> None:
                 print(f"| {workload} | {method} | failed: {proc.stderr.strip().splitlines()[-1]} |||||")
                 continue
             r = json.loads(proc.stdout.strip().splitlines()[-1])
+            per_cpu_second[workload, method] = r["tokens"] / r["cpu_s"]
             print(f"| {workload} | {method} | {r['tokens']} | {r['wall_s']:.2f} | {r['tokens_per_s']:.0f} | "
-                  f"{r['cpu_s']:.2f} | {r['peak_mib']:.1f} | {r['load1']:.2f} |", flush=True)
+                  f"{r['cpu_s']:.2f} | {r['tokens'] / r['cpu_s']:.0f} | {r['peak_mib']:.1f} | {r['load1']:.2f} |",
+                  flush=True)
+    for workload in WORKLOADS:
+        if (workload, "hybridflow") in per_cpu_second and (workload, "generate") in per_cpu_second:
+            ratio = per_cpu_second[workload, "hybridflow"] / per_cpu_second[workload, "generate"]
+            print(f"{workload}: hybridflow's tokens per CPU-second are {ratio:.2f}x model.generate's")
 
 
 if __name__ == "__main__":

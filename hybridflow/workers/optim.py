@@ -17,13 +17,21 @@ WARMUP_STYLES = ("constant", "cosine")
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], config: OptimConfig) -> torch.optim.AdamW:
-    """AdamW over the trainable ``params`` (frozen ones, e.g. a LoRA base, are left out by the caller)."""
+    """AdamW over the trainable ``params`` (frozen ones, e.g. a LoRA base, are left out by the caller).
+
+    The fused kernel where every parameter is on a CPU or CUDA device: torch's default on CPU is a loop over
+    the parameters, which on FSDP2's DTensors costs about 5x the fused step (74 ms against 15 ms for the
+    benchmark's 4M-parameter model, 2 threads).
+    """
+    params = list(params)
+    fused = bool(params) and all(p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(
         params,
         lr=config.lr,
         betas=tuple(config.betas),
         eps=config.eps,
         weight_decay=config.weight_decay,
+        fused=fused or None,
     )
 
 

@@ -184,7 +184,7 @@ class ShardedTrainer:
     def _clip_and_step(self, grad_clip: float) -> float:
         """Clip the global gradient norm and step; a non-finite norm skips the step (verl does the same)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm=grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm=grad_clip, foreach=True)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
         grad_norm = float(grad_norm)
