@@ -15,9 +15,10 @@ from hybridflow.distributed.class_with_init import RayClassWithInitArgs
 from hybridflow.distributed.colocate import ColocatedClassWithInitArgs
 from hybridflow.distributed.dispatch import DispatchedCall
 from hybridflow.distributed.group_base import WorkerGroupBase, roles_of
+from hybridflow.distributed.worker import find_free_port
 
 # What a Ray worker process would see; Worker.__init__ reads them and forms a one-process group.
-_ONE_RANK_ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+_ONE_RANK_ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
 
 
 class CompletedCall:
@@ -47,7 +48,8 @@ class LocalWorkerGroup(WorkerGroupBase):
     ):
         self._roles = roles_of(cls_with_init, type(self).__name__)
         self.name = name_prefix or "_".join(self._roles) or self._roles[""].cls.__name__
-        os.environ.update(_ONE_RANK_ENV)
+        # A port of its own: one inherited from the environment (torchrun, a parent process) may be taken.
+        os.environ.update(_ONE_RANK_ENV, MASTER_PORT=str(find_free_port()))
         if num_threads is not None:
             os.environ["OMP_NUM_THREADS"] = str(max(1, num_threads))
         self._instances: dict[str, Any] | None = {

@@ -10,7 +10,7 @@ overlap when their calls are non-blocking); it needs that many times the resourc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 # The package loads Ray on first use, so checking trainer.placement in a config does not start it.
 from hybridflow import distributed
@@ -80,23 +80,23 @@ class WorkerGroups:
             pool.release()
 
 
-def create_worker_groups(plan: ResourcePlan, role_classes: dict[str, RayClassWithInitArgs]) -> WorkerGroups:
-    """Start every pool's workers.
-
-    A pool with one role gets a plain group; a pool with several fuses them and hands out per-role views,
-    so the driver calls ``roles["critic"].compute_values(batch)`` either way.
-    """
+def _start_groups(
+    plan: ResourcePlan, role_classes: dict[str, RayClassWithInitArgs], make_group: Callable[..., Any]
+) -> WorkerGroups:
+    """A group per pool, made by ``make_group(pool, class_with_init, name)``: a plain group for a pool with
+    one role, a fused one with per-role views for a pool with several, so the driver calls
+    ``roles["critic"].compute_values(batch)`` either way."""
     roles: dict[str, object] = {}
-    groups: list[RayWorkerGroup] = []
+    groups: list[Any] = []
     try:
         for pool_name, pool in plan.pools.items():
             pool_roles = plan.roles_in(pool_name)
             if len(pool_roles) == 1:
-                group = distributed.RayWorkerGroup(pool, role_classes[pool_roles[0]], name_prefix=pool_roles[0])
+                group = make_group(pool, role_classes[pool_roles[0]], pool_roles[0])
                 roles[pool_roles[0]] = group
             else:
                 fused = distributed.create_colocated_worker_cls({role: role_classes[role] for role in pool_roles})
-                group = distributed.RayWorkerGroup(pool, fused, name_prefix=pool_name)
+                group = make_group(pool, fused, pool_name)
                 roles.update(group.spawn())
             groups.append(group)
     except BaseException:
@@ -105,22 +105,21 @@ def create_worker_groups(plan: ResourcePlan, role_classes: dict[str, RayClassWit
     return WorkerGroups(roles, groups, plan)
 
 
+def create_worker_groups(plan: ResourcePlan, role_classes: dict[str, RayClassWithInitArgs]) -> WorkerGroups:
+    """Start every pool's workers as Ray actors, one per rank."""
+    return _start_groups(
+        plan, role_classes, lambda pool, cls_with_init, name: distributed.RayWorkerGroup(pool, cls_with_init, name)
+    )
+
+
 def create_local_worker_groups(
     plan: ResourcePlan, role_classes: dict[str, RayClassWithInitArgs]
 ) -> WorkerGroups:
-    """``trainer.local_mode``: every pool's roles built in this process (one rank each, no Ray), fused or
-    not as ``create_worker_groups`` would, with the torch threads a pool gives each of its processes."""
-    roles: dict[str, object] = {}
-    groups: list[LocalWorkerGroup] = []
-    for pool_name, pool in plan.pools.items():
-        pool_roles = plan.roles_in(pool_name)
-        threads = int(pool.num_cpus_per_process)
-        if len(pool_roles) == 1:
-            group = distributed.LocalWorkerGroup(role_classes[pool_roles[0]], pool_roles[0], num_threads=threads)
-            roles[pool_roles[0]] = group
-        else:
-            fused = distributed.create_colocated_worker_cls({role: role_classes[role] for role in pool_roles})
-            group = distributed.LocalWorkerGroup(fused, pool_name, num_threads=threads)
-            roles.update(group.spawn())
-        groups.append(group)
-    return WorkerGroups(roles, groups, plan)
+    """``trainer.local_mode``: every pool's roles built in this process (one rank each, no Ray), with the
+    torch threads a pool gives each of its processes."""
+    return _start_groups(
+        plan, role_classes,
+        lambda pool, cls_with_init, name: distributed.LocalWorkerGroup(
+            cls_with_init, name, num_threads=int(pool.num_cpus_per_process)
+        ),
+    )

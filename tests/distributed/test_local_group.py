@@ -14,7 +14,7 @@ from .sample_workers import CollectiveWorker
 @pytest.fixture
 def local_group(monkeypatch):
     # The group sets these for the worker it builds here; monkeypatch puts them back afterwards.
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"):
         monkeypatch.setenv(key, os.environ.get(key, "0"))
     threads = torch.get_num_threads()
     group = LocalWorkerGroup(RayClassWithInitArgs(CollectiveWorker), num_threads=1)
@@ -56,7 +56,7 @@ def test_a_killed_group_says_so(local_group):
 
 
 def test_fused_roles_share_the_process_and_views_use_plain_names(monkeypatch):
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, os.environ.get(key, "0"))
     fused = create_colocated_worker_cls(
         {"actor": RayClassWithInitArgs(CollectiveWorker), "critic": RayClassWithInitArgs(CollectiveWorker)}

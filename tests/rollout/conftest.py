@@ -6,6 +6,7 @@ import torch
 from hybridflow.models.loading import load_causal_lm, load_tokenizer
 from hybridflow.rollout import HFRolloutEngine, RolloutConfig
 from hybridflow.rollout.tool_messages import ToolMessageEncoder
+from tests.overfit import overfit
 from tests.rollout.prompts import FINAL_ANSWER_TEXT, TOOL_CALL_TEXT, TOOL_QUESTION
 
 
@@ -52,20 +53,7 @@ def tool_calling_model_dir(tiny_model_dir, tmp_path_factory):
     tool_turn = ToolMessageEncoder(tokenizer).encode(["5"], ended_with_eos=True)
     second = tokenizer.encode(FINAL_ANSWER_TEXT, add_special_tokens=False) + [tokenizer.eos_token_id]
     sequence = torch.tensor([first + tool_turn + second])
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-        for _ in range(400):
-            loss = model(input_ids=sequence, labels=sequence).loss
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            if loss.item() < 0.005:
-                break
-    torch.set_num_threads(previous)
-    assert loss.item() < 0.005, f"the tool-calling fixture did not converge (loss {loss.item():.4f})"
+    overfit(model, sequence, sequence, "the tool-calling fixture")
     out_dir = tmp_path_factory.mktemp("tool_calling_model")
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -57,6 +57,7 @@ def tool_calling_model(model_dir, tools_yaml, out_dir):
     from hybridflow.models.loading import load_causal_lm, load_tokenizer
     from hybridflow.rollout.tool_messages import ToolMessageEncoder
     from hybridflow.rollout.tools import load_tools
+    from tests.overfit import overfit
 
     tokenizer, model = load_tokenizer(model_dir), load_causal_lm(model_dir)
     schemas = [tool.schema for tool in load_tools(str(tools_yaml)).values()]
@@ -70,20 +71,7 @@ def tool_calling_model(model_dir, tools_yaml, out_dir):
     sequence = torch.tensor([prompt_ids + completion])
     labels = sequence.clone()
     labels[0, : len(prompt_ids)] = -100
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-        for _ in range(400):
-            loss = model(input_ids=sequence, labels=labels).loss
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            if loss.item() < 0.005:
-                break
-    torch.set_num_threads(previous)
-    assert loss.item() < 0.005, f"the tool-calling model did not converge (loss {loss.item():.4f})"
+    overfit(model, sequence, labels, "the tool-calling model")
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir

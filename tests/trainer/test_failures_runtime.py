@@ -41,8 +41,10 @@ def test_a_nan_reward_is_skipped_counted_and_stops_the_run_past_the_limit(tiny_m
 def test_ctrl_c_says_where_the_run_stopped_and_what_resumes(tiny_model_dir, tiny_parquet, tmp_path):
     run_dir = tmp_path / "run"
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir) + [
-        f"custom_reward_function.path={DENSE_REWARD}", "trainer.total_training_steps=50", "trainer.save_freq=1",
-        "trainer.val_before_train=false",
+        # Steps of the tiny run take well under a second: enough of them (the prompts reused over epochs) that
+        # the signal lands mid-run, not after it.
+        f"custom_reward_function.path={DENSE_REWARD}", "trainer.total_training_steps=200", "trainer.total_epochs=100",
+        "trainer.save_freq=1", "trainer.val_before_train=false",
     ]
     with RayTempDir() as ray_temp_dir:
         driver = subprocess.Popen(
