@@ -51,6 +51,9 @@ def test_ctrl_c_says_where_the_run_stopped_and_what_resumes(tiny_model_dir, tiny
             [sys.executable, "-m", "hybridflow.trainer.main_ppo", *overrides, "ray_init.num_cpus=2",
              f"ray_init.temp_dir={ray_temp_dir}"],
             cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            # A test run started in the background of a non-interactive shell ignores SIGINT, and a child
+            # inherits that; the driver must get Ctrl-C as a terminal would deliver it.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         deadline = time.monotonic() + 180
         while not (run_dir / "latest").exists() and driver.poll() is None and time.monotonic() < deadline:
