@@ -93,11 +93,15 @@ def forward_token_statistics(
     position's next-token distribution (at ``temperature``; no gradient), from the same forward pass."""
     predicts = response_prediction_mask(attention_mask, response_length)
     statistics = dict(temperature=temperature, calculate_entropy=calculate_entropy, chunk_size=chunk_size)
-    packed = pack_for_model(model, input_ids, attention_mask) if use_remove_padding else None
-    shared = None
-    if share_prompts is not False and not uses_varlen_attention(model):
+    shared = packed = None
+    if share_prompts is True and not uses_varlen_attention(model):
+        shared = shared_prompt_layout(input_ids, attention_mask, response_length, attention_pair_cost(model.config), None)
+    if shared is None and use_remove_padding:
+        packed = pack_for_model(model, input_ids, attention_mask)
+    if share_prompts is None and not uses_varlen_attention(model):
+        # Shared only where estimated cheaper than the layout that would run otherwise.
         pair_cost = attention_pair_cost(model.config)
-        other = None if share_prompts else _layout_cost(packed, input_ids, pair_cost)
+        other = _layout_cost(packed, input_ids, pair_cost)
         shared = shared_prompt_layout(input_ids, attention_mask, response_length, pair_cost, other)
     if shared is not None:
         logits, labels, place = _shared_logits(model, shared)
