@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow.parquet as pq
 import torch
@@ -36,33 +36,23 @@ SHOWN_SETTINGS = (
 )
 
 
-def grpo_config(spec: dict[str, Any]) -> GRPOConfig:
-    """One optimiser step per generation of prompts_per_step x samples_per_prompt completions, no KL; fp32, or
-    bf16 autocast over fp32 weights (``bf16=True``) in the bf16 row."""
-    samples = spec["prompts_per_step"] * spec["samples_per_prompt"]
-    return GRPOConfig(
+def grpo_settings(spec: dict[str, Any]) -> dict[str, Any]:
+    """GRPOConfig keys both TRL benchmarks share: on CPU, one optimiser step per generation of
+    prompts_per_step x samples_per_prompt completions, untempered top-k/top-p, no KL, hybridflow's loss and
+    advantages, no logging, saving, evaluation or loader workers."""
+    return dict(
         output_dir=spec["trl_output_dir"],
         use_cpu=True,
-        bf16=spec["precision"] == "bf16",
-        fp16=False,
-        gradient_checkpointing=False,
-        per_device_train_batch_size=samples,
+        per_device_train_batch_size=spec["prompts_per_step"] * spec["samples_per_prompt"],
         gradient_accumulation_steps=1,
         num_generations=spec["samples_per_prompt"],
         num_iterations=1,
         max_completion_length=spec["max_new_tokens"],
-        temperature=spec["temperature"],
         top_p=1.0,
         top_k=0,
         beta=0.0,
         loss_type="dapo",  # token-mean over the batch, as hybridflow's loss_agg_mode=token-mean
         scale_rewards="group",  # divide by the group's std, as norm_adv_by_std_in_grpo=True
-        epsilon=spec["clip_ratio"],
-        learning_rate=spec["lr"],
-        lr_scheduler_type="constant",
-        weight_decay=0.0,
-        max_grad_norm=spec["grad_clip"],
-        max_steps=spec["total_steps"],
         seed=spec["seed"],
         report_to=[],
         logging_strategy="no",
@@ -71,6 +61,23 @@ def grpo_config(spec: dict[str, Any]) -> GRPOConfig:
         disable_tqdm=True,
         dataloader_num_workers=0,
         dataloader_pin_memory=False,
+    )
+
+
+def grpo_config(spec: dict[str, Any]) -> GRPOConfig:
+    """``grpo_settings`` at a constant lr; fp32, or bf16 autocast over fp32 weights (``bf16=True``) in the bf16 row."""
+    return GRPOConfig(
+        **grpo_settings(spec),
+        bf16=spec["precision"] == "bf16",
+        fp16=False,
+        gradient_checkpointing=False,
+        temperature=spec["temperature"],
+        epsilon=spec["clip_ratio"],
+        learning_rate=spec["lr"],
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=spec["grad_clip"],
+        max_steps=spec["total_steps"],
     )
 
 
@@ -168,14 +175,15 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
     return {"setup_s": setup_s, "start": recorder.start_mark, "steps": recorder.marks, "settings": settings}
 
 
-def main() -> None:
+def run_child(run: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """``python -m bench.<side> SPEC OUT``: ``run`` on the JSON spec, its result written as JSON to OUT."""
     spec_path, out_path = sys.argv[1:3]
     with open(spec_path) as handle:
         spec = json.load(handle)
-    result = run_trl(spec)
+    result = run(spec)
     with open(out_path, "w") as handle:
         json.dump(result, handle)
 
 
 if __name__ == "__main__":
-    main()
+    run_child(run_trl)

@@ -1,6 +1,7 @@
 """What every worker group shares, wherever its ranks run: the roles it was built from, and one
 driver-side method per ``@register``-ed worker method (``group.m``, or ``group.r_m`` and ``spawn()``'s
-per-role views when several roles are fused). Subclasses say how a dispatched call runs (``_run``)."""
+per-role views when several roles are fused); ``group.m.submit(...)`` starts a call without waiting and
+returns its future (``get()``). Subclasses say how a dispatched call runs (``_run``)."""
 
 from __future__ import annotations
 
@@ -61,11 +62,16 @@ class WorkerGroupBase(ABC):
                 f"worker method {method!r} of group {self.name!r} would hide the group's own {public_name!r}; rename it"
             )
 
+        def submit(*args: Any, **kwargs: Any) -> Any:
+            return self._run(role, method, public_name, dispatch(spec, public_name, self.world_size, args, kwargs))
+
         def group_method(*args: Any, **kwargs: Any) -> Any:
-            plan = dispatch(spec, public_name, self.world_size, args, kwargs)
-            future = self._run(role, method, public_name, plan)
+            future = submit(*args, **kwargs)
             return future.get() if spec.blocking else future
 
+        # group.m.submit(...) starts the call and returns its future whatever the method's ``blocking``: the driver
+        # decides per call site whether to wait (calls on other pools overlap meanwhile).
+        group_method.submit = submit
         group_method.__name__ = public_name
         group_method.__qualname__ = f"{type(self).__name__}.{public_name}"
         group_method.__doc__ = getattr(getattr(self._roles[role].cls, method), "__doc__", None)

@@ -25,7 +25,10 @@ from hybridflow.models.loading import (
     resolve_dtype,
     resolve_model_path,
 )
-from hybridflow.models.padding import pack_for_model, packed_outputs, unpack
+from hybridflow.models.padding import (
+    attention_pair_cost, layout_cost, pack_for_model, packed_outputs, unpack, uses_varlen_attention,
+)
+from hybridflow.models.shared_prompts import SharedPromptBatch, shared_prompt_layout
 
 HEAD_INIT_SEED = 0
 
@@ -96,14 +99,41 @@ def forward_values(
     position_ids: torch.Tensor,
     response_length: int,
     use_remove_padding: bool = True,
+    share_prompts: bool | None = False,
 ) -> torch.Tensor:
     """Critic values ``[B, R]``: ``values[:, t]`` is V of the state before response token ``t``.
 
     That state ends at column ``L - R - 1 + t``, the same position whose logits give token ``t``'s
-    log-prob; entries whose response token is padding are 0.
+    log-prob; entries whose response token is padding are 0. ``share_prompts`` as in
+    ``hybridflow.models.log_probs``: the samples of one prompt run it once (``None``: where estimated cheaper
+    than the padded or packed layout; ``True``: wherever a prompt repeats); the value before each first
+    response token is then the prompt's last position's, computed once for the group.
     """
+    shared = None
+    if share_prompts is not False and not uses_varlen_attention(value_model):
+        pair_cost = attention_pair_cost(value_model.config)
+        other = None
+        if share_prompts is None:
+            packed = pack_for_model(value_model, input_ids, attention_mask) if use_remove_padding else None
+            rows, width = packed.input_ids.shape if packed is not None else input_ids.shape
+            other = layout_cost(rows, width, pair_cost)
+        shared = shared_prompt_layout(input_ids, attention_mask, response_length, pair_cost, other)
+    if shared is not None:
+        return _shared_values(value_model, shared)
     scores = forward_token_scores(value_model, input_ids, attention_mask, position_ids, use_remove_padding)
     return scores[:, -response_length - 1 : -1] * attention_mask[:, -response_length:]
+
+
+def _shared_values(value_model: torch.nn.Module, shared: SharedPromptBatch) -> torch.Tensor:
+    """One row per prompt; the head's output at each kept position (row-major) read by every token it precedes."""
+    output = value_model(
+        input_ids=shared.input_ids,
+        position_ids=shared.position_ids,
+        attention_mask=shared.attention_mask,
+        use_cache=False,
+    )
+    kept = output.logits[..., 0][shared.keep]
+    return shared.place(kept[shared.logit_row].float())
 
 
 def forward_reward_scores(

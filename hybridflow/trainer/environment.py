@@ -155,3 +155,47 @@ def _device_errors(config: PPOTrainerConfig) -> list[str]:
     if device == "cpu" and engine in GPU_ONLY_ENGINES:
         return [f"actor_rollout_ref.rollout.name={engine} runs on GPUs only, and trainer.device=cpu; use rollout.name=hf"]
     return []
+
+
+# CPU flags of native bf16 matmuls (oneDNN uses them); without them a bf16 matmul is emulated.
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX); None where /proc/cpuinfo is unreadable."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = pathlib.Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+
+
+def bf16_compute_keys(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
+    """The keys that make this run compute in bfloat16 (weights or FSDP2's compute dtype)."""
+    actor = config.actor_rollout_ref
+    keys = {
+        "actor_rollout_ref.model.dtype": actor.model.dtype,
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": actor.actor.fsdp_config.mixed_precision.param_dtype,
+        "actor_rollout_ref.rollout.dtype": actor.rollout.dtype,
+    }
+    if uses_critic:
+        critic = config.critic.model
+        keys["critic.model.dtype"] = critic.dtype
+        keys["critic.model.fsdp_config.mixed_precision.param_dtype"] = critic.fsdp_config.mixed_precision.param_dtype
+    return [key for key, dtype in keys.items() if dtype in ("bfloat16", "bf16")]
+
+
+def slow_dtype_notes(config: PPOTrainerConfig, uses_critic: bool, cpuinfo: str | None = None) -> list[str]:
+    """A start-up note where a CPU run computes in bfloat16 on a CPU without native bf16 (there a bf16 matmul
+    ran ~40x slower than float32: bench/bench_vs_trl.py's bf16 row, on an AVX2-only CPU)."""
+    if config.trainer.device != "cpu":
+        return []
+    keys = bf16_compute_keys(config, uses_critic)
+    if not keys or cpu_has_native_bf16(cpuinfo) is not False:
+        return []
+    return [
+        f"note: {', '.join(keys)} = bfloat16, but this CPU has no native bf16 ({' or '.join(NATIVE_BF16_FLAGS)}), so "
+        "bf16 matmuls are emulated and much slower than float32 here; set them to float32 for speed"
+    ]

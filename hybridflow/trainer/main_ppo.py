@@ -20,6 +20,7 @@ from hybridflow.rewards import build_reward_manager, check_data_sources, load_cu
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.entry_point import checked_run, command_line
 from hybridflow.trainer.error_boundary import WORKERS_STARTING
+from hybridflow.trainer.environment import slow_dtype_notes
 from hybridflow.trainer.local_mode import apply_runtime_env
 from hybridflow.trainer.resume_checks import check_data_position
 from hybridflow.trainer.reward_options import reward_manager_options
@@ -97,7 +98,7 @@ def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> N
     from hybridflow.distributed import init_local_ray
 
     trainer = trainer or build_trainer(config)
-    for line in derived_sizes(config, steps=trainer.total_training_steps):
+    for line in derived_sizes(config, steps=trainer.total_training_steps) + slow_dtype_notes(config, trainer.uses_critic):
         print(f"[hybridflow] {line}")
     ray_kwargs = config.ray_kwargs
     ray_init = ray_kwargs.ray_init

@@ -4,7 +4,9 @@ Whether a run has a critic, a reference policy or a KL term in the reward, and w
 ``exact_skips`` it takes, is decided when the trainer is built: the absent phases are no-op objects with
 the same methods, so the step in ``RayPPOTrainer.fit`` reads the same for every algorithm and never
 re-checks the config. Each real phase times itself under its metric name (``timing_s/old_log_prob``,
-``timing_s/ref``, ``timing_s/values``, ``timing_s/adv``, ``timing_s/update_critic``).
+``timing_s/ref``, ``timing_s/values``, ``timing_s/adv``, ``timing_s/update_critic``). The worker calls of
+phases 3, 4, 6 and 7 are started through :class:`PhaseCalls`, which overlaps the critic's with the actor's
+where they sit on separate pools.
 """
 
 from __future__ import annotations
@@ -86,16 +88,61 @@ def actor_update_input(batch: DataProto, old_log_probs_from_update: bool) -> Dat
     return columns(batch, update_columns(batch.batch.keys(), old_log_probs_from_update))
 
 
+class Started:
+    """A phase's worker call, started by ``PhaseCalls.start``; ``join`` returns its output."""
+
+    def __init__(self, phase: str, output: Any = None, future: Any = None):
+        self.phase = phase
+        self._output = output
+        self._future = future
+
+    def join(self, timer: StepTimer) -> Any:
+        if self._future is None:
+            return self._output
+        with timer(self.phase):
+            return self._future.get()
+
+
+class PhaseCalls:
+    """Starts the worker calls of phases 3, 4, 6 and 7.
+
+    Without ``overlap`` a call runs to its end when started, timed under its phase, so the calls run one after
+    another as the step reads. With ``overlap`` (the critic on a pool of its own: ``trainer.placement=split``)
+    a call is only submitted, and ``Started.join`` waits for it: the critic's workers compute values (and
+    train) while the actor's compute log-probs (and train). A phase's time is then the step's wait for it after
+    the calls joined before it (the overlapped part counts once, in the call joined first).
+    """
+
+    def __init__(self, overlap: bool):
+        self.overlap = overlap
+
+    def start(self, timer: StepTimer, phase: str, method: Any, *args: Any, **kwargs: Any) -> Started:
+        if self.overlap:
+            return Started(phase, future=method.submit(*args, **kwargs))
+        with timer(phase):
+            return Started(phase, output=method(*args, **kwargs))
+
+
+def join_columns(batch: DataProto, timer: StepTimer, *started: Started | None) -> DataProto:
+    """``batch`` with the columns each started call returns, awaited in the order given (None: not run)."""
+    for call in started:
+        if call is not None:
+            batch = union_columns(batch, call.join(timer))
+    return batch
+
+
 class OldLogProbs:
     """Phase 3a: ``old_log_probs`` [B, R] under the actor's weights before its update (and ``sum_pi_squared``
     when ``actor.calculate_sum_pi_squared``). No entropy: the update reports ``actor/entropy``."""
 
-    def __init__(self, worker_group: Any):
+    def __init__(self, worker_group: Any, calls: PhaseCalls):
         self.worker_group = worker_group
+        self.calls = calls
 
-    def __call__(self, batch: DataProto, timer: StepTimer) -> DataProto:
-        with timer(names.PHASE_OLD_LOG_PROB):
-            return union_columns(batch, self.worker_group.compute_log_prob(columns(batch, LOG_PROB_INPUTS)))
+    def start(self, batch: DataProto, timer: StepTimer) -> Started:
+        return self.calls.start(
+            timer, names.PHASE_OLD_LOG_PROB, self.worker_group.compute_log_prob, columns(batch, LOG_PROB_INPUTS)
+        )
 
 
 def rollout_log_probs_as_old(batch: DataProto) -> DataProto:
@@ -108,35 +155,41 @@ def rollout_log_probs_as_old(batch: DataProto) -> DataProto:
 class ReferencePolicy:
     """Phase 3b: ``ref_log_prob`` [B, R] from the frozen reference policy."""
 
-    def __init__(self, worker_group: Any):
+    def __init__(self, worker_group: Any, calls: PhaseCalls):
         self.worker_group = worker_group
+        self.calls = calls
 
-    def log_probs(self, batch: DataProto, timer: StepTimer) -> DataProto:
-        with timer(names.PHASE_REF):
-            return batch.union(self.worker_group.compute_ref_log_prob(columns(batch, LOG_PROB_INPUTS)))
+    def start(self, batch: DataProto, timer: StepTimer) -> Started:
+        return self.calls.start(
+            timer, names.PHASE_REF, self.worker_group.compute_ref_log_prob, columns(batch, LOG_PROB_INPUTS)
+        )
 
 
 class NoReference:
     """No KL term: the reference policy is never built or called."""
 
-    def log_probs(self, batch: DataProto, timer: StepTimer) -> DataProto:
-        return batch
+    def start(self, batch: DataProto, timer: StepTimer) -> None:
+        return None
 
 
 class Critic:
     """Phases 4 and 6: critic ``values`` [B, R] and the value-function update."""
 
-    def __init__(self, worker_group: Any):
+    def __init__(self, worker_group: Any, calls: PhaseCalls):
         self.worker_group = worker_group
+        self.calls = calls
 
-    def values(self, batch: DataProto, timer: StepTimer) -> DataProto:
-        with timer(names.PHASE_VALUES):
-            return batch.union(self.worker_group.compute_values(columns(batch, VALUE_INPUTS)))
+    def start_values(self, batch: DataProto, timer: StepTimer) -> Started:
+        return self.calls.start(timer, names.PHASE_VALUES, self.worker_group.compute_values, columns(batch, VALUE_INPUTS))
 
-    def update(self, batch: DataProto, timer: StepTimer) -> dict[str, float]:
-        with timer(names.PHASE_UPDATE_CRITIC):
-            output = self.worker_group.update_critic(columns(batch, CRITIC_UPDATE_INPUTS))
-            return worker_metrics(output, names.CRITIC_PREFIX)
+    def start_update(self, batch: DataProto, timer: StepTimer) -> Started:
+        return self.calls.start(
+            timer, names.PHASE_UPDATE_CRITIC, self.worker_group.update_critic, columns(batch, CRITIC_UPDATE_INPUTS)
+        )
+
+    @staticmethod
+    def join_update(started: Started, timer: StepTimer) -> dict[str, float]:
+        return worker_metrics(started.join(timer), names.CRITIC_PREFIX)
 
     def save_checkpoint(self, path: str, global_step: int) -> None:
         self.worker_group.save_checkpoint(path, global_step)
@@ -148,10 +201,14 @@ class Critic:
 class NoCritic:
     """The estimator needs no values (GRPO, RLOO, ...): nothing is built, computed or saved."""
 
-    def values(self, batch: DataProto, timer: StepTimer) -> DataProto:
-        return batch
+    def start_values(self, batch: DataProto, timer: StepTimer) -> None:
+        return None
 
-    def update(self, batch: DataProto, timer: StepTimer) -> dict[str, float]:
+    def start_update(self, batch: DataProto, timer: StepTimer) -> None:
+        return None
+
+    @staticmethod
+    def join_update(started: None, timer: StepTimer) -> dict[str, float]:
         return {}
 
     def save_checkpoint(self, path: str, global_step: int) -> None:

@@ -3,8 +3,8 @@
 ``colocated`` (the default, HybridFlow's hybrid engine, arXiv 2409.19256 section 5): one resource pool of
 ``nnodes x n_gpus_per_node`` processes, and every role (actor/rollout/ref, critic, reward model) fused into
 one Ray actor per process, so they share the device and hand weights over without copies.
-``split``: each role gets its own pool of the same shape, so roles run in separate processes (and can
-overlap when their calls are non-blocking); it needs that many times the resources.
+``split``: each role gets its own pool of the same shape, so roles run in separate processes (the critic's
+calls overlap the actor's: ``phases.PhaseCalls``); it needs that many times the resources.
 """
 
 from __future__ import annotations

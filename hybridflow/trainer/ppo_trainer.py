@@ -53,12 +53,14 @@ from hybridflow.trainer.phases import (
     NoReference,
     NoRolloutCorrection,
     OldLogProbs,
+    PhaseCalls,
     ReferencePolicy,
     RolloutCorrection,
     ScoresAsRewards,
     StepTimer,
     actor_update_input,
     balance_batch,
+    join_columns,
     rollout_log_probs_as_old,
     rows_with_signal,
     worker_metrics,
@@ -162,9 +164,12 @@ class RayPPOTrainer:
         for group in groups.values():
             group.init_model()
         self.actor_rollout = groups["actor_rollout_ref"]
-        self.old_log_probs = OldLogProbs(self.actor_rollout)
-        self.reference = ReferencePolicy(self.actor_rollout) if uses_reference(config) else NoReference()
-        self.critic = Critic(groups["critic"]) if self.uses_critic else NoCritic()
+        # The critic on a pool of its own computes and trains while the actor does (phases 3 with 4, 6 with 7)
+        critic_pool = plan.role_pool.get("critic")
+        self.calls = PhaseCalls(overlap=critic_pool not in (None, plan.role_pool["actor_rollout_ref"]))
+        self.old_log_probs = OldLogProbs(self.actor_rollout, self.calls)
+        self.reference = ReferencePolicy(self.actor_rollout, self.calls) if uses_reference(config) else NoReference()
+        self.critic = Critic(groups["critic"], self.calls) if self.uses_critic else NoCritic()
         self.collector = self._make_collector(groups.get("reward_model"))
         self.num_processes = num_processes(config)
         self.num_parameters = count_parameters(config.actor_rollout_ref.model.path)
@@ -239,31 +244,36 @@ class RayPPOTrainer:
                     balance_metrics = {}
                     if trainer.balance_batch:  # reordered so every data-parallel rank gets about as many tokens
                         train_batch, balance_metrics = balance_batch(train_batch, self.num_processes)
-                    # 3 old and reference log-probs. Old: the rollout engine's own in rollout correction's bypass
-                    # mode, the update's own when it is on-policy (old_log_probs_from_update), else a forward pass
+                    # 3 old and reference log-probs and 4 values, started in this order, then awaited in it: on
+                    # separate pools (trainer.placement=split) the critic computes while the actor does. Old: the
+                    # rollout engine's own in rollout correction's bypass mode, the update's own when it is
+                    # on-policy (old_log_probs_from_update), else a forward pass
+                    old = None
                     if self.bypass_mode:
                         train_batch = rollout_log_probs_as_old(train_batch)
                     elif not self.old_log_probs_from_update:
-                        train_batch = self.old_log_probs(train_batch, timer)
-                    train_batch = self.reference.log_probs(train_batch, timer)
-                    # 4 values (critic only)
-                    train_batch = self.critic.values(train_batch, timer)
+                        old = self.old_log_probs.start(train_batch, timer)
+                    ref = self.reference.start(train_batch, timer)
+                    values = self.critic.start_values(train_batch, timer)
+                    train_batch = join_columns(train_batch, timer, old, ref, values)
                     # 5 advantages, after the KL penalty in the reward when it is used and the decoupled rollout
                     # correction (importance weights, rejection); run before 3 when signal_only
                     if not self.signal_only:
                         train_batch, adv_metrics = self.advantages(train_batch, timer)
-                    # 6 critic update
-                    critic_metrics = self.critic.update(train_batch, timer)
-                    # 7 actor update, none in the first trainer.critic_warmup steps (they train only the
-                    # critic); the new weights reach the rollout engine before the next generation
+                    # 6 critic update and 7 actor update, started in this order; the actor's is awaited first, so
+                    # on separate pools its time is its own. No actor update in the first trainer.critic_warmup
+                    # steps (they train only the critic); its new weights reach the rollout engine before the
+                    # next generation
+                    critic_update = self.critic.start_update(train_batch, timer)
                     actor_metrics = {}
                     if self.global_step > trainer.critic_warmup:
-                        with timer(names.PHASE_UPDATE_ACTOR):
-                            actor_output = self.actor_rollout.update_actor(
-                                actor_update_input(train_batch, self.old_log_probs_from_update),
-                                old_log_probs_from_update=self.old_log_probs_from_update, loss_counts=loss_counts,
-                            )
-                        actor_metrics = worker_metrics(actor_output, names.ACTOR_PREFIX)
+                        actor_update = self.calls.start(
+                            timer, names.PHASE_UPDATE_ACTOR, self.actor_rollout.update_actor,
+                            actor_update_input(train_batch, self.old_log_probs_from_update),
+                            old_log_probs_from_update=self.old_log_probs_from_update, loss_counts=loss_counts,
+                        )
+                        actor_metrics = worker_metrics(actor_update.join(timer), names.ACTOR_PREFIX)
+                    critic_metrics = self.critic.join_update(critic_update, timer)
                 # Batch metrics describe every sample of the step, trained on or not.
                 metrics = {
                     **reward_metrics, **balance_metrics, **adv_metrics, **critic_metrics, **actor_metrics,

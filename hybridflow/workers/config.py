@@ -235,6 +235,11 @@ class CriticConfig:
     use_dynamic_bsz: bool = option(False, "Form micro-batches by a token budget.")
     ppo_max_token_len_per_gpu: int = option(32768, "Token budget of an update micro-batch when dynamic.")
     forward_max_token_len_per_gpu: int = option(32768, "Token budget of a compute_values micro-batch.")
+    use_prefix_grouper: Optional[bool] = option(
+        None,
+        "Run each prompt once for all its samples in the critic's forward and backward (exact; arXiv 2506.05433). "
+        "null: where estimated cheaper than the padded/packed layout; true: wherever a prompt repeats; false: never.",
+    )
     ppo_epochs: int = option(1, "Passes over the batch per update_critic call.")
     shuffle: bool = option(False, "Shuffle samples between mini-batches each epoch.")
     seed: int = option(1, "Seed of the mini-batch shuffle.")

@@ -74,6 +74,7 @@ class CriticPart:
             batch["position_ids"],
             response_length=batch["responses"].shape[1],
             use_remove_padding=self.config.model.use_remove_padding,
+            share_prompts=self.config.use_prefix_grouper,
         )
 
     def compute_values(self, data: DataProto) -> torch.Tensor:

@@ -38,6 +38,8 @@ def test_every_dispatch_mode_collects_as_a_ray_group_of_one_rank(local_group):
     assert local_group.count_rows(data) == [5]
     assert local_group.add_rank([7], offset=[1]) == [8]
     assert local_group.rank_zero_echo("hi") == (0, "hi")
+    # Submitted, a call has run by the time it returns (there is nothing to overlap with in one process).
+    assert local_group.add_rank.submit([7], offset=[1]).get() == [8]
     assert local_group.rank_zero_world_size() == (0, 1)
     future = local_group.sleep(0.0)
     assert future.done() and future.get() == [0]

@@ -1,7 +1,5 @@
 """RayWorkerGroup on the session's local Ray cluster: the process group and every dispatch mode."""
 
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -69,6 +67,17 @@ def test_all_to_all_gives_each_rank_its_item(collective_group):
 def test_rank_zero_modes_run_only_rank_zero(collective_group):
     assert collective_group.rank_zero_echo("hello") == (0, "hello")
     assert collective_group.rank_zero_world_size() == (0, 2)
+
+
+def test_submit_starts_any_method_without_waiting_and_calls_on_other_groups_overlap(collective_group, colocated_group):
+    future = collective_group.add_rank.submit([1, 2], offset=[10, 20])
+    assert isinstance(future, GroupFuture)
+    assert future.get(timeout=30) == collective_group.add_rank([1, 2], offset=[10, 20]) == [11, 122]
+    # What the driver does on split placement: start one group's call, call another group, then wait.
+    started = collective_group.sleep_span.submit(1.0)
+    waited = colocated_group.actor_sleep_span(1.0).get(timeout=30)
+    spans = started.get(timeout=30) + waited
+    assert max(start for start, _ in spans) < min(end for _, end in spans)  # all four ranks slept at once
 
 
 def test_non_blocking_call_returns_a_future_the_driver_waits_on_later(collective_group):

@@ -1,4 +1,5 @@
-"""Shared prompts: log-probs, entropies and gradients equal the unshared forward's up to float32 order."""
+"""Shared prompts: log-probs, entropies, critic values and gradients equal the unshared forward's up to
+float32 order."""
 
 import itertools
 
@@ -8,7 +9,8 @@ import torch
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.models.padding import attention_pair_cost
 from hybridflow.models.shared_prompts import prompt_groups, shared_prompt_layout
-from tests.float_bounds import longest_reduction, model_output_bound, reordered_sum_bound
+from hybridflow.models.value_model import forward_values, load_value_model
+from tests.float_bounds import longest_reduction, model_output_bound, reordered_sum_bound, score_head_bound
 
 
 def grouped_batch(padded_batch, prompts, samples, response_lengths, prompt_width=12, response_width=6):
@@ -37,21 +39,35 @@ def test_shared_and_unshared_log_probs_entropies_and_gradients_agree(tiny_model,
     prompts, samples, response_lengths = LAYOUTS[layout]
     batch = grouped_batch(padded_batch, prompts, samples, response_lengths)
     response_mask = batch[3]
-    results = []
-    for share_prompts in (True, False):
-        tiny_model.zero_grad()
+
+    def forward(share_prompts):
         log_probs, entropy = forward_log_probs(
             tiny_model, *batch[:3], 6, use_remove_padding=False, calculate_entropy=True, share_prompts=share_prompts
         )
-        ((log_probs + 0.1 * entropy) * response_mask).sum().backward()
-        results.append((log_probs.detach(), entropy.detach(), [p.grad.clone() for p in tiny_model.parameters()]))
-    (shared_lp, shared_entropy, shared_grads), (lp, entropy, grads) = results
+        return (log_probs, entropy), (log_probs + 0.1 * entropy) * response_mask
+
+    ((shared_lp, shared_entropy), shared_grads), ((lp, entropy), grads) = shared_then_unshared(tiny_model, forward)
     assert torch.equal(lp == 0, response_mask == 0) and torch.equal(shared_lp == 0, response_mask == 0)
     # The same sums in other orders (tests/float_bounds.py); a gradient adds every response token's share.
     num_terms = longest_reduction(tiny_model.config)
     torch.testing.assert_close(shared_lp, lp, atol=model_output_bound(lp, num_terms), rtol=0)
     torch.testing.assert_close(shared_entropy, entropy, atol=model_output_bound(entropy, num_terms), rtol=0)
-    num_terms += int(response_mask.sum())
+    assert_gradients_agree(shared_grads, grads, num_terms + int(response_mask.sum()))
+
+
+def shared_then_unshared(model, forward):
+    """``forward(share_prompts)`` -> (outputs, per-token loss terms), run shared then unshared: each run's
+    detached outputs and parameter gradients."""
+    results = []
+    for share_prompts in (True, False):
+        model.zero_grad()
+        outputs, terms = forward(share_prompts)
+        terms.sum().backward()
+        results.append((tuple(output.detach() for output in outputs), [p.grad.clone() for p in model.parameters()]))
+    return results
+
+
+def assert_gradients_agree(shared_grads, grads, num_terms):
     for shared_grad, grad in itertools.zip_longest(shared_grads, grads):
         torch.testing.assert_close(shared_grad, grad, atol=reordered_sum_bound(grad.abs().max(), num_terms), rtol=0)
 
@@ -89,3 +105,21 @@ def test_prompts_group_by_their_real_tokens_whatever_the_padding_holds(padded_ba
     input_ids, attention_mask, _, _ = grouped_batch(padded_batch, [4, 4], [2, 1], [1, 1, 1])
     input_ids[1, 0] = 7  # a padding slot of sample 1's prompt
     assert prompt_groups(input_ids, attention_mask, 6) == [[0, 1], [2]]
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_shared_and_unshared_critic_values_and_gradients_agree(tiny_model_dir, padded_batch, layout):
+    critic = load_value_model(tiny_model_dir).eval()
+    prompts, samples, response_lengths = LAYOUTS[layout]
+    batch = grouped_batch(padded_batch, prompts, samples, response_lengths)
+    response_mask = batch[3]
+
+    def forward(share_prompts):
+        values = forward_values(critic, *batch[:3], 6, use_remove_padding=False, share_prompts=share_prompts)
+        return (values,), values * response_mask
+
+    ((shared_values,), shared_grads), ((values,), grads) = shared_then_unshared(critic, forward)
+    assert torch.all(shared_values[response_mask == 0] == 0)
+    num_terms = longest_reduction(critic.config)
+    torch.testing.assert_close(shared_values, values, atol=score_head_bound(critic, num_terms), rtol=0)
+    assert_gradients_agree(shared_grads, grads, num_terms + int(response_mask.sum()))

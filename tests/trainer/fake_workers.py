@@ -15,6 +15,37 @@ from hybridflow.protocol import DataProto
 from hybridflow.trainer.placement import WorkerGroups
 
 
+class PendingFake:
+    """A submitted fake call: it runs when ``get()`` is called, so a test sees when the driver waited."""
+
+    def __init__(self, run):
+        self._run = run
+
+    def get(self, timeout=None):
+        return self._run()
+
+
+class group_method:
+    """A fake worker method as a group's: called, it runs; ``.submit(...)`` records ``("submit", name)`` and
+    returns a ``PendingFake``."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __get__(self, worker, owner=None):
+        bound = self.fn.__get__(worker, owner)
+
+        def call(*args, **kwargs):
+            return bound(*args, **kwargs)
+
+        def submit(*args, **kwargs):
+            worker.calls.append(("submit", self.fn.__name__))
+            return PendingFake(lambda: bound(*args, **kwargs))
+
+        call.submit = submit
+        return call
+
+
 def _log_probs(responses, version):
     return -(responses % 7).float() / 10 - 0.01 * version
 
@@ -66,14 +97,17 @@ class FakeActorRollout:
         # timing: one rank's time, as a group returns it
         return DataProto.from_dict(tensors, meta_info={"metrics": {"timing_s/update_weights": [0.001]}})
 
+    @group_method
     def compute_log_prob(self, data, calculate_entropy=False):
         self.calls.append(("compute_log_prob", len(data)))
         return DataProto.from_dict({"old_log_probs": _log_probs(data.batch["responses"], self.version)})
 
+    @group_method
     def compute_ref_log_prob(self, data):
         self.calls.append(("compute_ref_log_prob", len(data)))
         return DataProto.from_dict({"ref_log_prob": -(data.batch["responses"] % 7).float() / 10 - 0.01})
 
+    @group_method
     def update_actor(self, data, old_log_probs_from_update=False, loss_counts=None):
         arguments = {"old_log_probs_from_update": old_log_probs_from_update, "loss_counts": loss_counts}
         self.calls.append(("update_actor", data, arguments))
@@ -99,10 +133,12 @@ class FakeCritic:
     def init_model(self):
         self.calls.append(("init_model", "critic"))
 
+    @group_method
     def compute_values(self, data):
         self.calls.append(("compute_values", len(data)))
         return DataProto.from_dict({"values": torch.full(data.batch["responses"].shape, 0.25)})
 
+    @group_method
     def update_critic(self, data):
         self.calls.append(("update_critic", data))
         return DataProto(meta_info={"metrics": {"vf_loss": [0.5, 1.5], "grad_norm": 2.0}})

@@ -171,9 +171,21 @@ def test_rollout_dump_every_n_steps(run, tmp_path):
     assert 0 <= lines[0]["score"] <= 1 and "acc" in lines[0] and lines[0]["uid"] == lines[1]["uid"]
 
 
-def test_split_placement_gives_each_role_its_pool(run):
-    _, fakes = run("gae", "trainer.placement=split")
+def test_split_placement_gives_each_role_its_pool_and_overlaps_the_critic_with_the_actor(run, tmp_path):
+    _, fakes = run("gae", "trainer.placement=split", "algorithm.use_kl_in_reward=true")
     assert fakes.plan.role_pool == {"actor_rollout_ref": "actor_rollout_ref_pool", "critic": "critic_pool"}
+    # Each group of calls is submitted before the driver waits on any (a fake call runs when awaited): 3 and 4
+    # are awaited in order, 7 before 6 (so the actor's update is timed alone).
+    step = ["generate_sequences", "submit", "submit", "submit", "compute_log_prob", "compute_ref_log_prob",
+            "compute_values", "submit", "submit", "update_actor", "update_critic"]
+    assert fakes.names() == ["init_model", "init_model"] + step + step
+    submitted = [call[1] for call in fakes.calls if call[0] == "submit"][:5]
+    assert submitted == ["compute_log_prob", "compute_ref_log_prob", "compute_values", "update_critic", "update_actor"]
+    # The same numbers as colocated, where each call runs when started
+    _, colocated = run("gae", "algorithm.use_kl_in_reward=true", run_dir=tmp_path / "colocated")
+    for split_batch, colocated_batch in zip(_step_batches(fakes), _step_batches(colocated), strict=True):
+        for key in ("old_log_probs", "ref_log_prob", "values", "advantages", "returns"):
+            assert torch.equal(split_batch.batch[key], colocated_batch.batch[key]), key
 
 
 def test_resume_continues_where_the_saved_run_stopped(run, tmp_path):

@@ -8,6 +8,7 @@ import sys
 from omegaconf import OmegaConf
 
 from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.environment import cpu_has_native_bf16, slow_dtype_notes
 from hybridflow.trainer.command_line import override_errors as unknown_override_errors
 from hybridflow.trainer.validate import derived_sizes, load_config, uses_critic
 from hybridflow.trainer.verl_compat import split_compat
@@ -230,3 +231,24 @@ def test_a_misspelled_name_gets_its_close_match(base):
         "actor_rollout_ref.rollout.name='hff' is not one of [hf, vllm]; did you mean 'hf'?",
         "actor_rollout_ref.rollout.multi_turn.format='hermez' is not one of [hermes]; did you mean 'hermes'?",
     ]
+
+
+AVX2_CPU = "processor : 0\nflags : fpu sse2 avx avx2 fma\n"
+AMX_CPU = "processor : 0\nflags : fpu sse2 avx avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile\n"
+
+
+def test_bf16_on_a_cpu_without_native_bf16_gets_a_start_up_note(base):
+    bf16 = [
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16",
+        "actor_rollout_ref.rollout.dtype=bfloat16",
+    ]
+    config = load_config(compose_config(base + bf16 + ["trainer.device=cpu"]))
+    (note,) = slow_dtype_notes(config, uses_critic(config), cpuinfo=AVX2_CPU)
+    assert "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype, actor_rollout_ref.rollout.dtype" in note
+    assert "set them to float32" in note and "\n" not in note
+    assert slow_dtype_notes(config, uses_critic(config), cpuinfo=AMX_CPU) == []
+    assert cpu_has_native_bf16(AMX_CPU) and not cpu_has_native_bf16(AVX2_CPU)
+    float32 = load_config(compose_config(base + ["trainer.device=cpu"]))
+    assert slow_dtype_notes(float32, uses_critic(float32), cpuinfo=AVX2_CPU) == []
+    config.trainer.device = "cuda"  # as a GPU machine's check leaves it
+    assert slow_dtype_notes(config, uses_critic(config), cpuinfo=AVX2_CPU) == []
