@@ -144,7 +144,8 @@ def main() -> None:
             run_dir.mkdir()
             results = {}
             for system in ("trl", "hybridflow"):
-                print(f"running {system}, seed {seed}, {args.steps} steps, load1 {os.getloadavg()[0]:.2f} ...", flush=True)
+                steps = args.steps if system == "trl" else args.hybridflow_steps or args.steps
+                print(f"running {system}, seed {seed}, {steps} steps, load1 {os.getloadavg()[0]:.2f} ...", flush=True)
                 results[system] = (run_trl(seed, args, run_dir, data) if system == "trl"
                                    else run_hybridflow(seed, args, run_dir))
             comparison = compare(results["trl"], results["hybridflow"])

@@ -164,9 +164,11 @@ class RayPPOTrainer:
         for group in groups.values():
             group.init_model()
         self.actor_rollout = groups["actor_rollout_ref"]
-        # The critic on a pool of its own computes and trains while the actor does (phases 3 with 4, 6 with 7)
+        # The critic on a pool of its own computes and trains while the actor does (phases 3 with 4, 6 with 7);
+        # in local mode every pool is this process, so its calls run one after another
         critic_pool = plan.role_pool.get("critic")
-        self.calls = PhaseCalls(overlap=critic_pool not in (None, plan.role_pool["actor_rollout_ref"]))
+        own_pool = critic_pool not in (None, plan.role_pool["actor_rollout_ref"])
+        self.calls = PhaseCalls(overlap=own_pool and not trainer.local_mode)
         self.old_log_probs = OldLogProbs(self.actor_rollout, self.calls)
         self.reference = ReferencePolicy(self.actor_rollout, self.calls) if uses_reference(config) else NoReference()
         self.critic = Critic(groups["critic"], self.calls) if self.uses_critic else NoCritic()

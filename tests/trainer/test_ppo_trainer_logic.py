@@ -186,6 +186,9 @@ def test_split_placement_gives_each_role_its_pool_and_overlaps_the_critic_with_t
     for split_batch, colocated_batch in zip(_step_batches(fakes), _step_batches(colocated), strict=True):
         for key in ("old_log_probs", "ref_log_prob", "values", "advantages", "returns"):
             assert torch.equal(split_batch.batch[key], colocated_batch.batch[key]), key
+    # In local mode every pool is the driver's process: nothing to overlap, each call runs (and is timed) in turn
+    _, local = run("gae", "trainer.placement=split", "trainer.local_mode=true", run_dir=tmp_path / "local")
+    assert "submit" not in local.names()
 
 
 def test_resume_continues_where_the_saved_run_stopped(run, tmp_path):
