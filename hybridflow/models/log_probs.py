@@ -17,10 +17,8 @@ from typing import NamedTuple
 import torch
 
 from hybridflow.models.chunked_softmax import log_probs_and_entropy, sum_pi_squared_from_logits
-from hybridflow.models.padding import (
-    PackedBatch, attention_pair_cost, layout_cost, pack_for_model, pack_values, uses_varlen_attention,
-)
-from hybridflow.models.shared_prompts import SharedPromptBatch, shared_prompt_layout
+from hybridflow.models.padding import PackedBatch, pack_values
+from hybridflow.models.shared_prompts import SharedPromptBatch, choose_layout
 
 
 def response_prediction_mask(attention_mask: torch.Tensor, response_length: int) -> torch.Tensor:
@@ -93,16 +91,7 @@ def forward_token_statistics(
     position's next-token distribution (at ``temperature``; no gradient), from the same forward pass."""
     predicts = response_prediction_mask(attention_mask, response_length)
     statistics = dict(temperature=temperature, calculate_entropy=calculate_entropy, chunk_size=chunk_size)
-    shared = packed = None
-    if share_prompts is True and not uses_varlen_attention(model):
-        shared = shared_prompt_layout(input_ids, attention_mask, response_length, attention_pair_cost(model.config), None)
-    if shared is None and use_remove_padding:
-        packed = pack_for_model(model, input_ids, attention_mask)
-    if share_prompts is None and not uses_varlen_attention(model):
-        # Shared only where estimated cheaper than the layout that would run otherwise.
-        pair_cost = attention_pair_cost(model.config)
-        other = _layout_cost(packed, input_ids, pair_cost)
-        shared = shared_prompt_layout(input_ids, attention_mask, response_length, pair_cost, other)
+    shared, packed = choose_layout(model, input_ids, attention_mask, response_length, share_prompts, use_remove_padding)
     if shared is not None:
         logits, labels, place = _shared_logits(model, shared)
     elif packed is not None:
@@ -144,12 +133,6 @@ def _packed_logits(model, packed: PackedBatch, input_ids, response_length, predi
         return values.new_zeros(shape).index_put((rows, cols), values.reshape(-1))
 
     return output.logits, labels, place
-
-
-def _layout_cost(packed: PackedBatch | None, input_ids: torch.Tensor, pair_cost: float) -> float:
-    """``layout_cost`` of the layout that runs unless the prompts are shared: packed rows or the rectangle."""
-    rows, width = packed.input_ids.shape if packed is not None else input_ids.shape
-    return layout_cost(rows, width, pair_cost)
 
 
 def _shared_logits(model, shared: SharedPromptBatch):

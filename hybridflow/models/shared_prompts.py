@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridflow.models.padding import layout_cost
+from hybridflow.models.padding import (
+    PackedBatch, attention_pair_cost, layout_cost, pack_for_model, uses_varlen_attention,
+)
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,33 @@ def shared_prompt_layout(
     if alternative_cost is not None and layout_cost(len(groups), width, pair_cost) >= alternative_cost:
         return None
     return _build(input_ids, real, groups, prompt_lengths, response_lengths, width, response_length)
+
+
+def choose_layout(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    share_prompts: bool | None,
+    use_remove_padding: bool,
+) -> tuple[SharedPromptBatch | None, PackedBatch | None]:
+    """The layout a forward over the batch runs: shared prompts, packed rows, or (both None) the padded rectangle.
+
+    ``share_prompts``: True shares wherever a prompt repeats, None where ``layout_cost`` finds it cheaper than the
+    layout that would run otherwise (the packing is then computed for the comparison), False never. Models with
+    variable-length attention keep their packed path.
+    """
+    varlen = uses_varlen_attention(model)
+    shared = packed = None
+    if share_prompts is True and not varlen:
+        shared = shared_prompt_layout(input_ids, attention_mask, response_length, attention_pair_cost(model.config), None)
+    if shared is None and use_remove_padding:
+        packed = pack_for_model(model, input_ids, attention_mask)
+    if share_prompts is None and not varlen:
+        pair_cost = attention_pair_cost(model.config)
+        rows, width = packed.input_ids.shape if packed is not None else input_ids.shape
+        shared = shared_prompt_layout(input_ids, attention_mask, response_length, pair_cost, layout_cost(rows, width, pair_cost))
+    return shared, packed
 
 
 def _build(input_ids, real, groups, prompt_lengths, response_lengths, width, response_length) -> SharedPromptBatch:

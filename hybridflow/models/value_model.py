@@ -25,10 +25,8 @@ from hybridflow.models.loading import (
     resolve_dtype,
     resolve_model_path,
 )
-from hybridflow.models.padding import (
-    attention_pair_cost, layout_cost, pack_for_model, packed_outputs, unpack, uses_varlen_attention,
-)
-from hybridflow.models.shared_prompts import SharedPromptBatch, shared_prompt_layout
+from hybridflow.models.padding import PackedBatch, pack_for_model, packed_outputs, unpack
+from hybridflow.models.shared_prompts import SharedPromptBatch, choose_layout
 
 HEAD_INIT_SEED = 0
 
@@ -83,6 +81,11 @@ def forward_token_scores(
     ``hybridflow.models.padding.pack_for_model``).
     """
     packed = pack_for_model(model, input_ids, attention_mask) if use_remove_padding else None
+    return _token_scores(model, input_ids, attention_mask, position_ids, packed)
+
+
+def _token_scores(model, input_ids, attention_mask, position_ids, packed: PackedBatch | None) -> torch.Tensor:
+    """``forward_token_scores`` on the packed rows given, or on the padded rectangle (``packed`` None)."""
     if packed is not None:
         output = model(
             input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False
@@ -109,18 +112,12 @@ def forward_values(
     than the padded or packed layout; ``True``: wherever a prompt repeats); the value before each first
     response token is then the prompt's last position's, computed once for the group.
     """
-    shared = None
-    if share_prompts is not False and not uses_varlen_attention(value_model):
-        pair_cost = attention_pair_cost(value_model.config)
-        other = None
-        if share_prompts is None:
-            packed = pack_for_model(value_model, input_ids, attention_mask) if use_remove_padding else None
-            rows, width = packed.input_ids.shape if packed is not None else input_ids.shape
-            other = layout_cost(rows, width, pair_cost)
-        shared = shared_prompt_layout(input_ids, attention_mask, response_length, pair_cost, other)
+    shared, packed = choose_layout(
+        value_model, input_ids, attention_mask, response_length, share_prompts, use_remove_padding
+    )
     if shared is not None:
         return _shared_values(value_model, shared)
-    scores = forward_token_scores(value_model, input_ids, attention_mask, position_ids, use_remove_padding)
+    scores = _token_scores(value_model, input_ids, attention_mask, position_ids, packed)
     return scores[:, -response_length - 1 : -1] * attention_mask[:, -response_length:]
 
 

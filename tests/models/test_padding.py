@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from hybridflow.models import log_probs as log_probs_module
+from hybridflow.models import shared_prompts as layout_module  # where the layout is chosen
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.models.padding import (
     MIN_PACKED_SAVING,
@@ -119,7 +119,7 @@ def packed_rows(monkeypatch):
 
     def use(num_rows):
         monkeypatch.setattr(
-            log_probs_module,
+            layout_module,
             "pack_for_model",
             lambda model, input_ids, attention_mask: pack_padded(input_ids, attention_mask, num_rows=num_rows),
         )

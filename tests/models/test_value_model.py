@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
-from hybridflow.models import value_model as value_model_module
+from hybridflow.models import shared_prompts as layout_module  # where the layout is chosen
 from hybridflow.models.padding import pack_padded
 from hybridflow.models.value_model import (
     forward_reward_scores,
@@ -63,7 +63,7 @@ def test_values_zero_on_padding_and_packed_equals_padded(tiny_model_dir, padded_
 @pytest.mark.parametrize("num_rows", [1, 2, 4])
 def test_values_packed_in_rows_equal_padded(tiny_model_dir, padded_batch, monkeypatch, num_rows):
     monkeypatch.setattr(
-        value_model_module,
+        layout_module,
         "pack_for_model",
         lambda model, input_ids, attention_mask: pack_padded(input_ids, attention_mask, num_rows=num_rows),
     )
