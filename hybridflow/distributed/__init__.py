@@ -2,7 +2,8 @@
 
 ``init_local_ray`` starts or joins Ray; a ``ResourcePool`` reserves processes (placement groups); a
 ``RayWorkerGroup`` runs a ``Worker`` subclass on each of them and exposes its ``@register``-ed methods;
-``create_colocated_worker_cls`` fuses several roles into one process per rank; a ``LocalWorkerGroup`` runs
+``create_colocated_worker_cls`` fuses several roles into one process per rank; a ``PartStream`` hands over a
+streamed method's parts as ranks yield them; a ``LocalWorkerGroup`` runs
 the same workers in the driver's own process, without Ray. The names load their
 modules (and Ray) on first use.
 """
@@ -17,6 +18,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "decorator": ["Dispatch", "Execute", "register"],
         "errors": ["InsufficientResourcesError", "WorkerError", "WorkerTimeoutError"],
         "futures": ["GroupFuture"],
+        "streams": ["PartStream"],
         "local_group": ["LocalWorkerGroup"],
         "ray_init": ["init_local_ray"],
         "resource_pool": ["RayResourcePool", "ResourcePool"],

@@ -48,6 +48,7 @@ class MethodSpec:
     dispatch_mode: Dispatch
     execute_mode: Execute
     blocking: bool
+    stream: bool = False
 
 
 def _check_combination(dispatch_mode: Dispatch, execute_mode: Execute) -> None:
@@ -67,11 +68,15 @@ def register(
     dispatch_mode: Dispatch = Dispatch.ALL_TO_ALL,
     execute_mode: Execute | None = None,
     blocking: bool = True,
+    stream: bool = False,
 ) -> Callable[[F], F]:
     """Mark a worker method as a method of its worker group.
 
     ``execute_mode`` defaults to ``RANK_ZERO`` for ``Dispatch.RANK_ZERO`` and ``ALL`` otherwise.
     ``blocking=False`` makes the group method return a ``GroupFuture`` instead of the result.
+    ``stream=True`` (``Dispatch.DP_COMPUTE_PROTO`` only): the method is a generator of ``protocol.Part``s of
+    its rank's result; the group method returns a ``PartStream`` that hands the driver each part, its rows
+    placed in the collected result, as soon as any rank yields it (``distributed/streams.py``).
     The method itself is unchanged: inside the worker it is a plain method.
     """
     if callable(dispatch_mode) and not isinstance(dispatch_mode, Dispatch):
@@ -85,7 +90,11 @@ def register(
         names = [m.name for m in Execute]
         raise TypeError(f"execute_mode must be an Execute member (one of {names}), got {execute_mode!r}")
     _check_combination(dispatch_mode, execute_mode)
-    spec = MethodSpec(dispatch_mode, execute_mode, bool(blocking))
+    if stream and dispatch_mode is not Dispatch.DP_COMPUTE_PROTO:
+        raise ValueError(
+            f"stream=True needs dispatch_mode=DP_COMPUTE_PROTO (parts of each rank's rows), got {dispatch_mode.name}"
+        )
+    spec = MethodSpec(dispatch_mode, execute_mode, bool(blocking), bool(stream))
 
     def decorator(method: F) -> F:
         setattr(method, REGISTER_ATTRIBUTE, spec)

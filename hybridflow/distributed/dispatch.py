@@ -5,6 +5,7 @@ Pure functions of the ``@register`` spec and the world size; no Ray here, so the
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,11 +17,13 @@ RankCall = tuple[tuple, dict]
 
 @dataclass
 class DispatchedCall:
-    """The arguments of each rank that runs (``calls[i]`` goes to ``ranks[i]``) and how to merge results."""
+    """The arguments of each rank that runs (``calls[i]`` goes to ``ranks[i]``) and how to merge results;
+    ``stream``: each rank's call yields ``Part``s of its result (joined, they are what ``collect`` takes)."""
 
     ranks: list[int]
     calls: list[RankCall]
     collect: Callable[[list[Any]], Any]
+    stream: bool = False
 
 
 def dispatch(spec: MethodSpec, method: str, world_size: int, args: tuple, kwargs: dict) -> DispatchedCall:
@@ -34,7 +37,8 @@ def dispatch(spec: MethodSpec, method: str, world_size: int, args: tuple, kwargs
         return DispatchedCall(ranks, _split_all_to_all(method, world_size, args, kwargs), collect=list)
     if spec.dispatch_mode is Dispatch.DP_COMPUTE_PROTO:
         calls, pad_size = _split_data_protos(method, world_size, args, kwargs)
-        return DispatchedCall(ranks, calls, collect=lambda results: _concat_data_protos(results, pad_size))
+        collect = functools.partial(_concat_data_protos, pad_size=pad_size)
+        return DispatchedCall(ranks, calls, collect, stream=spec.stream)
     raise ValueError(f"method {method!r} has an unknown dispatch mode {spec.dispatch_mode!r}")
 
 

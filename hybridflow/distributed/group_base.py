@@ -1,7 +1,7 @@
 """What every worker group shares, wherever its ranks run: the roles it was built from, and one
 driver-side method per ``@register``-ed worker method (``group.m``, or ``group.r_m`` and ``spawn()``'s
 per-role views when several roles are fused); ``group.m.submit(...)`` starts a call without waiting and
-returns its future (``get()``). Subclasses say how a dispatched call runs (``_run``)."""
+returns its future (``get()``); a ``stream=True`` method returns its ``PartStream``. Subclasses say how a dispatched call runs (``_run``)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ class WorkerGroupBase(ABC):
 
         def group_method(*args: Any, **kwargs: Any) -> Any:
             future = submit(*args, **kwargs)
-            return future.get() if spec.blocking else future
+            # a streamed method's stream is read by the caller, part by part
+            return future.get() if spec.blocking and not spec.stream else future
 
         # group.m.submit(...) starts the call and returns its future whatever the method's ``blocking``: the driver
         # decides per call site whether to wait (calls on other pools overlap meanwhile).

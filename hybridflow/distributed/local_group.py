@@ -15,6 +15,7 @@ from hybridflow.distributed.class_with_init import RayClassWithInitArgs
 from hybridflow.distributed.colocate import ColocatedClassWithInitArgs
 from hybridflow.distributed.dispatch import DispatchedCall
 from hybridflow.distributed.group_base import WorkerGroupBase, roles_of
+from hybridflow.distributed.streams import LocalPartStream
 from hybridflow.distributed.worker import find_free_port
 
 # What a Ray worker process would see; Worker.__init__ reads them and forms a one-process group.
@@ -61,10 +62,13 @@ class LocalWorkerGroup(WorkerGroupBase):
     def world_size(self) -> int:
         return 1
 
-    def _run(self, role: str, method: str, public_name: str, plan: DispatchedCall) -> CompletedCall:
+    def _run(self, role: str, method: str, public_name: str, plan: DispatchedCall) -> CompletedCall | LocalPartStream:
         if self._instances is None:
             raise RuntimeError(f"group {self.name!r} was killed; create a new LocalWorkerGroup to call {public_name!r}")
         bound = getattr(self._instances[role], method)
+        if plan.stream:
+            (args, kwargs), = plan.calls
+            return LocalPartStream(self.name, public_name, bound(*args, **kwargs), plan.collect)
         return CompletedCall(plan.collect([bound(*args, **kwargs) for args, kwargs in plan.calls]))
 
     def worker_info(self) -> list[dict[str, Any]]:

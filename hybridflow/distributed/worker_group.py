@@ -2,7 +2,8 @@
 
 Every ``@register``-ed method of the worker class becomes a method of the group: calling it dispatches
 the arguments over the ranks, runs them (all ranks, or rank 0) and collects the results, as declared by
-the method's ``Dispatch``/``Execute`` modes. ``blocking=False`` methods return a ``GroupFuture``.
+the method's ``Dispatch``/``Execute`` modes. ``blocking=False`` methods return a ``GroupFuture``, ``stream=True``
+methods a ``RayPartStream``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hybridflow.distributed.futures import GroupFuture, wait_for_ranks
 from hybridflow.distributed.group_base import WorkerGroupBase, roles_of
 from hybridflow.distributed.ray_init import WORKER_ENV_VARS
 from hybridflow.distributed.resource_pool import ResourcePool
+from hybridflow.distributed.streams import RayPartStream
 from hybridflow.distributed.worker_host import WorkerHost
 
 _RemoteWorkerHost = ray.remote(WorkerHost)
@@ -116,7 +118,14 @@ class RayWorkerGroup(WorkerGroupBase):
                 if id(call) not in shared:
                     shared[id(call)] = (ray.put(call[0]), ray.put(call[1]))
                 call = shared[id(call)]
-            refs[rank] = self._hosts[rank].execute.remote(role, method, call[0], call[1])
+            if plan.stream:
+                refs[rank] = self._hosts[rank].execute_stream.options(num_returns="streaming").remote(
+                    role, method, call[0], call[1]
+                )
+            else:
+                refs[rank] = self._hosts[rank].execute.remote(role, method, call[0], call[1])
+        if plan.stream:
+            return RayPartStream(self.name, public_name, refs, plan.collect)
         return GroupFuture(self.name, public_name, refs, plan.collect)
 
     def worker_info(self) -> list[dict[str, Any]]:

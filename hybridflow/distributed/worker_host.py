@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from typing import Any
+from typing import Any, Iterator
 
 import ray
 
@@ -54,6 +54,13 @@ class WorkerHost:
     def execute(self, role: str, method: str, args: tuple, kwargs: dict) -> Any:
         try:
             return getattr(self._roles[role], method)(*args, **kwargs)
+        except BaseException as error:
+            raise self._error(f"{role}.{method}" if role else method, error) from None
+
+    def execute_stream(self, role: str, method: str, args: tuple, kwargs: dict) -> Iterator[Any]:
+        """A ``stream=True`` method's yields, one Ray object each (called with ``num_returns="streaming"``)."""
+        try:
+            yield from getattr(self._roles[role], method)(*args, **kwargs)
         except BaseException as error:
             raise self._error(f"{role}.{method}" if role else method, error) from None
 

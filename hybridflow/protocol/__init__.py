@@ -12,10 +12,13 @@ from hybridflow.protocol.errors import (
     ShapeMismatchError,
     UnionConflictError,
 )
+from hybridflow.protocol.parts import Part, join_parts
 
 __all__ = [
     "DataProto",
     "DataProtoItem",
+    "Part",
+    "join_parts",
     "DataProtoError",
     "KeySetMismatchError",
     "LengthMismatchError",

@@ -7,6 +7,10 @@ called with a DataProto holding ``responses``, ``attention_mask`` (or ``response
 columns ``data_source``, ``reward_model`` and ``extra_info``, and returns a ``RewardResult``. When the batch
 already holds ``rm_scores`` (a reward model scored it), those are returned as they are, as in verl.
 
+The managers that score each sample alone (all but ``batch``) can score a batch in parts while generation
+still runs (``start_batch``: the driver hands each finished part to it), as verl's reward loop streams
+rewards with the rollout; the result is the same as scoring the whole batch at the end.
+
 A scoring call that raises, returns something other than a number or a dict with ``"score"``, or runs past
 ``timeout_s`` gives its sample a score of 0 and is counted in ``reward/score_errors`` or
 ``reward/score_timeouts``, their share of the batch in ``reward/failed_share`` (``rewards.failures``); the first
@@ -21,6 +25,7 @@ import functools
 import inspect
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
+import numpy as np
 import torch
 
 from hybridflow.errors import HybridflowError
@@ -35,7 +40,13 @@ from hybridflow.rewards.failures import (
     results_from_outcomes,
 )
 from hybridflow.rewards.process_calls import ProcessCallRunner
-from hybridflow.rewards.response_batch import ResponseBatch, read_response_batch, scores_on_last_token
+from hybridflow.rewards.response_batch import (
+    ResponseBatch,
+    RewardInputError,
+    join_response_batches,
+    read_response_batch,
+    scores_on_last_token,
+)
 from hybridflow.rewards.scoring import check_data_sources, default_compute_score, resolve_scoring_function
 from hybridflow.rewards.timed_calls import CallOutcome, TimedCallRunner
 
@@ -101,29 +112,49 @@ class NaiveRewardManager:
     CALL = ((None,) * 4, {})
     # Where: on threads (a call past its limit is abandoned, not killed).
     RUNNER: type = TimedCallRunner
+    # Each sample is scored alone, so a batch can be scored in parts while the rest is generated (start_batch).
+    SCORES_EACH_SAMPLE = True
 
     def __call__(self, data: DataProto) -> RewardResult:
         if "rm_scores" in data.batch.keys():
             return RewardResult(data.batch["rm_scores"], {}, {})
+        responses = self.read(data)
+        return self.result(responses, self.outcomes(responses))
+
+    def start_batch(self) -> "SampleScoring":
+        """Score one batch part by part (``add``); ``finish`` then returns what calling the manager would."""
+        return SampleScoring(self)
+
+    def read(self, data: DataProto) -> ResponseBatch:
+        """The decoded responses and what they are scored against."""
         responses = read_response_batch(data, self.tokenizer, self.reward_fn_key)
         if self.uses_registered_scoring:
             # An unknown data_source is a config error, not a failed sample: raise before scoring.
             check_data_sources(responses.data_sources)
-        results, metrics = self.score(responses)
-        if self.num_examine:
-            self._print_examples(responses, results)
-        scores = [result["score"] for result in results]
-        token_level_scores = scores_on_last_token(scores, responses.valid_response_lengths, responses.response_width)
-        return RewardResult(token_level_scores, collect_extra(results), metrics)
+        return responses
 
-    def score(self, responses: ResponseBatch) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    def outcomes(self, responses: ResponseBatch) -> list[CallOutcome]:
+        """One scoring call's outcome per sample."""
         calls = [
             functools.partial(self.compute_score, source, solution, truth, extra)
             for source, solution, truth, extra in zip(
                 responses.data_sources, responses.solution_strs, responses.ground_truths, responses.extra_infos
             )
         ]
-        return self._results(self.runner.run(calls), responses.data_sources)
+        return self.runner.run(calls)
+
+    def result(self, responses: ResponseBatch, outcomes: list[CallOutcome]) -> RewardResult:
+        """The batch's scores on their last tokens, extras and metrics, from every sample's outcome."""
+        results, metrics = self.score(responses, outcomes)
+        if self.num_examine:
+            self._print_examples(responses, results)
+        scores = [result["score"] for result in results]
+        token_level_scores = scores_on_last_token(scores, responses.valid_response_lengths, responses.response_width)
+        return RewardResult(token_level_scores, collect_extra(results), metrics)
+
+    def score(self, responses: ResponseBatch, outcomes: list[CallOutcome]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """Each sample's result dict and the batch's metrics; stops the run when too many samples failed."""
+        return self._results(outcomes, responses.data_sources)
 
     def _results(self, outcomes: list[CallOutcome], data_sources: list[str]) -> tuple[list[dict[str, Any]], dict[str, float]]:
         results, metrics, first = results_from_outcomes(outcomes, data_sources)
@@ -190,7 +221,9 @@ class BatchRewardManager(NaiveRewardManager):
     registered_compute_score = staticmethod(registered_batch_compute_score)
     CALL = ((), dict.fromkeys(("data_sources", "solution_strs", "ground_truths", "extra_infos")))
 
-    def score(self, responses: ResponseBatch) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    SCORES_EACH_SAMPLE = False
+
+    def outcomes(self, responses: ResponseBatch) -> list[CallOutcome]:
         call = functools.partial(
             self.compute_score,
             data_sources=responses.data_sources,
@@ -203,10 +236,8 @@ class BatchRewardManager(NaiveRewardManager):
             got = repr(outcome.value)[:200]
             outcome = CallOutcome("error", error=f"returned {got}, expected a list of {len(responses)} scores")
         if outcome.status == "ok":
-            outcomes = [CallOutcome("ok", value) for value in outcome.value]
-        else:
-            outcomes = [outcome] * len(responses)
-        return self._results(outcomes, responses.data_sources)
+            return [CallOutcome("ok", value) for value in outcome.value]
+        return [outcome] * len(responses)
 
 
 def _is_sequence_of_length(value: Any, length: int) -> bool:
@@ -272,8 +303,8 @@ class DAPORewardManager(NaiveRewardManager):
         self.overlong_buffer_len = overlong_buffer_len
         self.overlong_penalty_factor = overlong_penalty_factor
 
-    def score(self, responses: ResponseBatch) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        results, metrics = super().score(responses)
+    def score(self, responses: ResponseBatch, outcomes: list[CallOutcome]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        results, metrics = super().score(responses, outcomes)
         if self.overlong_buffer_len is None:
             return results, metrics
         for result, length in zip(results, responses.valid_response_lengths):
@@ -307,6 +338,36 @@ class PrimeRewardManager(NaiveRewardManager):
         max_failed_share: float = 1.0,
     ):
         super().__init__(tokenizer, compute_score, num_examine, timeout_s, max_workers, reward_fn_key, max_failed_share)
+
+
+class SampleScoring:
+    """One batch scored part by part, as generation finishes its samples (``add``, each part's rows placed in
+    the batch); ``finish`` returns what the manager returns for the whole batch, the failure share, printed
+    examples and metrics taken over all of it."""
+
+    def __init__(self, manager: NaiveRewardManager):
+        self.manager = manager
+        self._rows: list[np.ndarray] = []
+        self._responses: list[ResponseBatch] = []
+        self._outcomes: list[CallOutcome] = []
+
+    def add(self, rows: Any, part: DataProto) -> None:
+        """Score ``part``, whose row ``i`` is row ``rows[i]`` of the batch."""
+        responses = self.manager.read(part)
+        self._outcomes += self.manager.outcomes(responses)
+        self._responses.append(responses)
+        self._rows.append(np.asarray(rows, dtype=np.int64))
+
+    def finish(self, data: DataProto) -> RewardResult:
+        """The result for ``data``, the whole batch, every row of which an ``add`` scored once."""
+        rows = np.concatenate(self._rows) if self._rows else np.zeros(0, dtype=np.int64)
+        if not np.array_equal(np.sort(rows), np.arange(len(data))):
+            raise RewardInputError(
+                f"the parts scored cover {len(rows)} row positions, not each of the batch's {len(data)} rows once"
+            )
+        order = np.argsort(rows, kind="stable")
+        responses = join_response_batches(self._responses, order)
+        return self.manager.result(responses, [self._outcomes[i] for i in order])
 
 
 REWARD_MANAGERS.add("naive", NaiveRewardManager)

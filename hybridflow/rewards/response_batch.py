@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:  # DataProto loads tensordict (~2 s): not needed to check a config
@@ -28,6 +29,22 @@ class ResponseBatch:
 
     def __len__(self) -> int:
         return len(self.solution_strs)
+
+
+def join_response_batches(batches: list[ResponseBatch], order: np.ndarray) -> ResponseBatch:
+    """The samples of ``batches`` one after another, then taken in ``order``."""
+    def joined(field: str) -> list:
+        values = [value for batch in batches for value in getattr(batch, field)]
+        return [values[i] for i in order]
+
+    return ResponseBatch(
+        solution_strs=joined("solution_strs"),
+        data_sources=joined("data_sources"),
+        ground_truths=joined("ground_truths"),
+        extra_infos=joined("extra_infos"),
+        valid_response_lengths=joined("valid_response_lengths"),
+        response_width=batches[0].response_width,
+    )
 
 
 def valid_response_lengths(data: DataProto) -> torch.Tensor:

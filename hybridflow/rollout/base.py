@@ -3,9 +3,9 @@
 An engine owns one generation model. The hybrid-engine cycle (arXiv 2409.19256 §5) is:
 ``wake()`` -> ``generate_sequences(prompts)`` -> ``sleep()`` -> [actor trains] -> ``load_weights(stream)`` -> ``wake()``.
 
-``generate_sequences`` is implemented here once for every engine: single-turn prompts go through
-``generate_batch``; with ``multi_turn.enable`` they go through the agent loop (rollout/agent_loop.py), whose
-requests reach the engine through the async per-request ``generate``; the output then also carries the
+``generate_sequences`` is implemented here once for every engine, as the join of ``generate_sequences_stream``
+(its rows in parts, as the engine finishes them): single-turn prompts go through ``generate_batch_stream``;
+with ``multi_turn.enable`` they go through the agent loop (rollout/agent_loop.py), whose requests reach the engine through the async per-request ``generate``; the output then also carries the
 non-tensor columns ``num_turns`` and ``tool_rewards``. ``generate_sequences`` runs its own event loop, so it
 is called from synchronous code (a worker method), never from inside a running event loop.
 """
@@ -15,17 +15,19 @@ from __future__ import annotations
 import asyncio
 import os
 from abc import ABC, abstractmethod
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
+
+import numpy as np
 
 import torch
 
 from hybridflow.errors import HybridflowError
-from hybridflow.protocol import DataProto
+from hybridflow.protocol import DataProto, Part, join_parts
 from hybridflow.registry import Registry
 from hybridflow.rollout.agent_loop import AgentLoop
 from hybridflow.rollout.config import RolloutConfig
 from hybridflow.rollout.requests import GenerationRequest, GenerationResult
-from hybridflow.rollout.sequences import build_requests, pack_outputs, prompt_token_lists
+from hybridflow.rollout.sequences import PROMPT_KEYS, build_requests, pack_outputs, prompt_token_lists
 
 ROLLOUT_ENGINES: Registry[type["RolloutEngine"]] = Registry("rollout engine", "actor_rollout_ref.rollout.name")
 
@@ -70,6 +72,11 @@ class RolloutEngine(ABC):
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Generate for many requests at once (blocking); results in request order."""
 
+    def generate_batch_stream(self, requests: list[GenerationRequest]) -> Iterator[list[tuple[int, GenerationResult]]]:
+        """Generate for many requests at once, yielding ``(request index, result)`` lists as requests finish.
+        This default yields once, when all are done; an engine that finishes requests one by one overrides it."""
+        yield list(enumerate(self.generate_batch(requests)))
+
     @abstractmethod
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy new weights in place, tensor by tensor, into the one generation model."""
@@ -111,6 +118,11 @@ class RolloutEngine(ABC):
         0 on padding and tool-result tokens), ``input_ids``, ``attention_mask``, ``position_ids`` [B*n, P+R],
         and ``rollout_log_probs`` [B*n, R] when ``calculate_log_probs`` (or ``meta_info['calculate_log_probs']``).
         """
+        return join_parts(list(self.generate_sequences_stream(prompts)))
+
+    def generate_sequences_stream(self, prompts: DataProto) -> Iterator[Part]:
+        """``generate_sequences``'s rows as ``Part``s, yielded as the engine finishes them (all at once for an
+        engine that finishes a batch together, and for the agent loop), so they can be scored meanwhile."""
         meta = prompts.meta_info
         validate = bool(meta.get("validate", False))
         n = self.config.val_kwargs.n if validate else self.config.n
@@ -125,17 +137,23 @@ class RolloutEngine(ABC):
         seed = int(meta["seed"]) if "seed" in meta else self.config.seed + self._calls
         self._calls += 1
         first_prompt = int(meta.get("first_prompt_index", 0))
-        extras = {}
-        if self.config.multi_turn.enable:
-            outputs, extras = asyncio.run(self.agent_loop.generate(prompts, n, sampling, seed, first_prompt))
-        else:
-            token_lists = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
-            results = self.generate_batch(build_requests(token_lists, n, sampling, seed, first_prompt))
-            outputs = [(r.token_ids, [1] * len(r.token_ids), r.log_probs) for r in results]
         with_log_probs = bool(meta.get("calculate_log_probs", self.config.calculate_log_probs))
         pad_id = meta.get("pad_token_id", self.pad_token_id)
-        tensors = pack_outputs(prompts.batch, outputs, n, self.config.response_length, pad_id, with_log_probs)
-        return DataProto.from_dict(tensors, non_tensors=extras)
+        total = len(prompts) * n
+        if self.config.multi_turn.enable:
+            outputs, extras = asyncio.run(self.agent_loop.generate(prompts, n, sampling, seed, first_prompt))
+            tensors = pack_outputs(prompts.batch, outputs, n, self.config.response_length, pad_id, with_log_probs)
+            yield Part(DataProto.from_dict(tensors, non_tensors=extras), np.arange(total), total)
+            return
+        token_lists = prompt_token_lists(prompts.batch["input_ids"], prompts.batch["attention_mask"])
+        requests = build_requests(token_lists, n, sampling, seed, first_prompt)
+        for finished in self.generate_batch_stream(requests):
+            rows = np.array([index for index, _ in finished], dtype=np.int64)
+            outputs = [(r.token_ids, [1] * len(r.token_ids), r.log_probs) for _, r in finished]
+            # Each sample packed alone (n=1) next to its own prompt row gives the rows of the whole batch's packing.
+            prompt_rows = {key: prompts.batch[key][torch.from_numpy(rows // n)] for key in PROMPT_KEYS}
+            tensors = pack_outputs(prompt_rows, outputs, 1, self.config.response_length, pad_id, with_log_probs)
+            yield Part(DataProto.from_dict(tensors), rows, total)
 
     @property
     def agent_loop(self) -> AgentLoop:

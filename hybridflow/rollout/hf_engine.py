@@ -8,8 +8,9 @@ measurements against ``model.generate`` and transformers' own ``generate_batch``
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -65,6 +66,15 @@ class HFRolloutEngine(RolloutEngine):
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         futures = self._scheduler.submit_all(list(requests))
         return [future.result() for future in futures]
+
+    def generate_batch_stream(self, requests: list[GenerationRequest]) -> Iterator[list[tuple[int, GenerationResult]]]:
+        """Yields the requests finished at each decode step (those finished meanwhile, when read late)."""
+        futures = self._scheduler.submit_all(list(requests))
+        index = {future: i for i, future in enumerate(futures)}
+        pending = set(futures)
+        while pending:
+            done, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+            yield sorted(((index[future], future.result()) for future in done), key=lambda pair: pair[0])
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy each ``(name, tensor)`` into the generation model between decode steps; see weight_loading.py."""

@@ -75,11 +75,11 @@ from hybridflow.trainer.rollout_collection import (
     EndOfData,
     Generation,
     GreedyBaseline,
-    ModelRewardScorer,
     PromptSource,
-    RewardScorer,
     RolloutCollector,
     assign_uids,
+    generate_and_score,
+    reward_scorer,
 )
 from hybridflow.trainer.tracking import RunInfo, Tracking
 from hybridflow.trainer.val_generations import ValidationGenerations
@@ -199,11 +199,10 @@ class RayPPOTrainer:
     def _make_collector(self, reward_model_group: Any) -> RolloutCollector:
         rollout = self.config.actor_rollout_ref.rollout
         meta = {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id}
-        self.generate = Generation(self.actor_rollout, meta, seed=rollout.seed)
-        if reward_model_group is not None:
-            self.score = ModelRewardScorer(self.reward_manager, reward_model_group)
-        else:
-            self.score = RewardScorer(self.reward_manager)
+        self.generate = Generation(
+            self.actor_rollout, meta, seed=rollout.seed, n=rollout.n, val_n=rollout.val_kwargs.n
+        )
+        self.score = reward_scorer(self.reward_manager, reward_model_group)
         baseline = GreedyBaseline() if "reward_baselines" in self.estimator.readers else None
         filter_groups = self.config.algorithm.filter_groups
         if not filter_groups.enable:
@@ -360,8 +359,9 @@ class RayPPOTrainer:
         generations = ValidationGenerations(self.tokenizer)
         with timer(names.PHASE_TESTING):
             for index, prompts in enumerate(self.val_loader):
-                batch = self.generate(assign_uids(prompts, f"val{index}"), timer, validate=True)
-                batch, extra, _ = self.score(batch)
+                batch, extra, _ = generate_and_score(
+                    self.generate, self.score, assign_uids(prompts, f"val{index}"), timer, validate=True
+                )
                 generations.add(batch, extra)
                 # verl's variables: ``reward`` (the summed token scores) and the reward manager's extras.
                 columns = {"reward": batch.batch["token_level_scores"].sum(-1).tolist(), **extra}

@@ -55,19 +55,33 @@ class PromptSource:
 
 
 class RewardScorer:
-    """Phase 2: ``token_level_scores`` [B, R] from the reward manager; the per-sample extras it returns
-    (``score``, ``acc``, ``pred``, ...) become columns of the batch."""
+    """Phase 2: ``token_level_scores`` [B, R] from the reward manager, once the batch is generated; the
+    per-sample extras it returns (``score``, ``acc``, ``pred``, ...) become columns of the batch."""
 
     def __init__(self, reward_manager: Any):
         self.reward_manager = reward_manager
 
-    def __call__(self, batch: DataProto) -> tuple[DataProto, dict[str, list], dict[str, float]]:
-        result = self.reward_manager(batch)
+    def start(self) -> Any:
+        """What scores the batch's parts while it is generated: nothing here (see StreamingRewardScorer)."""
+        return None
+
+    def __call__(self, batch: DataProto, scoring: Any = None) -> tuple[DataProto, dict[str, list], dict[str, float]]:
+        """Score ``batch`` (or finish ``scoring``, which ``start`` returned and the rollout fed)."""
+        result = self.reward_manager(batch) if scoring is None else scoring.finish(batch)
         batch.batch["token_level_scores"] = result.token_level_scores.to(torch.float32)
         for key, values in result.extra.items():
             if key not in batch.non_tensor_batch and len(values) == len(batch):
                 batch.non_tensor_batch[key] = np.asarray(values, dtype=object)
         return batch, result.extra, dict(result.metrics)
+
+
+class StreamingRewardScorer(RewardScorer):
+    """Phase 2 overlapping phase 1, for a manager that scores each sample alone: each part of the rollout is
+    scored as soon as the engine finishes it (verl's reward loop streams likewise), so what is left after
+    generation is the last part's scoring."""
+
+    def start(self) -> Any:
+        return self.reward_manager.start_batch()
 
 
 class ModelRewardScorer(RewardScorer):
@@ -77,25 +91,39 @@ class ModelRewardScorer(RewardScorer):
         super().__init__(reward_manager)
         self.reward_model_group = reward_model_group
 
-    def __call__(self, batch: DataProto) -> tuple[DataProto, dict[str, list], dict[str, float]]:
+    def __call__(self, batch: DataProto, scoring: Any = None) -> tuple[DataProto, dict[str, list], dict[str, float]]:
         return super().__call__(union_columns(batch, self.reward_model_group.compute_rm_score(batch)))
+
+
+def reward_scorer(reward_manager: Any, reward_model_group: Any) -> RewardScorer:
+    """Phase 2's scorer: by the reward model when there is one; else streamed with the rollout when the
+    manager scores each sample alone (every manager but ``batch``)."""
+    if reward_model_group is not None:
+        return ModelRewardScorer(reward_manager, reward_model_group)
+    if getattr(reward_manager, "SCORES_EACH_SAMPLE", False):
+        return StreamingRewardScorer(reward_manager)
+    return RewardScorer(reward_manager)
 
 
 class Generation:
     """Phase 1: ``n`` responses per prompt from the actor's rollout engine, joined to their prompts.
 
     Call ``k`` of the run samples with seed ``rollout.seed + k``; the driver counts the calls (``calls``,
-    saved in checkpoints) so a resumed run draws the samples an uninterrupted one would.
+    saved in checkpoints) so a resumed run draws the samples an uninterrupted one would. ``n`` and ``val_n``
+    are the samples per prompt of training and validation calls.
     """
 
-    def __init__(self, actor_rollout: Any, meta_info: dict[str, Any], seed: int):
+    def __init__(self, actor_rollout: Any, meta_info: dict[str, Any], seed: int, n: int, val_n: int):
         self.actor_rollout = actor_rollout
         self.meta_info = meta_info
         self.seed = seed
+        self.n = n
+        self.val_n = val_n
         self.calls = 0
 
-    def __call__(self, prompts: DataProto, timer: StepTimer, **meta: Any) -> DataProto:
-        """``prompts`` [B] (consumed) -> samples [B * n] with prompt columns repeated next to each response."""
+    def __call__(self, prompts: DataProto, timer: StepTimer, scoring: Any = None, **meta: Any) -> DataProto:
+        """``prompts`` [B] (consumed) -> samples [B * n] with prompt columns repeated next to each response.
+        With ``scoring`` (a ``SampleScoring``), each part of the rollout is handed to it as it arrives."""
         gen_input = prompts.pop(batch_keys=PROMPT_TENSORS)
         for key in PROMPT_COLUMNS_FOR_ROLLOUT:
             if key in prompts.non_tensor_batch:
@@ -103,13 +131,26 @@ class Generation:
         gen_input.meta_info.update(self.meta_info, seed=self.seed + self.calls, **meta)
         self.calls += 1
         with timer(names.PHASE_GEN):
-            output = self.actor_rollout.generate_sequences(gen_input)
+            if scoring is None:
+                output = self.actor_rollout.generate_sequences(gen_input)
+            else:
+                n = self.val_n if meta.get("validate") else self.n
+                output = self._generate_scoring_parts(gen_input, prompts, n, scoring)
         for key, seconds_per_rank in output.meta_info.get("metrics", {}).items():
             if key.startswith(names.TIMING_PREFIX):
                 # Each rank times its own part (the weight sync); the phase lasts as long as the slowest.
                 timer.add(key[len(names.TIMING_PREFIX) :], float(np.max(seconds_per_rank)))
         samples_per_prompt = len(output) // len(prompts)
         return union_columns(prompts.repeat(samples_per_prompt, interleave=True), output)
+
+    def _generate_scoring_parts(self, gen_input: DataProto, prompts: DataProto, n: int, scoring: Any) -> DataProto:
+        stream = self.actor_rollout.generate_sequences_stream(gen_input)
+        for part in stream:
+            prompt_rows = part.rows // n
+            real = prompt_rows < len(prompts)  # not the rows of prompts the dispatch padded
+            samples = union_columns(prompts[prompt_rows[real]], part.data[real])
+            scoring.add(part.rows[real], samples)
+        return stream.get()
 
 
 def assign_uids(prompts: DataProto, prefix: str) -> DataProto:
@@ -118,14 +159,23 @@ def assign_uids(prompts: DataProto, prefix: str) -> DataProto:
     return prompts
 
 
+def generate_and_score(
+    generate: Generation, score: RewardScorer, prompts: DataProto, timer: StepTimer, **meta: Any
+) -> tuple[DataProto, dict[str, list], dict[str, float]]:
+    """Phases 1 and 2: the samples, scored; a streaming scorer scores each part while the rest is generated,
+    so ``timing_s/reward`` is the scoring left after generation."""
+    scoring = score.start()
+    batch = generate(prompts, timer, scoring, **meta)
+    with timer(names.PHASE_REWARD):
+        return score(batch, scoring)
+
+
 class GreedyBaseline:
     """ReMax's baseline: the score of the greedy response to each prompt, ``reward_baselines`` [B * n]."""
 
     def __call__(self, prompts: DataProto, generate: Generation, score: RewardScorer, timer: StepTimer) -> torch.Tensor:
-        greedy = generate(prompts, timer, do_sample=False)
+        greedy, _, _ = generate_and_score(generate, score, prompts, timer, do_sample=False)
         samples_per_prompt = len(greedy) // len(prompts)
-        with timer(names.PHASE_REWARD):
-            greedy, _, _ = score(greedy)
         return greedy.batch["token_level_scores"].sum(-1)[::samples_per_prompt]
 
 
@@ -142,9 +192,7 @@ class RolloutCollector:
     ) -> tuple[DataProto, dict[str, float]]:
         assign_uids(prompts, uid_prefix)
         baseline_prompts = prompts.select(batch_keys=PROMPT_TENSORS) if self.baseline else None
-        batch = self.generate(prompts, timer)
-        with timer(names.PHASE_REWARD):
-            batch, _, metrics = self.score(batch)
+        batch, _, metrics = generate_and_score(self.generate, self.score, prompts, timer)
         if self.baseline:
             baselines = self.baseline(baseline_prompts, self.generate, self.score, timer)
             batch.batch["reward_baselines"] = baselines.repeat_interleave(len(batch) // len(baselines))

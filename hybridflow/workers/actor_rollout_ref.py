@@ -8,14 +8,14 @@ actor the reference is the actor's model with the adapter off.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import torch.distributed as dist
 
 from hybridflow.algos import BypassCorrection
 from hybridflow.distributed import Dispatch, Worker, register
 from hybridflow.models.loading import load_tokenizer
-from hybridflow.protocol import DataProto
+from hybridflow.protocol import DataProto, Part
 from hybridflow.workers.actor import ActorPart
 from hybridflow.workers.batching import LossCounts, MicroBatching
 from hybridflow.workers.config import (
@@ -119,6 +119,12 @@ class ActorRolloutRefWorker(Worker):
         # DP_COMPUTE_PROTO hands each rank a contiguous shard: its rows start at rank * shard length.
         prompts.meta_info["first_prompt_index"] = self.rank * len(prompts)
         return self._part("rollout", "generate_sequences").generate_sequences(prompts)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, stream=True)
+    def generate_sequences_stream(self, prompts: DataProto) -> Iterator[Part]:
+        """``generate_sequences``'s samples in parts, yielded as they finish (the driver scores them meanwhile)."""
+        prompts.meta_info["first_prompt_index"] = self.rank * len(prompts)
+        yield from self._part("rollout", "generate_sequences_stream").generate_sequences_stream(prompts)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> DataProto:

@@ -14,11 +14,11 @@ with ``merge_lora`` it copies every weight with the adapter merged in (``W + (al
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
-from hybridflow.protocol import DataProto
+from hybridflow.protocol import DataProto, Part, join_parts
 from hybridflow.rollout import RolloutConfig, create_rollout_engine
 from hybridflow.workers.actor import ActorPart
 
@@ -76,15 +76,21 @@ class RolloutPart:
         ``meta_info['metrics']['timing_s/update_weights']`` is this rank's sync time: a per-rank value, so it
         travels as a metric (``DataProto.concat`` lists every rank's) and the driver picks the slowest.
         """
+        return join_parts(list(self.generate_sequences_stream(prompts)))
+
+    def generate_sequences_stream(self, prompts: DataProto) -> Iterator[Part]:
+        """``generate_sequences``'s rows in parts as the engine finishes them; the first part's meta_info
+        carries the sync time."""
         update_seconds = self.sync_weights() if self.is_stale else 0.0
         self._wake()
         try:
-            output = self.engine.generate_sequences(prompts)
+            for index, part in enumerate(self.engine.generate_sequences_stream(prompts)):
+                if index == 0:
+                    part.data.meta_info.setdefault("metrics", {})["timing_s/update_weights"] = update_seconds
+                yield part
         finally:
             if self.sleep_between_rollouts:
                 self._sleep()
-        output.meta_info.setdefault("metrics", {})["timing_s/update_weights"] = update_seconds
-        return output
 
     def _sleep(self) -> None:
         if not self.asleep:

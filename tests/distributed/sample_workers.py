@@ -4,12 +4,13 @@ import os
 import sys
 import time
 
+import numpy as np
 import ray
 import torch
 import torch.distributed as dist
 
 from hybridflow.distributed import Dispatch, Execute, Worker, register
-from hybridflow.protocol import DataProto
+from hybridflow.protocol import DataProto, Part
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -51,6 +52,24 @@ class CollectiveWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def count_rows(self, data: DataProto) -> int:
         return len(data)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, stream=True)
+    def double_in_parts(self, data: DataProto, go_on_file: str = "", fail_after_first: bool = False):
+        """``double``'s rows in two parts, odd rows first; the second waits (up to 20 s) until ``go_on_file``
+        exists and says whether it appeared: a caller that creates it on receiving a first part can tell
+        that the part reached it while the method was still running."""
+        rows = np.arange(len(data))
+        for index, part_rows in enumerate((rows[1::2], rows[0::2])):
+            if index == 1 and fail_after_first:
+                raise ValueError(f"deliberate failure on rank {self.rank} after the first part")
+            doubled = self.double(data[part_rows])
+            doubled.meta_info = {"metrics": {"parts_rank": self.rank}} if index == 0 else {}
+            if index == 1 and go_on_file:
+                deadline = time.monotonic() + 20
+                while not os.path.exists(go_on_file) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                doubled.meta_info["saw_go_on"] = os.path.exists(go_on_file)
+            yield Part(doubled, part_rows, len(data))
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)
     def rank_zero_echo(self, value):

@@ -45,6 +45,17 @@ def test_every_dispatch_mode_collects_as_a_ray_group_of_one_rank(local_group):
     assert future.done() and future.get() == [0]
 
 
+def test_a_streamed_method_runs_as_its_parts_are_read(local_group):
+    data = DataProto.from_dict(tensors={"x": torch.arange(5.0)}, non_tensors={"uid": list("abcde")})
+    stream = local_group.double_in_parts(data)
+    first = next(iter(stream))
+    assert first.rows.tolist() == [1, 3] and first.total == 5
+    torch.testing.assert_close(first.data.batch["doubled"], torch.tensor([2.0, 6.0]))
+    whole = stream.get()
+    assert torch.equal(whole.batch["doubled"], torch.arange(5.0) * 2)
+    assert list(whole.non_tensor_batch["uid"]) == list("abcde")
+
+
 def test_a_worker_exception_reaches_the_caller_as_raised(local_group):
     # No WorkerError wrapping: a debugger stops where the worker raised.
     with pytest.raises(ValueError, match="deliberate failure on rank 0"):

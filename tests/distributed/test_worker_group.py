@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.distributed import GroupFuture, WorkerTimeoutError
+from hybridflow.distributed import GroupFuture, PartStream, WorkerError, WorkerTimeoutError
 from hybridflow.protocol import DataProto
 
 
@@ -88,3 +88,34 @@ def test_non_blocking_call_returns_a_future_the_driver_waits_on_later(collective
     assert future.get(timeout=30) == [0, 1]
     assert future.done()
 
+
+
+@pytest.mark.parametrize("rows", [6, 5])
+def test_a_streamed_method_hands_over_each_part_while_the_ranks_still_run(collective_group, tmp_path, rows):
+    go_on = tmp_path / "go_on"
+    batch = make_batch(rows)
+    stream = collective_group.double_in_parts(batch, go_on_file=str(go_on))
+    assert isinstance(stream, PartStream)
+    parts = []
+    for part in stream:
+        parts.append(part)
+        go_on.touch()  # each rank's second part waits for this file
+    assert [part.data.meta_info.get("saw_go_on") for part in parts].count(True) == 2
+    # Rows placed in the padded whole (3 rows per rank), each part's values those of its rows
+    assert sorted(np.concatenate([part.rows for part in parts]).tolist()) == list(range(6))
+    padded = make_batch(6)
+    padded.batch["x"][rows:] = 0.0  # dispatch pads with copies of the first rows
+    for part in parts:
+        torch.testing.assert_close(part.data.batch["doubled"], padded.batch["x"][part.rows] * 2)
+    whole = stream.get()
+    expected = collective_group.double(batch)
+    assert len(whole) == rows
+    torch.testing.assert_close(whole.batch["doubled"], expected.batch["doubled"])
+    assert list(whole.non_tensor_batch["uid"]) == list(batch.non_tensor_batch["uid"])
+    assert whole.meta_info["metrics"] == {"parts_rank": [0, 1]}
+
+
+def test_a_rank_failing_mid_stream_stops_the_stream_with_its_error(collective_group):
+    stream = collective_group.double_in_parts(make_batch(4), fail_after_first=True)
+    with pytest.raises(WorkerError, match=r"(?s)rank [01].*double_in_parts.*deliberate failure"):
+        stream.get()

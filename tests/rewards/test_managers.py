@@ -124,15 +124,15 @@ def test_batch_manager_counts_a_wrong_length_result_for_every_sample(tokenizer, 
         managers("batch", tokenizer, lambda **lists: [1.0])(batch)
 
 
+def half_fail(data_source, solution_str, ground_truth, extra_info):
+    if solution_str in ("a", "b"):
+        return 1.0
+    raise KeyError("no answer")
+
+
 def test_a_step_stops_once_the_failed_share_reaches_the_limit(tokenizer, managers):
     """Below max_failed_share the failures score 0 and are counted; at it the run stops with the first one."""
     batch = rollout_batch(tokenizer, ["a", "b", "c", "d"], ["d"] * 4, ["a"] * 4)
-
-    def half_fail(data_source, solution_str, ground_truth, extra_info):
-        if solution_str in ("a", "b"):
-            return 1.0
-        raise KeyError("no answer")
-
     _, extra, metrics = managers("naive", tokenizer, half_fail, max_failed_share=0.75)(batch)
     assert extra["score"] == [1.0, 1.0, 0.0, 0.0] and metrics[SCORE_ERRORS_METRIC] == 2.0
     assert metrics[FAILED_SHARE_METRIC] == 0.5
@@ -319,3 +319,44 @@ def test_a_manager_pickles_for_a_ray_actor_and_still_scores(tokenizer):
 
 def test_verls_gdpo_manager_name_is_the_naive_manager():
     assert REWARD_MANAGERS.is_alias("gdpo") and REWARD_MANAGERS.get("gdpo") is REWARD_MANAGERS.get("naive")
+
+
+def score_in_parts(manager, batch, parts):
+    scoring = manager.start_batch()
+    for rows in parts:
+        scoring.add(rows, batch[rows])
+    return scoring.finish(batch)
+
+
+@pytest.mark.parametrize("name, options", [
+    ("naive", {}),
+    ("prime", {"timeout_s": 30.0}),
+    ("dapo", {"max_resp_len": 16, "overlong_buffer_len": 4}),
+])
+def test_a_batch_scored_in_parts_as_they_finish_gets_the_whole_batchs_result(tokenizer, managers, name, options):
+    responses = ["#### 4", "wrong #### 5", "#### 4" + " " * 8, "#### 1 2 3"]
+    batch = rollout_batch(
+        tokenizer, responses, ["arithmetic", "openai/gsm8k", "arithmetic", "sorting"], ["4", "4", "4", "1 2 3"],
+        response_width=16,
+    )
+    manager = managers(name, tokenizer, **options)
+    whole = manager(batch)
+    parts = score_in_parts(manager, batch, [[3, 1], [0], [2]])
+    assert torch.equal(parts.token_level_scores, whole.token_level_scores)
+    assert parts.extra == whole.extra and parts.metrics == whole.metrics
+    assert whole.extra["acc"] == [1.0, 0.0, 1.0, 1.0]
+
+
+def test_parts_share_one_failure_count_and_must_cover_the_batch(tokenizer, managers):
+    batch = rollout_batch(tokenizer, ["a", "b", "c", "d"], ["d"] * 4, ["a"] * 4)
+    # Each part alone fails 1 of 2 samples; over the batch 2 of 4 failed: at max_failed_share=0.5, the run stops
+    manager = managers("naive", tokenizer, half_fail, max_failed_share=0.5)
+    with pytest.raises(RewardFunctionError, match=r"2 of 4 samples"):
+        score_in_parts(manager, batch, [[0, 2], [1, 3]])
+    with pytest.raises(RewardInputError, match="cover 3 row positions, not each of the batch's 4 rows once"):
+        score_in_parts(managers("naive", tokenizer, half_fail), batch, [[0, 2], [1]])
+
+
+def test_only_managers_that_score_each_sample_alone_stream(tokenizer, managers):
+    streaming = {name: REWARD_MANAGERS.get(name).SCORES_EACH_SAMPLE for name in ("naive", "prime", "dapo", "batch")}
+    assert streaming == {"naive": True, "prime": True, "dapo": True, "batch": False}

@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from hybridflow.protocol import join_parts
 from hybridflow.rollout import EngineAsleepError, GenerationRequest, SamplingParams, create_rollout_engine
 from hybridflow.rollout.config import RolloutConfig
 from tests.rollout.prompts import TOOL_CALL_TEXT, TOOL_QUESTION, left_padded
@@ -40,6 +41,22 @@ def test_shapes_masks_and_positions_for_several_samples_per_prompt(make_engine, 
     assert torch.equal(out["position_ids"][:, width:], last_prompt_position + torch.arange(1, length + 1))
     assert torch.all(out["rollout_log_probs"][mask == 1] < 0) and torch.all(out["rollout_log_probs"][mask == 0] == 0)
     assert len(set(lengths.tolist())) > 1, "stop ids should give varied lengths"
+
+
+def test_the_stream_yields_samples_as_they_finish_and_joins_into_generate_sequences(make_engine, tokenizer):
+    engine = make_engine(n=3, response_length=16, calculate_log_probs=True)
+    prompts = left_padded(tokenizer, PROMPTS)
+    prompts.meta_info.update(eos_token_id=_stop_ids(tokenizer), seed=11)
+    parts = list(engine.generate_sequences_stream(prompts))
+    assert len(parts) > 1 and {part.total for part in parts} == {9}
+    lengths = [part.data.batch["response_mask"].sum(-1) for part in parts]
+    # All admitted together, the shorter samples finish (and are handed over) first
+    assert all(earlier.max() <= later.min() for earlier, later in zip(lengths, lengths[1:]))
+    whole = engine.generate_sequences(prompts)
+    joined = join_parts(parts)
+    assert set(joined.batch.keys()) == set(whole.batch.keys())
+    for key in whole.batch.keys():
+        assert torch.equal(joined.batch[key], whole.batch[key]), key
 
 
 def test_each_sequence_ends_at_its_own_first_stop_token(make_engine, tokenizer):

@@ -9,9 +9,10 @@ first character. With ``rollout.calculate_log_probs`` the engine's log-probs sit
 
 import pathlib
 
+import numpy as np
 import torch
 
-from hybridflow.protocol import DataProto
+from hybridflow.protocol import DataProto, Part, join_parts
 from hybridflow.trainer.placement import WorkerGroups
 
 
@@ -46,6 +47,24 @@ class group_method:
         return call
 
 
+class FakePartStream:
+    """The fake rollout's rows in two parts, odd rows first, as a group's ``PartStream`` hands them over;
+    ``read`` counts the parts handed over so far."""
+
+    def __init__(self, whole):
+        rows = np.arange(len(whole))
+        self.parts = [Part(whole[part_rows], part_rows, len(whole)) for part_rows in (rows[1::2], rows[0::2])]
+        self.read = 0
+
+    def __iter__(self):
+        for part in self.parts[self.read :]:
+            self.read += 1
+            yield part
+
+    def get(self):
+        return join_parts(self.parts)
+
+
 def _log_probs(responses, version):
     return -(responses % 7).float() / 10 - 0.01 * version
 
@@ -64,8 +83,15 @@ class FakeActorRollout:
         self.calls.append(("init_model", self.role))
 
     def generate_sequences(self, prompts):
+        self.calls.append(("generate_sequences", dict(prompts.meta_info)))
+        return self._rollout(prompts)
+
+    def generate_sequences_stream(self, prompts):
+        self.calls.append(("generate_sequences_stream", dict(prompts.meta_info)))
+        return FakePartStream(self._rollout(prompts))
+
+    def _rollout(self, prompts):
         meta = prompts.meta_info
-        self.calls.append(("generate_sequences", dict(meta)))
         rollout = self.config.rollout
         n = rollout.val_kwargs.n if meta.get("validate") else rollout.n
         width = rollout.response_length

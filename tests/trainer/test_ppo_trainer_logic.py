@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from hybridflow.rewards import SampleScoring
 from hybridflow.rewards.failures import RewardFunctionError
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.main_ppo import build_trainer
@@ -17,7 +18,7 @@ from hybridflow.trainer.validate import load_config
 from hybridflow.workers.actor import UPDATE_INPUTS
 
 from .cli import DENSE_REWARD
-from .fake_workers import FakeActorRollout, FakeWorkers, rollout_log_ratio
+from .fake_workers import FakeActorRollout, FakePartStream, FakeWorkers, rollout_log_ratio
 from .helpers import compose_config, tiny_run_overrides
 
 
@@ -65,7 +66,7 @@ def _step_batches(fakes):
 
 def test_grpo_runs_only_the_phases_it_needs(run, tmp_path):
     _, fakes = run("grpo")
-    step = ["generate_sequences", "compute_log_prob", "update_actor"]
+    step = ["generate_sequences_stream", "compute_log_prob", "update_actor"]
     assert fakes.names() == ["init_model"] + step + step
     assert fakes.calls[0] == ("init_model", "actor_rollout")  # no reference part is built
     assert fakes.plan.role_pool == {"actor_rollout_ref": "global_pool"}
@@ -84,7 +85,7 @@ def test_grpo_runs_only_the_phases_it_needs(run, tmp_path):
 
 def test_gae_with_kl_in_reward_uses_critic_and_reference(run, tmp_path):
     _, fakes = run("gae", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.5")
-    step = ["generate_sequences", "compute_log_prob", "compute_ref_log_prob", "compute_values"]
+    step = ["generate_sequences_stream", "compute_log_prob", "compute_ref_log_prob", "compute_values"]
     step += ["update_critic", "update_actor"]
     assert fakes.names() == ["init_model", "init_model"] + step + step
     assert fakes.plan.role_pool == {"actor_rollout_ref": "global_pool", "critic": "global_pool"}
@@ -101,7 +102,7 @@ def test_gae_with_kl_in_reward_uses_critic_and_reference(run, tmp_path):
 
 def test_kl_loss_needs_the_reference_but_not_in_the_reward(run):
     _, fakes = run("grpo", "actor_rollout_ref.actor.use_kl_loss=true")
-    step = ["generate_sequences", "compute_log_prob", "compute_ref_log_prob", "update_actor"]
+    step = ["generate_sequences_stream", "compute_log_prob", "compute_ref_log_prob", "update_actor"]
     assert fakes.names() == ["init_model"] + step + step
     assert fakes.calls[0] == ("init_model", "actor_rollout_ref")
     batch = _step_batches(fakes)[0]
@@ -111,7 +112,7 @@ def test_kl_loss_needs_the_reference_but_not_in_the_reward(run):
 
 def test_dynamic_sampling_keeps_only_groups_whose_scores_vary(run, tmp_path):
     _, fakes = run("grpo", "algorithm.filter_groups.enable=true")
-    generations = fakes.names().count("generate_sequences")
+    generations = fakes.names().count("generate_sequences_stream")
     assert generations == 4  # half of each batch's groups are identical, so 2 batches per step
     for batch in _step_batches(fakes):
         assert len(batch) == 8
@@ -128,7 +129,7 @@ def test_dynamic_sampling_stops_at_its_budget(run):
 
 def test_remax_generates_a_greedy_baseline(run):
     _, fakes = run("remax")
-    greedy = [call[1] for call in fakes.calls if call[0] == "generate_sequences" and call[1].get("do_sample") is False]
+    greedy = [call[1] for call in fakes.calls if call[0] == "generate_sequences_stream" and call[1].get("do_sample") is False]
     assert len(greedy) == 2  # one per step
     batch = _step_batches(fakes)[0]
     baselines = batch.batch["reward_baselines"]
@@ -137,7 +138,7 @@ def test_remax_generates_a_greedy_baseline(run):
 
 def test_rollout_seeds_count_generation_calls(run):
     _, fakes = run("grpo", "actor_rollout_ref.rollout.seed=100", "trainer.val_before_train=true")
-    seeds = [call[1]["seed"] for call in fakes.calls if call[0] == "generate_sequences"]
+    seeds = [call[1]["seed"] for call in fakes.calls if call[0] == "generate_sequences_stream"]
     assert seeds == [100, 101, 102]  # validation, step 1, step 2
 
 
@@ -145,7 +146,7 @@ def test_validation_before_training_and_on_schedule(run, tmp_path):
     _, fakes = run(
         "grpo", "trainer.val_before_train=true", "trainer.test_freq=1", "actor_rollout_ref.rollout.val_kwargs.n=2"
     )
-    validations = [call[1] for call in fakes.calls if call[0] == "generate_sequences" and call[1].get("validate")]
+    validations = [call[1] for call in fakes.calls if call[0] == "generate_sequences_stream" and call[1].get("validate")]
     assert len(validations) == 3
     records = {r["step"]: r for r in read_metrics(tmp_path / "run")}
     for step in (0, 1, 2):
@@ -176,7 +177,7 @@ def test_split_placement_gives_each_role_its_pool_and_overlaps_the_critic_with_t
     assert fakes.plan.role_pool == {"actor_rollout_ref": "actor_rollout_ref_pool", "critic": "critic_pool"}
     # Each group of calls is submitted before the driver waits on any (a fake call runs when awaited): 3 and 4
     # are awaited in order, 7 before 6 (so the actor's update is timed alone).
-    step = ["generate_sequences", "submit", "submit", "submit", "compute_log_prob", "compute_ref_log_prob",
+    step = ["generate_sequences_stream", "submit", "submit", "submit", "compute_log_prob", "compute_ref_log_prob",
             "compute_values", "submit", "submit", "update_actor", "update_critic"]
     assert fakes.names() == ["init_model", "init_model"] + step + step
     submitted = [call[1] for call in fakes.calls if call[0] == "submit"][:5]
@@ -189,6 +190,34 @@ def test_split_placement_gives_each_role_its_pool_and_overlaps_the_critic_with_t
     # In local mode every pool is the driver's process: nothing to overlap, each call runs (and is timed) in turn
     _, local = run("gae", "trainer.placement=split", "trainer.local_mode=true", run_dir=tmp_path / "local")
     assert "submit" not in local.names()
+
+
+def test_each_rollout_part_is_scored_as_it_arrives_unless_the_manager_scores_whole_batches(run, monkeypatch):
+    events = []
+    read_parts, add = FakePartStream.__iter__, SampleScoring.add
+
+    def reading(stream):
+        for part in read_parts(stream):
+            events.append(("rollout part", part.rows.tolist()))
+            yield part
+
+    def scoring(self, rows, part):
+        events.append(("scored", list(rows)))
+        add(self, rows, part)
+
+    monkeypatch.setattr(FakePartStream, "__iter__", reading)
+    monkeypatch.setattr(SampleScoring, "add", scoring)
+    _, fakes = run("grpo")
+    # 4 prompts x 2 samples: the odd rows arrive first and are scored before the even rows arrive
+    odd, even = [1, 3, 5, 7], [0, 2, 4, 6]
+    step = [("rollout part", odd), ("scored", odd), ("rollout part", even), ("scored", even)]
+    assert events == step + step
+    streamed = _step_batches(fakes)
+    events.clear()
+    _, whole = run("grpo", "reward_model.reward_manager=batch", reward=None)
+    assert events == [] and whole.names().count("generate_sequences") == 2
+    # The same samples either way, scored alike (both by the registered arithmetic scorer here)
+    assert torch.equal(streamed[0].batch["responses"], _step_batches(whole)[0].batch["responses"])
 
 
 def test_resume_continues_where_the_saved_run_stopped(run, tmp_path):
@@ -212,7 +241,7 @@ ONE_MINI_BATCH = "actor_rollout_ref.actor.ppo_mini_batch_size=4"  # on-policy: o
 
 def test_an_on_policy_grpo_step_skips_the_old_log_prob_pass_and_the_samples_without_signal(run, tmp_path):
     _, fakes = run("grpo", ONE_MINI_BATCH)
-    assert fakes.names() == ["init_model"] + ["generate_sequences", "update_actor"] * 2
+    assert fakes.names() == ["init_model"] + ["generate_sequences_stream", "update_actor"] * 2
     for batch, arguments in _updates(fakes):
         assert arguments["old_log_probs_from_update"] is True and "old_log_probs" not in batch.batch.keys()
         # The fakes' odd prompts get one response for all their samples: those groups have no signal.
@@ -229,7 +258,7 @@ def test_an_on_policy_grpo_step_skips_the_old_log_prob_pass_and_the_samples_with
 
 def test_a_step_without_any_signal_still_calls_the_update(run, tmp_path):
     _, fakes = run("grpo", ONE_MINI_BATCH, reward=None)  # the arithmetic score: 0 for every fake response
-    assert fakes.names() == ["init_model"] + ["generate_sequences", "update_actor"] * 2
+    assert fakes.names() == ["init_model"] + ["generate_sequences_stream", "update_actor"] * 2
     assert [len(batch) for batch, _ in _updates(fakes)] == [0, 0]
     assert read_metrics(tmp_path / "run")[0][names.ZERO_SIGNAL_FRAC] == 1.0
 
@@ -280,7 +309,7 @@ def test_balancing_gives_the_ranks_about_the_same_tokens_and_keeps_the_groups(ru
 
 def test_critic_warmup_trains_only_the_critic_for_its_steps(run, tmp_path):
     _, fakes = run("gae", "trainer.critic_warmup=1")
-    step = ["generate_sequences", "compute_log_prob", "compute_values", "update_critic"]
+    step = ["generate_sequences_stream", "compute_log_prob", "compute_values", "update_critic"]
     assert fakes.names() == ["init_model", "init_model"] + step + step + ["update_actor"]
     warmup, trained = read_metrics(tmp_path / "run")
     assert warmup["critic/vf_loss"] == trained["critic/vf_loss"] == 1.0
@@ -352,7 +381,7 @@ def test_decoupled_rollout_correction_weighs_and_masks_the_update_batch(run, tmp
 
 def test_bypass_mode_takes_the_engines_log_probs_as_old_ones_without_a_pass(run, tmp_path):
     _, fakes = run("grpo", ENGINE_LOG_PROBS, f"{CORRECTION}.bypass_mode=true", f"{CORRECTION}.loss_type=reinforce")
-    assert fakes.names() == ["init_model"] + ["generate_sequences", "update_actor"] * 2
+    assert fakes.names() == ["init_model"] + ["generate_sequences_stream", "update_actor"] * 2
     for batch in _step_batches(fakes):
         assert torch.equal(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"])
         assert "rollout_is_weights" not in batch.batch.keys()
