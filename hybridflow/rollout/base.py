@@ -5,9 +5,10 @@ An engine owns one generation model. The hybrid-engine cycle (arXiv 2409.19256 Â
 
 ``generate_sequences`` is implemented here once for every engine, as the join of ``generate_sequences_stream``
 (its rows in parts, as the engine finishes them): single-turn prompts go through ``generate_batch_stream``;
-with ``multi_turn.enable`` they go through the agent loop (rollout/agent_loop.py), whose requests reach the engine through the async per-request ``generate``; the output then also carries the
-non-tensor columns ``num_turns`` and ``tool_rewards``. ``generate_sequences`` runs its own event loop, so it
-is called from synchronous code (a worker method), never from inside a running event loop.
+with ``multi_turn.enable`` they go through the agent loop (rollout/agent_loop.py), whose requests reach the
+engine through the async per-request ``generate``; the output then also carries the non-tensor columns
+``num_turns`` and ``tool_rewards``. ``generate_sequences`` runs its own event loop, so it is called from
+synchronous code (a worker method), never from inside a running event loop.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from abc import ABC, abstractmethod
 from typing import Any, Iterable, Iterator
 
 import numpy as np
-
 import torch
 
 from hybridflow.errors import HybridflowError

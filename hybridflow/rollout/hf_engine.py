@@ -24,6 +24,9 @@ from hybridflow.rollout.requests import GenerationRequest, GenerationResult
 from hybridflow.rollout.scheduler import DecodeScheduler
 from hybridflow.rollout.weight_loading import load_weights_in_place
 
+# A streamed rollout comes in about this many parts (see generate_batch_stream).
+STREAM_PARTS = 8
+
 
 @ROLLOUT_ENGINES.register("hf")
 class HFRolloutEngine(RolloutEngine):
@@ -68,13 +71,18 @@ class HFRolloutEngine(RolloutEngine):
         return [future.result() for future in futures]
 
     def generate_batch_stream(self, requests: list[GenerationRequest]) -> Iterator[list[tuple[int, GenerationResult]]]:
-        """Yields the requests finished at each decode step (those finished meanwhile, when read late)."""
+        """Yields the finished requests once at least 1/``STREAM_PARTS`` of them are waiting (and the rest at the
+        end): each part costs a transfer to the driver, which a part per decode step would pay too often."""
         futures = self._scheduler.submit_all(list(requests))
         index = {future: i for i, future in enumerate(futures)}
-        pending = set(futures)
+        part_size = max(1, len(futures) // STREAM_PARTS)
+        pending, finished = set(futures), []
         while pending:
             done, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-            yield sorted(((index[future], future.result()) for future in done), key=lambda pair: pair[0])
+            finished += done
+            if len(finished) >= part_size or not pending:
+                yield sorted(((index[future], future.result()) for future in finished), key=lambda pair: pair[0])
+                finished = []
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy each ``(name, tensor)`` into the generation model between decode steps; see weight_loading.py."""
