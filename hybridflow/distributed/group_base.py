@@ -1,7 +1,8 @@
 """What every worker group shares, wherever its ranks run: the roles it was built from, and one
 driver-side method per ``@register``-ed worker method (``group.m``, or ``group.r_m`` and ``spawn()``'s
 per-role views when several roles are fused); ``group.m.submit(...)`` starts a call without waiting and
-returns its future (``get()``); a ``stream=True`` method returns its ``PartStream``. Subclasses say how a dispatched call runs (``_run``)."""
+returns its future (``get()``); a ``stream=True`` method returns its ``PartStream``. Subclasses say how a
+dispatched call runs (``_run``)."""
 
 from __future__ import annotations
 
