@@ -16,11 +16,11 @@ import torch
 
 from hybridflow.errors import HybridflowError
 from hybridflow.protocol import DataProto
+from hybridflow.rollout.sequences import PROMPT_KEYS
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.phases import StepTimer, union_columns
 
-# What the rollout engine reads from a prompt batch (verl's names); the rest stays with the driver.
-PROMPT_TENSORS = ["input_ids", "attention_mask", "position_ids"]
+# What the rollout engine reads from a prompt batch besides its tensors (PROMPT_KEYS); the rest stays here.
 PROMPT_COLUMNS_FOR_ROLLOUT = ("raw_prompt", "tools_kwargs")
 
 
@@ -124,7 +124,7 @@ class Generation:
     def __call__(self, prompts: DataProto, timer: StepTimer, scoring: Any = None, **meta: Any) -> DataProto:
         """``prompts`` [B] (consumed) -> samples [B * n] with prompt columns repeated next to each response.
         With ``scoring`` (a ``SampleScoring``), each part of the rollout is handed to it as it arrives."""
-        gen_input = prompts.pop(batch_keys=PROMPT_TENSORS)
+        gen_input = prompts.pop(batch_keys=list(PROMPT_KEYS))
         for key in PROMPT_COLUMNS_FOR_ROLLOUT:
             if key in prompts.non_tensor_batch:
                 gen_input.non_tensor_batch[key] = prompts.non_tensor_batch[key]
@@ -191,7 +191,7 @@ class RolloutCollector:
         self, prompts: DataProto, timer: StepTimer, uid_prefix: str
     ) -> tuple[DataProto, dict[str, float]]:
         assign_uids(prompts, uid_prefix)
-        baseline_prompts = prompts.select(batch_keys=PROMPT_TENSORS) if self.baseline else None
+        baseline_prompts = prompts.select(batch_keys=list(PROMPT_KEYS)) if self.baseline else None
         batch, _, metrics = generate_and_score(self.generate, self.score, prompts, timer)
         if self.baseline:
             baselines = self.baseline(baseline_prompts, self.generate, self.score, timer)
