@@ -3,8 +3,9 @@
 ``init_local_ray`` starts or joins Ray; a ``ResourcePool`` reserves processes (placement groups); a
 ``RayWorkerGroup`` runs a ``Worker`` subclass on each of them and exposes its ``@register``-ed methods;
 ``create_colocated_worker_cls`` fuses several roles into one process per rank; a ``PartStream`` hands over a
-streamed method's parts as ranks yield them; a ``LocalWorkerGroup`` runs the same workers in the driver's own
-process, without Ray. The names load their modules (and Ray) on first use.
+streamed method's parts as ranks yield them; ``share`` puts a value in the object store for the workers of
+another group; a ``LocalWorkerGroup`` runs the same workers in the driver's own process, without Ray. The
+names load their modules (and Ray) on first use.
 """
 
 from hybridflow.lazy_exports import lazy_exports
@@ -21,6 +22,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "local_group": ["LocalWorkerGroup"],
         "ray_init": ["init_local_ray"],
         "resource_pool": ["RayResourcePool", "ResourcePool"],
+        "shared_objects": ["SharedObject", "share"],
         "worker": ["Worker"],
         "worker_group": ["RayWorkerGroup"],
     },

@@ -70,6 +70,15 @@ class MultiTurnConfig:
 
 
 @dataclass
+class CheckpointEngineConfig:
+    """How trained weights reach a rollout engine in other processes (``rollout.checkpoint_engine``)."""
+
+    update_weights_bucket_megabytes: int = option(
+        2048, "A rollout pool of its own (hybrid_engine=false) receives the weights in buckets of this size."
+    )
+
+
+@dataclass
 class RolloutConfig:
     """``actor_rollout_ref.rollout``: which engine generates, and how."""
 
@@ -123,6 +132,7 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = option(16384, "Token budget of an old-log-prob micro-batch when dynamic.")
     val_kwargs: ValKwargs = section(ValKwargs, "Sampling overrides for validation.")
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "Agent loop: multi-turn generation with tools.")
+    checkpoint_engine: CheckpointEngineConfig = section(CheckpointEngineConfig, "Weight sync into a rollout pool of its own.")
 
     @classmethod
     def from_dict(cls, values: Mapping | None) -> "RolloutConfig":

@@ -176,6 +176,14 @@ class TrainerConfig:
 
 
 @dataclass
+class RolloutPoolConfig:
+    """The rollout's own pool when ``actor_rollout_ref.hybrid_engine=false`` (``rollout``, verl's one-step-off keys)."""
+
+    nnodes: int = option(1, "Nodes of the rollout pool.")
+    n_gpus_per_node: int = option(1, "Rollout worker processes per node (one per GPU; on CPU, processes sharing the cores).")
+
+
+@dataclass
 class RayInitConfig:
     """Starting or joining Ray (``ray_kwargs.ray_init``; the older ``ray_init.*`` keys are aliases)."""
 
@@ -217,4 +225,5 @@ class PPOTrainerConfig:
     custom_reward_function: CustomRewardFunctionConfig = section(CustomRewardFunctionConfig, "User scoring function.")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "Advantage estimator and KL in reward.")
     trainer: TrainerConfig = section(TrainerConfig, "Run length, placement, logging, checkpoints.")
+    rollout: RolloutPoolConfig = section(RolloutPoolConfig, "The rollout's own pool (actor_rollout_ref.hybrid_engine=false).")
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "Ray cluster.")

@@ -50,6 +50,9 @@ PHASE_ADV = "adv"
 PHASE_UPDATE_CRITIC = "update_critic"
 PHASE_UPDATE_ACTOR = "update_actor"
 PHASE_UPDATE_WEIGHTS = "update_weights"
+# actor_rollout_ref.hybrid_engine=false (verl's one-step-off names): ``gen`` is then the wait for the generation
+# started a step earlier, and the weights travel to the rollout pool in ``sync_rollout_weights``.
+PHASE_SYNC_ROLLOUT_WEIGHTS = "sync_rollout_weights"
 PHASE_STEP = "step"
 PHASE_TESTING = "testing"
 

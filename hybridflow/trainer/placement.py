@@ -5,6 +5,8 @@
 one Ray actor per process, so they share the device and hand weights over without copies.
 ``split``: each role gets its own pool of the same shape, so roles run in separate processes (the critic's
 calls overlap the actor's: ``phases.PhaseCalls``); it needs that many times the resources.
+Under either, a ``rollout`` role (``actor_rollout_ref.hybrid_engine=false``) gets a pool of its own shape,
+``ROLLOUT_POOL``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
 
 PLACEMENTS = ("colocated", "split")
 GLOBAL_POOL = "global_pool"
+ROLLOUT_ROLE, ROLLOUT_POOL = "rollout", "rollout_pool"
 
 
 @dataclass
@@ -44,24 +47,31 @@ def make_resource_plan(
     processes_per_node: int,
     use_gpu: bool,
     cpus_per_process: float,
+    rollout_pool_shape: tuple[int, int] = (1, 1),
 ) -> ResourcePlan:
-    """Pools for ``roles`` under ``placement`` (one of :data:`PLACEMENTS`)."""
+    """Pools for ``roles`` under ``placement`` (one of :data:`PLACEMENTS`); a ``rollout`` role among them gets
+    ``rollout_pool_shape`` (nodes, processes per node) to itself."""
     if placement not in PLACEMENTS:
         raise ValueError(f"trainer.placement={placement!r} is not one of {list(PLACEMENTS)}")
 
-    def pool(name: str) -> ResourcePool:
+    def pool(name: str, shape: tuple[int, int] = (nnodes, processes_per_node)) -> ResourcePool:
         return distributed.ResourcePool(
-            [processes_per_node] * nnodes,
+            [shape[1]] * shape[0],
             use_gpu=use_gpu,
             num_cpus_per_process=cpus_per_process,
             num_gpus_per_process=1.0,
             name_prefix=name,
         )
 
+    training_roles = [role for role in roles if role != ROLLOUT_ROLE]
     if placement == "colocated":
-        return ResourcePlan({GLOBAL_POOL: pool(GLOBAL_POOL)}, {role: GLOBAL_POOL for role in roles})
-    role_pool = {role: f"{role}_pool" for role in roles}
-    return ResourcePlan({name: pool(name) for name in role_pool.values()}, role_pool)
+        pools, role_pool = {GLOBAL_POOL: pool(GLOBAL_POOL)}, {role: GLOBAL_POOL for role in training_roles}
+    else:
+        role_pool = {role: f"{role}_pool" for role in training_roles}
+        pools = {name: pool(name) for name in role_pool.values()}
+    if ROLLOUT_ROLE in roles:
+        pools[ROLLOUT_POOL], role_pool[ROLLOUT_ROLE] = pool(ROLLOUT_POOL, rollout_pool_shape), ROLLOUT_POOL
+    return ResourcePlan(pools, role_pool)
 
 
 @dataclass

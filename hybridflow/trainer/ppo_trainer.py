@@ -66,17 +66,20 @@ from hybridflow.trainer.phases import (
     worker_metrics,
 )
 from hybridflow.trainer.placement import (
-    ResourcePlan, WorkerGroups, create_local_worker_groups, create_worker_groups, make_resource_plan,
+    ROLLOUT_ROLE, ResourcePlan, WorkerGroups, create_local_worker_groups, create_worker_groups, make_resource_plan,
 )
 from hybridflow.trainer.resume_checks import STATE_KEY as RESUME_STATE_KEY, resume_keys
 from hybridflow.trainer.rollout_correction_options import bypass_correction, correction_settings, uses_bypass
+from hybridflow.trainer.rollout_pool_options import one_step_off
 from hybridflow.trainer.rollout_collection import (
     DynamicSamplingCollector,
     EndOfData,
     Generation,
     GreedyBaseline,
+    OneStepOffCollector,
     PromptSource,
     RolloutCollector,
+    RolloutWeightSync,
     assign_uids,
     generate_and_score,
     reward_scorer,
@@ -143,13 +146,17 @@ class RayPPOTrainer:
         config, trainer = self.config, self.config.trainer
         if start_workers is None:
             start_workers = create_local_worker_groups if trainer.local_mode else create_worker_groups
-        actor_role = "actor_rollout_ref" if uses_reference(config) else "actor_rollout"
+        # With hybrid_engine=false the rollout is a role of its own, on its own pool (rollout_pool_options)
+        rollout_role = "" if one_step_off(config) else "_rollout"
+        actor_role = f"actor{rollout_role}_ref" if uses_reference(config) else f"actor{rollout_role}"
         actor_config = self._with_run_length(config.actor_rollout_ref, "actor")
         role_classes = {
             "actor_rollout_ref": RayClassWithInitArgs(
                 ActorRolloutRefWorker, config=actor_config, role=actor_role, bypass=bypass_correction(config)
             )
         }
+        if one_step_off(config):
+            role_classes[ROLLOUT_ROLE] = RayClassWithInitArgs(ActorRolloutRefWorker, config=actor_config, role="rollout")
         if self.uses_critic:
             critic_config = self._with_run_length(config.critic, None)
             role_classes["critic"] = RayClassWithInitArgs(CriticWorker, config=critic_config)
@@ -158,6 +165,7 @@ class RayPPOTrainer:
         plan = make_resource_plan(
             trainer.placement, list(role_classes), nnodes=trainer.nnodes, processes_per_node=trainer.n_gpus_per_node,
             use_gpu=trainer.device == "cuda", cpus_per_process=trainer.cpus_per_worker,
+            rollout_pool_shape=(config.rollout.nnodes, config.rollout.n_gpus_per_node),
         )
         self.workers = start_workers(plan, role_classes)
         groups = self.workers.roles
@@ -172,7 +180,7 @@ class RayPPOTrainer:
         self.old_log_probs = OldLogProbs(self.actor_rollout, self.calls)
         self.reference = ReferencePolicy(self.actor_rollout, self.calls) if uses_reference(config) else NoReference()
         self.critic = Critic(groups["critic"], self.calls) if self.uses_critic else NoCritic()
-        self.collector = self._make_collector(groups.get("reward_model"))
+        self.collector = self._make_collector(groups.get(ROLLOUT_ROLE, self.actor_rollout), groups.get("reward_model"))
         self.num_processes = num_processes(config)
         self.num_parameters = count_parameters(config.actor_rollout_ref.model.path)
         self.peak_flops = peak_flops_per_process(
@@ -196,13 +204,16 @@ class RayPPOTrainer:
             optim.total_training_steps = self.total_training_steps
         return section
 
-    def _make_collector(self, reward_model_group: Any) -> RolloutCollector:
+    def _make_collector(self, rollout_group: Any, reward_model_group: Any) -> RolloutCollector:
         rollout = self.config.actor_rollout_ref.rollout
         meta = {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id}
-        self.generate = Generation(
-            self.actor_rollout, meta, seed=rollout.seed, n=rollout.n, val_n=rollout.val_kwargs.n
-        )
+        self.generate = Generation(rollout_group, meta, seed=rollout.seed, n=rollout.n, val_n=rollout.val_kwargs.n)
         self.score = reward_scorer(self.reward_manager, reward_model_group)
+        if one_step_off(self.config):
+            sync = RolloutWeightSync(
+                self.actor_rollout, rollout_group, rollout.checkpoint_engine.update_weights_bucket_megabytes
+            )
+            return OneStepOffCollector(self.generate, self.score, sync, self.total_training_steps)
         baseline = GreedyBaseline() if "reward_baselines" in self.estimator.readers else None
         filter_groups = self.config.algorithm.filter_groups
         if not filter_groups.enable:
@@ -358,6 +369,7 @@ class RayPPOTrainer:
         data_sources, uids, infos = [], [], defaultdict(list)
         generations = ValidationGenerations(self.tokenizer)
         with timer(names.PHASE_TESTING):
+            self.collector.use_current_weights(self.global_step)
             for index, prompts in enumerate(self.val_loader):
                 batch, extra, _ = generate_and_score(
                     self.generate, self.score, assign_uids(prompts, f"val{index}"), timer, validate=True
@@ -395,6 +407,7 @@ class RayPPOTrainer:
             "rollout_calls": self.generate.calls,
             "reward_shaping": self.reward_shaping.state_dict(),
             "nonfinite": self.nonfinite.state_dict(),
+            "collector": self.collector.state_dict(),
             RESUME_STATE_KEY: resume_keys(self.config, self.uses_critic),  # compared by the next run's config check
         }
         self.checkpoints.save_driver_state(step_dir, state)
@@ -409,4 +422,5 @@ class RayPPOTrainer:
         self.generate.calls = state["rollout_calls"]
         self.reward_shaping.load_state_dict(state["reward_shaping"])
         self.nonfinite.load_state_dict(state.get("nonfinite", {"steps": 0}))
+        self.collector.load_state_dict(state.get("collector", {}))
 

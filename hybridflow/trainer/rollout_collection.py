@@ -9,6 +9,7 @@ adds a greedy response per prompt whose reward is the baseline (:class:`GreedyBa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -105,6 +106,14 @@ def reward_scorer(reward_manager: Any, reward_model_group: Any) -> RewardScorer:
     return RewardScorer(reward_manager)
 
 
+@dataclass
+class PendingGeneration:
+    """A generation started by ``Generation.start``: its prompts' other columns and the group call's future."""
+
+    prompts: DataProto
+    future: Any
+
+
 class Generation:
     """Phase 1: ``n`` responses per prompt from the actor's rollout engine, joined to their prompts.
 
@@ -124,18 +133,33 @@ class Generation:
     def __call__(self, prompts: DataProto, timer: StepTimer, scoring: Any = None, **meta: Any) -> DataProto:
         """``prompts`` [B] (consumed) -> samples [B * n] with prompt columns repeated next to each response.
         With ``scoring`` (a ``SampleScoring``), each part of the rollout is handed to it as it arrives."""
-        gen_input = prompts.pop(batch_keys=list(PROMPT_KEYS))
-        for key in PROMPT_COLUMNS_FOR_ROLLOUT:
-            if key in prompts.non_tensor_batch:
-                gen_input.non_tensor_batch[key] = prompts.non_tensor_batch[key]
-        gen_input.meta_info.update(self.meta_info, seed=self.seed + self.calls, **meta)
-        self.calls += 1
+        gen_input = self._rollout_input(prompts, meta)
         with timer(names.PHASE_GEN):
             if scoring is None:
                 output = self.actor_rollout.generate_sequences(gen_input)
             else:
                 n = self.val_n if meta.get("validate") else self.n
                 output = self._generate_scoring_parts(gen_input, prompts, n, scoring)
+        return self._samples(prompts, output, timer)
+
+    def start(self, prompts: DataProto) -> PendingGeneration:
+        """Start generating for ``prompts`` (consumed) and return at once; ``finish`` waits for the samples."""
+        return PendingGeneration(prompts, self.actor_rollout.generate_sequences.submit(self._rollout_input(prompts, {})))
+
+    def finish(self, pending: PendingGeneration, timer: StepTimer) -> DataProto:
+        """The samples of a ``start``-ed generation, as ``__call__`` returns them."""
+        return self._samples(pending.prompts, pending.future.get(), timer)
+
+    def _rollout_input(self, prompts: DataProto, meta: dict[str, Any]) -> DataProto:
+        gen_input = prompts.pop(batch_keys=list(PROMPT_KEYS))
+        for key in PROMPT_COLUMNS_FOR_ROLLOUT:
+            if key in prompts.non_tensor_batch:
+                gen_input.non_tensor_batch[key] = prompts.non_tensor_batch[key]
+        gen_input.meta_info.update(self.meta_info, seed=self.seed + self.calls, **meta)
+        self.calls += 1
+        return gen_input
+
+    def _samples(self, prompts: DataProto, output: DataProto, timer: StepTimer) -> DataProto:
         for key, seconds_per_rank in output.meta_info.get("metrics", {}).items():
             if key.startswith(names.TIMING_PREFIX):
                 # Each rank times its own part (the weight sync); the phase lasts as long as the slowest.
@@ -200,6 +224,99 @@ class RolloutCollector:
 
     def collect(self, source: PromptSource, timer: StepTimer, step: int) -> tuple[DataProto, dict[str, float]]:
         return self.generate_and_score(source.next(), timer, uid_prefix=f"step{step}")
+
+    def use_current_weights(self, step: int) -> None:
+        """Before a validation: nothing to do, the hybrid engine syncs the actor's weights before it generates."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must hold for the next step's samples to be the same after resuming: nothing here."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore (see ``state_dict``)."""
+
+
+class RolloutWeightSync:
+    """The actor's weights into a rollout pool of its own: the actor group puts them in Ray's object store in
+    buckets of ``bucket_megabytes`` and the rollout group loads them, bucket by bucket (verl's
+    ``sync_rollout_weights``). ``synced_step``: the step whose update made the weights the pool holds (0: the
+    model folder's, as a fresh run starts; None: unknown, after resuming)."""
+
+    def __init__(self, actor: Any, rollout: Any, bucket_megabytes: float):
+        self.actor = actor
+        self.rollout = rollout
+        self.bucket_megabytes = bucket_megabytes
+        self.synced_step: int | None = 0
+
+    def __call__(self, step: int, timer: StepTimer) -> None:
+        """Make the pool hold the actor's weights after step ``step``'s update (they are the actor's now)."""
+        if self.synced_step == step:
+            return
+        with timer(names.PHASE_SYNC_ROLLOUT_WEIGHTS):
+            buckets = self.actor.share_weights(self.bucket_megabytes)[0]
+            self.rollout.load_shared_weights(buckets)
+        self.synced_step = step
+
+
+class OneStepOffCollector(RolloutCollector):
+    """Phases 1 and 2 one step ahead (``actor_rollout_ref.hybrid_engine=false``; verl's one-step-off policy).
+
+    The rollout pool generates step k+1's samples while the actor trains on step k's: ``collect`` for step k
+    waits for the generation started a step earlier (``timing_s/gen``), syncs the weights of update k-1 into
+    the pool, starts step k+1's generation with them (not after the last step), and scores step k's samples
+    meanwhile. Step k's samples therefore come from the weights before update k-1 (step 1's and 2's from the
+    model folder): exactly one update stale, from step 2 on.
+
+    A checkpoint or a validation first waits for the running generation and keeps its samples; a checkpoint
+    saves them (``state_dict``), so a resumed run trains on exactly the samples an uninterrupted one would,
+    none twice and none lost.
+    """
+
+    def __init__(self, generate: Generation, score: RewardScorer, sync: RolloutWeightSync, total_steps: int):
+        super().__init__(generate, score, baseline=None)
+        self.sync = sync
+        self.total_steps = total_steps
+        self.running: PendingGeneration | None = None
+        self.generated: DataProto | None = None
+
+    def collect(self, source: PromptSource, timer: StepTimer, step: int) -> tuple[DataProto, dict[str, float]]:
+        if self.running is None and self.generated is None:  # the first step (or one after the data ran out)
+            self._start(source, step)
+        with timer(names.PHASE_GEN):
+            self._wait(timer)
+        batch, self.generated = self.generated, None
+        self.sync(step - 1, timer)
+        if step < self.total_steps:
+            try:
+                self._start(source, step + 1)
+            except EndOfData:
+                pass  # the next step's collect raises it
+        with timer(names.PHASE_REWARD):
+            batch, _, metrics = self.score(batch)
+        return batch, metrics
+
+    def use_current_weights(self, step: int) -> None:
+        """Before a validation: the running generation finishes (its samples are kept), then the pool gets the
+        actor's weights after step ``step``'s update."""
+        timer = StepTimer()
+        self._wait(timer)
+        self.sync(step, timer)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The next step's samples, waited for (None when no generation runs: the last step, or no data)."""
+        self._wait(StepTimer())
+        return {"generated": self.generated}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generated = state["generated"]
+        self.sync.synced_step = None  # the pool started from the model folder
+
+    def _start(self, source: PromptSource, step: int) -> None:
+        self.running = self.generate.start(assign_uids(source.next(), f"step{step}"))
+
+    def _wait(self, timer: StepTimer) -> None:
+        if self.running is not None:
+            self.generated, self.running = self.generate.finish(self.running, timer), None
 
 
 def group_metric(batch: DataProto, metric: str) -> np.ndarray:

@@ -40,6 +40,7 @@ from hybridflow.trainer.placement import PLACEMENTS
 from hybridflow.trainer.range_checks import range_errors
 from hybridflow.trainer.reward_options import reward_manager_errors
 from hybridflow.trainer.rollout_correction_options import rollout_correction_errors, uses_bypass
+from hybridflow.trainer.rollout_pool_options import rollout_pool_errors, rollout_pool_processes, unread_pool_options
 from hybridflow.trainer.tracking import LOGGER_BACKENDS
 from hybridflow.trainer.verl_compat import split_compat, unread_engine_options
 from hybridflow.trainer.environment import detected_device, environment_errors
@@ -93,7 +94,7 @@ def load_config_with_notes(
         errors += semantic_errors(typed)
     if errors:
         raise ConfigError(errors)
-    return typed, compat.unread + unread_engine_options(typed)
+    return typed, compat.unread + unread_engine_options(typed) + unread_pool_options(typed)
 
 
 VERL_OVERLONG_KEYS = {"enable", "len", "penalty_factor", "log"}
@@ -207,6 +208,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + _algorithm_errors(config)
         + _trainer_errors(config)
         + local_mode_errors(config)
+        + rollout_pool_errors(config)
         + _resource_errors(config)
         + reward_manager_errors(config)
         + estimator_option_errors(config)
@@ -390,6 +392,11 @@ def machine_resource_errors(config: PPOTrainerConfig) -> list[str]:
     """What a local cluster on this machine lacks: a second node, or CPUs when ``ray_init.num_cpus`` is unset."""
     if config.ray_kwargs.ray_init.address or os.environ.get("RAY_ADDRESS"):
         return []
+    if rollout_pool_processes(config) and config.rollout.nnodes > 1:
+        return [
+            f"rollout.nnodes={config.rollout.nnodes} but no cluster is given, and a local Ray cluster has one node; "
+            "start Ray on each node and set ray_kwargs.ray_init.address (or RAY_ADDRESS), or set rollout.nnodes=1"
+        ]
     if config.trainer.nnodes > 1:
         return [
             f"trainer.nnodes={config.trainer.nnodes} but no cluster is given, and a local Ray cluster has one node; "
@@ -406,12 +413,14 @@ def _cpu_shortfall(config: PPOTrainerConfig, available: float, source: str) -> l
     if ray_config.address or trainer.placement not in PLACEMENTS:
         return []
     pools = 1 if trainer.placement == "colocated" else 1 + uses_critic(config) + config.reward_model.enable
-    needed = pools * num_processes(config) * trainer.cpus_per_worker
+    rollout_pool = rollout_pool_processes(config)
+    needed = (pools * num_processes(config) + rollout_pool) * trainer.cpus_per_worker
     if needed <= available:
         return []
+    rollout_part = f" + {rollout_pool} rollout-pool process(es)" if rollout_pool else ""
     return [
         f"trainer.placement={trainer.placement} needs {needed:g} CPUs ({pools} pool(s) x {num_processes(config)} "
-        f"process(es) x trainer.cpus_per_worker={trainer.cpus_per_worker:g}) but {source}; lower "
+        f"process(es){rollout_part} x trainer.cpus_per_worker={trainer.cpus_per_worker:g}) but {source}; lower "
         "trainer.n_gpus_per_node or trainer.cpus_per_worker, or raise ray_kwargs.ray_init.num_cpus"
     ]
 
@@ -456,6 +465,11 @@ def derived_sizes(config: PPOTrainerConfig, steps: int | None = None) -> list[st
         )
     if steps is not None:
         lines.append(f"training steps: {steps}")
+    if rollout_pool_processes(config):
+        lines.append(
+            f"rollout: a pool of its own, {rollout_pool_processes(config)} process(es), generating one step ahead "
+            "(each step trains on samples from the weights before its previous update)"
+        )
     yes_no = {True: "yes", False: "no"}
     lines.append(f"critic: {yes_no[uses_critic(config)]}; reference: {yes_no[uses_reference(config)]}")
     lines.append(

@@ -72,7 +72,6 @@ RULES: tuple[Rule, ...] = (
     _lacks("*qat.enable", "quantization-aware training (QAT)"),
     _lacks("*mtp.enable*", "multi-token prediction (MTP) heads"),
     _lacks("*router_replay.mode", "MoE router replay"),
-    _lacks("actor_rollout_ref.hybrid_engine", "a non-hybrid actor (use trainer.placement=split for separate pools)"),
     _lacks("actor_rollout_ref.rollout.nnodes", "a standalone rollout pool (nnodes > 0)"),
     _lacks("actor_rollout_ref.rollout.over_sample_rate", "over-sampled rollouts that abort the slowest samples"),
     _lacks("actor_rollout_ref.rollout.disaggregation.enabled", "prefill/decode disaggregation"),
@@ -140,11 +139,13 @@ RULES: tuple[Rule, ...] = (
     _unread("*entropy_checkpointing", "the chunked entropy's own backward keeps only per-row statistics, which is "
             "what entropy checkpointing saves"),
     _unread("actor_rollout_ref.rollout.agent.*", VLLM_SERVER),
-    _unread("actor_rollout_ref.rollout.checkpoint_engine.*", "weights are synced tensor by tensor, not in buckets"),
+    _unread("actor_rollout_ref.rollout.checkpoint_engine.*", "weights reach a rollout pool of its own through Ray's "
+            "object store, in buckets of checkpoint_engine.update_weights_bucket_megabytes"),
     _unread("actor_rollout_ref.rollout.trace.*", "rollout tracing is off"),
     _unread("actor_rollout_ref.rollout.prometheus.*", VLLM_SERVER),
     _unread("actor_rollout_ref.rollout.disaggregation.*", "prefill/decode disaggregation is off"),
-    _unread("actor_rollout_ref.rollout.n_gpus_per_node", "the rollout runs in the actor's processes"),
+    _unread("actor_rollout_ref.rollout.n_gpus_per_node", "the rollout runs in the actor's processes, or with "
+            "actor_rollout_ref.hybrid_engine=false on a pool sized by the top-level rollout.nnodes/n_gpus_per_node"),
     _unread("actor_rollout_ref.rollout.moe_load_balance_metrics_interval", VLLM_SERVER),
     _unread("actor_rollout_ref.rollout.multi_turn.*", "an sglang multi-turn option hybridflow's agent loop lacks"),
     _unread("actor_rollout_ref.rollout.qat", "quantization-aware training is off"),

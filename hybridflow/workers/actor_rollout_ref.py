@@ -8,7 +8,7 @@ actor the reference is the actor's model with the adapter off.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch.distributed as dist
 
@@ -29,12 +29,16 @@ from hybridflow.workers.ref import RefPart
 from hybridflow.workers.rollout_part import RolloutPart
 from hybridflow.workers.training import metrics_output
 
+if TYPE_CHECKING:
+    from hybridflow.distributed import SharedObject
+
 ROLE_PARTS = {
     "actor": ("actor",),
     "rollout": ("rollout",),
     "ref": ("ref",),
     "actor_rollout": ("actor", "rollout"),
     "actor_rollout_ref": ("actor", "rollout", "ref"),
+    "actor_ref": ("actor", "ref"),
 }
 
 
@@ -125,6 +129,32 @@ class ActorRolloutRefWorker(Worker):
         """``generate_sequences``'s samples in parts, yielded as they finish (the driver scores them meanwhile)."""
         prompts.meta_info["first_prompt_index"] = self.rank * len(prompts)
         yield from self._part("rollout", "generate_sequences_stream").generate_sequences_stream(prompts)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def share_weights(self, bucket_megabytes: float) -> list[SharedObject]:
+        """The actor's full weights (Hugging Face names, LoRA merged) put in the object store in buckets of about
+        ``bucket_megabytes``, for a rollout pool of its own (``load_shared_weights``). Every rank gathers (each
+        parameter is a collective); rank 0 returns the buckets, the others an empty list."""
+        from hybridflow.distributed import share  # loads Ray, which only a rollout pool of its own needs
+
+        buckets, bucket, size = [], [], 0
+        limit = bucket_megabytes * 2**20
+        for name, tensor in self._part("actor", "share_weights").hf_weights():
+            if self.rank != 0:
+                continue
+            bucket.append((name, tensor.detach().cpu()))
+            size += tensor.numel() * tensor.element_size()
+            if size >= limit:
+                buckets.append(share(bucket))
+                bucket, size = [], 0
+        if bucket:
+            buckets.append(share(bucket))
+        return buckets
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_shared_weights(self, buckets: list[SharedObject]) -> float:
+        """Load ``share_weights``' buckets into this rollout engine one bucket at a time; returns seconds taken."""
+        return self._part("rollout", "load_shared_weights").load_weight_buckets(bucket.get() for bucket in buckets)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> DataProto:

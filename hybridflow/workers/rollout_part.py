@@ -14,7 +14,7 @@ with ``merge_lora`` it copies every weight with the adapter merged in (``W + (al
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -70,6 +70,14 @@ class RolloutPart:
         self.synced_version = self.weight_source.weights_version
         return time.perf_counter() - start
 
+    def load_weight_buckets(self, buckets: Iterable[list[tuple[str, torch.Tensor]]]) -> float:
+        """A rollout on its own pool (no ``weight_source``): copy each bucket of ``(name, tensor)`` pairs into
+        the engine as it is read; returns seconds taken."""
+        start = time.perf_counter()
+        for bucket in buckets:
+            self.engine.load_weights(bucket)
+        return time.perf_counter() - start
+
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """``engine.generate_sequences`` after syncing stale weights.
 
@@ -79,13 +87,13 @@ class RolloutPart:
         return join_parts(list(self.generate_sequences_stream(prompts)))
 
     def generate_sequences_stream(self, prompts: DataProto) -> Iterator[Part]:
-        """``generate_sequences``'s rows in parts as the engine finishes them; the first part's meta_info
-        carries the sync time."""
+        """``generate_sequences``'s rows in parts as the engine finishes them; with a ``weight_source``, the
+        first part's meta_info carries the sync time."""
         update_seconds = self.sync_weights() if self.is_stale else 0.0
         self._wake()
         try:
             for index, part in enumerate(self.engine.generate_sequences_stream(prompts)):
-                if index == 0:
+                if index == 0 and self.weight_source is not None:
                     part.data.meta_info.setdefault("metrics", {})["timing_s/update_weights"] = update_seconds
                 yield part
         finally:

@@ -82,6 +82,7 @@ class FakeActorRollout:
     def init_model(self):
         self.calls.append(("init_model", self.role))
 
+    @group_method
     def generate_sequences(self, prompts):
         self.calls.append(("generate_sequences", dict(prompts.meta_info)))
         return self._rollout(prompts)
@@ -141,6 +142,15 @@ class FakeActorRollout:
         advantages = data.batch["advantages"]
         metrics = {"pg_loss": [float(advantages.mean()), 0.0], "grad_norm": [1.0, 3.0], "lr": 0.1}
         return DataProto(meta_info={"metrics": metrics})
+
+    def share_weights(self, bucket_megabytes):
+        """Rank 0's buckets, then the other rank's none; a bucket here is the weights' version."""
+        self.calls.append(("share_weights", self.version))
+        return [[self.version], []]
+
+    def load_shared_weights(self, buckets):
+        self.calls.append(("load_shared_weights", buckets[0]))
+        self.version = buckets[0]
 
     def save_checkpoint(self, local_path, global_step=0):
         self.calls.append(("save_checkpoint", local_path))
@@ -219,6 +229,8 @@ class FakeWorkers:
             if role == "actor_rollout_ref":
                 kwargs = spec.kwargs
                 roles[role] = FakeActorRollout(kwargs["config"], kwargs["role"], self.calls, kwargs.get("bypass"))
+            elif role == "rollout":
+                roles[role] = FakeActorRollout(spec.kwargs["config"], "rollout", self.calls)
             elif role == "critic":
                 roles[role] = FakeCritic(spec.kwargs["config"], self.calls)
             elif role == "reward_model":

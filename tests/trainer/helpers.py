@@ -6,10 +6,10 @@ from hydra import compose, initialize_config_module
 from hybridflow.trainer.validate import ConfigError, load_config
 
 
-def compose_config(overrides):
-    """ppo_trainer.yaml with Hydra command-line style overrides, as main_ppo would see it."""
+def compose_config(overrides, config_name="ppo_trainer"):
+    """ppo_trainer.yaml (or another trainer config) with Hydra command-line style overrides, as main_ppo would see it."""
     with initialize_config_module("hybridflow.trainer.config", version_base=None):
-        return compose("ppo_trainer", overrides=list(overrides))
+        return compose(config_name, overrides=list(overrides))
 
 
 def config_errors(overrides) -> list[str]:

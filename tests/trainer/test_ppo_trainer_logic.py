@@ -445,3 +445,28 @@ def test_a_reward_function_failing_on_every_sample_stops_training_and_validation
     assert not (tmp_path / "run" / "metrics.jsonl").read_text()  # stopped in step 1's scoring
     with pytest.raises(RewardFunctionError, match=r"^the reward function compute_score in .* failed on 4 of 4 samples"):
         run("grpo", "trainer.val_before_train=true", reward=reward)  # the 4 validation prompts, before step 1
+
+
+def test_one_step_off_trains_each_step_on_samples_one_update_old(run):
+    """hybridflow.trainer.rollout_collection.OneStepOffCollector: step k+1's generation starts before step k
+    trains, after the rollout pool received update k-1's weights; no generation starts after the last step."""
+    trainer, fakes = run(
+        "grpo", "actor_rollout_ref.hybrid_engine=false", "trainer.total_training_steps=3",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+    )
+    assert fakes.plan.role_pool == {"actor_rollout_ref": "global_pool", "rollout": "rollout_pool"}
+    assert fakes.calls[:2] == [("init_model", "actor"), ("init_model", "rollout")]
+    train = ["compute_log_prob", "update_actor"]
+    sync = ["share_weights", "load_shared_weights"]
+    assert fakes.names()[2:] == (
+        ["submit", "generate_sequences", "submit"] + train
+        + ["generate_sequences"] + sync + ["submit"] + train
+        + ["generate_sequences"] + sync + train
+    )
+    assert [call[1] for call in fakes.calls if call[0] == "load_shared_weights"] == [1, 2]
+    # The engine's log-probs tell which weights drew each step's samples: the model folder's twice, then update 1's.
+    for batch, version in zip(_step_batches(fakes), (0, 0, 1)):
+        responses, mask = batch.batch["responses"], batch.batch["response_mask"]
+        expected = (-(responses % 7).float() / 10 - 0.01 * version - rollout_log_ratio(responses)) * mask
+        torch.testing.assert_close(batch.batch["rollout_log_probs"], expected)
+    assert names.timing("sync_rollout_weights") in read_metrics(trainer.run_dir)[1]

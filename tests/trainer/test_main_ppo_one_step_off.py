@@ -1,0 +1,89 @@
+"""One-step-off policy end to end (``actor_rollout_ref.hybrid_engine=false``): the rollout on a pool of its own
+process generating a step ahead of the actor's, the weights synced into it after each update, and a kill -9
+mid-run whose resumed steps equal an uninterrupted run's."""
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from hybridflow.trainer import metric_names as names
+from hybridflow.trainer.tracking import read_metrics
+
+from .cli import RayTempDir, cli_env, command, run_cli
+from .helpers import tiny_run_overrides
+from .test_main_ppo import _comparable, _wait_for_first_checkpoint
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def one_step_off_run(tiny_model_dir, tiny_parquet, tmp_path_factory):
+    """An uninterrupted run (training and rollout one process each), checkpointing every step: its folder and
+    its overrides. Two mini-batches a step, so the old-log-prob pass runs and the engine's log-probs of each
+    sample can be compared with the trainer's."""
+    work = tmp_path_factory.mktemp("one_step_off")
+    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, work / "run", "grpo") + [
+        f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", "trainer.test_freq=2",
+        "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.calculate_log_probs=true",
+        # Small buckets, so the sync travels in several.
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
+    ]
+    run_cli(overrides, cwd=work)
+    return work / "run", overrides
+
+
+def _steps(run_dir):
+    return {record["step"]: record for record in read_metrics(run_dir)}
+
+
+def test_each_step_trains_on_samples_of_the_weights_before_its_previous_update(one_step_off_run):
+    run_dir, _ = one_step_off_run
+    steps = _steps(run_dir)
+    assert sorted(steps) == [0, 1, 2, 3]
+    assert "val-core/arithmetic/acc/mean@1" in steps[2] and "val-core/arithmetic/acc/mean@1" in steps[3]
+    # Step 1 trains on samples of the model folder's weights, which it still holds: the engine's and the
+    # trainer's log-probs agree up to float32 rounding of two forward paths (KV cache vs packed). From step 2
+    # the samples come from the weights one update older than the trainer's (lr 1e-3 moves them visibly).
+    assert steps[1]["training/rollout_probs_diff_max"] < 1e-5
+    for step in (2, 3):
+        assert steps[step]["training/rollout_probs_diff_max"] > 1e-3, steps[step]
+        assert steps[step]["actor/pg_loss"] != 0
+    # No weights to sync before step 2 (both pools hold the model folder's). Step 2 syncs update 1's; the
+    # validation after step 2 syncs update 2's, which step 3 then finds in place.
+    assert names.timing("sync_rollout_weights") not in steps[1]
+    assert steps[2][names.timing("sync_rollout_weights")] > 0
+    assert names.timing("sync_rollout_weights") not in steps[3]
+    for step in (1, 2, 3):
+        assert names.timing("gen") in steps[step] and names.timing("update_actor") in steps[step]
+
+
+def test_kill_9_then_resume_matches_an_uninterrupted_run(one_step_off_run, tmp_path):
+    """The checkpoint holds the next step's samples (generated before the save): the resumed run trains on them."""
+    reference_dir, overrides = one_step_off_run
+    run_dir = tmp_path / "run"
+    overrides = [o for o in overrides if not o.startswith("trainer.default_local_dir=")]
+    overrides.append(f"trainer.default_local_dir={run_dir}")
+    with RayTempDir() as ray_temp_dir:
+        process = subprocess.Popen(command(overrides, ray_temp_dir), cwd=tmp_path, env=cli_env(),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            _wait_for_first_checkpoint(run_dir, process)
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        finally:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    killed_at = int((run_dir / "latest").read_text().strip().removeprefix("global_step_"))
+    assert killed_at < STEPS, "the run finished before it could be killed"
+
+    run_cli(overrides, cwd=tmp_path)
+    resumed, reference = _steps(run_dir), _steps(reference_dir)
+    assert sorted(resumed) == sorted(reference)
+    for step in range(killed_at + 1, STEPS + 1):
+        assert _comparable(resumed[step]) == _comparable(reference[step]), f"step {step} differs"
