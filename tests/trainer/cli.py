@@ -3,9 +3,11 @@
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 DENSE_REWARD = pathlib.Path(__file__).with_name("dense_reward.py")
 
@@ -45,3 +47,32 @@ def run_cli(overrides: list[str], cwd: pathlib.Path, timeout: float = 240) -> su
             f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-6000:]}"
         )
     return result
+
+
+def _wait_for_first_checkpoint(run_dir: pathlib.Path, process: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "latest").exists():
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended (exit {process.returncode}) before its first checkpoint")
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint within the timeout")
+
+
+def kill_9_at_first_checkpoint(overrides: list[str], run_dir: pathlib.Path, cwd: pathlib.Path, timeout: float = 180) -> int:
+    """Start the trainer, kill -9 it once its first checkpoint is written; returns the step that checkpoint saved."""
+    with RayTempDir() as ray_temp_dir:
+        process = subprocess.Popen(command(overrides, ray_temp_dir), cwd=cwd, env=cli_env(),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            _wait_for_first_checkpoint(run_dir, process, timeout)
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        finally:
+            # The Ray processes this run started share its session; end them, not anyone else's.
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return int((run_dir / "latest").read_text().strip().removeprefix("global_step_"))

@@ -3,11 +3,8 @@ local Ray cluster; then a kill -9 mid-run and a resume whose steps equal an unin
 LoRA, its checkpoint merged by ``python -m hybridflow.model_merger``."""
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -18,7 +15,7 @@ from hybridflow.model_merger.merge import load_trained_policy
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.tracking import read_metrics
 
-from .cli import RayTempDir, cli_env, command, run_cli
+from .cli import cli_env, kill_9_at_first_checkpoint, run_cli
 from .helpers import tiny_run_overrides, tool_calling_model
 
 pytestmark = pytest.mark.slow
@@ -125,38 +122,13 @@ def _comparable(record):
     return {key: value for key, value in record.items() if not names.is_timing(key)}
 
 
-def _wait_for_first_checkpoint(run_dir, process, timeout=180):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (run_dir / "latest").exists():
-            return
-        if process.poll() is not None:
-            raise AssertionError(f"the run ended (exit {process.returncode}) before its first checkpoint")
-        time.sleep(0.05)
-    raise AssertionError("no checkpoint within the timeout")
-
-
-def test_kill_9_then_resume_matches_an_uninterrupted_run(ppo_run, tmp_path):
-    """PPO with a critic on 2 ranks through the multi-turn agent loop with a tool: the actor, critic, reference,
-    agent-loop and data states all resume (GRPO's one-rank path is a subset of this one's)."""
-    reference_dir, overrides = ppo_run
+def kill_9_then_resume(reference_dir, overrides, tmp_path):
+    """Run ``overrides`` in a new folder, kill -9 it at its first checkpoint, run the same command again, and
+    check every step after the kill equals the uninterrupted run's; returns (resumed, reference) by step."""
     run_dir = tmp_path / "run"
     overrides = [o for o in overrides if not o.startswith("trainer.default_local_dir=")]
     overrides.append(f"trainer.default_local_dir={run_dir}")
-    with RayTempDir() as ray_temp_dir:
-        process = subprocess.Popen(command(overrides, ray_temp_dir), cwd=tmp_path, env=cli_env(),
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            _wait_for_first_checkpoint(run_dir, process)
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-        finally:
-            # The Ray processes this run started share its session; end them, not anyone else's.
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    killed_at = int((run_dir / "latest").read_text().strip().removeprefix("global_step_"))
+    killed_at = kill_9_at_first_checkpoint(overrides, run_dir, cwd=tmp_path)
     assert killed_at < STEPS, "the run finished before it could be killed"
 
     run_cli(overrides, cwd=tmp_path)
@@ -164,6 +136,13 @@ def test_kill_9_then_resume_matches_an_uninterrupted_run(ppo_run, tmp_path):
     assert sorted(resumed) == sorted(reference)
     for step in range(killed_at + 1, STEPS + 1):
         assert _comparable(resumed[step]) == _comparable(reference[step]), f"step {step} differs"
+    return resumed, reference
+
+
+def test_kill_9_then_resume_matches_an_uninterrupted_run(ppo_run, tmp_path):
+    """PPO with a critic on 2 ranks through the multi-turn agent loop with a tool: the actor, critic, reference,
+    agent-loop and data states all resume (GRPO's one-rank path is a subset of this one's)."""
+    resumed, reference = kill_9_then_resume(*ppo_run, tmp_path)
     # The steps before the kill are kept from the first attempt, not redone.
     assert json.dumps(_comparable(resumed[1]), sort_keys=True) == json.dumps(_comparable(reference[1]), sort_keys=True)
 

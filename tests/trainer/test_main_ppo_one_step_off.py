@@ -2,22 +2,15 @@
 process generating a step ahead of the actor's, the weights synced into it after each update, and a kill -9
 mid-run whose resumed steps equal an uninterrupted run's."""
 
-import os
-import signal
-import subprocess
-
 import pytest
 
 from hybridflow.trainer import metric_names as names
-from hybridflow.trainer.tracking import read_metrics
 
-from .cli import RayTempDir, cli_env, command, run_cli
+from .cli import run_cli
 from .helpers import tiny_run_overrides
-from .test_main_ppo import _comparable, _wait_for_first_checkpoint
+from .test_main_ppo import STEPS, _steps, kill_9_then_resume
 
 pytestmark = pytest.mark.slow
-
-STEPS = 3
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +27,6 @@ def one_step_off_run(tiny_model_dir, tiny_parquet, tmp_path_factory):
     ]
     run_cli(overrides, cwd=work)
     return work / "run", overrides
-
-
-def _steps(run_dir):
-    return {record["step"]: record for record in read_metrics(run_dir)}
 
 
 def test_each_step_trains_on_samples_of_the_weights_before_its_previous_update(one_step_off_run):
@@ -63,27 +52,4 @@ def test_each_step_trains_on_samples_of_the_weights_before_its_previous_update(o
 
 def test_kill_9_then_resume_matches_an_uninterrupted_run(one_step_off_run, tmp_path):
     """The checkpoint holds the next step's samples (generated before the save): the resumed run trains on them."""
-    reference_dir, overrides = one_step_off_run
-    run_dir = tmp_path / "run"
-    overrides = [o for o in overrides if not o.startswith("trainer.default_local_dir=")]
-    overrides.append(f"trainer.default_local_dir={run_dir}")
-    with RayTempDir() as ray_temp_dir:
-        process = subprocess.Popen(command(overrides, ray_temp_dir), cwd=tmp_path, env=cli_env(),
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            _wait_for_first_checkpoint(run_dir, process)
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-        finally:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    killed_at = int((run_dir / "latest").read_text().strip().removeprefix("global_step_"))
-    assert killed_at < STEPS, "the run finished before it could be killed"
-
-    run_cli(overrides, cwd=tmp_path)
-    resumed, reference = _steps(run_dir), _steps(reference_dir)
-    assert sorted(resumed) == sorted(reference)
-    for step in range(killed_at + 1, STEPS + 1):
-        assert _comparable(resumed[step]) == _comparable(reference[step]), f"step {step} differs"
+    kill_9_then_resume(*one_step_off_run, tmp_path)
