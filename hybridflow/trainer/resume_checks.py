@@ -20,7 +20,8 @@ WORLD_SIZE = "trainer.nnodes * trainer.n_gpus_per_node"
 USES_CRITIC = "critic (critic.enable, or an estimator that needs values)"
 # What a checkpoint's state depends on: the data position counts batches of train_batch_size prompts in the
 # order data.seed/shuffle give; the optimizer and scheduler count mini-batches of responses; the worker states
-# are per rank; the critic and LoRA states exist only with a critic and with that adapter rank.
+# are per rank; the critic and LoRA states exist only with a critic and with that adapter rank; a one-step-off
+# checkpoint (hybrid_engine=false) holds the next step's samples, which a synchronous run would not train on.
 RESUME_KEYS = (
     "data.train_batch_size",
     "data.seed",
@@ -28,6 +29,7 @@ RESUME_KEYS = (
     "actor_rollout_ref.rollout.n",
     "actor_rollout_ref.actor.ppo_mini_batch_size",
     "actor_rollout_ref.model.lora_rank",
+    "actor_rollout_ref.hybrid_engine",
     WORLD_SIZE,
     USES_CRITIC,
 )

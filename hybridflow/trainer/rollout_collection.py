@@ -308,7 +308,7 @@ class OneStepOffCollector(RolloutCollector):
         return {"generated": self.generated}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.generated = state["generated"]
+        self.generated = state.get("generated")
         self.sync.synced_step = None  # the pool started from the model folder
 
     def _start(self, source: PromptSource, step: int) -> None:

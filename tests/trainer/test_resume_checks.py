@@ -49,6 +49,13 @@ def test_resuming_with_a_critic_the_saved_run_had_not_is_refused(saved):
     assert len(errors) == 1 and "would change critic (" in errors[0] and "saved False, now True" in errors[0]
 
 
+def test_resuming_a_synchronous_run_one_step_off_is_refused(saved):
+    """A one-step-off checkpoint holds the next step's samples and a synchronous one does not: neither continues
+    the other exactly."""
+    errors = config_errors(saved + ["actor_rollout_ref.hybrid_engine=false"])
+    assert len(errors) == 1 and "would change actor_rollout_ref.hybrid_engine (saved True, now False)" in errors[0]
+
+
 def test_a_checkpoint_from_before_the_keys_were_saved_is_compared_on_its_data_loader_state(saved, tmp_path):
     manager = CheckpointManager(tmp_path / "run")
     step_dir = manager.latest_step_dir()

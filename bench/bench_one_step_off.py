@@ -1,0 +1,149 @@
+"""One-step-off policy against the synchronous hybrid engine on ``make demo``'s task, side by side in one run.
+
+Both train the demo's recipe (``python -m hybridflow.demo``: its model, sorting prompts, 32 prompts x 8 samples,
+lr schedule over ``--steps`` steps, greedy validation every ``--test_freq`` steps):
+
+- ``sync``: the demo as shipped, every role in one process (local mode) with 2 torch threads; each step
+  generates, then trains;
+- ``one_step_off``: ``actor_rollout_ref.hybrid_engine=false`` on a local Ray cluster, the training pool one
+  process and the rollout pool another, 2 torch threads each (the cluster is told 4 CPUs, so the two processes
+  share this machine's 2 cores), bypass mode with the engine's log-probs (verl's one-step-off defaults): the
+  rollout generates step k+1's samples while the actor trains on step k's.
+
+Time is training seconds (the sum of ``timing_s/step``: validation and checkpoints excluded on both sides, as in
+``bench_time_to_accuracy``). Per seed: the synchronous run's final accuracy, the training seconds at which the
+one-step-off run's validation first comes within ``--within`` of it, and their ratio (target <= 0.7); with several
+seeds the median. Each run's whole process (start-up, validation and checkpoints included) is reported too: wall
+seconds, CPU seconds of its process tree (Ray's processes included, sampled every half second), the 1-minute load
+average at its start and end.
+Run: ``.venv/bin/python -m bench.bench_one_step_off [--seeds 0,1,2] [--steps 150]`` (about 8 minutes a seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import psutil
+
+from bench.bench_time_to_accuracy import REPO_DIR, VAL_KEY, first_reaching
+from bench.bench_vs_trl import child_env, cpu_seconds
+from hybridflow.demo import ensure_base_model
+
+ONE_STEP_OFF = [
+    "trainer.local_mode=false", "trainer.cpus_per_worker=2", "ray_init.num_cpus=4",
+    "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.calculate_log_probs=true",
+    "algorithm.rollout_correction.bypass_mode=true",
+]
+SYSTEMS = {"sync": [], "one_step_off": ONE_STEP_OFF}
+POLL_S = 0.5
+
+
+def run_process(command: list[str], log_path: pathlib.Path) -> dict[str, float]:
+    """Run ``command`` to its end with its output in ``log_path``: wall seconds, the load average at its start and
+    end, and the CPU seconds of its process tree, Ray's worker processes included (they are not children the
+    command waits for, so their times are read while they live: every ``POLL_S``, the last reading per process)."""
+    load_start, wall_start = os.getloadavg()[0], time.perf_counter()
+    last_cpu: dict[tuple[int, float], float] = {}
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, cwd=REPO_DIR, env=child_env(2), stdout=log, stderr=subprocess.STDOUT)
+        root = psutil.Process(process.pid)
+        while process.poll() is None:
+            try:
+                tree = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                tree = []
+            for member in tree:
+                try:
+                    last_cpu[(member.pid, member.create_time())] = cpu_seconds(member)
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(POLL_S)
+    if process.returncode != 0:
+        sys.exit(f"{command[2]} failed (exit {process.returncode}); its output: {log_path}\n{log_path.read_text()[-4000:]}")
+    return {"wall_s": time.perf_counter() - wall_start, "cpu_s": sum(last_cpu.values()), "load_start": load_start,
+            "load_end": os.getloadavg()[0]}
+
+
+def run_demo(system: str, seed: int, args: argparse.Namespace, run_dir: pathlib.Path) -> dict[str, Any]:
+    command = [sys.executable, "-m", "hybridflow.demo", "--seed", str(seed), "--steps", str(args.steps),
+               "--test_freq", str(args.test_freq), "--run_dir", str(run_dir / system), *SYSTEMS[system]]
+    usage = run_process(command, run_dir / f"{system}.log")
+    rows = [json.loads(line) for line in (run_dir / system / "metrics.jsonl").read_text().splitlines()]
+    training_s, points = 0.0, []
+    for row in sorted(rows, key=lambda row: row["step"]):
+        training_s += row.get("timing_s/step", 0.0)
+        if VAL_KEY in row:
+            points.append({"step": row["step"], "training_s": training_s, "acc": row[VAL_KEY]})
+    return {"points": points, **usage}
+
+
+def compare(sync: dict[str, Any], off: dict[str, Any], within: float) -> dict[str, Any]:
+    final = sync["points"][-1]
+    reached = first_reaching(off["points"], final["acc"] - within)
+    ratio = reached["training_s"] / final["training_s"] if reached else float("inf")
+    return {"target": final["acc"], "sync_s": final["training_s"], "reached": reached, "ratio": ratio}
+
+
+def print_seed(seed: int, results: dict[str, dict[str, Any]], comparison: dict[str, Any], within: float) -> None:
+    print(f"\n== seed {seed}")
+    for system, result in results.items():
+        curve = " ".join(f"{point['step']}:{100 * point['acc']:.1f}" for point in result["points"])
+        last = result["points"][-1]
+        print(f"  {system:<12} accuracy % by step: {curve}")
+        print(f"  {'':<12} {last['training_s']:.0f} training s for {last['step']} steps "
+              f"({last['training_s'] / max(last['step'], 1):.2f} s/step); whole process {result['wall_s']:.0f} s wall, "
+              f"{result['cpu_s']:.0f} CPU s, load1 {result['load_start']:.2f} -> {result['load_end']:.2f}")
+    reached = comparison["reached"]
+    target = f"{100 * comparison['target']:.1f}% (within {100 * within:.0f} points)"
+    if reached is None:
+        print(f"  one_step_off never reached the synchronous final accuracy {target}")
+    else:
+        print(f"  one_step_off reached the synchronous final accuracy {target} at step {reached['step']}, after "
+              f"{reached['training_s']:.0f} training s: {comparison['ratio']:.2f}x the synchronous run's "
+              f"{comparison['sync_s']:.0f} s (target <= 0.7x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds; each trains both ways once")
+    parser.add_argument("--steps", type=int, default=150, help="training steps of each run (the demo's default)")
+    parser.add_argument("--test_freq", type=int, default=10, help="validate every N steps")
+    parser.add_argument("--within", type=float, default=0.05, help="accuracy margin of 'reached' (0.05: 5 points)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, metrics)")
+    args = parser.parse_args()
+    work_dir = pathlib.Path(tempfile.mkdtemp(prefix="bench_one_step_off_"))
+    try:
+        ensure_base_model()
+        ratios = []
+        for seed in [int(seed) for seed in args.seeds.split(",")]:
+            run_dir = work_dir / f"seed{seed}"
+            run_dir.mkdir()
+            results = {}
+            for system in SYSTEMS:
+                print(f"running {system}, seed {seed}, {args.steps} steps, load1 {os.getloadavg()[0]:.2f} ...", flush=True)
+                results[system] = run_demo(system, seed, args, run_dir)
+            comparison = compare(results["sync"], results["one_step_off"], args.within)
+            print_seed(seed, results, comparison, args.within)
+            ratios.append(comparison["ratio"])
+        print(f"\n== one-step-off training time to the synchronous final accuracy, over the synchronous run's: median "
+              f"{statistics.median(ratios):.2f}x over {len(ratios)} seed(s) ({', '.join(f'{r:.2f}x' for r in ratios)}; "
+              "target <= 0.7x)")
+    finally:
+        if args.keep:
+            print(f"work folder kept: {work_dir}")
+        else:
+            shutil.rmtree(work_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
