@@ -4,7 +4,9 @@
 sampling (arXiv 2503.14476, section 3.2), :class:`DynamicSamplingCollector` drops the prompt groups whose
 samples all score the same (they carry no GRPO gradient) and keeps generating until ``train_batch_size``
 prompts remain, bounded by ``algorithm.filter_groups.max_num_gen_batches``. ReMax (arXiv 2310.10505)
-adds a greedy response per prompt whose reward is the baseline (:class:`GreedyBaseline`).
+adds a greedy response per prompt whose reward is the baseline (:class:`GreedyBaseline`). With the rollout on a
+pool of its own (``actor_rollout_ref.hybrid_engine=false``), :class:`OneStepOffCollector` generates one step
+ahead, the actor's weights reaching the pool through :class:`RolloutWeightSync`.
 """
 
 from __future__ import annotations

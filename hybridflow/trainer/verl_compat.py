@@ -72,7 +72,8 @@ RULES: tuple[Rule, ...] = (
     _lacks("*qat.enable", "quantization-aware training (QAT)"),
     _lacks("*mtp.enable*", "multi-token prediction (MTP) heads"),
     _lacks("*router_replay.mode", "MoE router replay"),
-    _lacks("actor_rollout_ref.rollout.nnodes", "a standalone rollout pool (nnodes > 0)"),
+    _lacks("actor_rollout_ref.rollout.nnodes", "verl's standalone rollout inside the synchronous trainer (nnodes > 0); "
+           "a rollout pool of its own is actor_rollout_ref.hybrid_engine=false with the top-level rollout.nnodes"),
     _lacks("actor_rollout_ref.rollout.over_sample_rate", "over-sampled rollouts that abort the slowest samples"),
     _lacks("actor_rollout_ref.rollout.disaggregation.enabled", "prefill/decode disaggregation"),
     _lacks("actor_rollout_ref.rollout.agent.agent_loop_config_path", "agent loops defined in a config file"),
