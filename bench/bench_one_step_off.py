@@ -22,20 +22,17 @@ Run: ``.venv/bin/python -m bench.bench_one_step_off [--seeds 0,1,2] [--steps 150
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
 import psutil
 
-from bench.bench_time_to_accuracy import REPO_DIR, VAL_KEY, first_reaching
+from bench.bench_time_to_accuracy import REPO_DIR, first_reaching, print_runs, validation_points, work_folder
 from bench.bench_vs_trl import child_env, cpu_seconds
 from hybridflow.demo import ensure_base_model
 
@@ -78,13 +75,7 @@ def run_demo(system: str, seed: int, args: argparse.Namespace, run_dir: pathlib.
     command = [sys.executable, "-m", "hybridflow.demo", "--seed", str(seed), "--steps", str(args.steps),
                "--test_freq", str(args.test_freq), "--run_dir", str(run_dir / system), *SYSTEMS[system]]
     usage = run_process(command, run_dir / f"{system}.log")
-    rows = [json.loads(line) for line in (run_dir / system / "metrics.jsonl").read_text().splitlines()]
-    training_s, points = 0.0, []
-    for row in sorted(rows, key=lambda row: row["step"]):
-        training_s += row.get("timing_s/step", 0.0)
-        if VAL_KEY in row:
-            points.append({"step": row["step"], "training_s": training_s, "acc": row[VAL_KEY]})
-    return {"points": points, **usage}
+    return {"points": validation_points(run_dir / system / "metrics.jsonl"), **usage}
 
 
 def compare(sync: dict[str, Any], off: dict[str, Any], within: float) -> dict[str, Any]:
@@ -95,14 +86,7 @@ def compare(sync: dict[str, Any], off: dict[str, Any], within: float) -> dict[st
 
 
 def print_seed(seed: int, results: dict[str, dict[str, Any]], comparison: dict[str, Any], within: float) -> None:
-    print(f"\n== seed {seed}")
-    for system, result in results.items():
-        curve = " ".join(f"{point['step']}:{100 * point['acc']:.1f}" for point in result["points"])
-        last = result["points"][-1]
-        print(f"  {system:<12} accuracy % by step: {curve}")
-        print(f"  {'':<12} {last['training_s']:.0f} training s for {last['step']} steps "
-              f"({last['training_s'] / max(last['step'], 1):.2f} s/step); whole process {result['wall_s']:.0f} s wall, "
-              f"{result['cpu_s']:.0f} CPU s, load1 {result['load_start']:.2f} -> {result['load_end']:.2f}")
+    print_runs(seed, results, width=12)
     reached = comparison["reached"]
     target = f"{100 * comparison['target']:.1f}% (within {100 * within:.0f} points)"
     if reached is None:
@@ -121,8 +105,7 @@ def main() -> None:
     parser.add_argument("--within", type=float, default=0.05, help="accuracy margin of 'reached' (0.05: 5 points)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, metrics)")
     args = parser.parse_args()
-    work_dir = pathlib.Path(tempfile.mkdtemp(prefix="bench_one_step_off_"))
-    try:
+    with work_folder("bench_one_step_off_", args.keep) as work_dir:
         ensure_base_model()
         ratios = []
         for seed in [int(seed) for seed in args.seeds.split(",")]:
@@ -138,11 +121,6 @@ def main() -> None:
         print(f"\n== one-step-off training time to the synchronous final accuracy, over the synchronous run's: median "
               f"{statistics.median(ratios):.2f}x over {len(ratios)} seed(s) ({', '.join(f'{r:.2f}x' for r in ratios)}; "
               "target <= 0.7x)")
-    finally:
-        if args.keep:
-            print(f"work folder kept: {work_dir}")
-        else:
-            shutil.rmtree(work_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ Run: ``.venv/bin/python -m bench.bench_time_to_accuracy [--seeds 0,1,2] [--steps
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -32,13 +33,26 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from bench.bench_vs_trl import child_env
 from hybridflow.demo import BASE_MODEL, NUM_TRAIN, ensure_base_model, write_task
 
 REPO_DIR = pathlib.Path(__file__).resolve().parent.parent
 VAL_KEY = "val-core/sorting/acc/mean@1"
+
+
+@contextlib.contextmanager
+def work_folder(prefix: str, keep: bool) -> Iterator[pathlib.Path]:
+    """A fresh temporary folder for a benchmark's runs, removed at the end unless ``keep``."""
+    work_dir = pathlib.Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield work_dir
+    finally:
+        if keep:
+            print(f"work folder kept: {work_dir}")
+        else:
+            shutil.rmtree(work_dir, ignore_errors=True)
 
 
 def children_cpu_seconds() -> float:
@@ -64,13 +78,18 @@ def run_hybridflow(seed: int, args: argparse.Namespace, run_dir: pathlib.Path) -
     command = [sys.executable, "-m", "hybridflow.demo", "--seed", str(seed), "--steps", str(steps),
                "--test_freq", str(args.test_freq), "--run_dir", str(run_dir / "demo"), f"trainer.total_epochs={epochs}"]
     usage = run_process(command, args.threads, run_dir / "hybridflow.log")
-    rows = [json.loads(line) for line in (run_dir / "demo" / "metrics.jsonl").read_text().splitlines()]
+    return {"points": validation_points(run_dir / "demo" / "metrics.jsonl"), **usage}
+
+
+def validation_points(metrics_path: pathlib.Path) -> list[dict[str, float]]:
+    """A demo run's validations: step, training seconds so far (the sum of ``timing_s/step``) and accuracy."""
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     training_s, points = 0.0, []
     for row in sorted(rows, key=lambda row: row["step"]):
         training_s += row.get("timing_s/step", 0.0)
         if VAL_KEY in row:
             points.append({"step": row["step"], "training_s": training_s, "acc": row[VAL_KEY]})
-    return {"points": points, **usage}
+    return points
 
 
 def run_trl(seed: int, args: argparse.Namespace, run_dir: pathlib.Path, data: dict[str, str]) -> dict[str, Any]:
@@ -99,15 +118,20 @@ def compare(trl: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def print_seed(seed: int, results: dict[str, dict[str, Any]], comparison: dict[str, Any]) -> None:
+def print_runs(seed: int, results: dict[str, dict[str, Any]], width: int = 10) -> None:
+    """Each system's accuracy curve, training seconds and whole-process usage for one seed."""
     print(f"\n== seed {seed}")
     for system, result in results.items():
         curve = " ".join(f"{point['step']}:{100 * point['acc']:.1f}" for point in result["points"])
         last = result["points"][-1]
-        print(f"  {system:<10} accuracy % by step: {curve}")
-        print(f"  {'':<10} {last['training_s']:.0f} training s for {last['step']} steps "
+        print(f"  {system:<{width}} accuracy % by step: {curve}")
+        print(f"  {'':<{width}} {last['training_s']:.0f} training s for {last['step']} steps "
               f"({last['training_s'] / max(last['step'], 1):.2f} s/step); whole process {result['wall_s']:.0f} s wall, "
               f"{result['cpu_s']:.0f} CPU s, load1 {result['load_start']:.2f} -> {result['load_end']:.2f}")
+
+
+def print_seed(seed: int, results: dict[str, dict[str, Any]], comparison: dict[str, Any]) -> None:
+    print_runs(seed, results)
     trl_first, ours = comparison["trl_first"], comparison["ours"]
     print(f"  TRL's final accuracy {100 * comparison['target']:.1f}% after {comparison['trl_s']:.0f} training s "
           f"(first reached at step {trl_first['step']}, {trl_first['training_s']:.0f} s)")
@@ -133,8 +157,7 @@ def main() -> None:
         sys.exit("TRL is not installed: pip install -c constraints.txt 'hybridflow[bench]'")
     if args.threads != 2:
         sys.exit("--threads: the demo's workers use 2 threads (trainer.cpus_per_worker=2); only 2 is comparable")
-    work_dir = pathlib.Path(tempfile.mkdtemp(prefix="bench_tta_"))
-    try:
+    with work_folder("bench_tta_", args.keep) as work_dir:
         ensure_base_model()
         train, val = write_task(work_dir / "data")
         data = {"train_file": str(train), "val_file": str(val)}
@@ -153,11 +176,6 @@ def main() -> None:
             ratios.append(comparison["ratio"])
         print(f"\n== hybridflow's training time to TRL's final accuracy, over TRL's: median {statistics.median(ratios):.2f}x "
               f"over {len(ratios)} seed(s) ({', '.join(f'{ratio:.2f}x' for ratio in ratios)}; target <= 0.5x)")
-    finally:
-        if args.keep:
-            print(f"work folder kept: {work_dir}")
-        else:
-            shutil.rmtree(work_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
