@@ -1,6 +1,6 @@
-"""One-step-off policy against the synchronous hybrid engine on ``make demo``'s task, side by side in one run.
+"""One-step-off and fully async training against the synchronous hybrid engine on ``make demo``'s task, side by side.
 
-Both train the demo's recipe (``python -m hybridflow.demo``: its model, sorting prompts, 32 prompts x 8 samples,
+All train the demo's recipe (``python -m hybridflow.demo``: its model, sorting prompts, 32 prompts x 8 samples,
 lr schedule over ``--steps`` steps, greedy validation every ``--test_freq`` steps):
 
 - ``sync``: the demo as shipped, every role in one process (local mode) with 2 torch threads; each step
@@ -8,15 +8,20 @@ lr schedule over ``--steps`` steps, greedy validation every ``--test_freq`` step
 - ``one_step_off``: ``actor_rollout_ref.hybrid_engine=false`` on a local Ray cluster, the training pool one
   process and the rollout pool another, 2 torch threads each (the cluster is told 4 CPUs, so the two processes
   share this machine's 2 cores), bypass mode with the engine's log-probs (verl's one-step-off defaults): the
-  rollout generates step k+1's samples while the actor trains on step k's.
+  rollout generates step k+1's samples while the actor trains on step k's;
+- ``fully_async``: the same two pools with ``async_training.enable=true``: the rollout pool generates 16 prompts
+  per call into a queue, a step trains on 32 of them, the weights are synced every step
+  (``trigger_parameter_sync_step=1``, so save and test frequencies stay in steps), and ``staleness_threshold=0.5``
+  lets at most 48 prompts start per weight version: about half of each step's samples are one version old.
 
-Time is training seconds (the sum of ``timing_s/step``: validation and checkpoints excluded on both sides, as in
-``bench_time_to_accuracy``). Per seed: the synchronous run's final accuracy, the training seconds at which the
-one-step-off run's validation first comes within ``--within`` of it, and their ratio (target <= 0.7); with several
-seeds the median. Each run's whole process (start-up, validation and checkpoints included) is reported too: wall
-seconds, CPU seconds of its process tree (Ray's processes included, sampled every half second), the 1-minute load
-average at its start and end.
-Run: ``.venv/bin/python -m bench.bench_one_step_off [--seeds 0,1,2] [--steps 150]`` (about 8 minutes a seed).
+Time is training seconds (the sum of ``timing_s/step``: validation and checkpoints excluded on all sides, as in
+``bench_time_to_accuracy``). Per seed: the synchronous run's final accuracy, the training seconds at which each
+other run's validation first comes within ``--within`` of it, and their ratio (target <= 0.7 for one-step-off);
+with several seeds the median. Each run's whole process (start-up, validation and checkpoints included) is reported
+too: wall seconds, CPU seconds of its process tree (Ray's processes included, sampled every half second), the
+1-minute load average at its start and end.
+Run: ``.venv/bin/python -m bench.bench_one_step_off [--seeds 0,1,2] [--steps 150] [--systems sync,fully_async]``
+(about 4 minutes a run).
 """
 
 from __future__ import annotations
@@ -41,7 +46,12 @@ ONE_STEP_OFF = [
     "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.calculate_log_probs=true",
     "algorithm.rollout_correction.bypass_mode=true",
 ]
-SYSTEMS = {"sync": [], "one_step_off": ONE_STEP_OFF}
+FULLY_ASYNC = ONE_STEP_OFF + [
+    "async_training.enable=true", "async_training.partial_rollout=false", "data.gen_batch_size=1",
+    "async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0.5",
+    "async_training.concurrent_samples_per_replica=16",
+]
+SYSTEMS = {"sync": [], "one_step_off": ONE_STEP_OFF, "fully_async": FULLY_ASYNC}
 POLL_S = 0.5
 
 
@@ -78,49 +88,55 @@ def run_demo(system: str, seed: int, args: argparse.Namespace, run_dir: pathlib.
     return {"points": validation_points(run_dir / system / "metrics.jsonl"), **usage}
 
 
-def compare(sync: dict[str, Any], off: dict[str, Any], within: float) -> dict[str, Any]:
+def compare(sync: dict[str, Any], other: dict[str, Any], within: float) -> dict[str, Any]:
     final = sync["points"][-1]
-    reached = first_reaching(off["points"], final["acc"] - within)
+    reached = first_reaching(other["points"], final["acc"] - within)
     ratio = reached["training_s"] / final["training_s"] if reached else float("inf")
     return {"target": final["acc"], "sync_s": final["training_s"], "reached": reached, "ratio": ratio}
 
 
-def print_seed(seed: int, results: dict[str, dict[str, Any]], comparison: dict[str, Any], within: float) -> None:
-    print_runs(seed, results, width=12)
+def print_comparison(system: str, comparison: dict[str, Any], within: float) -> None:
     reached = comparison["reached"]
     target = f"{100 * comparison['target']:.1f}% (within {100 * within:.0f} points)"
     if reached is None:
-        print(f"  one_step_off never reached the synchronous final accuracy {target}")
+        print(f"  {system} never reached the synchronous final accuracy {target}")
     else:
-        print(f"  one_step_off reached the synchronous final accuracy {target} at step {reached['step']}, after "
+        print(f"  {system} reached the synchronous final accuracy {target} at step {reached['step']}, after "
               f"{reached['training_s']:.0f} training s: {comparison['ratio']:.2f}x the synchronous run's "
-              f"{comparison['sync_s']:.0f} s (target <= 0.7x)")
+              f"{comparison['sync_s']:.0f} s")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="0", help="comma-separated seeds; each trains both ways once")
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds; each trains every system once")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated: sync and any of the others")
     parser.add_argument("--steps", type=int, default=150, help="training steps of each run (the demo's default)")
     parser.add_argument("--test_freq", type=int, default=10, help="validate every N steps")
     parser.add_argument("--within", type=float, default=0.05, help="accuracy margin of 'reached' (0.05: 5 points)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, metrics)")
     args = parser.parse_args()
+    systems = args.systems.split(",")
+    if systems[0] != "sync" or not set(systems) <= set(SYSTEMS):
+        parser.error(f"--systems={args.systems}: start with sync, then any of {', '.join(list(SYSTEMS)[1:])}")
     with work_folder("bench_one_step_off_", args.keep) as work_dir:
         ensure_base_model()
-        ratios = []
+        ratios: dict[str, list[float]] = {system: [] for system in systems[1:]}
         for seed in [int(seed) for seed in args.seeds.split(",")]:
             run_dir = work_dir / f"seed{seed}"
             run_dir.mkdir()
             results = {}
-            for system in SYSTEMS:
+            for system in systems:
                 print(f"running {system}, seed {seed}, {args.steps} steps, load1 {os.getloadavg()[0]:.2f} ...", flush=True)
                 results[system] = run_demo(system, seed, args, run_dir)
-            comparison = compare(results["sync"], results["one_step_off"], args.within)
-            print_seed(seed, results, comparison, args.within)
-            ratios.append(comparison["ratio"])
-        print(f"\n== one-step-off training time to the synchronous final accuracy, over the synchronous run's: median "
-              f"{statistics.median(ratios):.2f}x over {len(ratios)} seed(s) ({', '.join(f'{r:.2f}x' for r in ratios)}; "
-              "target <= 0.7x)")
+            print_runs(seed, results, width=12)
+            for system in systems[1:]:
+                comparison = compare(results["sync"], results[system], args.within)
+                print_comparison(system, comparison, args.within)
+                ratios[system].append(comparison["ratio"])
+        for system, values in ratios.items():
+            print(f"\n== {system} training time to the synchronous final accuracy, over the synchronous run's: median "
+                  f"{statistics.median(values):.2f}x over {len(values)} seed(s) "
+                  f"({', '.join(f'{r:.2f}x' for r in values)}; target <= 0.7x)")
 
 
 if __name__ == "__main__":

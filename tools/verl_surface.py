@@ -4,7 +4,7 @@ Needs a checkout (or bare mirror) of verl; nothing here is imported by hybridflo
 
     python tools/verl_surface.py compat-yaml --verl /path/to/verl      # rewrite trainer/config/verl_compat.yaml
     python tools/verl_surface.py sft-compat-yaml --verl /path/to/verl  # rewrite trainer/config/verl_sft_compat.yaml
-    python tools/verl_surface.py scripts --verl /path/to/verl [--only ppo|sft]  # run verl's example scripts
+    python tools/verl_surface.py scripts --verl /path/to/verl [--only ppo|sft|async]  # run verl's scripts
 
 ``compat-yaml`` writes every key of verl's generated ppo_trainer config that hybridflow's schema lacks, with
 verl's default, plus ``model_engine`` (a Hydra group in verl), ``reward.reward_kwargs`` (which verl's scripts add with ``+``),
@@ -12,11 +12,12 @@ FSDP1's ``mixed_precision.buffer_dtype`` and hybridflow's own older ``ray_init.*
 ``sft-compat-yaml`` does the same for the SFT trainer from verl's ``sft_trainer_engine.yaml`` composed with its
 default groups, and from the older ``sft_trainer.yaml`` of the last commit that had it; an alias gets its schema
 key's default. ``scripts`` runs each of verl's example scripts that starts ``verl.trainer.main_ppo`` or one of
-verl's SFT trainers in bash, with ``python``/``python3``/``torchrun`` on PATH replaced by a shim that runs
-``hybridflow.trainer.main_ppo`` / ``main_sft`` instead (torchrun's process count becomes
+verl's SFT trainers, and each of its scripts (examples and ``verl/experimental``) that starts its one-step-off or
+fully async trainer, in bash, with ``python``/``python3``/``torchrun`` on PATH replaced by a shim that runs
+hybridflow's trainer of the same name instead (torchrun's process count becomes
 ``trainer.nnodes`` / ``trainer.n_gpus_per_node``) and stops after the config check
-(``HYBRIDFLOW_CONFIG_CHECK=surface``: the keys and values, not the machine's files or GPUs); every other
-command a script runs is a no-op. A script that wants positional arguments (``<nproc_per_node> <save_path>``)
+(``HYBRIDFLOW_CONFIG_CHECK=surface``: the keys and values, not the machine's files or GPUs); ``ray job
+submit ... -- python3 ...`` runs the command after ``--``; every other command a script runs is a no-op. A script that wants positional arguments (``<nproc_per_node> <save_path>``)
 gets 8 processes and a folder. It prints one line per script and the counts.
 """
 
@@ -68,8 +69,8 @@ def _git_show(verl: pathlib.Path, path: str, ref: str = "HEAD") -> str:
                           text=True).stdout
 
 
-def _git_files(verl: pathlib.Path, pattern: str) -> list[str]:
-    out = subprocess.run(["git", "-C", str(verl), "grep", "-l", "-E", pattern, "HEAD", "--", "examples/*.sh"],
+def _git_files(verl: pathlib.Path, pattern: str, where: tuple[str, ...] = ("examples/*.sh",)) -> list[str]:
+    out = subprocess.run(["git", "-C", str(verl), "grep", "-l", "-E", pattern, "HEAD", "--", *where],
                          capture_output=True, text=True).stdout
     return sorted(line.split(":", 1)[1] for line in out.splitlines())
 
@@ -186,6 +187,10 @@ def sft_compat_yaml(verl: pathlib.Path, allow_missing: bool) -> None:
 
 
 PPO_MODULES = {"verl.trainer.main_ppo": "hybridflow.trainer.main_ppo"}
+ASYNC_MODULES = {
+    "verl.experimental.one_step_off_policy.main_ppo": "hybridflow.experimental.one_step_off_policy.main_ppo",
+    "verl.experimental.fully_async_policy.fully_async_main": "hybridflow.experimental.fully_async_policy.fully_async_main",
+}
 SFT_MODULES = dict.fromkeys(
     ("verl.trainer.sft_trainer", "verl.trainer.sft_trainer_ray", "verl.trainer.fsdp_sft_trainer"),
     "hybridflow.trainer.main_sft",
@@ -219,9 +224,16 @@ while [ $# -gt 0 ] && [ "$1" != python ] && [ "$1" != python3 ]; do shift; done
 [ $# -gt 0 ] && exec "$@"
 exit 0
 """
+RAY_SHIM = """#!/usr/bin/env bash
+# Stands in for ray: 'ray job submit [options] -- python3 ...' runs the python shim; anything else does nothing.
+{ [ "$1" = job ] && [ "$2" = submit ]; } || exit 0
+while [ $# -gt 0 ] && [ "$1" != -- ]; do shift; done
+[ $# -gt 1 ] && shift && exec "$@"
+exit 0
+"""
 # A container may not raise limits; the scripts' 'ulimit -n' is not what is being measured.
 ULIMIT = "ulimit() { builtin ulimit \"$@\" 2>/dev/null || true; }\n"
-NO_OPS = ("ray", "huggingface-cli", "hf", "wget", "pip", "pip3", "nvidia-smi", "modelscope", "curl")
+NO_OPS = ("huggingface-cli", "hf", "wget", "pip", "pip3", "nvidia-smi", "modelscope", "curl")
 GIT_SHIM = """#!/usr/bin/env bash
 # Stands in for git: 'git clone URL [dir]' makes the folder that a script enters next; anything else does nothing.
 [ "$1" = clone ] || exit 0
@@ -239,13 +251,19 @@ exit 0
 
 
 def run_scripts(verl: pathlib.Path, show: bool, only: str | None) -> None:
-    scripts = [] if only == "sft" else _git_files(verl, r"verl\.trainer\.main_ppo([^_a-zA-Z0-9]|$)")
-    scripts += [] if only == "ppo" else [path for path in _git_files(verl, "sft_trainer") if path not in scripts]
+    scripts = _git_files(verl, r"verl\.trainer\.main_ppo([^_a-zA-Z0-9]|$)") if only in (None, "ppo") else []
+    if only in (None, "sft"):
+        scripts += [path for path in _git_files(verl, "sft_trainer") if path not in scripts]
+    if only in (None, "async"):
+        pattern = "|".join(re.escape(module) for module in ASYNC_MODULES)
+        found = _git_files(verl, pattern, ("examples/*.sh", "verl/experimental/*.sh"))
+        scripts += [path for path in found if path not in scripts]
     bin_dir = pathlib.Path(tempfile.mkdtemp(prefix="verl-shim-"))
-    shim = SHIM.format(python=sys.executable, modules={**PPO_MODULES, **SFT_MODULES})
+    shim = SHIM.format(python=sys.executable, modules={**PPO_MODULES, **SFT_MODULES, **ASYNC_MODULES})
     for name in ("python", "python3", "torchrun"):
         (bin_dir / name).write_text(shim)
     (bin_dir / "uv").write_text(UV_SHIM)
+    (bin_dir / "ray").write_text(RAY_SHIM)
     (bin_dir / "git").write_text(GIT_SHIM)
     for name in NO_OPS:
         (bin_dir / name).write_text("#!/usr/bin/env bash\nexit 0\n")
@@ -256,7 +274,7 @@ def run_scripts(verl: pathlib.Path, show: bool, only: str | None) -> None:
     outcomes = collections.Counter()
     for script in scripts:
         text = _git_show(verl, script)
-        work = home / "examples" / pathlib.Path(script).parent.relative_to("examples")
+        work = home / pathlib.Path(script).parent
         work.mkdir(parents=True, exist_ok=True)
         result = _run_script(text, script, work, env)
         lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
@@ -306,7 +324,8 @@ def main() -> None:
     parser.add_argument("--verl", type=pathlib.Path, required=True, help="verl checkout or bare git mirror")
     parser.add_argument("--allow-missing", action="store_true", help="compat-yaml: leave out keys with no rule")
     parser.add_argument("--show", action="store_true", help="scripts: print the output tail of failed ones")
-    parser.add_argument("--only", choices=["ppo", "sft"], help="scripts: only the PPO or only the SFT scripts")
+    parser.add_argument("--only", choices=["ppo", "sft", "async"],
+                        help="scripts: only the PPO, the SFT, or the one-step-off and fully async scripts")
     args = parser.parse_args()
     if args.command == "compat-yaml":
         compat_yaml(args.verl, args.allow_missing)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.fully_async_options import fully_async, step_prompts
 from hybridflow.workers.config import WorkerConfigError, micro_batch_size_per_rank
 
 ACTOR = "actor_rollout_ref.actor"
@@ -83,7 +84,8 @@ def batch_size_errors(config: PPOTrainerConfig, world: int, with_critic: bool) -
     data, actor = config.data, config.actor_rollout_ref.actor
     n = config.actor_rollout_ref.rollout.n
     positives = {
-        "data.train_batch_size": data.train_batch_size,
+        # Fully async trains on require_batches mini-batches a step instead (verl's scripts set it to 0)
+        **({} if fully_async(config) else {"data.train_batch_size": data.train_batch_size}),
         "data.val_batch_size": data.val_batch_size,
         "actor_rollout_ref.rollout.n": n,
         "trainer.n_gpus_per_node": config.trainer.n_gpus_per_node,
@@ -94,13 +96,13 @@ def batch_size_errors(config: PPOTrainerConfig, world: int, with_critic: bool) -
         return errors
     micro, errors = micro_batch_sizes(config, world)
     errors += minibatch_errors(
-        "actor_rollout_ref.actor", data.train_batch_size, actor.ppo_mini_batch_size,
+        "actor_rollout_ref.actor", step_prompts(config), actor.ppo_mini_batch_size,
         micro.get(f"{ACTOR}.ppo_micro_batch_size"), actor.use_dynamic_bsz, n, world,
     )
     if with_critic:
         critic = config.critic
         errors += minibatch_errors(
-            "critic", data.train_batch_size, critic.ppo_mini_batch_size,
+            "critic", step_prompts(config), critic.ppo_mini_batch_size,
             micro.get("critic.ppo_micro_batch_size"), critic.use_dynamic_bsz, critic.rollout_n, world,
         )
         if critic.rollout_n != n:

@@ -181,6 +181,30 @@ class RolloutPoolConfig:
 
     nnodes: int = option(1, "Nodes of the rollout pool.")
     n_gpus_per_node: int = option(1, "Rollout worker processes per node (one per GPU; on CPU, processes sharing the cores).")
+    total_rollout_steps: Optional[int] = option(
+        None, "Fully async: prompts the rollout generates in all (None: every epoch's); steps = this / required samples."
+    )
+
+
+@dataclass
+class AsyncTrainingConfig:
+    """Fully async training (``async_training``, verl's fully_async_policy keys): a bounded stream of samples."""
+
+    enable: bool = option(False, "Train fully async: the rollout pool keeps generating while the actor trains.")
+    staleness_threshold: float = option(
+        0.1, "Samples generated per weight version, at most (1 + this) x trigger_parameter_sync_step x required."
+    )
+    trigger_parameter_sync_step: int = option(4, "Training steps between weight syncs into the rollout pool.")
+    require_batches: int = option(1, "ppo_mini_batch_size prompt groups per training step, in mini-batches.")
+    partial_rollout: bool = option(
+        True, "In-flight samples continue with new weights after a sync (only with staleness_threshold > 0)."
+    )
+    use_trainer_do_validate: bool = option(False, "Validate on the training pool instead of the rollout pool.")
+    use_dynamic_resource_scheduling: bool = option(False, "Lend training GPUs to the rollout between updates.")
+    dynamic_schedule_policy: str = option("default", "Dynamic scheduling: the policy's registered name.")
+    dynamic_schedule_deactivate_ratio: float = option(0.3, "Dynamic scheduling: share of a step's samples before lending back.")
+    dynamic_schedule_enable_rebalance: bool = option(True, "Dynamic scheduling: move in-flight requests to lent replicas.")
+    concurrent_samples_per_replica: int = option(16, "Prompts one rollout replica generates at once, at most.")
 
 
 @dataclass
@@ -226,4 +250,5 @@ class PPOTrainerConfig:
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "Advantage estimator and KL in reward.")
     trainer: TrainerConfig = section(TrainerConfig, "Run length, placement, logging, checkpoints.")
     rollout: RolloutPoolConfig = section(RolloutPoolConfig, "The rollout's own pool (actor_rollout_ref.hybrid_engine=false).")
+    async_training: AsyncTrainingConfig = section(AsyncTrainingConfig, "Fully async training (async_training.enable=true).")
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "Ray cluster.")

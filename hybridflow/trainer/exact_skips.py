@@ -19,6 +19,7 @@ from __future__ import annotations
 from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, estimator_inputs, needs_critic
 from hybridflow.algos.policy_loss_registry import POLICY_LOSSES, zero_at_zero_advantage
 from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.fully_async_options import fully_async, step_prompts
 from hybridflow.trainer.rollout_correction_options import KEY as ROLLOUT_CORRECTION_KEY
 from hybridflow.trainer.rollout_correction_options import corrects_in_driver, uses_bypass
 
@@ -27,12 +28,15 @@ SKIP_ZERO_SIGNAL_KEY = "algorithm.skip_zero_signal_samples"
 
 
 def _several_optimizer_steps(config: PPOTrainerConfig) -> list[str]:
-    actor, data = config.actor_rollout_ref.actor, config.data
-    if actor.ppo_mini_batch_size >= data.train_batch_size:
+    actor = config.actor_rollout_ref.actor
+    if actor.ppo_mini_batch_size >= step_prompts(config):
         return []
+    if fully_async(config):
+        return [f"async_training.require_batches={config.async_training.require_batches} takes several optimizer "
+                "steps per batch"]
     return [
         f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} < "
-        f"data.train_batch_size={data.train_batch_size} takes several optimizer steps per batch"
+        f"data.train_batch_size={config.data.train_batch_size} takes several optimizer steps per batch"
     ]
 
 

@@ -21,6 +21,7 @@ from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.entry_point import checked_run, command_line
 from hybridflow.trainer.error_boundary import WORKERS_STARTING
 from hybridflow.trainer.environment import slow_dtype_notes
+from hybridflow.trainer.fully_async_options import fully_async
 from hybridflow.trainer.local_mode import apply_runtime_env
 from hybridflow.trainer.resume_checks import check_data_position
 from hybridflow.trainer.reward_options import reward_manager_options
@@ -71,9 +72,10 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     compute_score = load_custom_reward_function(custom.path, custom.name, custom.reward_kwargs) if custom.path else None
     if compute_score is None and not config.reward_model.enable:
         check_data_sources(train_dataset.data_sources() + (val_dataset.data_sources() if val_dataset else []))
+    # Fully async feeds the rollout one prompt at a time, as verl does
+    prompts_per_batch = 1 if fully_async(config) else data.gen_batch_size or data.train_batch_size
     train_loader = StatefulDataLoader(
-        train_dataset, data.gen_batch_size or data.train_batch_size, shuffle=data.shuffle, seed=data.seed,
-        drop_last=True,
+        train_dataset, prompts_per_batch, shuffle=data.shuffle, seed=data.seed, drop_last=True
     )
     val_loader = None
     if val_dataset is not None:

@@ -87,6 +87,15 @@ NONFINITE_STEPS = "training/nonfinite_steps"
 NUM_GEN_BATCHES = "train/num_gen_batches"
 NUM_KEPT_GROUPS = "train/num_kept_groups"
 
+# Fully async training (async_training), verl's names: prompt groups trained on that came from weights older than
+# the trainer's current version (so far) and the same in samples, the trainer's weight version (syncs so far),
+# prompts the rollout started (so far), and the share of the step the trainer waited for samples.
+FULLY_ASYNC_STALE_SAMPLES = "fully_async/count/stale_samples_processed"
+FULLY_ASYNC_STALE_TRAJECTORIES = "fully_async/count/stale_trajectory_processed"
+FULLY_ASYNC_PARAM_VERSION = "fully_async/count/current_param_version"
+FULLY_ASYNC_GENERATED_SAMPLES = "fully_async/count/total_generated_samples"
+FULLY_ASYNC_TRAINER_IDLE_RATIO = "fully_async/trainer/idle_ratio"
+
 # GDPO (arXiv 2601.05242): ``gdpo/<key>/mean|std|max|min`` of each reward component in algorithm.gdpo_reward_keys.
 GDPO_PREFIX = "gdpo/"
 
@@ -125,4 +134,4 @@ def with_prefix(prefix: str, metrics: dict) -> dict:
 
 def is_timing(name: str) -> bool:
     """True for wall-clock metrics, which differ between otherwise identical runs."""
-    return name.startswith((TIMING_PREFIX, TIMING_PER_TOKEN_PREFIX, "perf/"))
+    return name.startswith((TIMING_PREFIX, TIMING_PER_TOKEN_PREFIX, "perf/")) or name == FULLY_ASYNC_TRAINER_IDLE_RATIO

@@ -10,7 +10,9 @@ reorders the samples over the data-parallel ranks before phase 3, rollout correc
 (``algorithm.rollout_correction.bypass_mode``) takes the engine's log-probs as the old ones instead of
 phase 3's pass, and ``trainer.critic_warmup`` leaves the actor update (phase 7) out of the first steps.
 Differs from verl: verl skips the actor update while ``global_step < critic_warmup`` (one step fewer, as
-steps count from 1); here the first ``critic_warmup`` steps skip it, as the key's documentation says.
+steps count from 1); here the first ``critic_warmup`` steps skip it, as the key's documentation says. Fully async
+training (``async_training.enable``) is a collector too; its run length and its save and test frequencies, which
+count weight versions as verl's do, are decided once in ``__init__``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ from hybridflow.trainer.checkpoint_manager import (
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.estimator_metrics import RewardComponentMetrics, VarianceProxyMetrics
 from hybridflow.trainer.exact_skips import skips_old_log_prob, skips_zero_signal_samples
+from hybridflow.trainer.fully_async_collection import FullyAsyncCollector, TrainerIdleRatio
+from hybridflow.trainer.fully_async_options import (
+    concurrent_samples, fully_async, max_required_samples, required_samples, steps_per_version,
+)
+from hybridflow.trainer.fully_async_options import training_steps as fully_async_training_steps
 from hybridflow.trainer.hooks import RolloutDump, StepHook
 from hybridflow.trainer.metrics import (
     compute_actor_mfu_metrics,
@@ -107,9 +114,14 @@ class RayPPOTrainer:
         self.reward_manager = reward_manager
         trainer = config.trainer
         # val_only: validate once, train zero steps.
-        self.total_training_steps = 0 if trainer.val_only else (
-            trainer.total_training_steps or len(train_loader) * trainer.total_epochs
-        )
+        if trainer.val_only:
+            self.total_training_steps = 0
+        elif fully_async(config):  # the loader's batches are single prompts (fully_async_options)
+            self.total_training_steps = fully_async_training_steps(config, len(train_loader))
+        else:
+            self.total_training_steps = trainer.total_training_steps or len(train_loader) * trainer.total_epochs
+        # Fully async counts trainer.save_freq and test_freq in weight versions, as verl does
+        self.steps_per_version = steps_per_version(config)
         self.prompts = PromptSource(train_loader, trainer.total_epochs)
         self.run_dir = pathlib.Path(trainer.default_local_dir)
         self.checkpoints = CheckpointManager(
@@ -132,6 +144,8 @@ class RayPPOTrainer:
             self.hooks.append(RewardComponentMetrics(config.algorithm.gdpo_reward_keys))
         if config.actor_rollout_ref.actor.calculate_sum_pi_squared:
             self.hooks.append(VarianceProxyMetrics())
+        if fully_async(config):
+            self.hooks.append(TrainerIdleRatio())
         self.global_step = 0
         self._saved_step = -1
         self.workers = None
@@ -213,6 +227,13 @@ class RayPPOTrainer:
             sync = RolloutWeightSync(
                 self.actor_rollout, rollout_group, rollout.checkpoint_engine.update_weights_bucket_megabytes
             )
+            if fully_async(self.config):
+                required = required_samples(self.config)
+                return FullyAsyncCollector(
+                    self.generate, self.score, sync, required=required,
+                    max_required=max_required_samples(self.config), concurrent=concurrent_samples(self.config),
+                    steps_per_sync=self.steps_per_version, total_prompts=self.total_training_steps * required,
+                )
             return OneStepOffCollector(self.generate, self.score, sync, self.total_training_steps)
         baseline = GreedyBaseline() if "reward_baselines" in self.estimator.readers else None
         filter_groups = self.config.algorithm.filter_groups
@@ -310,12 +331,12 @@ class RayPPOTrainer:
     def _end_step(self, metrics: dict[str, float], tracker: Tracking, last: bool, save: bool = True) -> None:
         """Validate and save (unless ``save`` is False) on their schedules and at the end; metrics are logged
         before the save, so a run killed while saving redoes this step after resuming."""
-        trainer = self.config.trainer
-        validate_now = trainer.test_freq > 0 and (last or self.global_step % trainer.test_freq == 0)
+        trainer, every = self.config.trainer, self.steps_per_version
+        validate_now = trainer.test_freq > 0 and (last or self.global_step % (trainer.test_freq * every) == 0)
         if validate_now and self.val_loader is not None:
             metrics.update(self.validate(tracker))
         tracker.log(metrics, self.global_step)
-        if save and trainer.save_freq > 0 and (last or self.global_step % trainer.save_freq == 0):
+        if save and trainer.save_freq > 0 and (last or self.global_step % (trainer.save_freq * every) == 0):
             self.save_checkpoint()
 
     def _start_run(self) -> Tracking:

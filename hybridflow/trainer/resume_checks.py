@@ -21,7 +21,8 @@ USES_CRITIC = "critic (critic.enable, or an estimator that needs values)"
 # What a checkpoint's state depends on: the data position counts batches of train_batch_size prompts in the
 # order data.seed/shuffle give; the optimizer and scheduler count mini-batches of responses; the worker states
 # are per rank; the critic and LoRA states exist only with a critic and with that adapter rank; a one-step-off
-# checkpoint (hybrid_engine=false) holds the next step's samples, which a synchronous run would not train on.
+# checkpoint (hybrid_engine=false) holds the next step's samples, which a synchronous run would not train on; a
+# fully async one holds a queue of samples and the staleness budget its settings sized.
 RESUME_KEYS = (
     "data.train_batch_size",
     "data.seed",
@@ -30,6 +31,11 @@ RESUME_KEYS = (
     "actor_rollout_ref.actor.ppo_mini_batch_size",
     "actor_rollout_ref.model.lora_rank",
     "actor_rollout_ref.hybrid_engine",
+    "async_training.enable",
+    "async_training.staleness_threshold",
+    "async_training.trigger_parameter_sync_step",
+    "async_training.require_batches",
+    "async_training.concurrent_samples_per_replica",
     WORLD_SIZE,
     USES_CRITIC,
 )

@@ -16,7 +16,7 @@ KEY = "actor_rollout_ref.hybrid_engine=false"
 
 
 def one_step_off(config: PPOTrainerConfig) -> bool:
-    """The rollout runs on its own pool, one step ahead of training."""
+    """The rollout runs on its own pool: one step ahead of training, or fully async (``fully_async_options``)."""
     return not config.actor_rollout_ref.hybrid_engine
 
 

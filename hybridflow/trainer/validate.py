@@ -34,6 +34,9 @@ from hybridflow.trainer.checkpoint_manager import RESUME_MODES
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.estimator_options import estimator_option_errors
 from hybridflow.trainer.exact_skips import forced_skip_errors, skips_old_log_prob, skips_zero_signal_samples
+from hybridflow.trainer.fully_async_options import (
+    concurrent_samples, fully_async, fully_async_errors, max_required_samples, step_prompts, unread_async_options,
+)
 from hybridflow.trainer.lora_options import lora_errors
 from hybridflow.trainer.local_mode import local_mode_errors
 from hybridflow.trainer.placement import PLACEMENTS
@@ -94,7 +97,8 @@ def load_config_with_notes(
         errors += semantic_errors(typed)
     if errors:
         raise ConfigError(errors)
-    return typed, compat.unread + unread_engine_options(typed) + unread_pool_options(typed)
+    unread = unread_engine_options(typed) + unread_pool_options(typed) + unread_async_options(typed)
+    return typed, compat.unread + unread
 
 
 VERL_OVERLONG_KEYS = {"enable", "len", "penalty_factor", "log"}
@@ -209,6 +213,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + _trainer_errors(config)
         + local_mode_errors(config)
         + rollout_pool_errors(config)
+        + fully_async_errors(config)
         + _resource_errors(config)
         + reward_manager_errors(config)
         + estimator_option_errors(config)
@@ -313,7 +318,9 @@ def _algorithm_errors(config: PPOTrainerConfig) -> list[str]:
             "remove critic.enable or choose an estimator without a critic"
         )
     gen_batch_size = config.data.gen_batch_size
-    if gen_batch_size is not None and (gen_batch_size < 1 or not algorithm.filter_groups.enable):
+    # Fully async reads it too (fully_async_options)
+    dynamic_sampling_only = not fully_async(config)
+    if dynamic_sampling_only and gen_batch_size is not None and (gen_batch_size < 1 or not algorithm.filter_groups.enable):
         errors.append(
             f"data.gen_batch_size={gen_batch_size} sizes the generation batches of dynamic sampling: it needs "
             "algorithm.filter_groups.enable=true and a value >= 1 (each step trains on data.train_batch_size "
@@ -431,9 +438,10 @@ def derived_sizes(config: PPOTrainerConfig, steps: int | None = None) -> list[st
     n, world = config.actor_rollout_ref.rollout.n, num_processes(config)
     samples_per_mini = actor.ppo_mini_batch_size * n
     per_rank = samples_per_mini // world
+    prompts = step_prompts(config)
     lines = [
-        f"samples per step: {data.train_batch_size} prompts x {n} = {data.train_batch_size * n}",
-        f"actor mini-batches per epoch: {data.train_batch_size // actor.ppo_mini_batch_size} "
+        f"samples per step: {prompts} prompts x {n} = {prompts * n}",
+        f"actor mini-batches per epoch: {prompts // actor.ppo_mini_batch_size} "
         f"({samples_per_mini} samples, {per_rank} per rank on {world} process(es)), ppo_epochs={actor.ppo_epochs}",
     ]
     micro = micro_batch_sizes(config, world)[0]
@@ -465,7 +473,14 @@ def derived_sizes(config: PPOTrainerConfig, steps: int | None = None) -> list[st
         )
     if steps is not None:
         lines.append(f"training steps: {steps}")
-    if rollout_pool_processes(config):
+    if fully_async(config):
+        settings = config.async_training
+        lines.append(
+            f"rollout: a pool of its own, {rollout_pool_processes(config)} process(es), generating fully async: "
+            f"weights synced every {settings.trigger_parameter_sync_step} steps, at most "
+            f"{max_required_samples(config)} prompts started per weight version, {concurrent_samples(config)} at once"
+        )
+    elif rollout_pool_processes(config):
         lines.append(
             f"rollout: a pool of its own, {rollout_pool_processes(config)} process(es), generating one step ahead "
             "(each step trains on samples from the weights before its previous update)"

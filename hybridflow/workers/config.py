@@ -155,6 +155,9 @@ class ActorConfig:
         "Also compute sum_v pi_v^2 per response token in the old-log-prob pass (batch key sum_pi_squared): the "
         "optimal token baseline estimators need it, and it adds the variance_proxy/* metrics.",
     )
+    use_rollout_log_probs: bool = option(
+        False, "verl's fully async flag, read nowhere (in verl too): algorithm.rollout_correction.bypass_mode decides."
+    )
     use_kl_loss: bool = option(False, "Add a KL(actor || ref) loss term (GRPO, arXiv:2402.03300).")
     kl_loss_coef: float = option(0.001, "Weight of the KL loss.")
     kl_loss_type: str = option("low_var_kl", "KL estimator of the KL loss (algos kl_penalty names).")

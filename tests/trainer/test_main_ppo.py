@@ -122,19 +122,19 @@ def _comparable(record):
     return {key: value for key, value in record.items() if not names.is_timing(key)}
 
 
-def kill_9_then_resume(reference_dir, overrides, tmp_path):
-    """Run ``overrides`` in a new folder, kill -9 it at its first checkpoint, run the same command again, and
-    check every step after the kill equals the uninterrupted run's; returns (resumed, reference) by step."""
+def kill_9_then_resume(reference_dir, overrides, tmp_path, steps=STEPS):
+    """Run ``overrides`` (``steps`` steps) in a new folder, kill -9 it at its first checkpoint, run the same command
+    again, and check every step after the kill equals the uninterrupted run's; returns (resumed, reference) by step."""
     run_dir = tmp_path / "run"
     overrides = [o for o in overrides if not o.startswith("trainer.default_local_dir=")]
     overrides.append(f"trainer.default_local_dir={run_dir}")
     killed_at = kill_9_at_first_checkpoint(overrides, run_dir, cwd=tmp_path)
-    assert killed_at < STEPS, "the run finished before it could be killed"
+    assert killed_at < steps, "the run finished before it could be killed"
 
     run_cli(overrides, cwd=tmp_path)
     resumed, reference = _steps(run_dir), _steps(reference_dir)
     assert sorted(resumed) == sorted(reference)
-    for step in range(killed_at + 1, STEPS + 1):
+    for step in range(killed_at + 1, steps + 1):
         assert _comparable(resumed[step]) == _comparable(reference[step]), f"step {step} differs"
     return resumed, reference
 

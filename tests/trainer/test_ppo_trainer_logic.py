@@ -3,6 +3,7 @@ sampling, the ReMax baseline, KL in the reward, rollout correction, validation, 
 steps with NaN/inf values or failed scoring."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -470,3 +471,72 @@ def test_one_step_off_trains_each_step_on_samples_one_update_old(run):
         expected = (-(responses % 7).float() / 10 - 0.01 * version - rollout_log_ratio(responses)) * mask
         torch.testing.assert_close(batch.batch["rollout_log_probs"], expected)
     assert names.timing("sync_rollout_weights") in read_metrics(trainer.run_dir)[1]
+
+
+FULLY_ASYNC = [
+    "actor_rollout_ref.hybrid_engine=false", "async_training.enable=true", "async_training.partial_rollout=false",
+    "actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.total_training_steps=null",
+    # 2 prompts a step, a sync every 2 steps, at most int(2 x 1.5 x 2) = 6 prompts started per weight version,
+    # 3 per generation call; 12 prompts in all: 6 steps
+    "async_training.require_batches=1", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "async_training.trigger_parameter_sync_step=2", "async_training.staleness_threshold=0.5",
+    "async_training.concurrent_samples_per_replica=3", "rollout.total_rollout_steps=12",
+]
+
+
+def test_fully_async_trains_from_a_bounded_queue_and_syncs_every_trigger_steps(run):
+    """hybridflow.trainer.fully_async_collection.FullyAsyncCollector, its calls worked out by hand: step 1 starts
+    call 0 (3 prompts, weights v0), waits for it, trains on 2 and starts call 1 (3 more: the version's budget of 6
+    is spent); step 2 waits for call 1. Step 3 syncs update 2's weights first (the new version's budget counts the
+    2 prompts still queued), trains on the queue and starts call 2 (3 prompts); step 4 waits for it and starts
+    call 3 (1 prompt, the budget's rest); step 5 waits for call 3, syncs update 4's weights and starts call 4
+    (the run's last 2 prompts)."""
+    trainer, fakes = run("grpo", *FULLY_ASYNC)
+    assert trainer.total_training_steps == 6
+    train = ["update_actor"]  # one mini-batch of one epoch: on-policy for the update, no old-log-prob pass
+    sync = ["share_weights", "load_shared_weights"]
+    call = ["submit", "generate_sequences"]
+    assert fakes.names()[2:] == (
+        call + ["submit"] + train  # step 1
+        + ["generate_sequences"] + train  # step 2
+        + sync + ["submit"] + train  # step 3
+        + ["generate_sequences", "submit"] + train  # step 4
+        + ["generate_sequences"] + sync + ["submit"] + train  # step 5
+        + ["generate_sequences"] + train  # step 6
+    )
+    # The fake engine's log-probs tell which weights drew each sample (the actor's update count at the sync).
+    for batch, version in zip(_step_batches(fakes), (0, 0, 0, 2, 2, 4)):
+        responses, mask = batch.batch["responses"], batch.batch["response_mask"]
+        expected = (-(responses % 7).float() / 10 - 0.01 * version - rollout_log_ratio(responses)) * mask
+        torch.testing.assert_close(batch.batch["rollout_log_probs"], expected)
+    uids = [uid for batch in _step_batches(fakes) for uid in dict.fromkeys(batch.non_tensor_batch["uid"])]
+    assert len(uids) == len(set(uids)) == 12  # every prompt trained on once
+    steps = {record["step"]: record for record in read_metrics(trainer.run_dir)}
+    assert [steps[s][names.FULLY_ASYNC_PARAM_VERSION] for s in range(1, 7)] == [0, 0, 1, 1, 2, 2]
+    assert [steps[s][names.FULLY_ASYNC_STALE_SAMPLES] for s in range(1, 7)] == [0, 0, 2, 2, 4, 4]
+    assert [steps[s][names.FULLY_ASYNC_STALE_TRAJECTORIES] for s in range(1, 7)] == [0, 0, 4, 4, 8, 8]
+    assert [steps[s][names.FULLY_ASYNC_GENERATED_SAMPLES] for s in range(1, 7)] == [6, 6, 9, 10, 12, 12]
+    assert all(0 <= steps[s][names.FULLY_ASYNC_TRAINER_IDLE_RATIO] <= 1 for s in range(1, 7))
+
+
+def test_fully_async_saves_and_validates_on_weight_syncs_and_resumes_with_its_queue(run, tmp_path):
+    """trainer.save_freq and test_freq count weight versions (2 steps each here); a checkpoint holds the queue,
+    so the run resumed from step 2's trains on the samples the uninterrupted run trained on."""
+    overrides = [*FULLY_ASYNC, "trainer.save_freq=1", "trainer.test_freq=2"]
+    trainer, fakes = run("grpo", *overrides, run_dir=tmp_path / "whole")
+    assert sorted(path.name for path in (tmp_path / "whole").glob("global_step_*")) == [
+        "global_step_2", "global_step_4", "global_step_6",
+    ]
+    steps = {record["step"]: record for record in read_metrics(trainer.run_dir)}
+    assert [s for s in steps if "val-core/arithmetic/acc/mean@1" in steps[s]] == [4, 6]
+    whole = _step_batches(fakes)
+
+    resumed_dir = tmp_path / "resumed"  # as if killed after step 2's checkpoint
+    shutil.copytree(tmp_path / "whole" / "global_step_2", resumed_dir / "global_step_2")
+    (resumed_dir / "latest").write_text("global_step_2\n")
+    _, resumed_fakes = run("grpo", *overrides, run_dir=resumed_dir)
+    resumed = _step_batches(resumed_fakes)
+    assert len(resumed) == 4
+    for mine, theirs in zip(resumed, whole[2:]):
+        assert list(mine.non_tensor_batch["uid"]) == list(theirs.non_tensor_batch["uid"])
+        torch.testing.assert_close(mine.batch["rollout_log_probs"], theirs.batch["rollout_log_probs"])

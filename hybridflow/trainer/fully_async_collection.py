@@ -1,0 +1,185 @@
+"""Phases 1 and 2 of fully async training: a bounded queue of finished prompt groups the rollout pool keeps filling.
+
+verl's fully async policy (``async_training``; see :mod:`hybridflow.trainer.fully_async_options` for the keys)
+on the single controller: the rollout pool runs one generation call at a time, of at most ``concurrent``
+prompts, and the driver starts the next as soon as one finishes and the staleness budget allows, so the pool
+generates while the actor trains. A training step takes the oldest ``required`` prompt groups from the queue;
+after every ``steps_per_sync`` steps the call in flight is waited for (its samples join the queue: a sync waits
+for the samples in flight, verl's ``partial_rollout=false``), the actor's weights go to the pool, and the
+budget of the new weight version is ``max_required`` prompts less those already queued.
+
+Kill -9: checkpoints fall on weight syncs (the trainer saves every ``save_freq`` versions) and first wait for the
+call in flight; they hold the queue, the budget and the counters, so a resumed run trains on exactly the samples
+an uninterrupted one would, none twice and none lost.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hybridflow.protocol import DataProto
+from hybridflow.trainer import metric_names as names
+from hybridflow.trainer.phases import StepTimer
+from hybridflow.trainer.rollout_collection import (
+    EndOfData,
+    Generation,
+    PendingGeneration,
+    PromptSource,
+    RewardScorer,
+    RolloutCollector,
+    RolloutWeightSync,
+    assign_uids,
+)
+
+
+class FullyAsyncCollector(RolloutCollector):
+    """The queue, the staleness budget and the weight syncs of fully async training.
+
+    ``required``: prompt groups per step; ``max_required``: prompts the pool may start per weight version, those
+    queued or in flight at its sync included; ``concurrent``: prompts per generation call, at most;
+    ``steps_per_sync``: steps between syncs; ``total_prompts``: prompts the run trains on (no more are generated).
+    """
+
+    # What a checkpoint keeps: the queue and each group's weight version, the budget and the counters.
+    STATE = (
+        "queued", "queued_versions", "param_version", "staleness_samples", "started_prompts", "stale_prompts_trained",
+        "chunks",
+    )
+
+    def __init__(
+        self,
+        generate: Generation,
+        score: RewardScorer,
+        sync: RolloutWeightSync,
+        *,
+        required: int,
+        max_required: int,
+        concurrent: int,
+        steps_per_sync: int,
+        total_prompts: int,
+    ):
+        super().__init__(generate, score, baseline=None)
+        self.sync = sync
+        self.required = required
+        self.max_required = max_required
+        self.concurrent = concurrent
+        self.steps_per_sync = steps_per_sync
+        self.total_prompts = total_prompts
+        self.running: PendingGeneration | None = None
+        self.running_version = 0
+        # Finished samples not trained on yet, oldest first, and the weight version of each prompt group
+        self.queued: DataProto | None = None
+        self.queued_versions = np.zeros(0, dtype=np.int64)
+        self.param_version = 0
+        self.staleness_samples = 0  # verl's count: prompts started this version, plus those queued at its sync
+        self.started_prompts = 0
+        self.stale_prompts_trained = 0
+        self.chunks = 0
+
+    # ------------------------------------------------------------------------------------------ steps
+    def collect(self, source: PromptSource, timer: StepTimer, step: int) -> tuple[DataProto, dict[str, float]]:
+        if step > 1 and (step - 1) % self.steps_per_sync == 0:
+            self._new_version(step - 1, timer)
+        with timer(names.PHASE_GEN):  # the trainer's wait for samples (verl's trainer idle time)
+            while self._queued_prompts() < self.required:
+                if self.running is None and not self._start(source):
+                    raise EndOfData(f"the rollout has no prompts left for step {step}")
+                self._wait(timer)
+        batch, versions = self._take(self.required)
+        self._start(source)  # the pool generates while the actor trains on this batch
+        stale = int(np.sum(self.param_version - versions >= 1))
+        self.stale_prompts_trained += stale
+        with timer(names.PHASE_REWARD):
+            batch, _, metrics = self.score(batch)
+        samples_per_prompt = len(batch) // self.required
+        metrics.update({
+            names.FULLY_ASYNC_STALE_SAMPLES: float(self.stale_prompts_trained),
+            names.FULLY_ASYNC_STALE_TRAJECTORIES: float(self.stale_prompts_trained * samples_per_prompt),
+            names.FULLY_ASYNC_PARAM_VERSION: float(self.param_version),
+            names.FULLY_ASYNC_GENERATED_SAMPLES: float(self.started_prompts),
+        })
+        return batch, metrics
+
+    def use_current_weights(self, step: int) -> None:
+        """Before a validation (on a sync, or after the last step): the call in flight finishes and its samples
+        are queued, then the pool gets the actor's weights after step ``step``."""
+        timer = StepTimer()
+        self._wait(timer)
+        self.sync(step, timer)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The queue (the call in flight waited for), the budget and the counters."""
+        self._wait(StepTimer())
+        return {name: getattr(self, name) for name in self.STATE}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self.STATE:
+            setattr(self, name, state[name])
+        self.sync.synced_step = None  # the pool started from the model folder
+
+    # ---------------------------------------------------------------------------------------- helpers
+    def _new_version(self, step: int, timer: StepTimer) -> None:
+        """After step ``step``'s update: the call in flight finishes, the pool gets the new weights, and the new
+        version's budget counts the prompts already queued (verl's ``reset_staleness``)."""
+        with timer(names.PHASE_GEN):
+            self._wait(timer)
+        self.sync(step, timer)
+        self.param_version += 1
+        self.staleness_samples = self._queued_prompts()
+
+    def _start(self, source: PromptSource) -> bool:
+        """Start a generation call unless one runs, the version's budget or the run's prompts are spent, or the
+        data ran out; whether one runs now."""
+        if self.running is not None:
+            return True
+        size = min(
+            self.concurrent, self.max_required - self.staleness_samples, self.total_prompts - self.started_prompts
+        )
+        batches = []
+        try:
+            while sum(len(batch) for batch in batches) < size:
+                batches.append(source.next())
+        except EndOfData:
+            pass  # generate what there is; the step that finds the queue short stops the run
+        if not batches:
+            return False
+        prompts = DataProto.concat(batches)  # single prompts (data.gen_batch_size=1): never more than size
+        self.staleness_samples += len(prompts)
+        self.started_prompts += len(prompts)
+        self.running = self.generate.start(assign_uids(prompts, f"chunk{self.chunks}"))
+        self.running_version = self.param_version
+        self.chunks += 1
+        return True
+
+    def _wait(self, timer: StepTimer) -> None:
+        if self.running is None:
+            return
+        versions = np.full(len(self.running.prompts), self.running_version, dtype=np.int64)
+        samples, self.running = self.generate.finish(self.running, timer), None
+        samples.meta_info = {}  # its timings are counted; each call's seed differs, and calls are joined
+        self.queued = samples if self.queued is None else DataProto.concat([self.queued, samples])
+        self.queued_versions = np.concatenate([self.queued_versions, versions])
+
+    def _queued_prompts(self) -> int:
+        return len(self.queued_versions)
+
+    def _take(self, prompts: int) -> tuple[DataProto, np.ndarray]:
+        """The oldest ``prompts`` groups of the queue and their weight versions."""
+        samples_per_prompt = len(self.queued) // len(self.queued_versions)
+        rows = prompts * samples_per_prompt
+        batch, versions = self.queued[:rows], self.queued_versions[:prompts]
+        self.queued = self.queued[rows:] if rows < len(self.queued) else None
+        self.queued_versions = self.queued_versions[prompts:]
+        return batch, versions
+
+
+class TrainerIdleRatio:
+    """``fully_async/trainer/idle_ratio``: the share of the step the trainer waited for samples (verl's
+    ``timing_s/gen`` over ``timing_s/step``)."""
+
+    def after_step(self, global_step: int, batch: DataProto, metrics: dict[str, float]) -> None:
+        step_seconds = metrics.get(names.timing(names.PHASE_STEP), 0.0)
+        if step_seconds > 0:
+            metrics[names.FULLY_ASYNC_TRAINER_IDLE_RATIO] = metrics.get(names.timing(names.PHASE_GEN), 0.0) / step_seconds

@@ -1,0 +1,102 @@
+"""``async_training.enable=true`` (fully async training): verl's keys, the run's length, and what it cannot run,
+refused before anything starts."""
+
+import subprocess
+import sys
+
+from hybridflow.experimental.fully_async_policy.fully_async_main import CONFIG_NAME
+from hybridflow.trainer.fully_async_options import max_required_samples, required_samples, training_steps
+from hybridflow.trainer.validate import derived_sizes, load_config, load_config_with_notes
+
+from .cli import cli_env
+from .helpers import compose_config, config_errors, tiny_run_overrides
+
+ASYNC = ["actor_rollout_ref.hybrid_engine=false", "async_training.enable=true", "async_training.partial_rollout=false"]
+
+
+def test_verls_async_keys_size_the_steps_the_budget_and_the_run(base):
+    config = load_config(compose_config(base + ASYNC + [
+        "data.train_batch_size=0", "async_training.require_batches=3", "async_training.staleness_threshold=0.5",
+        "async_training.trigger_parameter_sync_step=2", "rollout.total_rollout_steps=13",
+    ]))
+    # 3 mini-batches of 2 prompts a step; int(6 x 1.5 x 2) prompts per weight version
+    assert required_samples(config) == 6 and max_required_samples(config) == 18
+    assert training_steps(config, prompts_per_epoch=16) == 2  # 13 prompts of the 16 x 1 epoch
+    assert training_steps(config, prompts_per_epoch=4) == 0
+    sizes = derived_sizes(config)
+    assert sizes[0] == "samples per step: 6 prompts x 2 = 12"
+    assert ("rollout: a pool of its own, 1 process(es), generating fully async: weights synced every 2 steps, at "
+            "most 18 prompts started per weight version, 16 at once") in sizes
+    config.trainer.total_training_steps = 1
+    assert training_steps(config, prompts_per_epoch=16) == 1
+
+
+def test_what_fully_async_cannot_run_is_refused_in_one_line_each(base):
+    errors = config_errors(base + [
+        "async_training.enable=true", "async_training.staleness_threshold=0.2",
+        "async_training.trigger_parameter_sync_step=0", "async_training.use_trainer_do_validate=true",
+        "async_training.use_dynamic_resource_scheduling=true", "data.gen_batch_size=4", "rollout.total_rollout_steps=1",
+    ])
+    assert errors == [
+        "async_training.enable=true generates on a rollout pool of its own; set actor_rollout_ref.hybrid_engine=false "
+        "(and size the pool with rollout.nnodes / rollout.n_gpus_per_node)",
+        "async_training.trigger_parameter_sync_step=0 must be >= 1",
+        "async_training.partial_rollout=true (verl's default) needs partial rollout, samples in flight at a weight "
+        "sync going on with the new weights, which hybridflow does not have yet; set "
+        "async_training.partial_rollout=false (a sync then waits for the samples in flight)",
+        "async_training.use_trainer_do_validate=true needs validation on the training pool, which hybridflow does "
+        "not have; set it to false (the rollout pool validates with synced weights)",
+        "async_training.use_dynamic_resource_scheduling=true needs training GPUs lent to the rollout, which "
+        "hybridflow does not have; set it to false",
+        "data.gen_batch_size=4: async_training.enable=true feeds the rollout one prompt at a time (verl supports "
+        "only 1); set data.gen_batch_size=1",
+        "rollout.total_rollout_steps=1 prompts make no training step of async_training.require_batches x "
+        "actor_rollout_ref.actor.ppo_mini_batch_size = 2 prompts; raise it or lower those",
+    ]
+
+
+def test_partial_rollout_is_accepted_where_it_changes_nothing(base):
+    """verl: partial rollout only takes effect with staleness_threshold > 0 (at 0 nothing is in flight at a sync)."""
+    config = load_config(compose_config(base + ASYNC[:2] + ["async_training.staleness_threshold=0"]))
+    assert config.async_training.partial_rollout
+
+
+def test_the_async_keys_are_listed_as_not_read_unless_fully_async(base):
+    _, unread = load_config_with_notes(compose_config(base + [
+        "async_training.trigger_parameter_sync_step=2", "rollout.total_rollout_steps=8",
+    ]), check_environment=False)
+    assert unread == [
+        "async_training.trigger_parameter_sync_step=2 (read only with async_training.enable=true)",
+        "rollout.total_rollout_steps=8 (read only with async_training.enable=true)",
+    ]
+    _, unread = load_config_with_notes(compose_config(base + ASYNC + [
+        "data.train_batch_size=4", "async_training.dynamic_schedule_policy=mine",
+        "actor_rollout_ref.actor.use_rollout_log_probs=true",
+    ]), check_environment=False)
+    assert unread == [
+        "actor_rollout_ref.actor.use_rollout_log_probs=True (algorithm.rollout_correction.bypass_mode decides whether "
+        "the rollout's log-probs are the old ones)",
+        "async_training.dynamic_schedule_policy=mine (read only with async_training.use_dynamic_resource_scheduling=true)",
+        "data.train_batch_size=4 (async_training.enable=true trains on async_training.require_batches x "
+        "actor_rollout_ref.actor.ppo_mini_batch_size = 2 prompts a step)",
+    ]
+
+
+def test_verls_fully_async_entry_point_runs_on_its_config(tiny_model_dir, tiny_parquet, tmp_path):
+    """A verl fully async command line with the module renamed (verl's scripts set train_batch_size=0 and
+    gen_batch_size=1): its config turns on the pool, the engine's log-probs and bypass mode; the check passes."""
+    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run")
+    config = load_config(compose_config(overrides, CONFIG_NAME))
+    assert config.async_training.enable and not config.actor_rollout_ref.hybrid_engine
+    assert config.actor_rollout_ref.rollout.calculate_log_probs and config.algorithm.rollout_correction.bypass_mode
+    line = overrides + [
+        "data.train_batch_size=0", "data.gen_batch_size=1", "actor_rollout_ref.hybrid_engine=False",
+        "rollout.nnodes=1", "rollout.n_gpus_per_node=1", "rollout.total_rollout_steps=8",
+        "async_training.staleness_threshold=0.1", "async_training.trigger_parameter_sync_step=2",
+        "async_training.require_batches=1", "async_training.partial_rollout=False",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "hybridflow.experimental.fully_async_policy.fully_async_main", *line],
+        env={**cli_env(), "HYBRIDFLOW_CONFIG_CHECK": "surface"}, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,61 @@
+"""Fully async training end to end (``async_training.enable=true``): the rollout on a pool of its own process
+filling a bounded queue while the actor trains, the weights synced every ``trigger_parameter_sync_step`` steps,
+and a kill -9 mid-run whose resumed steps equal an uninterrupted run's."""
+
+import pytest
+
+from hybridflow.trainer import metric_names as names
+
+from .cli import run_cli
+from .helpers import tiny_run_overrides
+from .test_main_ppo import _steps, kill_9_then_resume
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def fully_async_run(tiny_model_dir, tiny_parquet, tmp_path_factory):
+    """An uninterrupted run: 8 prompts in steps of 2 (two mini-batches of 1, so the old-log-prob pass runs and the
+    engine's log-probs can be compared with the trainer's), a sync every 2 steps, at most int(2 x 1.5 x 2) = 6
+    prompts started per weight version, 3 per generation call; saved on every sync, validated every second."""
+    work = tmp_path_factory.mktemp("fully_async")
+    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, work / "run", "grpo") + [
+        "actor_rollout_ref.hybrid_engine=false", "async_training.enable=true", "async_training.partial_rollout=false",
+        "actor_rollout_ref.rollout.calculate_log_probs=true", "data.train_batch_size=0", "data.gen_batch_size=1",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1", "async_training.require_batches=2",
+        "async_training.trigger_parameter_sync_step=2", "async_training.staleness_threshold=0.5",
+        "async_training.concurrent_samples_per_replica=3", "rollout.total_rollout_steps=8",
+        "trainer.save_freq=1", "trainer.test_freq=2",
+    ]
+    run_cli(overrides, cwd=work)
+    return work / "run", overrides
+
+
+def test_steps_train_from_the_queue_with_bounded_staleness(fully_async_run):
+    run_dir, _ = fully_async_run
+    steps = _steps(run_dir)
+    assert sorted(steps) == [0, 1, 2, 3, 4]
+    assert sorted(path.name for path in run_dir.glob("global_step_*")) == ["global_step_2", "global_step_4"]
+    assert [step for step in steps if "val-core/arithmetic/acc/mean@1" in steps[step]] == [0, 4]
+    # Calls of 3, 3 and 2 prompts: the first version's budget of 6 is spent by step 1, the second version's
+    # budget counts the 2 prompts still queued at its sync; step 3 trains on those (from the first weights).
+    assert [steps[s][names.FULLY_ASYNC_GENERATED_SAMPLES] for s in range(1, 5)] == [6, 6, 8, 8]
+    assert [steps[s][names.FULLY_ASYNC_PARAM_VERSION] for s in range(1, 5)] == [0, 0, 1, 1]
+    assert [steps[s][names.FULLY_ASYNC_STALE_SAMPLES] for s in range(1, 5)] == [0, 0, 2, 2]
+    assert [steps[s][names.FULLY_ASYNC_STALE_TRAJECTORIES] for s in range(1, 5)] == [0, 0, 4, 4]
+    # Step 1 trains on samples of the model folder's weights, which it still holds: the engine's and the trainer's
+    # log-probs agree up to float32 rounding of two forward paths (KV cache vs packed). Step 3's samples are two
+    # updates older than the trainer's weights (lr 1e-3 moves them visibly).
+    assert steps[1]["training/rollout_probs_diff_max"] < 1e-5
+    assert steps[3]["training/rollout_probs_diff_max"] > 1e-3
+    assert [step for step in steps if names.timing("sync_rollout_weights") in steps[step]] == [3]
+    for step in (1, 2, 3, 4):
+        assert 0 <= steps[step][names.FULLY_ASYNC_TRAINER_IDLE_RATIO] <= 1
+        assert steps[step]["actor/pg_loss"] != 0
+
+
+def test_kill_9_then_resume_matches_an_uninterrupted_run(fully_async_run, tmp_path):
+    """The checkpoint after step 2 holds the 2 queued prompts' samples: the resumed run trains on them at step 3."""
+    kill_9_then_resume(*fully_async_run, tmp_path, steps=STEPS)
