@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 import subprocess
 import sys
 
@@ -13,6 +14,9 @@ from hybridflow.trainer.command_line import CONFIG_CHECK_ENV
 from hybridflow.trainer.error_boundary import PREFIX, WORKERS_STARTING
 
 from .cli import RayTempDir, cli_env
+
+# Ray's prefix on a line it forwards from a worker process (colored on a terminal, and under pytest too).
+RAY_WORKER_LINE = re.compile(r"^(\x1b\[[0-9;]*m)?\([^()]*pid=\d+[^()]*\)")
 
 
 @dataclasses.dataclass
@@ -27,8 +31,10 @@ class Outcome:
 
     @property
     def error(self) -> str:
-        """The error as printed: the line after ``hybridflow: error:`` (and its ``  - `` lines for several)."""
-        lines = self.stderr.splitlines()
+        """The error as printed: the line after ``hybridflow: error:`` (and its ``  - `` lines for several).
+        Lines Ray forwards from a worker's output (``(role:rank0 pid=N) ...``) may land after it; they are not
+        the driver's."""
+        lines = [line for line in self.stderr.splitlines() if not RAY_WORKER_LINE.match(line)]
         starts = [i for i, line in enumerate(lines) if line.startswith(PREFIX)]
         if not starts:
             raise AssertionError(f"no {PREFIX!r} line (exit {self.code})\nstdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-5000:]}")
