@@ -18,6 +18,7 @@ Positions are explicit per row, so padding never shifts RoPE. Caches whose layer
 
 from __future__ import annotations
 
+import inspect
 import random
 from dataclasses import dataclass, field
 from typing import Callable
@@ -62,6 +63,8 @@ class BatchedDecoder:
         self.decode_text = decode_text
         self.sequences: list[Sequence] = []
         self._cache: DynamicCache | None = None
+        # transformers 5 renamed the forward's KV cache argument (the old name warns on every call)
+        self._cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._attention_mask = torch.zeros(0, 0, dtype=torch.long)  # [b, T]
         self._next_positions = torch.zeros(0, dtype=torch.long)  # [b] position of the token fed next
         self._next_tokens = torch.zeros(0, dtype=torch.long)  # [b] last sampled token, fed next
@@ -115,8 +118,8 @@ class BatchedDecoder:
             input_ids=self._next_tokens[:, None].to(device),
             attention_mask=self._attention_mask.to(device),
             position_ids=self._next_positions[:, None].to(device),
-            past_key_values=self._cache,
             use_cache=True,
+            **{self._cache_argument: self._cache},
         ).logits[:, -1]
         self._next_positions = self._next_positions + 1
         return self._sample_and_compact(logits)
@@ -159,9 +162,9 @@ class BatchedDecoder:
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
             position_ids=positions.to(device),
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self._cache_argument: cache},
         ).logits[:, -1]
         if len(distinct) < len(chunk):
             rows = torch.tensor(source, dtype=torch.long)
