@@ -215,7 +215,10 @@ class ActorRolloutRefConfig:
     rollout: RolloutConfig = section(RolloutConfig, "Generation engine and sampling.")
     ref: RefConfig = section(RefConfig, "Reference policy for the KL term.")
     hybrid_engine: bool = option(
-        True, "Actor and rollout share processes (the hybrid engine); false: the rollout runs on its own pool (the top-level rollout section), one step ahead of training (one-step-off policy)."
+        True,
+        "Actor and rollout share processes (the hybrid engine); false: the rollout runs on its own pool (the "
+        "top-level rollout section), one step ahead of training (one-step-off policy) or fully async "
+        "(async_training.enable).",
     )
 
 
