@@ -49,6 +49,7 @@ class MethodSpec:
     execute_mode: Execute
     blocking: bool
     stream: bool = False
+    concurrent: bool = False
 
 
 def _check_combination(dispatch_mode: Dispatch, execute_mode: Execute) -> None:
@@ -69,6 +70,7 @@ def register(
     execute_mode: Execute | None = None,
     blocking: bool = True,
     stream: bool = False,
+    concurrent: bool = False,
 ) -> Callable[[F], F]:
     """Mark a worker method as a method of its worker group.
 
@@ -77,6 +79,9 @@ def register(
     ``stream=True`` (``Dispatch.DP_COMPUTE_PROTO`` only): the method is a generator of ``protocol.Part``s of
     its rank's result; the group method returns a ``PartStream`` that hands the driver each part, its rows
     placed in the collected result, as soon as any rank yields it (``distributed/streams.py``).
+    ``concurrent=True``: on a group started with ``concurrent_calls``, the call runs beside a call in progress on
+    the same ranks (a second thread of each rank's actor, Ray's concurrency group ``concurrent``), e.g. new
+    weights loaded between the decode steps of a running generation; on any other group it runs in order.
     The method itself is unchanged: inside the worker it is a plain method.
     """
     if callable(dispatch_mode) and not isinstance(dispatch_mode, Dispatch):
@@ -94,7 +99,7 @@ def register(
         raise ValueError(
             f"stream=True needs dispatch_mode=DP_COMPUTE_PROTO (parts of each rank's rows), got {dispatch_mode.name}"
         )
-    spec = MethodSpec(dispatch_mode, execute_mode, bool(blocking), bool(stream))
+    spec = MethodSpec(dispatch_mode, execute_mode, bool(blocking), bool(stream), bool(concurrent))
 
     def decorator(method: F) -> F:
         setattr(method, REGISTER_ATTRIBUTE, spec)

@@ -5,6 +5,8 @@ Pure functions of the ``@register`` spec and the world size; no Ray here, so the
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -18,16 +20,22 @@ RankCall = tuple[tuple, dict]
 @dataclass
 class DispatchedCall:
     """The arguments of each rank that runs (``calls[i]`` goes to ``ranks[i]``) and how to merge results;
-    ``stream``: each rank's call yields ``Part``s of its result (joined, they are what ``collect`` takes)."""
+    ``stream``: each rank's call yields ``Part``s of its result (joined, they are what ``collect`` takes);
+    ``concurrent``: it may run beside a call in progress (``register(concurrent=True)``)."""
 
     ranks: list[int]
     calls: list[RankCall]
     collect: Callable[[list[Any]], Any]
     stream: bool = False
+    concurrent: bool = False
 
 
 def dispatch(spec: MethodSpec, method: str, world_size: int, args: tuple, kwargs: dict) -> DispatchedCall:
     """Per-rank arguments and the collect function for one call of ``method`` under ``spec``."""
+    return dataclasses.replace(_dispatch(spec, method, world_size, args, kwargs), concurrent=spec.concurrent)
+
+
+def _dispatch(spec: MethodSpec, method: str, world_size: int, args: tuple, kwargs: dict) -> DispatchedCall:
     if spec.dispatch_mode is Dispatch.RANK_ZERO or spec.execute_mode is Execute.RANK_ZERO:
         return DispatchedCall(ranks=[0], calls=[(args, kwargs)], collect=_only_result)
     ranks = list(range(world_size))

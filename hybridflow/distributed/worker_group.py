@@ -21,9 +21,10 @@ from hybridflow.distributed.group_base import WorkerGroupBase, roles_of
 from hybridflow.distributed.ray_init import WORKER_ENV_VARS
 from hybridflow.distributed.resource_pool import ResourcePool
 from hybridflow.distributed.streams import RayPartStream
-from hybridflow.distributed.worker_host import WorkerHost
+from hybridflow.distributed.worker_host import CONCURRENT_GROUP, ConcurrentWorkerHost, WorkerHost
 
 _RemoteWorkerHost = ray.remote(WorkerHost)
+_RemoteConcurrentWorkerHost = ray.remote(concurrency_groups={CONCURRENT_GROUP: 1})(ConcurrentWorkerHost)
 
 def _local_ranks(node_ids: list[str]) -> list[tuple[int, int]]:
     """(LOCAL_RANK, LOCAL_WORLD_SIZE) of each rank, from the node each one actually landed on."""
@@ -42,7 +43,8 @@ class RayWorkerGroup(WorkerGroupBase):
     a rank that fails or dies meanwhile raises ``WorkerError`` and the group's actors are killed. A rank's
     failure in a later call raises ``WorkerError`` naming the group, rank and method, with its traceback.
     ``name_prefix`` names the group in errors and logs (default: the class name, or the fused role names);
-    ``init_timeout_s`` bounds each start-up phase (actors starting, workers constructing).
+    ``init_timeout_s`` bounds each start-up phase (actors starting, workers constructing);
+    ``concurrent_calls``: ``register(concurrent=True)`` methods run beside a call in progress.
     """
 
     def __init__(
@@ -51,8 +53,10 @@ class RayWorkerGroup(WorkerGroupBase):
         ray_cls_with_init: RayClassWithInitArgs | ColocatedClassWithInitArgs,
         name_prefix: str | None = None,
         init_timeout_s: float | None = 600.0,
+        concurrent_calls: bool = False,
     ):
         self._roles = roles_of(ray_cls_with_init, type(self).__name__)
+        self._concurrent_calls = concurrent_calls
         self.name = name_prefix or "_".join(self._roles) or self._roles[""].cls.__name__
         self.resource_pool = resource_pool
         self._hosts: list[Any] = self._start_hosts()
@@ -71,8 +75,9 @@ class RayWorkerGroup(WorkerGroupBase):
         pool = self.resource_pool
         threads = max(1, int(pool.num_cpus_per_process))
         env_vars = {**WORKER_ENV_VARS, "OMP_NUM_THREADS": str(threads)}
+        host_class = _RemoteConcurrentWorkerHost if self._concurrent_calls else _RemoteWorkerHost
         return [
-            _RemoteWorkerHost.options(
+            host_class.options(
                 num_cpus=pool.num_cpus_per_process,
                 num_gpus=pool.num_gpus_per_process,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -122,6 +127,8 @@ class RayWorkerGroup(WorkerGroupBase):
                 refs[rank] = self._hosts[rank].execute_stream.options(num_returns="streaming").remote(
                     role, method, call[0], call[1]
                 )
+            elif plan.concurrent and self._concurrent_calls:
+                refs[rank] = self._hosts[rank].execute_concurrently.remote(role, method, call[0], call[1])
             else:
                 refs[rank] = self._hosts[rank].execute.remote(role, method, call[0], call[1])
         if plan.stream:

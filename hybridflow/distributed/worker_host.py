@@ -69,3 +69,15 @@ class WorkerHost:
             self._group_name, self._rank, method, traceback.format_exc(), type(error).__name__, str(error),
             user_facing=isinstance(error, HybridflowError),
         )
+
+
+CONCURRENT_GROUP = "concurrent"
+
+
+class ConcurrentWorkerHost(WorkerHost):
+    """A host that also runs ``register(concurrent=True)`` calls on a thread of their own (Ray's concurrency group
+    ``concurrent``, one call at a time), beside the call in progress on the default one."""
+
+    @ray.method(concurrency_group=CONCURRENT_GROUP)
+    def execute_concurrently(self, role: str, method: str, args: tuple, kwargs: dict) -> Any:
+        return self.execute(role, method, args, kwargs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -81,6 +82,13 @@ class RolloutEngine(ABC):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy new weights in place, tensor by tensor, into the one generation model."""
 
+    @contextmanager
+    def loading_weights(self, version: int) -> Iterator[None]:
+        """The ``load_weights`` calls inside land together, as weight version ``version``; an engine that can
+        load weights while it generates (``hf``) holds its decode steps meanwhile and tags each token with the
+        version that drew it (``GenerationResult.weight_versions``). Here: nothing to hold, no tags."""
+        yield
+
     def add_lora_adapter(self, lora_config: Any) -> None:
         """Give the generation model the adapter structure of ``lora_config`` (a peft ``LoraConfig``); from
         then on ``load_weights`` takes the adapter's tensors under peft's names."""
@@ -116,7 +124,9 @@ class RolloutEngine(ABC):
         and ``first_prompt_index`` (the global index of the first prompt, so row seeds do not depend on sharding). Output ``batch``: ``prompts`` [B*n, P], ``responses``
         and ``response_mask`` [B*n, R] (R = ``response_length``; mask 1 on generated tokens including the EOS,
         0 on padding and tool-result tokens), ``input_ids``, ``attention_mask``, ``position_ids`` [B*n, P+R],
-        and ``rollout_log_probs`` [B*n, R] when ``calculate_log_probs`` (or ``meta_info['calculate_log_probs']``).
+        and ``rollout_log_probs`` [B*n, R] when ``calculate_log_probs`` (or ``meta_info['calculate_log_probs']``);
+        ``rollout_weight_versions`` [B*n, R] (the weights that drew each token, ``loading_weights``) when
+        ``meta_info['record_weight_versions']``, from a single-turn rollout of an engine that tags them.
         """
         return join_parts(list(self.generate_sequences_stream(prompts)))
 
@@ -138,6 +148,7 @@ class RolloutEngine(ABC):
         self._calls += 1
         first_prompt = int(meta.get("first_prompt_index", 0))
         with_log_probs = bool(meta.get("calculate_log_probs", self.config.calculate_log_probs))
+        record_versions = bool(meta.get("record_weight_versions", False))
         pad_id = meta.get("pad_token_id", self.pad_token_id)
         total = len(prompts) * n
         if self.config.multi_turn.enable:
@@ -150,9 +161,12 @@ class RolloutEngine(ABC):
         for finished in self.generate_batch_stream(requests):
             rows = np.array([index for index, _ in finished], dtype=np.int64)
             outputs = [(r.token_ids, [1] * len(r.token_ids), r.log_probs) for _, r in finished]
+            versions = [r.weight_versions for _, r in finished] if record_versions else None
             # Each sample packed alone (n=1) next to its own prompt row gives the rows of the whole batch's packing.
             prompt_rows = {key: prompts.batch[key][torch.from_numpy(rows // n)] for key in PROMPT_KEYS}
-            tensors = pack_outputs(prompt_rows, outputs, 1, self.config.response_length, pad_id, with_log_probs)
+            tensors = pack_outputs(
+                prompt_rows, outputs, 1, self.config.response_length, pad_id, with_log_probs, versions
+            )
             yield Part(DataProto.from_dict(tensors), rows, total)
 
     @property

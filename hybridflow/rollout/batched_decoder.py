@@ -41,10 +41,13 @@ class Sequence:
     stop_ids: frozenset[int]
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)  # the weights that drew each token
     finish_reason: str | None = None
 
     def result(self) -> GenerationResult:
-        return GenerationResult(self.token_ids, self.log_probs, self.finish_reason, self.request.request_id)
+        return GenerationResult(
+            self.token_ids, self.log_probs, self.finish_reason, self.request.request_id, self.weight_versions
+        )
 
 
 class BatchedDecoder:
@@ -62,6 +65,7 @@ class BatchedDecoder:
         self.max_batch_tokens = max_batch_tokens
         self.decode_text = decode_text
         self.sequences: list[Sequence] = []
+        self.weights_version = 0  # the weights the model holds, as numbered by whoever loads them
         self._cache: DynamicCache | None = None
         # transformers 5 renamed the forward's KV cache argument (the old name warns on every call)
         self._cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -201,6 +205,7 @@ class BatchedDecoder:
         for seq, token, log_prob in zip(rows, tokens.tolist(), log_probs.tolist()):
             seq.token_ids.append(token)
             seq.log_probs.append(log_prob)
+            seq.weight_versions.append(self.weights_version)
             seq.finish_reason = self._finish_reason(seq, token)
         finished = [s for s in rows if s.finish_reason is not None]
         if finished:

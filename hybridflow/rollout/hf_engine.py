@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -88,6 +89,14 @@ class HFRolloutEngine(RolloutEngine):
         """Copy each ``(name, tensor)`` into the generation model between decode steps; see weight_loading.py."""
         with self._scheduler.paused():
             load_weights_in_place(self.model, named_tensors)
+
+    @contextmanager
+    def loading_weights(self, version: int) -> Iterator[None]:
+        """Hold the decode steps while the weights inside load (requests in flight go on after, with them); every
+        token decoded from then on is tagged ``version``."""
+        with self._scheduler.paused():
+            yield
+            self._scheduler.decoder.weights_version = version
 
     def add_lora_adapter(self, lora_config: Any) -> None:
         with self._scheduler.paused():

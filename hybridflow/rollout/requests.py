@@ -26,9 +26,12 @@ class GenerationResult:
 
     ``log_probs[t]`` is log softmax(logits / temperature) of ``token_ids[t]`` (temperature 1 for greedy), taken
     before top-k/top-p filtering: the same quantity the actor computes for ``old_log_probs``.
+    ``weight_versions[t]``: the version of the weights that drew ``token_ids[t]`` (``RolloutEngine.loading_weights``);
+    empty from an engine that does not track them.
     """
 
     token_ids: list[int]
     log_probs: list[float]
     finish_reason: str
     request_id: str | None = None
+    weight_versions: list[int] = field(default_factory=list)

@@ -40,7 +40,13 @@ def build_requests(
 
 
 def pack_outputs(
-    prompt_batch, outputs: list[SampleOutput], n: int, response_length: int, pad_token_id: int, with_log_probs: bool
+    prompt_batch,
+    outputs: list[SampleOutput],
+    n: int,
+    response_length: int,
+    pad_token_id: int,
+    with_log_probs: bool,
+    weight_versions: list[list[int]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Right-pad the ``B * n`` outputs to ``response_length`` and join them to their (repeated) prompts.
 
@@ -48,6 +54,7 @@ def pack_outputs(
     ``prompts`` [B*n, P]; ``responses``, ``response_mask`` (and ``rollout_log_probs``) [B*n, R];
     ``input_ids``, ``attention_mask``, ``position_ids`` [B*n, P+R]. Response positions continue from each
     prompt's last position; the response attention mask is 1 on every real token, tool results included.
+    With ``weight_versions`` (per output, per token), ``rollout_weight_versions`` [B*n, R] (-1 on padding).
     """
     rows = len(outputs)
     responses = torch.full((rows, response_length), pad_token_id, dtype=torch.long)
@@ -75,4 +82,10 @@ def pack_outputs(
     }
     if with_log_probs:
         tensors["rollout_log_probs"] = log_probs
+    if weight_versions is not None:
+        versions = torch.full((rows, response_length), -1, dtype=torch.long)
+        for row, row_versions in enumerate(weight_versions):
+            length = min(len(row_versions), response_length)
+            versions[row, :length] = torch.tensor(row_versions[:length], dtype=torch.long)
+        tensors["rollout_weight_versions"] = versions
     return tensors

@@ -4,13 +4,15 @@ verl's fully async policy (``async_training``; see :mod:`hybridflow.trainer.full
 on the single controller: the rollout pool runs one generation call at a time, of at most ``concurrent``
 prompts, and the driver starts the next as soon as one finishes and the staleness budget allows, so the pool
 generates while the actor trains. A training step takes the oldest ``required`` prompt groups from the queue;
-after every ``steps_per_sync`` steps the call in flight is waited for (its samples join the queue: a sync waits
-for the samples in flight, verl's ``partial_rollout=false``), the actor's weights go to the pool, and the
-budget of the new weight version is ``max_required`` prompts less those already queued.
+after every ``steps_per_sync`` steps the actor's weights go to the pool and the budget of the new weight version
+is ``max_required`` prompts less those already queued or in flight. Without partial rollout the call in flight
+is waited for first (its samples join the queue); with it (verl's ``partial_rollout``) the weights land between
+its decode steps, its samples go on with them, and each token's ``rollout_weight_versions`` says which drew it.
 
 Kill -9: checkpoints fall on weight syncs (the trainer saves every ``save_freq`` versions) and first wait for the
 call in flight; they hold the queue, the budget and the counters, so a resumed run trains on exactly the samples
-an uninterrupted one would, none twice and none lost.
+an uninterrupted one would (with partial rollout, on the same prompts: where a sync lands in a running call
+depends on timing), none twice and none lost.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import metric_names as names
@@ -39,7 +42,8 @@ class FullyAsyncCollector(RolloutCollector):
 
     ``required``: prompt groups per step; ``max_required``: prompts the pool may start per weight version, those
     queued or in flight at its sync included; ``concurrent``: prompts per generation call, at most;
-    ``steps_per_sync``: steps between syncs; ``total_prompts``: prompts the run trains on (no more are generated).
+    ``steps_per_sync``: steps between syncs; ``total_prompts``: prompts the run trains on (no more are generated);
+    ``partial_rollout``: syncs land in the call in flight instead of waiting for it.
     """
 
     # What a checkpoint keeps: the queue and each group's weight version, the budget and the counters.
@@ -59,6 +63,7 @@ class FullyAsyncCollector(RolloutCollector):
         concurrent: int,
         steps_per_sync: int,
         total_prompts: int,
+        partial_rollout: bool = False,
     ):
         super().__init__(generate, score, baseline=None)
         self.sync = sync
@@ -67,6 +72,7 @@ class FullyAsyncCollector(RolloutCollector):
         self.concurrent = concurrent
         self.steps_per_sync = steps_per_sync
         self.total_prompts = total_prompts
+        self.partial_rollout = partial_rollout
         self.running: PendingGeneration | None = None
         self.running_version = 0
         # Finished samples not trained on yet, oldest first, and the weight version of each prompt group
@@ -99,6 +105,7 @@ class FullyAsyncCollector(RolloutCollector):
             names.FULLY_ASYNC_STALE_TRAJECTORIES: float(self.stale_prompts_trained * samples_per_prompt),
             names.FULLY_ASYNC_PARAM_VERSION: float(self.param_version),
             names.FULLY_ASYNC_GENERATED_SAMPLES: float(self.started_prompts),
+            **partial_metrics(batch),
         })
         return batch, metrics
 
@@ -107,7 +114,7 @@ class FullyAsyncCollector(RolloutCollector):
         are queued, then the pool gets the actor's weights after step ``step``."""
         timer = StepTimer()
         self._wait(timer)
-        self.sync(step, timer)
+        self.sync(step, timer, version=self.param_version + 1)
 
     def state_dict(self) -> dict[str, Any]:
         """The queue (the call in flight waited for), the budget and the counters."""
@@ -121,13 +128,15 @@ class FullyAsyncCollector(RolloutCollector):
 
     # ---------------------------------------------------------------------------------------- helpers
     def _new_version(self, step: int, timer: StepTimer) -> None:
-        """After step ``step``'s update: the call in flight finishes, the pool gets the new weights, and the new
-        version's budget counts the prompts already queued (verl's ``reset_staleness``)."""
-        with timer(names.PHASE_GEN):
-            self._wait(timer)
-        self.sync(step, timer)
+        """After step ``step``'s update: the pool gets the new weights (after the call in flight finishes, or
+        between its decode steps with partial rollout), and the new version's budget counts the prompts already
+        queued or in flight (verl's ``reset_staleness``)."""
+        if not self.partial_rollout:
+            with timer(names.PHASE_GEN):
+                self._wait(timer)
         self.param_version += 1
-        self.staleness_samples = self._queued_prompts()
+        self.sync(step, timer, version=self.param_version)
+        self.staleness_samples = self._queued_prompts() + (len(self.running.prompts) if self.running else 0)
 
     def _start(self, source: PromptSource) -> bool:
         """Start a generation call unless one runs, the version's budget or the run's prompts are spent, or the
@@ -173,6 +182,23 @@ class FullyAsyncCollector(RolloutCollector):
         self.queued = self.queued[rows:] if rows < len(self.queued) else None
         self.queued_versions = self.queued_versions[prompts:]
         return batch, versions
+
+
+def partial_metrics(batch: DataProto) -> dict[str, float]:
+    """verl's ``fully_async/partial/*`` of the step's samples, from the weight version of each response token
+    (``rollout_weight_versions``, -1 on padding; present with partial rollout)."""
+    if "rollout_weight_versions" not in batch.batch.keys():
+        return {}
+    versions = batch.batch["rollout_weight_versions"]
+    drawn = versions >= 0
+    first = torch.where(drawn, versions, torch.iinfo(versions.dtype).max).amin(dim=-1)
+    span = torch.where(drawn.any(dim=-1), versions.amax(dim=-1) - first, 0)
+    partial = span > 0
+    return {
+        names.FULLY_ASYNC_PARTIAL_SAMPLES: float(partial.sum()),
+        names.FULLY_ASYNC_PARTIAL_RATIO: float(partial.float().mean()) if len(span) else 0.0,
+        names.FULLY_ASYNC_MAX_PARTIAL_SPAN: float(span.max()) if len(span) else 0.0,
+    }
 
 
 class TrainerIdleRatio:

@@ -7,8 +7,9 @@ are synced into the pool. Between two syncs the pool starts at most ``max_requir
 ``staleness_threshold``) x ``trigger_parameter_sync_step``) prompts, counting those queued or in flight at the
 sync (verl's ``staleness_samples``), so no sample is more than a bounded number of versions old. The run
 generates ``rollout.total_rollout_steps`` prompts (capped by the data's epochs) and trains on them in steps of
-``required``; ``trainer.save_freq`` and ``trainer.test_freq`` count weight versions, as in verl. What this
-mode cannot do is refused here, before anything starts.
+``required``; ``trainer.save_freq`` and ``trainer.test_freq`` count weight versions, as in verl. With
+``partial_rollout`` a sync lands in the generation in flight (hf engine, single-turn). What this mode cannot do is
+refused here, before anything starts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ KEY = "async_training.enable=true"
 def fully_async(config: PPOTrainerConfig) -> bool:
     """Fully async training (its rollout pool is the one of ``actor_rollout_ref.hybrid_engine=false``)."""
     return config.async_training.enable
+
+
+def partial_rollout(config: PPOTrainerConfig) -> bool:
+    """Weight syncs land between the decode steps of the generation in flight, which goes on with the new weights
+    (verl: only with ``staleness_threshold > 0``; at 0 nothing is in flight at a sync)."""
+    settings = config.async_training
+    return fully_async(config) and settings.partial_rollout and settings.staleness_threshold > 0
 
 
 def required_samples(config: PPOTrainerConfig) -> int:
@@ -75,10 +83,16 @@ def fully_async_errors(config: PPOTrainerConfig) -> list[str]:
     for key in ("trigger_parameter_sync_step", "require_batches", "concurrent_samples_per_replica"):
         if getattr(settings, key) < 1:
             errors.append(f"async_training.{key}={getattr(settings, key)} must be >= 1")
-    if settings.partial_rollout and settings.staleness_threshold > 0:
-        errors.append("async_training.partial_rollout=true (verl's default) needs partial rollout, samples in flight "
-                      "at a weight sync going on with the new weights, which hybridflow does not have yet; set "
-                      "async_training.partial_rollout=false (a sync then waits for the samples in flight)")
+    rollout = config.actor_rollout_ref.rollout
+    if partial_rollout(config) and rollout.name != "hf":
+        errors.append(f"async_training.partial_rollout=true with actor_rollout_ref.rollout.name={rollout.name} needs "
+                      "new weights loaded into its running generation, which hybridflow does not have (the hf engine "
+                      "does it); use rollout.name=hf, or set async_training.partial_rollout=false (a sync then waits "
+                      "for the samples in flight)")
+    if partial_rollout(config) and rollout.multi_turn.enable:
+        errors.append("async_training.partial_rollout=true tags each token with the weights that drew it in "
+                      "single-turn rollouts only; set actor_rollout_ref.rollout.multi_turn.enable=false or "
+                      "async_training.partial_rollout=false")
     if settings.use_trainer_do_validate:
         errors.append("async_training.use_trainer_do_validate=true needs validation on the training pool, which "
                       "hybridflow does not have; set it to false (the rollout pool validates with synced weights)")
@@ -114,6 +128,9 @@ def unread_async_options(config: PPOTrainerConfig) -> list[str]:
             changed["rollout.total_rollout_steps"] = config.rollout.total_rollout_steps
         return flag + [f"{key}={value} (read only with {KEY})" for key, value in changed.items()]
     unread = flag
+    if settings.partial_rollout and not partial_rollout(config):
+        unread.append("async_training.partial_rollout=True (takes effect only with staleness_threshold > 0: at 0 "
+                      "nothing is in flight at a sync)")
     if not settings.use_dynamic_resource_scheduling:
         unread += [
             f"async_training.{key}={getattr(settings, key)} (read only with "

@@ -95,6 +95,11 @@ FULLY_ASYNC_STALE_TRAJECTORIES = "fully_async/count/stale_trajectory_processed"
 FULLY_ASYNC_PARAM_VERSION = "fully_async/count/current_param_version"
 FULLY_ASYNC_GENERATED_SAMPLES = "fully_async/count/total_generated_samples"
 FULLY_ASYNC_TRAINER_IDLE_RATIO = "fully_async/trainer/idle_ratio"
+# With partial rollout, of the step's samples: how many were drawn by more than one weight version, their share,
+# and the most versions apart a sample's first and last tokens are.
+FULLY_ASYNC_PARTIAL_SAMPLES = "fully_async/partial/total_partial_num"
+FULLY_ASYNC_PARTIAL_RATIO = "fully_async/partial/partial_ratio"
+FULLY_ASYNC_MAX_PARTIAL_SPAN = "fully_async/partial/max_partial_span"
 
 # GDPO (arXiv 2601.05242): ``gdpo/<key>/mean|std|max|min`` of each reward component in algorithm.gdpo_reward_keys.
 GDPO_PREFIX = "gdpo/"

@@ -115,10 +115,16 @@ def _start_groups(
     return WorkerGroups(roles, groups, plan)
 
 
-def create_worker_groups(plan: ResourcePlan, role_classes: dict[str, RayClassWithInitArgs]) -> WorkerGroups:
-    """Start every pool's workers as Ray actors, one per rank."""
+def create_worker_groups(
+    plan: ResourcePlan, role_classes: dict[str, RayClassWithInitArgs], concurrent_roles: frozenset[str] = frozenset()
+) -> WorkerGroups:
+    """Start every pool's workers as Ray actors, one per rank; the groups of ``concurrent_roles`` take
+    ``register(concurrent=True)`` calls beside a call in progress."""
     return _start_groups(
-        plan, role_classes, lambda pool, cls_with_init, name: distributed.RayWorkerGroup(pool, cls_with_init, name)
+        plan, role_classes,
+        lambda pool, cls_with_init, name: distributed.RayWorkerGroup(
+            pool, cls_with_init, name, concurrent_calls=name in concurrent_roles
+        ),
     )
 
 

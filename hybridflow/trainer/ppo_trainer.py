@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import pathlib
 from collections import defaultdict
 from typing import Any, Callable
@@ -38,7 +39,7 @@ from hybridflow.trainer.estimator_metrics import RewardComponentMetrics, Varianc
 from hybridflow.trainer.exact_skips import skips_old_log_prob, skips_zero_signal_samples
 from hybridflow.trainer.fully_async_collection import FullyAsyncCollector, TrainerIdleRatio
 from hybridflow.trainer.fully_async_options import (
-    concurrent_samples, fully_async, max_required_samples, required_samples, steps_per_version,
+    concurrent_samples, fully_async, max_required_samples, partial_rollout, required_samples, steps_per_version,
 )
 from hybridflow.trainer.fully_async_options import training_steps as fully_async_training_steps
 from hybridflow.trainer.hooks import RolloutDump, StepHook
@@ -158,8 +159,12 @@ class RayPPOTrainer:
         actors by default, this process in ``trainer.local_mode``.
         """
         config, trainer = self.config, self.config.trainer
-        if start_workers is None:
-            start_workers = create_local_worker_groups if trainer.local_mode else create_worker_groups
+        if start_workers is None and trainer.local_mode:
+            start_workers = create_local_worker_groups
+        elif start_workers is None:
+            # Partial rollout's weight syncs land in the rollout pool's generation in flight
+            concurrent = frozenset({ROLLOUT_ROLE}) if partial_rollout(config) else frozenset()
+            start_workers = functools.partial(create_worker_groups, concurrent_roles=concurrent)
         # With hybrid_engine=false the rollout is a role of its own, on its own pool (rollout_pool_options)
         rollout_role = "" if one_step_off(config) else "_rollout"
         actor_role = f"actor{rollout_role}_ref" if uses_reference(config) else f"actor{rollout_role}"
@@ -221,6 +226,8 @@ class RayPPOTrainer:
     def _make_collector(self, rollout_group: Any, reward_model_group: Any) -> RolloutCollector:
         rollout = self.config.actor_rollout_ref.rollout
         meta = {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id}
+        if partial_rollout(self.config):
+            meta["record_weight_versions"] = True
         self.generate = Generation(rollout_group, meta, seed=rollout.seed, n=rollout.n, val_n=rollout.val_kwargs.n)
         self.score = reward_scorer(self.reward_manager, reward_model_group)
         if one_step_off(self.config):
@@ -233,6 +240,7 @@ class RayPPOTrainer:
                     self.generate, self.score, sync, required=required,
                     max_required=max_required_samples(self.config), concurrent=concurrent_samples(self.config),
                     steps_per_sync=self.steps_per_version, total_prompts=self.total_training_steps * required,
+                    partial_rollout=partial_rollout(self.config),
                 )
             return OneStepOffCollector(self.generate, self.score, sync, self.total_training_steps)
         baseline = GreedyBaseline() if "reward_baselines" in self.estimator.readers else None

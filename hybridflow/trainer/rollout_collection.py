@@ -250,13 +250,14 @@ class RolloutWeightSync:
         self.bucket_megabytes = bucket_megabytes
         self.synced_step: int | None = 0
 
-    def __call__(self, step: int, timer: StepTimer) -> None:
-        """Make the pool hold the actor's weights after step ``step``'s update (they are the actor's now)."""
+    def __call__(self, step: int, timer: StepTimer, version: int = 0) -> None:
+        """Make the pool hold the actor's weights after step ``step``'s update (they are the actor's now), as
+        weight version ``version`` (fully async's tag of the tokens they draw)."""
         if self.synced_step == step:
             return
         with timer(names.PHASE_SYNC_ROLLOUT_WEIGHTS):
             buckets = self.actor.share_weights(self.bucket_megabytes)[0]
-            self.rollout.load_shared_weights(buckets)
+            self.rollout.load_shared_weights(buckets, version)
         self.synced_step = step
 
 

@@ -151,10 +151,13 @@ class ActorRolloutRefWorker(Worker):
             buckets.append(share(bucket))
         return buckets
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_shared_weights(self, buckets: list[SharedObject]) -> float:
-        """Load ``share_weights``' buckets into this rollout engine one bucket at a time; returns seconds taken."""
-        return self._part("rollout", "load_shared_weights").load_weight_buckets(bucket.get() for bucket in buckets)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrent=True)
+    def load_shared_weights(self, buckets: list[SharedObject], version: int = 0) -> float:
+        """Load ``share_weights``' buckets into this rollout engine one bucket at a time, as weight version
+        ``version``; returns seconds taken. Concurrent: on a group started for it, the load lands between the
+        decode steps of a generation in progress (fully async's partial rollout)."""
+        rollout = self._part("rollout", "load_shared_weights")
+        return rollout.load_weight_buckets((bucket.get() for bucket in buckets), version)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> DataProto:

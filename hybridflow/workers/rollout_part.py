@@ -70,12 +70,14 @@ class RolloutPart:
         self.synced_version = self.weight_source.weights_version
         return time.perf_counter() - start
 
-    def load_weight_buckets(self, buckets: Iterable[list[tuple[str, torch.Tensor]]]) -> float:
+    def load_weight_buckets(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int = 0) -> float:
         """A rollout on its own pool (no ``weight_source``): copy each bucket of ``(name, tensor)`` pairs into
-        the engine as it is read; returns seconds taken."""
+        the engine as it is read, all of them landing together as weight version ``version``; returns seconds
+        taken."""
         start = time.perf_counter()
-        for bucket in buckets:
-            self.engine.load_weights(bucket)
+        with self.engine.loading_weights(version):
+            for bucket in buckets:
+                self.engine.load_weights(bucket)
         return time.perf_counter() - start
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:

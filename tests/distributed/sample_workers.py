@@ -2,6 +2,7 @@
 
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -168,3 +169,19 @@ class CriticRole(RoleWorker):
 
 class RefRole(RoleWorker):
     role_name = "ref"
+
+
+class FlagWorker(Worker):
+    """A call that waits for a flag, and a concurrent one that raises it."""
+
+    def __init__(self):
+        super().__init__()
+        self.flag = threading.Event()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def wait_for_flag(self, timeout: float) -> bool:
+        return self.flag.wait(timeout)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrent=True)
+    def raise_flag(self) -> None:
+        self.flag.set()

@@ -4,8 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.distributed import GroupFuture, PartStream, WorkerError, WorkerTimeoutError
+from hybridflow.distributed import (
+    GroupFuture, PartStream, RayClassWithInitArgs, RayWorkerGroup, ResourcePool, WorkerError, WorkerTimeoutError,
+)
 from hybridflow.protocol import DataProto
+
+from .sample_workers import FlagWorker
 
 
 def make_batch(rows: int) -> DataProto:
@@ -119,3 +123,19 @@ def test_a_rank_failing_mid_stream_stops_the_stream_with_its_error(collective_gr
     stream = collective_group.double_in_parts(make_batch(4), fail_after_first=True)
     with pytest.raises(WorkerError, match=r"(?s)rank [01].*double_in_parts.*deliberate failure"):
         stream.get()
+
+
+@pytest.mark.parametrize("concurrent_calls", [True, False])
+def test_a_concurrent_method_runs_beside_a_call_in_progress_on_a_group_started_for_it(ray_cluster, concurrent_calls):
+    """``register(concurrent=True)`` (the rollout pool's weight loads under partial rollout): on a group with
+    ``concurrent_calls`` it runs while the call in progress waits for it; elsewhere after that call, in order."""
+    pool = ResourcePool([2], num_cpus_per_process=0.5, name_prefix="flags")
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(FlagWorker), name_prefix="flags", concurrent_calls=concurrent_calls)
+    try:
+        waiting = group.wait_for_flag.submit(30.0 if concurrent_calls else 0.5)
+        group.raise_flag()
+        assert waiting.get() == [concurrent_calls] * 2
+        assert group.wait_for_flag(0.0) == [True, True]
+    finally:
+        group.kill()
+        pool.release()

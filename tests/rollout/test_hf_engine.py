@@ -1,6 +1,8 @@
 """The "hf" engine's generate_sequences contract, seeding, stop conditions, validation and sleep/wake."""
 
 import asyncio
+import math
+import threading
 import time
 
 import pytest
@@ -220,3 +222,36 @@ def test_an_added_lora_adapter_takes_adapter_tensors_and_generates_as_the_adapte
     with torch.no_grad():
         reference = policy.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)
     assert greedy.token_ids == reference[0, len(prompt) : len(prompt) + len(greedy.token_ids)].tolist()
+
+
+def test_weights_loaded_mid_generation_draw_the_rest_and_tag_each_token(make_engine, tokenizer):
+    """Fully async's partial rollout: ``loading_weights`` lands between the decode steps of the requests in
+    flight, which go on with the new weights; each token carries the version of the weights that drew it."""
+    length = 256
+    engine = make_engine(n=2, response_length=length, ignore_eos=True, calculate_log_probs=True)
+    prompts = left_padded(tokenizer, PROMPTS[:2])
+    prompts.meta_info["record_weight_versions"] = True
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(out=engine.generate_sequences(prompts)))
+    thread.start()
+    # All-zero weights make every logit 0: a token they draw has log-probability -log(vocabulary).
+    zeros = [(name, torch.zeros_like(param)) for name, param in engine.model.named_parameters()]
+    decoder, loaded = engine._scheduler.decoder, False
+    while not loaded and thread.is_alive():
+        with engine._scheduler.paused():  # no decode step while the rows are looked at
+            if decoder.sequences and min(len(s.token_ids) for s in decoder.sequences) >= 2:
+                with engine.loading_weights(7):
+                    engine.load_weights(zeros)
+                loaded = True
+        time.sleep(0.001)
+    thread.join(timeout=60)
+    assert loaded, "the generation finished before the weights could land in it"
+    out = result["out"].batch
+    versions, log_probs = out["rollout_weight_versions"], out["rollout_log_probs"]
+    uniform = -math.log(engine.model.config.vocab_size)
+    for row in range(len(versions)):
+        switch = int((versions[row] == 0).sum())
+        assert 2 <= switch < length, versions[row]
+        assert torch.equal(versions[row], torch.tensor([0] * switch + [7] * (length - switch)))
+        torch.testing.assert_close(log_probs[row, switch:], torch.full((length - switch,), uniform))
+        assert (log_probs[row, :switch] - uniform).abs().max() > 1e-3  # the model folder's weights drew these

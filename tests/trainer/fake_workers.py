@@ -148,7 +148,7 @@ class FakeActorRollout:
         self.calls.append(("share_weights", self.version))
         return [[self.version], []]
 
-    def load_shared_weights(self, buckets):
+    def load_shared_weights(self, buckets, version=0):
         self.calls.append(("load_shared_weights", buckets[0]))
         self.version = buckets[0]
 

@@ -5,7 +5,9 @@ import subprocess
 import sys
 
 from hybridflow.experimental.fully_async_policy.fully_async_main import CONFIG_NAME
-from hybridflow.trainer.fully_async_options import max_required_samples, required_samples, training_steps
+from hybridflow.trainer.fully_async_options import (
+    max_required_samples, partial_rollout, required_samples, training_steps,
+)
 from hybridflow.trainer.validate import derived_sizes, load_config, load_config_with_notes
 
 from .cli import cli_env
@@ -41,9 +43,6 @@ def test_what_fully_async_cannot_run_is_refused_in_one_line_each(base):
         "async_training.enable=true generates on a rollout pool of its own; set actor_rollout_ref.hybrid_engine=false "
         "(and size the pool with rollout.nnodes / rollout.n_gpus_per_node)",
         "async_training.trigger_parameter_sync_step=0 must be >= 1",
-        "async_training.partial_rollout=true (verl's default) needs partial rollout, samples in flight at a weight "
-        "sync going on with the new weights, which hybridflow does not have yet; set "
-        "async_training.partial_rollout=false (a sync then waits for the samples in flight)",
         "async_training.use_trainer_do_validate=true needs validation on the training pool, which hybridflow does "
         "not have; set it to false (the rollout pool validates with synced weights)",
         "async_training.use_dynamic_resource_scheduling=true needs training GPUs lent to the rollout, which "
@@ -55,10 +54,29 @@ def test_what_fully_async_cannot_run_is_refused_in_one_line_each(base):
     ]
 
 
-def test_partial_rollout_is_accepted_where_it_changes_nothing(base):
+def test_partial_rollout_needs_staleness_the_hf_engine_and_a_single_turn(base):
     """verl: partial rollout only takes effect with staleness_threshold > 0 (at 0 nothing is in flight at a sync)."""
-    config = load_config(compose_config(base + ASYNC[:2] + ["async_training.staleness_threshold=0"]))
-    assert config.async_training.partial_rollout
+    partial = ASYNC[:2] + ["async_training.partial_rollout=true"]
+    assert partial_rollout(load_config(compose_config(base + partial + ["async_training.staleness_threshold=0.5"])))
+    config, unread = load_config_with_notes(
+        compose_config(base + partial + ["async_training.staleness_threshold=0"]), check_environment=False
+    )
+    assert not partial_rollout(config)
+    assert unread[0] == (
+        "async_training.partial_rollout=True (takes effect only with staleness_threshold > 0: at 0 nothing is in "
+        "flight at a sync)"
+    )
+    errors = config_errors(base + partial + [
+        "async_training.staleness_threshold=0.5", "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+    ])
+    assert [error for error in errors if "partial_rollout" in error] == [
+        "async_training.partial_rollout=true with actor_rollout_ref.rollout.name=vllm needs new weights loaded into "
+        "its running generation, which hybridflow does not have (the hf engine does it); use rollout.name=hf, or set "
+        "async_training.partial_rollout=false (a sync then waits for the samples in flight)",
+        "async_training.partial_rollout=true tags each token with the weights that drew it in single-turn rollouts "
+        "only; set actor_rollout_ref.rollout.multi_turn.enable=false or async_training.partial_rollout=false",
+    ]
 
 
 def test_the_async_keys_are_listed_as_not_read_unless_fully_async(base):

@@ -59,3 +59,25 @@ def test_steps_train_from_the_queue_with_bounded_staleness(fully_async_run):
 def test_kill_9_then_resume_matches_an_uninterrupted_run(fully_async_run, tmp_path):
     """The checkpoint after step 2 holds the 2 queued prompts' samples: the resumed run trains on them at step 3."""
     kill_9_then_resume(*fully_async_run, tmp_path, steps=STEPS)
+
+
+def test_partial_rollout_tags_each_token_with_its_weights(tiny_model_dir, tiny_parquet, tmp_path):
+    """async_training.partial_rollout=true on real pools: the rollout pool's group takes the weight load beside a
+    generation in progress and the engine tags every token, so each step reports verl's partial metrics (where a
+    sync lands in a call depends on timing: tests/rollout/test_hf_engine.py pins that down)."""
+    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run", "grpo") + [
+        "actor_rollout_ref.hybrid_engine=false", "async_training.enable=true", "async_training.partial_rollout=true",
+        "actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.bypass_mode=true",
+        "data.gen_batch_size=1", "async_training.require_batches=1", "async_training.trigger_parameter_sync_step=1",
+        "async_training.staleness_threshold=1.0", "async_training.concurrent_samples_per_replica=2",
+        "rollout.total_rollout_steps=8", "trainer.val_before_train=false",
+    ]
+    run_cli(overrides, cwd=tmp_path)
+    steps = _steps(tmp_path / "run")
+    assert sorted(steps) == [1, 2, 3, 4]
+    for record in steps.values():
+        assert 0 <= record[names.FULLY_ASYNC_PARTIAL_RATIO] <= 1
+        assert record[names.FULLY_ASYNC_MAX_PARTIAL_SPAN] in (0, 1)  # a call in flight meets one sync at most
+    # Calls of 2 prompts, each started during a step's training and in flight across the next step's sync
+    assert [steps[s][names.FULLY_ASYNC_PARAM_VERSION] for s in range(1, 5)] == [0, 1, 2, 3]
+    assert [steps[s][names.FULLY_ASYNC_STALE_SAMPLES] for s in range(1, 5)] == [0, 2, 4, 6]

@@ -540,3 +540,26 @@ def test_fully_async_saves_and_validates_on_weight_syncs_and_resumes_with_its_qu
     for mine, theirs in zip(resumed, whole[2:]):
         assert list(mine.non_tensor_batch["uid"]) == list(theirs.non_tensor_batch["uid"])
         torch.testing.assert_close(mine.batch["rollout_log_probs"], theirs.batch["rollout_log_probs"])
+
+
+def test_fully_async_partial_rollout_syncs_without_waiting_for_the_call_in_flight(run):
+    """async_training.partial_rollout=true: step 5's sync does not wait for call 3 (started at step 4 with the
+    first synced weights); the fake pool runs a call when it is waited for, so call 3's prompt is drawn with the
+    weights synced before it, update 4's, next to a queued prompt of update 2's; the budget counts it in flight."""
+    trainer, fakes = run("grpo", *FULLY_ASYNC[:2], *FULLY_ASYNC[3:], "async_training.partial_rollout=true")
+    train, sync, call = ["update_actor"], ["share_weights", "load_shared_weights"], ["submit", "generate_sequences"]
+    assert fakes.names()[2:] == (
+        call + ["submit"] + train  # step 1
+        + ["generate_sequences"] + train  # step 2
+        + sync + ["submit"] + train  # step 3
+        + ["generate_sequences", "submit"] + train  # step 4
+        + sync + ["generate_sequences", "submit"] + train  # step 5: the sync before call 3 is waited for
+        + ["generate_sequences"] + train  # step 6
+    )
+    for batch, versions in zip(_step_batches(fakes), ([0] * 4, [0] * 4, [0] * 4, [2] * 4, [2, 2, 4, 4], [4] * 4)):
+        responses, mask = batch.batch["responses"], batch.batch["response_mask"]
+        version = torch.tensor(versions, dtype=torch.float32)[:, None]
+        expected = (-(responses % 7).float() / 10 - 0.01 * version - rollout_log_ratio(responses)) * mask
+        torch.testing.assert_close(batch.batch["rollout_log_probs"], expected)
+    steps = {record["step"]: record for record in read_metrics(trainer.run_dir)}
+    assert [steps[s][names.FULLY_ASYNC_STALE_SAMPLES] for s in range(1, 7)] == [0, 0, 2, 2, 4, 4]
