@@ -6,7 +6,7 @@ import pytest
 
 from hybridflow.trainer import metric_names as names
 
-from .cli import run_cli
+from .cli import kill_9_at_first_checkpoint, run_cli
 from .helpers import tiny_run_overrides
 from .test_main_ppo import _steps, kill_9_then_resume
 
@@ -61,18 +61,23 @@ def test_kill_9_then_resume_matches_an_uninterrupted_run(fully_async_run, tmp_pa
     kill_9_then_resume(*fully_async_run, tmp_path, steps=STEPS)
 
 
-def test_partial_rollout_tags_each_token_with_its_weights(tiny_model_dir, tiny_parquet, tmp_path):
-    """async_training.partial_rollout=true on real pools: the rollout pool's group takes the weight load beside a
-    generation in progress and the engine tags every token, so each step reports verl's partial metrics (where a
-    sync lands in a call depends on timing: tests/rollout/test_hf_engine.py pins that down)."""
-    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run", "grpo") + [
+def _partial_rollout_overrides(tiny_model_dir, tiny_parquet, run_dir):
+    """8 prompts in steps of 2, a sync every step, calls of 2 prompts: each call runs while its step trains and is
+    in flight at the next step's sync."""
+    return tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir, "grpo") + [
         "actor_rollout_ref.hybrid_engine=false", "async_training.enable=true", "async_training.partial_rollout=true",
         "actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.bypass_mode=true",
         "data.gen_batch_size=1", "async_training.require_batches=1", "async_training.trigger_parameter_sync_step=1",
         "async_training.staleness_threshold=1.0", "async_training.concurrent_samples_per_replica=2",
         "rollout.total_rollout_steps=8", "trainer.val_before_train=false",
     ]
-    run_cli(overrides, cwd=tmp_path)
+
+
+def test_partial_rollout_tags_each_token_with_its_weights(tiny_model_dir, tiny_parquet, tmp_path):
+    """async_training.partial_rollout=true on real pools: the rollout pool's group takes the weight load beside a
+    generation in progress and the engine tags every token, so each step reports verl's partial metrics (where a
+    sync lands in a call depends on timing: tests/rollout/test_hf_engine.py pins that down)."""
+    run_cli(_partial_rollout_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run"), cwd=tmp_path)
     steps = _steps(tmp_path / "run")
     assert sorted(steps) == [1, 2, 3, 4]
     for record in steps.values():
@@ -81,3 +86,17 @@ def test_partial_rollout_tags_each_token_with_its_weights(tiny_model_dir, tiny_p
     # Calls of 2 prompts, each started during a step's training and in flight across the next step's sync
     assert [steps[s][names.FULLY_ASYNC_PARAM_VERSION] for s in range(1, 5)] == [0, 1, 2, 3]
     assert [steps[s][names.FULLY_ASYNC_STALE_SAMPLES] for s in range(1, 5)] == [0, 2, 4, 6]
+
+
+def test_partial_rollout_resumes_after_kill_9_and_finishes(tiny_model_dir, tiny_parquet, tmp_path):
+    """kill -9 at the first checkpoint, then the same command: the run resumes from it and finishes, every prompt
+    generated once (its steps are not compared with another run's: where a sync lands in a call is timing)."""
+    run_dir = tmp_path / "run"
+    overrides = _partial_rollout_overrides(tiny_model_dir, tiny_parquet, run_dir) + ["trainer.save_freq=1"]
+    killed_at = kill_9_at_first_checkpoint(overrides, run_dir, cwd=tmp_path)
+    assert killed_at < STEPS, "the run finished before it could be killed"
+    run_cli(overrides, cwd=tmp_path)
+    steps = _steps(run_dir)
+    assert sorted(steps) == [1, 2, 3, 4]
+    assert (run_dir / "latest").read_text().strip() == "global_step_4"
+    assert [steps[s][names.FULLY_ASYNC_GENERATED_SAMPLES] for s in range(1, 5)] == [4, 6, 8, 8]
