@@ -146,15 +146,15 @@ class FullyAsyncCollector(RolloutCollector):
         size = min(
             self.concurrent, self.max_required - self.staleness_samples, self.total_prompts - self.started_prompts
         )
-        batches = []
+        batches = []  # single prompts (data.gen_batch_size=1)
         try:
-            while sum(len(batch) for batch in batches) < size:
+            for _ in range(size):
                 batches.append(source.next())
         except EndOfData:
             pass  # generate what there is; the step that finds the queue short stops the run
         if not batches:
             return False
-        prompts = DataProto.concat(batches)  # single prompts (data.gen_batch_size=1): never more than size
+        prompts = DataProto.concat(batches)
         self.staleness_samples += len(prompts)
         self.started_prompts += len(prompts)
         self.running = self.generate.start(assign_uids(prompts, f"chunk{self.chunks}"))

@@ -136,5 +136,11 @@ def cli(argv: list[str]) -> None:
     command_line("main_ppo", argv, PPO_SURFACE, PPOTrainerConfig, main)
 
 
+def cli_on_config(config_name: str, argv: list[str]) -> None:
+    """``cli`` on ``config_name`` (verl's experimental entry points), unless the command line names another."""
+    names_config = any(arg.startswith(("--config-name", "-cn")) for arg in argv)
+    cli(argv if names_config else [f"--config-name={config_name}", *argv])
+
+
 if __name__ == "__main__":
     cli(sys.argv[1:])

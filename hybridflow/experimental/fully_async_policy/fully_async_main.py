@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import sys
 
-from hybridflow.experimental.one_step_off_policy.main_ppo import with_config_name
+from hybridflow.trainer import main_ppo
 
 CONFIG_NAME = "fully_async_ppo_trainer"
 
 
 def cli(argv: list[str]) -> None:
     """``main_ppo.cli`` on this config, unless the command line names another (``--config-name``)."""
-    with_config_name(CONFIG_NAME, argv)
+    main_ppo.cli_on_config(CONFIG_NAME, argv)
 
 
 if __name__ == "__main__":

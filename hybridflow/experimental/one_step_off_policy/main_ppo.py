@@ -15,15 +15,9 @@ from hybridflow.trainer import main_ppo
 CONFIG_NAME = "one_step_off_ppo_trainer"
 
 
-def with_config_name(config_name: str, argv: list[str]) -> None:
-    """``main_ppo.cli`` on ``config_name``, unless the command line names another (``--config-name``)."""
-    names_config = any(arg.startswith(("--config-name", "-cn")) for arg in argv)
-    main_ppo.cli(argv if names_config else [f"--config-name={config_name}", *argv])
-
-
 def cli(argv: list[str]) -> None:
     """``main_ppo.cli`` on this config, unless the command line names another (``--config-name``)."""
-    with_config_name(CONFIG_NAME, argv)
+    main_ppo.cli_on_config(CONFIG_NAME, argv)
 
 
 if __name__ == "__main__":
