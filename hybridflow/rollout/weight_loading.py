@@ -12,7 +12,7 @@ PEFT insert (``_fsdp_wrapped_module.``, ``_orig_mod.``, ``_checkpoint_wrapped_mo
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 
@@ -76,3 +76,19 @@ def load_weights_in_place(model: torch.nn.Module, named_tensors: Iterable[tuple[
         loaded.append(target_name)
         del tensor
     return loaded
+
+
+def weight_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], megabytes: float
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The stream cut into lists of at least ``megabytes`` (the last may be smaller), each yielded once full, so
+    one bucket is held at a time (verl's ``update_weights_bucket_megabytes``)."""
+    bucket, size, limit = [], 0, megabytes * 2**20
+    for name, tensor in named_tensors:
+        bucket.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+        if size >= limit:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket

@@ -16,6 +16,7 @@ from hybridflow.algos import BypassCorrection
 from hybridflow.distributed import Dispatch, Worker, register
 from hybridflow.models.loading import load_tokenizer
 from hybridflow.protocol import DataProto, Part
+from hybridflow.rollout.weight_loading import weight_buckets
 from hybridflow.workers.actor import ActorPart
 from hybridflow.workers.batching import LossCounts, MicroBatching
 from hybridflow.workers.config import (
@@ -137,19 +138,8 @@ class ActorRolloutRefWorker(Worker):
         parameter is a collective); rank 0 returns the buckets, the others an empty list."""
         from hybridflow.distributed import share  # loads Ray, which only a rollout pool of its own needs
 
-        buckets, bucket, size = [], [], 0
-        limit = bucket_megabytes * 2**20
-        for name, tensor in self._part("actor", "share_weights").hf_weights():
-            if self.rank != 0:
-                continue
-            bucket.append((name, tensor.detach().cpu()))
-            size += tensor.numel() * tensor.element_size()
-            if size >= limit:
-                buckets.append(share(bucket))
-                bucket, size = [], 0
-        if bucket:
-            buckets.append(share(bucket))
-        return buckets
+        weights = ((name, tensor.detach().cpu()) for name, tensor in self._part("actor", "share_weights").hf_weights())
+        return [share(bucket) for bucket in weight_buckets(weights, bucket_megabytes) if self.rank == 0]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrent=True)
     def load_shared_weights(self, buckets: list[SharedObject], version: int = 0) -> float:

@@ -10,7 +10,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
-from hybridflow.rollout.weight_loading import WeightNameError, WeightShapeError, load_weights_in_place
+from hybridflow.rollout.weight_loading import WeightNameError, WeightShapeError, load_weights_in_place, weight_buckets
 from tests.rollout.prompts import left_padded
 
 
@@ -133,3 +133,20 @@ def test_weights_load_between_decode_steps_without_dropping_in_flight_requests(m
     result = future.result(timeout=60)
     assert result.finish_reason in ("eos", "length") and len(result.token_ids) == len(result.log_probs)
     assert all(torch.equal(a, b) for a, b in zip(engine.model.parameters(), actor.parameters()))
+
+
+def test_weight_buckets_hold_each_tensor_once_in_order_and_close_at_the_size():
+    megabyte = 2**20 // 4  # float32 elements in a MiB
+    named = [(f"w{index}", torch.zeros(size * megabyte)) for index, size in enumerate([1, 2, 3, 1, 1])]
+    pulled = []
+
+    def stream():
+        for item in named:
+            pulled.append(item[0])
+            yield item
+
+    buckets = weight_buckets(stream(), 3)
+    first = next(buckets)
+    assert [name for name, _ in first] == ["w0", "w1"] and pulled == ["w0", "w1"]  # read only as far as needed
+    rest = list(buckets)
+    assert [[name for name, _ in bucket] for bucket in rest] == [["w2"], ["w3", "w4"]]  # the last may be smaller
