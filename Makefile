@@ -8,7 +8,7 @@ export RAY_AUTH_MODE := disabled
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-fast test-vllm bench install clean
+.PHONY: demo test test-fast test-vllm test-gpu bench install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ $(VLLM_STAMP): pyproject.toml constraints.txt $(STAMP)
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -rs -m vllm --durations=10
+
+# The tests marked gpu, skipped where torch sees no CUDA device. A GPU machine installs a CUDA torch (not
+# constraints.txt's CPU build; docs/multi_node.md) and names its interpreter: make test-gpu GPU_PYTHON=python.
+GPU_PYTHON ?= $(PY)
+test-gpu: $(if $(filter $(PY),$(GPU_PYTHON)),$(STAMP))
+	$(GPU_PYTHON) -m pytest -q -rs -m gpu
 
 bench: $(STAMP)
 	$(PY) -m bench.run_all

@@ -1,0 +1,30 @@
+"""The GPU lane (`make test-gpu`): every test here is marked gpu and skipped where torch sees no CUDA device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hybridflow.distributed.worker import find_free_port
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/gpu/" in str(item.fspath):
+            item.add_marker(pytest.mark.gpu)
+            if not torch.cuda.is_available():
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (make test-gpu on a GPU machine)"))
+
+
+@pytest.fixture(scope="session")
+def cuda_group():
+    """A 1-rank group in this process over NCCL for CUDA tensors (gloo for CPU ones), as the workers make it."""
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group(
+            "cpu:gloo,cuda:nccl", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1
+        )
+    yield
+    if created:
+        dist.destroy_process_group()
