@@ -1,4 +1,5 @@
-"""Fixtures shared across the suite: one local Ray cluster and one tiny model per test session."""
+"""Fixtures shared across the suite: one local Ray cluster, one tiny model per test session, and one tiny model
+of each other family users bring."""
 
 import os
 
@@ -28,6 +29,24 @@ def tiny_model_dir(tmp_path_factory):
     from hybridflow.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
+
+
+# The families users bring besides Qwen2 (the tiny model above), as hybridflow.models.tiny builds them.
+MODEL_FAMILIES = ("llama", "qwen3", "gemma3", "mistral")
+
+
+@pytest.fixture(scope="session", params=MODEL_FAMILIES)
+def model_family(request):
+    """Each family of MODEL_FAMILIES in turn: a test that takes it runs once per family."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def family_model_dir(model_family, tmp_path_factory):
+    """A random tiny model of ``model_family`` with the tiny model's tokenizer, in HF folder format."""
+    from hybridflow.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp(f"tiny_{model_family}"), seed=0, family=model_family)
 
 
 @pytest.fixture(scope="session")

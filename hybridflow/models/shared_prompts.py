@@ -10,10 +10,15 @@ sum of the ``m`` samples' gradients, as the ``m`` copies' would add up in the we
 
 The response's first token is predicted by the prompt's last position, which the group shares: its logits
 are computed once and read by every member.
+
+The row's mask is one ``[W, W]`` mask for every layer, so it cannot also hold a sliding window: models with
+sliding-window layers (Gemma 2/3, Mistral) share only batches whose samples fit in their window, and say once
+that the others run packed or padded.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +26,11 @@ import torch
 from hybridflow.models.padding import (
     PackedBatch, attention_pair_cost, layout_cost, pack_for_model, uses_varlen_attention,
 )
+
+logger = logging.getLogger(__name__)
+
+# The model types already told that their sliding window keeps some batches from sharing prompts.
+_TOLD_WINDOW_TOO_SHORT: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -111,19 +121,55 @@ def choose_layout(
 
     ``share_prompts``: True shares wherever a prompt repeats, None where ``layout_cost`` finds it cheaper than the
     layout that would run otherwise (the packing is then computed for the comparison), False never. Models with
-    variable-length attention keep their packed path.
+    variable-length attention keep their packed path; a sample longer than a sliding window runs unshared
+    (``fits_sliding_window``).
     """
-    varlen = uses_varlen_attention(model)
+    can_share = (
+        share_prompts is not False and not uses_varlen_attention(model) and fits_sliding_window(model, attention_mask)
+    )
     shared = packed = None
-    if share_prompts is True and not varlen:
+    if share_prompts is True and can_share:
         shared = shared_prompt_layout(input_ids, attention_mask, response_length, attention_pair_cost(model.config), None)
     if shared is None and use_remove_padding:
         packed = pack_for_model(model, input_ids, attention_mask)
-    if share_prompts is None and not varlen:
+    if share_prompts is None and can_share:
         pair_cost = attention_pair_cost(model.config)
         rows, width = packed.input_ids.shape if packed is not None else input_ids.shape
         shared = shared_prompt_layout(input_ids, attention_mask, response_length, pair_cost, layout_cost(rows, width, pair_cost))
     return shared, packed
+
+
+def sliding_window(config) -> int | None:
+    """How many tokens (itself included) a query of a sliding-window layer sees; None when every layer attends
+    to the whole sequence. Qwen2/3 configs name a window their layers do not use unless ``use_sliding_window``;
+    transformers then leaves ``sliding_window`` None, or ``layer_types`` lists no sliding layer."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
+        return None
+    return window
+
+
+def fits_sliding_window(model: torch.nn.Module, attention_mask: torch.Tensor) -> bool:
+    """Whether every sample of the batch fits in the model's sliding window (or it has none): only then is the
+    shared layout's mask, which lets a token see its whole sample, the mask of every layer. Logs once per
+    model type when not."""
+    window = sliding_window(model.config)
+    if window is None:
+        return True
+    longest = int(attention_mask.sum(dim=1).max())
+    if longest <= window:
+        return True
+    model_type = model.config.model_type
+    if model_type not in _TOLD_WINDOW_TOO_SHORT:
+        _TOLD_WINDOW_TOO_SHORT.add(model_type)
+        logger.warning(
+            "%s: samples longer than its sliding window (%d tokens; this batch has one of %d) do not share prompts "
+            "(use_prefix_grouper): one mask for all layers cannot hold the window; they run packed or padded",
+            model_type, window, longest,
+        )
+    return False
 
 
 def _build(input_ids, real, groups, prompt_lengths, response_lengths, width, response_length) -> SharedPromptBatch:

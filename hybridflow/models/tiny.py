@@ -1,9 +1,10 @@
-"""A tiny Qwen2-style causal LM and its tokenizer, built locally for tests and CPU demos (no network).
+"""A tiny causal LM and its tokenizer, built locally for tests and CPU demos (no network).
 
 The tokenizer is byte-level with no merges: every ASCII character (digits, operators, letters, spaces,
 newlines) is one token, any other text still round-trips exactly through its UTF-8 bytes, and the chat
-markers and tool tags are single tokens. The model is a randomly initialised ``Qwen2ForCausalLM``;
-the same seed gives the same weights.
+markers and tool tags are single tokens. The model is a randomly initialised ``Qwen2ForCausalLM`` by
+default, or one of the other families users bring (``FAMILIES``), each built from its own transformers
+config with the traits that set it apart; the same seed gives the same weights.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from importlib import resources
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    Gemma3ForCausalLM, Gemma3TextConfig, GenerationConfig, LlamaConfig, LlamaForCausalLM, MistralConfig,
+    MistralForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+)
 
 PAD_TOKEN = "<|endoftext|>"
 CHAT_START_TOKEN = "<|im_start|>"
@@ -22,6 +26,15 @@ EOS_TOKEN = "<|im_end|>"
 # tokens (as in Qwen2.5) so decoded responses keep them for the tool parser.
 SPECIAL_TOKENS = (PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN)
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
+# The model families ``build_tiny_model`` builds: (config class, model class) by family name.
+FAMILIES = {
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+}
 
 
 def chat_template() -> str:
@@ -68,25 +81,32 @@ def build_tiny_model(
     out_dir: str | pathlib.Path,
     seed: int = 0,
     *,
+    family: str = "qwen2",
     hidden_size: int = 128,
     num_hidden_layers: int = 2,
     num_attention_heads: int = 4,
     num_key_value_heads: int = 2,
     intermediate_size: int = 256,
     max_position_embeddings: int = 1024,
+    sliding_window: int = 8,
 ) -> pathlib.Path:
-    """Write a random Qwen2ForCausalLM and its tokenizer to ``out_dir`` in Hugging Face format.
+    """Write a random causal LM of ``family`` (a key of ``FAMILIES``) and its tokenizer to ``out_dir`` in
+    Hugging Face format.
 
     ``AutoTokenizer.from_pretrained(out_dir)`` and ``AutoModelForCausalLM.from_pretrained(out_dir)`` load
     it offline. The defaults give about 0.33M parameters and build in well under a second; the keyword
-    arguments size a larger model for demos. Returns ``out_dir`` as a Path.
+    arguments size a larger model for demos. ``sliding_window`` applies to the families that have one
+    (gemma3, mistral). Returns ``out_dir`` as a Path.
     """
+    if family not in FAMILIES:
+        raise ValueError(f"family={family!r} is not a tiny model family; choose one of {sorted(FAMILIES)}")
+    config_class, model_class = FAMILIES[family]
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer()
     pad_id = tokenizer.pad_token_id
     eos_id = tokenizer.eos_token_id
-    config = Qwen2Config(
+    config = config_class(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -94,17 +114,38 @@ def build_tiny_model(
         num_attention_heads=num_attention_heads,
         num_key_value_heads=num_key_value_heads,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
         # Qwen2 has no BOS token; its config names <|endoftext|> as BOS, and so does this one.
         bos_token_id=pad_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
+        **_family_options(family, hidden_size // num_attention_heads, num_hidden_layers, sliding_window),
     )
     # A private RNG stream: building a model must not move the caller's seeded sequence.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        model = model_class(config)
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def _family_options(family: str, head_dim: int, num_layers: int, sliding_window: int) -> dict:
+    """What a family's tiny config sets beyond the shared sizes: the traits of the checkpoints users bring."""
+    if family == "qwen2":
+        return {"tie_word_embeddings": True}
+    if family == "llama":
+        return {"tie_word_embeddings": False}  # Llama 3.1 8B; its 1B/3B tie, as qwen2 here does
+    if family == "qwen3":
+        # q/k RMSNorm, and heads wider than hidden_size / heads (Qwen3-0.6B: 1024 hidden, 16 heads of 128).
+        return {"tie_word_embeddings": True, "head_dim": 2 * head_dim}
+    if family == "gemma3":
+        # Embeddings scaled by sqrt(hidden), (1 + w) RMSNorms, q/k norms, sliding layers with their own RoPE base
+        # between full ones (Gemma 3 1B: window 512, five sliding to one full; here every other layer).
+        layer_types = ["full_attention" if layer % 2 else "sliding_attention" for layer in range(num_layers)]
+        return {
+            "tie_word_embeddings": True, "head_dim": head_dim, "query_pre_attn_scalar": head_dim,
+            "sliding_window": sliding_window, "layer_types": layer_types,
+        }
+    # mistral: every layer slides (Mistral 7B v0.1: window 4096).
+    return {"tie_word_embeddings": False, "sliding_window": sliding_window}

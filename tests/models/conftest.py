@@ -1,9 +1,12 @@
-"""Fixtures for the model tests: one torch thread, a freshly loaded tiny model, padded batches."""
+"""Fixtures for the model tests: one torch thread, a freshly loaded tiny model, padded batches, a forced packing
+and the unpadded reference log-probs."""
 
 import pytest
 import torch
 
+from hybridflow.models import shared_prompts as layout_module  # where the layout is chosen
 from hybridflow.models.loading import load_causal_lm
+from hybridflow.models.padding import pack_padded
 
 
 @pytest.fixture(autouse=True)
@@ -43,3 +46,34 @@ def make_padded_batch(prompt_lengths, response_lengths, prompt_width, response_w
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     response_mask = attention_mask[:, prompt_width:]
     return input_ids, attention_mask, position_ids, response_mask
+
+
+@pytest.fixture
+def packed_rows(monkeypatch):
+    """``packed_rows(n)``: make forward_log_probs pack every batch into ``n`` balanced rows."""
+
+    def use(num_rows):
+        monkeypatch.setattr(
+            layout_module,
+            "pack_for_model",
+            lambda model, input_ids, attention_mask: pack_padded(input_ids, attention_mask, num_rows=num_rows),
+        )
+
+    return use
+
+
+@pytest.fixture
+def unpadded_log_probs():
+    """``unpadded_log_probs(model, input_ids, attention_mask, response_lengths, response_width)``: each sample run
+    alone, without any padding; the ground truth the padded and packed paths must match."""
+    return _unpadded_log_probs
+
+
+def _unpadded_log_probs(model, input_ids, attention_mask, response_lengths, response_width):
+    reference = torch.zeros(len(response_lengths), response_width)
+    for row, length in enumerate(response_lengths):
+        tokens = input_ids[row][attention_mask[row].bool()]
+        log_probs = model(tokens[None]).logits[0].float().log_softmax(-1)
+        per_token = log_probs[:-1].gather(-1, tokens[1:, None])[:, 0]
+        reference[row, :length] = per_token[len(per_token) - length :]
+    return reference

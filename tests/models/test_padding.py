@@ -7,7 +7,6 @@ import types
 import pytest
 import torch
 
-from hybridflow.models import shared_prompts as layout_module  # where the layout is chosen
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.models.padding import (
     MIN_PACKED_SAVING,
@@ -113,33 +112,8 @@ def test_pack_for_model_picks_one_row_for_flash_rows_for_ragged_and_padding_for_
     assert 0 < attention_pair_cost(tiny_model.config) < 1e-2
 
 
-@pytest.fixture
-def packed_rows(monkeypatch):
-    """``packed_rows(n)``: make forward_log_probs pack every batch into ``n`` balanced rows."""
-
-    def use(num_rows):
-        monkeypatch.setattr(
-            layout_module,
-            "pack_for_model",
-            lambda model, input_ids, attention_mask: pack_padded(input_ids, attention_mask, num_rows=num_rows),
-        )
-
-    return use
-
-
-def _unpadded_reference(model, input_ids, attention_mask, response_lengths, response_width):
-    """Each sample run alone, without any padding: the ground truth both paths must match."""
-    reference = torch.zeros(len(response_lengths), response_width)
-    for row, length in enumerate(response_lengths):
-        tokens = input_ids[row][attention_mask[row].bool()]
-        log_probs = model(tokens[None]).logits[0].float().log_softmax(-1)
-        per_token = log_probs[:-1].gather(-1, tokens[1:, None])[:, 0]
-        reference[row, :length] = per_token[len(per_token) - length :]
-    return reference
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_packed_equals_padded_and_unpadded_log_probs(tiny_model, padded_batch, packed_rows, layout):
+def test_packed_equals_padded_and_unpadded_log_probs(tiny_model, padded_batch, packed_rows, unpadded_log_probs, layout):
     prompt_lengths, response_lengths, prompt_width, response_width, num_rows = LAYOUTS[layout]
     batch = padded_batch(prompt_lengths, response_lengths, prompt_width, response_width)
     input_ids, attention_mask, position_ids, response_mask = batch
@@ -151,7 +125,7 @@ def test_packed_equals_padded_and_unpadded_log_probs(tiny_model, padded_batch, p
         padded, padded_entropy = forward_log_probs(
             tiny_model, *batch[:3], response_width, use_remove_padding=False, calculate_entropy=True
         )
-        reference = _unpadded_reference(tiny_model, input_ids, attention_mask, response_lengths, response_width)
+        reference = unpadded_log_probs(tiny_model, input_ids, attention_mask, response_lengths, response_width)
     # The three paths run the same sums over rows of other lengths (see tests/float_bounds.py).
     num_terms = longest_reduction(tiny_model.config)
     torch.testing.assert_close(packed, padded, atol=model_output_bound(padded, num_terms), rtol=0)

@@ -1,5 +1,6 @@
 """GRPO through main_ppo with rollout.name=vllm: the demo's task for 12 steps, its workers in Ray, the rollout
-in the actor's processes (hybrid engine) or on a pool of its own a step ahead (one-step-off policy); the
+in the actor's processes (hybrid engine), or on a pool of its own a step ahead (one-step-off policy) or
+generating continuously (fully async, without partial rollout, which vLLM does not take); the
 validation accuracy (the mean validation reward) must rise. Runs where vllm is installed (`make test-vllm`)."""
 
 import json
@@ -13,8 +14,14 @@ pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("placement", [[], ["actor_rollout_ref.hybrid_engine=false", "trainer.cpus_per_worker=1"]],
-                         ids=["hybrid-engine", "one-step-off"])
+ROLLOUT_POOL = ["actor_rollout_ref.hybrid_engine=false", "trainer.cpus_per_worker=1"]
+FULLY_ASYNC = ROLLOUT_POOL + [
+    "async_training.enable=true", "async_training.partial_rollout=false", "data.gen_batch_size=1",
+    "actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.bypass_mode=true",
+]
+
+
+@pytest.mark.parametrize("placement", [[], ROLLOUT_POOL, FULLY_ASYNC], ids=["hybrid-engine", "one-step-off", "fully-async"])
 def test_a_grpo_run_on_vllm_learns(tmp_path, placement):
     run_dir = tmp_path / "demo"
     completed = subprocess.run(
