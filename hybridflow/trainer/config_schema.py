@@ -136,7 +136,7 @@ class TrainerConfig:
     total_training_steps: Optional[int] = option(None, "Stop after this many steps; None means total_epochs passes.")
     project_name: str = option("hybridflow", "Project name in the trackers.")
     experiment_name: str = option("ppo", "Run name in the trackers.")
-    logger: Any = option(["console", "jsonl"], "Trackers: a list (or one name) of console, jsonl, tensorboard, mlflow, wandb.")
+    logger: Any = option(["console", "jsonl"], "Trackers: a list (or one name) of console, jsonl, tensorboard, mlflow, wandb, swanlab.")
     log_val_generations: int = option(
         0, "Validation samples (input, output, score) logged as a table to every tracker at each validation."
     )

@@ -121,7 +121,7 @@ class SFTRunConfig:
     total_training_steps: Optional[int] = option(None, "Stop after this many steps; None means total_epochs passes.")
     project_name: str = option("hybridflow", "Project name in the trackers.")
     experiment_name: str = option("sft", "Run name in the trackers.")
-    logger: list = option(["console", "jsonl"], "Trackers: any of console, jsonl, tensorboard, mlflow, wandb.")
+    logger: list = option(["console", "jsonl"], "Trackers: any of console, jsonl, tensorboard, mlflow, wandb, swanlab.")
     nnodes: int = option(1, "Nodes of the cluster to use.")
     n_gpus_per_node: int = option(1, "Worker processes per node (one per GPU; on CPU, processes sharing the cores).")
     cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each worker process (fractions allowed).")

@@ -1,10 +1,12 @@
-"""Where per-step metrics go: any mix of console, jsonl, tensorboard, mlflow and wandb (``trainer.logger``).
+"""Where per-step metrics go: any mix of console, jsonl, tensorboard, mlflow, wandb and swanlab (``trainer.logger``).
 
 Every backend takes a flat ``{name: float}`` dict and a step. ``jsonl`` writes one line per step to
-``<run_dir>/metrics.jsonl`` and is the record the tests and resumes rely on; ``mlflow`` writes to a local
-file store under the run folder unless ``MLFLOW_TRACKING_URI`` is set; ``wandb`` runs offline unless
-``WANDB_MODE`` or ``WANDB_API_KEY`` says otherwise. Every backend also takes a table of validation samples,
-(input, output, score) rows, under verl's name ``val/generations`` (``trainer.log_val_generations``).
+``<run_dir>/metrics.jsonl`` and is the record the tests and resumes rely on. The hosted trackers keep their runs
+under the run folder unless the user configured them: ``mlflow`` a SQLite store (unless ``MLFLOW_TRACKING_URI``),
+``wandb`` and ``swanlab`` offline files (unless ``WANDB_MODE``/``WANDB_API_KEY``, ``SWANLAB_MODE``/``SWANLAB_API_KEY``),
+and a resumed run goes on logging to the same tracker run (``TrackerRun``). Every backend also takes a table of
+validation samples, (input, output, score) rows, under verl's name ``val/generations``
+(``trainer.log_val_generations``).
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ class TrackingBackend(Protocol):
 
 LOGGER_BACKENDS: Registry[type] = Registry("logger backend", "trainer.logger")
 # Backends whose package is an optional extra of hybridflow: module to import, extra to install.
-OPTIONAL_BACKEND_PACKAGES = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
+OPTIONAL_BACKEND_PACKAGES = {
+    "mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb"), "swanlab": ("swanlab", "swanlab"),
+}
 
 
 def import_optional(backend: str) -> Any:
@@ -229,25 +233,80 @@ class TensorboardBackend:
         self.writer.close()
 
 
+class TrackerRun:
+    """A hosted tracker's run as ``<run_dir>/<backend>_run.json`` records it: its id and the last step logged to it.
+
+    A resumed process (``first_step > 1``) reopens the recorded run and skips the steps it already holds. Resume is
+    exact, so the steps redone after the checkpoint would only repeat them, and no tracker here replaces a step:
+    mlflow keeps both values; wandb drops a step not after its last one with a warning, swanlab silently, but
+    offline a resumed run's process knows nothing of the steps an earlier one logged.
+    """
+
+    def __init__(self, run: RunInfo, backend: str):
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run.run_dir / f"{backend}_run.json"
+        earlier = json.loads(self.path.read_text()) if run.first_step > 1 and self.path.exists() else {}
+        self.resume_id: str | None = earlier.get("run_id")
+        self.held_through: int = earlier.get("last_step", -1)
+        self.run_id, self.last_step = self.resume_id, self.held_through
+
+    def start(self, run_id: str) -> None:
+        """Record the run this process logs to: the resumed one or a new one."""
+        self.run_id = run_id
+        self._write()
+
+    def holds(self, step: int) -> bool:
+        """Whether the run has ``step`` from an earlier process (so it is not logged again)."""
+        return step <= self.held_through
+
+    def logged(self, step: int) -> None:
+        self.last_step = max(self.last_step, step)
+        self._write()
+
+    def _write(self) -> None:
+        # Replaced whole: a kill mid-write leaves the previous record.
+        partial = self.path.with_name(self.path.name + ".tmp")
+        partial.write_text(json.dumps({"run_id": self.run_id, "last_step": self.last_step}))
+        os.replace(partial, self.path)
+
+
 @LOGGER_BACKENDS.register("mlflow")
 class MlflowBackend:
-    """An mlflow run in a local file store ``<run_dir>/mlruns`` unless ``MLFLOW_TRACKING_URI`` is set."""
+    """An mlflow run in a SQLite store ``<run_dir>/mlflow.db`` (artifacts in ``<run_dir>/mlartifacts``) unless
+    ``MLFLOW_TRACKING_URI`` is set; mlflow 3 refuses to start a ``./mlruns`` file store unless told to."""
 
     def __init__(self, run: RunInfo):
         self.mlflow = import_optional("mlflow")
-        local_store = (run.run_dir / "mlruns").resolve().as_uri()
-        self.mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI") or local_store)
-        self.mlflow.set_experiment(run.project_name)
-        self.mlflow.start_run(run_name=run.experiment_name)
+        self.record = TrackerRun(run, "mlflow")
+        uri, artifacts = os.environ.get("MLFLOW_TRACKING_URI"), None
+        if not uri:
+            uri = f"sqlite:///{(run.run_dir / 'mlflow.db').resolve()}"
+            artifacts = (run.run_dir / "mlartifacts").resolve().as_uri()
+        self.mlflow.set_tracking_uri(uri)
+        experiment = self.mlflow.get_experiment_by_name(run.project_name)
+        experiment_id = (
+            experiment.experiment_id if experiment else self.mlflow.create_experiment(run.project_name, artifacts)
+        )
+        active = self.mlflow.start_run(
+            run_id=self.record.resume_id, experiment_id=experiment_id, run_name=run.experiment_name
+        )
+        self.record.start(active.info.run_id)
         self.mlflow.log_dict(run.config, "config.json")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        if self.record.holds(step):
+            return
         # mlflow refuses '@' in metric names ("mean@4").
         self.mlflow.log_metrics({k.replace("@", "_at_"): v for k, v in _finite_floats(metrics).items()}, step=step)
+        self.record.logged(step)
 
     def log_generations(self, samples: list[GenerationRow], step: int) -> None:
-        """An artifact ``val_step<N>.json`` of [{input, output, score}, ...], as verl writes it."""
-        self.mlflow.log_dict([dict(zip(GENERATION_COLUMNS, sample)) for sample in samples], f"val_step{step}.json")
+        """Rows appended to the run's table ``val/generations.json`` (step, input, output, score), which the UI
+        shows as a table and ``MlflowClient().load_table`` reads."""
+        if self.record.holds(step):
+            return
+        columns = {name: list(column) for name, column in zip(GENERATION_COLUMNS, zip(*samples))}
+        self.mlflow.log_table({"step": [step] * len(samples), **columns}, artifact_file=f"{VAL_GENERATIONS}.json")
 
     def close(self) -> None:
         self.mlflow.end_run()
@@ -255,10 +314,16 @@ class MlflowBackend:
 
 @LOGGER_BACKENDS.register("wandb")
 class WandbBackend:
-    """A wandb run, offline (files under ``<run_dir>/wandb``) unless the user configured wandb."""
+    """A wandb run, offline (``<run_dir>/wandb``, uploaded with ``wandb sync``) unless the user configured wandb
+    (``WANDB_MODE`` or ``WANDB_API_KEY``).
+
+    A resumed process logs to the same run id; offline, each process writes its own folder and ``wandb sync`` joins
+    them into one run. Offline wandb writes its file at most every 15 s, so a kill -9 loses its last seconds of steps.
+    """
 
     def __init__(self, run: RunInfo):
         self.wandb = import_optional("wandb")
+        self.record = TrackerRun(run, "wandb")
         configured = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         self.run = self.wandb.init(
             project=run.project_name,
@@ -266,17 +331,70 @@ class WandbBackend:
             config=run.config,
             dir=str(run.run_dir),
             mode=configured,
+            id=self.record.resume_id,
+            resume="allow",
         )
+        self.record.start(self.run.id)
         self.generation_rows: list[list] = []
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self.run.log(_finite_floats(metrics), step=step)
+        if self.record.holds(step):
+            return
+        # Committed now: wandb otherwise keeps a step's row in memory until a later step comes, and a kill loses it.
+        self.run.log(_finite_floats(metrics), step=step, commit=True)
+        self.record.logged(step)
 
     def log_generations(self, samples: list[GenerationRow], step: int) -> None:
-        """verl's table: one row per validation (step, input_1, output_1, score_1, ...), all rows so far."""
+        """verl's table: one row per validation (step, input_1, output_1, score_1, ...), all rows of this process;
+        it joins the step's metrics, which come next and commit the row."""
+        if self.record.holds(step):
+            return
         columns = ["step"] + [f"{name}_{index}" for index in range(1, len(samples) + 1) for name in GENERATION_COLUMNS]
         self.generation_rows.append([step] + [value for sample in samples for value in sample])
-        self.run.log({VAL_GENERATIONS: self.wandb.Table(columns=columns, data=self.generation_rows)}, step=step)
+        table = self.wandb.Table(columns=columns, data=self.generation_rows)
+        self.run.log({VAL_GENERATIONS: table}, step=step, commit=False)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+@LOGGER_BACKENDS.register("swanlab")
+class SwanlabBackend:
+    """A swanlab run, offline (``<run_dir>/swanlog``, uploaded with ``swanlab sync``) unless the user configured
+    swanlab (``SWANLAB_MODE`` or ``SWANLAB_API_KEY``; ``SWANLAB_LOG_DIR`` moves the folder).
+
+    A resumed process logs to the same run id; offline, each process writes its own folder and ``swanlab sync``
+    joins them into one run. Offline swanlab writes its file when a buffer fills or the run finishes, so a kill -9
+    loses the steps still in the buffer.
+    """
+
+    def __init__(self, run: RunInfo):
+        self.swanlab = import_optional("swanlab")
+        self.record = TrackerRun(run, "swanlab")
+        self.run = self.swanlab.init(
+            project=run.project_name,
+            name=run.experiment_name,
+            config=run.config,
+            mode=os.environ.get("SWANLAB_MODE") or ("online" if os.environ.get("SWANLAB_API_KEY") else "offline"),
+            log_dir=os.environ.get("SWANLAB_LOG_DIR") or str(run.run_dir / "swanlog"),
+            id=self.record.resume_id,
+            resume="allow",
+        )
+        self.record.start(self.run.id)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self.record.holds(step):
+            return
+        self.run.log(_finite_floats(metrics), step=step)
+        self.record.logged(step)
+
+    def log_generations(self, samples: list[GenerationRow], step: int) -> None:
+        """verl's table: an echarts table of this validation's rows (step, input, output, score)."""
+        if self.record.holds(step):
+            return
+        table = self.swanlab.echarts.Table()
+        table.add(headers=["step", *GENERATION_COLUMNS], rows=[[step, *sample] for sample in samples])
+        self.run.log({VAL_GENERATIONS: table}, step=step)
 
     def close(self) -> None:
         self.run.finish()

@@ -1,7 +1,8 @@
-"""The tracking backends write what they promise, and the optional ones fail clearly when absent."""
+"""The tracking backends write what they promise, read back through each package's own files, and the optional
+ones fail clearly when absent; a resumed process goes on with the same mlflow, wandb and swanlab run."""
 
-import importlib.util
 import json
+import sys
 
 import pytest
 
@@ -12,6 +13,13 @@ from hybridflow.trainer.tracking import (
     Tracking,
     read_metrics,
 )
+
+from .tracker_files import mlflow_runs, mlflow_table, offline_trackers, swanlab_offline_runs, wandb_offline_runs
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    offline_trackers(monkeypatch)
 
 
 def _run(tmp_path, first_step=1):
@@ -60,27 +68,17 @@ def test_the_console_line_shows_nan_losses_and_the_nonfinite_steps_once_there_is
     assert lines == ["step 1: pg_loss 0.25", "step 2: pg_loss nan  nonfinite_steps 2"]
 
 
-@pytest.mark.parametrize("backend", ["mlflow", "wandb"])
-def test_optional_backend_names_its_extra_when_missing(tmp_path, backend):
-    if importlib.util.find_spec(backend) is not None:
-        pytest.skip(f"{backend} is installed")
+@pytest.mark.parametrize("backend", ["mlflow", "wandb", "swanlab"])
+def test_optional_backend_names_its_extra_when_missing(tmp_path, monkeypatch, backend):
+    monkeypatch.setitem(sys.modules, backend, None)  # what `import` finds when the package is absent
     with pytest.raises(MissingExtraError, match=rf"hybridflow\[{backend}\]"):
         Tracking([backend], _run(tmp_path))
-
-
-def test_mlflow_local_file_store(tmp_path, monkeypatch):
-    pytest.importorskip("mlflow")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    tracker = Tracking(["mlflow"], _run(tmp_path))
-    tracker.log({"val-core/x/acc/mean@2": 1.0}, step=1)
-    tracker.close()
-    assert (tmp_path / "mlruns").is_dir()
 
 
 def test_unknown_backend_lists_the_valid_ones(tmp_path):
     with pytest.raises(ValueError, match=r"trainer.logger='tensorbord'.*console, file, jsonl"):
         Tracking(["tensorbord"], _run(tmp_path))
-    assert {"console", "jsonl", "tensorboard", "mlflow", "wandb"} <= set(LOGGER_BACKENDS.names())
+    assert {"console", "jsonl", "tensorboard", "mlflow", "wandb", "swanlab"} <= set(LOGGER_BACKENDS.names())
 
 
 SAMPLES = [("What is [2+2]?", "4", 1.0), ("What is 3*3?", "nine", 0.0)]
@@ -117,44 +115,95 @@ def test_a_resumed_run_drops_the_validation_samples_it_redoes(tmp_path):
     assert [json.loads(line)["step"] for line in lines] == [0, 2]
 
 
-class _FakeWandb:
-    """The parts of wandb the backend uses, recording what it logs."""
-
-    def __init__(self):
-        self.logged = []
-
-    def init(self, **kwargs):
-        return self
-
-    def log(self, data, step):
-        self.logged.append((step, data))
-
-    def Table(self, columns, data):  # noqa: N802 (wandb's name)
-        return {"columns": columns, "data": [list(row) for row in data]}
+VERL_METRICS = {"critic/score/mean": 0.5, "actor/pg_loss": -0.25, "val-core/arithmetic/acc/mean@2": 1.0}
 
 
-class _FakeMlflow:
-    def __init__(self):
-        self.dicts = {}
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-    def log_dict(self, data, artifact_file):
-        self.dicts[artifact_file] = data
+def _log_two_steps_and_two_validations(backends, run_dir):
+    tracker = Tracking(backends, _run(run_dir))
+    for step, samples in ((1, SAMPLES), (2, SAMPLES[::-1])):
+        tracker.log_generations(samples, step=step)
+        tracker.log({**VERL_METRICS, "critic/score/mean": step / 4}, step=step)
+    tracker.close()
 
 
-def test_wandb_gets_verls_growing_table_and_mlflow_a_json_artifact(tmp_path, monkeypatch):
-    fakes = {"wandb": _FakeWandb(), "mlflow": _FakeMlflow()}
-    monkeypatch.setattr("hybridflow.trainer.tracking.import_optional", lambda backend: fakes[backend])
-    tracker = Tracking(["wandb", "mlflow"], _run(tmp_path))
-    tracker.log_generations(SAMPLES, step=1)
-    tracker.log_generations(SAMPLES[::-1], step=3)
-    step, logged = fakes["wandb"].logged[-1]
-    assert step == 3 and logged["val/generations"] == {
-        "columns": ["step", "input_1", "output_1", "score_1", "input_2", "output_2", "score_2"],
-        "data": [[1, *SAMPLES[0], *SAMPLES[1]], [3, *SAMPLES[1], *SAMPLES[0]]],
-    }
-    assert fakes["mlflow"].dicts["val_step1.json"] == [
-        {"input": "What is [2+2]?", "output": "4", "score": 1.0}, {"input": "What is 3*3?", "output": "nine", "score": 0.0},
+def test_mlflow_keeps_verls_names_in_a_local_store_and_the_generations_as_one_table(tmp_path):
+    _log_two_steps_and_two_validations(["mlflow"], tmp_path)
+    ((run_id, metrics),) = mlflow_runs(tmp_path, "proj").items()
+    # mlflow refuses '@' in a metric name, so "mean@2" is logged as "mean_at_2".
+    assert set(metrics) == {"critic/score/mean", "actor/pg_loss", "val-core/arithmetic/acc/mean_at_2"}
+    assert metrics["critic/score/mean"] == [(1, 0.25), (2, 0.5)]
+    table = mlflow_table(tmp_path, "proj", run_id, "val/generations.json")
+    assert table[["step", "input", "output", "score"]].values.tolist() == [
+        [1, *SAMPLES[0]], [1, *SAMPLES[1]], [2, *SAMPLES[1]], [2, *SAMPLES[0]],
     ]
+
+
+def test_wandb_offline_keeps_verls_names_and_its_growing_table(tmp_path):
+    _log_two_steps_and_two_validations(["wandb"], tmp_path)
+    ((_, rows),) = wandb_offline_runs(tmp_path)
+    metrics = [row for row in rows if "critic/score/mean" in row]
+    assert [(row["_step"], row["critic/score/mean"], row["val-core/arithmetic/acc/mean@2"]) for row in metrics] == [
+        (1, 0.25, 1.0), (2, 0.5, 1.0),
+    ]
+    # verl's table: a row per validation (step, input_1, output_1, score_1, ...), each logged table holds all so far.
+    (table,) = [row["val/generations"] for row in rows if row["_step"] == 2 and "val/generations" in row]
+    assert table["columns"] == ["step", "input_1", "output_1", "score_1", "input_2", "output_2", "score_2"]
+    assert table["data"] == [[1, *SAMPLES[0], *SAMPLES[1]], [2, *SAMPLES[1], *SAMPLES[0]]]
+
+
+def test_swanlab_offline_keeps_verls_names_and_an_echarts_table_per_validation(tmp_path):
+    _log_two_steps_and_two_validations(["swanlab"], tmp_path)
+    ((_, logged),) = swanlab_offline_runs(tmp_path)
+    scalars = {(key, step): value for key, step, value in logged if not isinstance(value, dict)}
+    assert scalars[("critic/score/mean", 2)] == 0.5 and scalars[("val-core/arithmetic/acc/mean@2", 1)] == 1.0
+    tables = {step: value for key, step, value in logged if key == "val/generations"}
+    assert tables[2]["rowData"] == [dict(zip(["step", "input", "output", "score"], [2, *row])) for row in SAMPLES[::-1]]
+
+
+def _end_as_a_kill_would(tracker):
+    """End the tracker's run the way its package records a dead process, without ``Tracking.close``."""
+    (backend,) = tracker.backends
+    end = {
+        "MlflowBackend": lambda: backend.mlflow.end_run(status="KILLED"),
+        "WandbBackend": lambda: backend.run.finish(exit_code=137),
+        "SwanlabBackend": lambda: backend.run.finish(state="crashed", error="killed"),
+    }
+    end[type(backend).__name__]()
+
+
+def _steps_logged(backend, run_dir):
+    """[(run id, [step, ...]), ...]: the steps of ``critic/score/mean`` in each run (mlflow) or run folder."""
+    if backend == "mlflow":
+        return [(run_id, [step for step, _ in metrics["critic/score/mean"]])
+                for run_id, metrics in mlflow_runs(run_dir, "proj").items()]
+    if backend == "wandb":
+        return [(run_id, [row["_step"] for row in rows if "critic/score/mean" in row])
+                for run_id, rows in wandb_offline_runs(run_dir)]
+    return [(run_id, [step for key, step, _ in logged if key == "critic/score/mean"])
+            for run_id, logged in swanlab_offline_runs(run_dir)]
+
+
+@pytest.mark.parametrize("backend", ["mlflow", "wandb", "swanlab"])
+def test_a_resumed_process_continues_the_same_run_and_skips_the_steps_it_holds(tmp_path, backend):
+    first = Tracking([backend], _run(tmp_path))
+    for step in (1, 2, 3):
+        first.log({"critic/score/mean": step}, step=step)
+    _end_as_a_kill_would(first)
+    # Resumed from the checkpoint of step 2: step 3 is redone, and the run already holds it.
+    resumed = Tracking([backend], _run(tmp_path, first_step=3))
+    for step in (3, 4):
+        resumed.log({"critic/score/mean": step * 10}, step=step)
+    resumed.close()
+    logged = _steps_logged(backend, tmp_path)
+    run_ids = {run_id for run_id, _ in logged}
+    assert len(run_ids) == 1 and json.loads((tmp_path / f"{backend}_run.json").read_text()) == {
+        "run_id": run_ids.pop(), "last_step": 4,
+    }
+    # mlflow has one run; offline wandb and swanlab a folder per process, which their `sync` joins into one run.
+    assert [step for _, steps in logged for step in steps] == [1, 2, 3, 4]
+
+
+def test_a_fresh_run_in_the_same_folder_starts_a_new_tracker_run(tmp_path):
+    Tracking(["mlflow"], _run(tmp_path)).close()
+    Tracking(["mlflow"], _run(tmp_path, first_step=1)).close()
+    assert len(mlflow_runs(tmp_path, "proj")) == 2
