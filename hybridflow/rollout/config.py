@@ -20,7 +20,7 @@ VLLM = ("vllm",)
 ENGINE_NAMES = ("hf", *VLLM)
 # Engines whose add_lora_adapter works (the others take merged full weights only); named here so the
 # config check needs no engine module. A test ties it to the engine classes.
-LORA_ADAPTER_ENGINES = frozenset({"hf"})
+LORA_ADAPTER_ENGINES = frozenset({"hf", "vllm"})
 # vLLM's parallel sizes; the vllm engine runs one in-process replica per actor rank, so each must be 1.
 VLLM_REPLICA_SIZES = (
     "tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size", "expert_parallel_size"

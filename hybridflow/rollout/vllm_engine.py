@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import tempfile
 from typing import Any, Iterable, Iterator
 
+import safetensors.torch
 import torch
 
+from hybridflow.models.loading import load_tokenizer
 from hybridflow.rollout.base import ROLLOUT_ENGINES, MissingExtraError, RolloutEngine
 from hybridflow.rollout.config import RolloutConfig, SamplingParams
 from hybridflow.rollout.requests import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, GenerationRequest, GenerationResult
@@ -40,12 +44,21 @@ def import_vllm() -> Any:
 
 @ROLLOUT_ENGINES.register("vllm")
 class VLLMRolloutEngine(RolloutEngine):
-    """Wraps one in-process ``vllm.LLM``; concurrent ``generate`` calls are gathered into one ``LLM.generate``."""
+    """Wraps one in-process ``vllm.LLM``; concurrent ``generate`` calls are gathered into one ``LLM.generate``.
 
-    def __init__(self, llm: Any, tokenizer: Any, config: RolloutConfig, sleeps: bool = True):
+    The ``LLM`` is built on first use, so that ``add_lora_adapter`` (called before any generation) can start it
+    with LoRA enabled: vLLM then applies the adapter to the base weights it loaded, and a sync writes the
+    adapter's tensors alone, as peft saves them, for vLLM to reload in place (``LoRARequest(load_inplace=True)``).
+    """
+
+    def __init__(self, model_path: str | os.PathLike, tokenizer: Any, config: RolloutConfig, sleeps: bool = True):
         super().__init__(config, tokenizer)
-        self.llm = llm
+        self.model_path = str(model_path)
         self.sleeps = sleeps
+        self._llm: Any = None
+        self._lora_config: Any = None
+        self._adapter_folder: tempfile.TemporaryDirectory | None = None
+        self._lora_request: Any = None
         self._waiting: list[tuple[GenerationRequest, asyncio.Future]] = []
         self._flushing = False
 
@@ -53,19 +66,34 @@ class VLLMRolloutEngine(RolloutEngine):
     def from_pretrained(
         cls, model_path: str | os.PathLike, config: RolloutConfig, tokenizer: Any = None, device: str | None = None
     ) -> "VLLMRolloutEngine":
-        """vLLM places the model itself (``device`` is not used) and keeps its own copy of the tokenizer."""
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        vllm = import_vllm()
+        """vLLM places the model itself (``device`` is not used)."""
+        import_vllm()  # a missing vllm is said now, not at first use
         from vllm.platforms import current_platform
 
-        sleeps = not current_platform.is_cpu()
-        set_num_threads = torch.set_num_threads
-        try:
-            llm = vllm.LLM(model=str(model_path), **engine_arguments(config, sleep_mode=sleeps))
-        finally:
-            # vLLM's CPU worker makes torch.set_num_threads a no-op process-wide; the actor in this process sets its own.
-            torch.set_num_threads = set_num_threads
-        return cls(llm, tokenizer if tokenizer is not None else llm.get_tokenizer(), config, sleeps)
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
+        return cls(model_path, tokenizer, config, sleeps=not current_platform.is_cpu())
+
+    @property
+    def llm(self) -> Any:
+        if self._llm is None:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            vllm = import_vllm()
+            arguments = engine_arguments(self.config, sleep_mode=self.sleeps)
+            if self._lora_config is not None:
+                arguments.update(enable_lora=True, max_loras=1, max_lora_rank=_vllm_lora_rank(self._lora_config.r))
+            set_num_threads = torch.set_num_threads
+            try:
+                self._llm = vllm.LLM(model=self.model_path, **arguments)
+            finally:
+                # vLLM's CPU worker makes torch.set_num_threads a no-op process-wide; the actor here sets its own.
+                torch.set_num_threads = set_num_threads
+        return self._llm
+
+    def add_lora_adapter(self, lora_config: Any) -> None:
+        if self._llm is not None:
+            raise RuntimeError("the vllm engine takes a LoRA adapter only before its first use (vLLM starts with LoRA on)")
+        self._lora_config = lora_config
+        self._adapter_folder = tempfile.TemporaryDirectory(prefix="hybridflow-lora-")
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -75,7 +103,7 @@ class VLLMRolloutEngine(RolloutEngine):
         vllm = import_vllm()
         prompts = [vllm.TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests]
         params = [_sampling_params(vllm, r.sampling, self.config.ignore_eos) for r in requests]
-        outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False, lora_request=self._lora_request)
         return [_result(output, request) for output, request in zip(outputs, requests)]
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -101,8 +129,19 @@ class VLLMRolloutEngine(RolloutEngine):
         self._flushing = False
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """All of the model's weights, in one call: vLLM reloads layer by layer as each layer's tensors arrive."""
-        self.llm.collective_rpc(_reload_weights, args=(_full_tensors(named_tensors),))
+        """All of the model's weights, in one call: vLLM reloads layer by layer as each layer's tensors arrive.
+        With an adapter: the adapter's tensors (peft's names), written as peft saves an adapter, which vLLM
+        reloads in place before the next generation."""
+        if self._lora_config is None:
+            self.llm.collective_rpc(_reload_weights, args=(_full_tensors(named_tensors),))
+            return
+        from vllm.lora.request import LoRARequest
+
+        folder = self._adapter_folder.name
+        tensors = {_saved_adapter_name(name): tensor.contiguous() for name, tensor in _full_tensors(named_tensors)}
+        safetensors.torch.save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
+        self._lora_config.save_pretrained(folder)
+        self._lora_request = LoRARequest("actor", 1, folder, load_inplace=True)
 
     def sleep(self) -> None:
         if self.sleeps:
@@ -111,6 +150,16 @@ class VLLMRolloutEngine(RolloutEngine):
     def wake(self) -> None:
         if self.sleeps:
             self.llm.wake_up()
+
+
+def _vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds ``rank``."""
+    return next(allowed for allowed in (1, 8, 16, 32, 64, 128, 256, 320, 512) if allowed >= rank)
+
+
+def _saved_adapter_name(name: str) -> str:
+    # A peft model's parameter names carry the adapter's name (lora_A.default.weight); its saved files do not.
+    return re.sub(r"\.(lora_[AB]|lora_embedding_[AB])\.[^.]+\.weight$", r".\1.weight", name)
 
 
 def _full_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -5,9 +5,8 @@ saved one, whose ``adapter_config.json`` then sets rank, alpha and modules (verl
 ``PeftModel.from_pretrained`` and its own keys do not apply). Here a key left at its default defers to the
 adapter and a key set to another value than the adapter's is an error, never silently overridden.
 ``lora.merge`` picks the weight sync: adapter tensors alone (needs an engine that applies adapters) or the
-adapter merged into full weights; left null, the engine decides (adapter tensors for ``hf``, merged for
-``vllm``). Keys that only mean something with LoRA are refused
-without it.
+adapter merged into full weights; left null, adapter tensors (both engines, ``hf`` and ``vllm``, apply
+adapters). Keys that only mean something with LoRA are refused without it.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from hybridflow.models.adapter_files import LoraAdapterError, read_adapter_config
-from hybridflow.rollout.config import LORA_ADAPTER_ENGINES
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.workers.config import ModelConfig
 
@@ -33,12 +31,6 @@ def lora_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
         errors += [
             f"{MODEL}.{key} is set but LoRA is off; {_LORA_ON} or remove it" for key, is_set in without.items() if is_set
         ]
-    engine = config.actor_rollout_ref.rollout.name
-    if model.uses_lora and model.lora.merge is False and engine not in LORA_ADAPTER_ENGINES:
-        errors.append(
-            f"actor_rollout_ref.rollout.name={engine!r} takes full weights only, so a LoRA policy's sync needs "
-            f"{MODEL}.lora.merge=true (or an engine that applies adapters: {sorted(LORA_ADAPTER_ENGINES)})"
-        )
     if uses_critic:
         critic = config.critic.model
         errors += _rank_errors("critic.model", critic)

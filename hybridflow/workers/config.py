@@ -61,7 +61,7 @@ class LoraOptionsConfig:
     merge: Optional[bool] = option(
         None,
         "Sync the adapter into the rollout engine merged into full weights (true) or as adapter tensors alone "
-        "(false); None: adapter tensors where the engine applies adapters (hf), merged weights otherwise (vllm).",
+        "(false); None: adapter tensors where the engine applies adapters (hf, vllm), merged weights otherwise.",
     )
 
 

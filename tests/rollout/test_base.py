@@ -28,7 +28,7 @@ def test_lora_adapter_engines_are_those_that_add_adapters_and_the_others_name_lo
         name for name in ROLLOUT_ENGINES.names()
         if ROLLOUT_ENGINES.get(name).add_lora_adapter is not RolloutEngine.add_lora_adapter
     }
-    assert adds_adapters == LORA_ADAPTER_ENGINES == {"hf"}
+    assert adds_adapters == LORA_ADAPTER_ENGINES == {"hf", "vllm"}
 
     class FullWeightsOnly:
         add_lora_adapter = RolloutEngine.add_lora_adapter

@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ROLLOUT_POOL = ["actor_rollout_ref.hybrid_engine=false", "trainer.cpus_per_worker=1"]
 FULLY_ASYNC = ROLLOUT_POOL + [
     "async_training.enable=true", "async_training.partial_rollout=false", "data.gen_batch_size=1",
+    "async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0.5",
     "actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.bypass_mode=true",
 ]
 
