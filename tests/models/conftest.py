@@ -1,5 +1,5 @@
-"""Fixtures for the model tests: one torch thread, a freshly loaded tiny model, padded batches, a forced packing
-and the unpadded reference log-probs."""
+"""Fixtures for the model tests: one torch thread, a freshly loaded tiny model, padded batches and a forced
+packing (the unpadded reference log-probs are in packing_checks.py)."""
 
 import pytest
 import torch
@@ -61,19 +61,3 @@ def packed_rows(monkeypatch):
 
     return use
 
-
-@pytest.fixture
-def unpadded_log_probs():
-    """``unpadded_log_probs(model, input_ids, attention_mask, response_lengths, response_width)``: each sample run
-    alone, without any padding; the ground truth the padded and packed paths must match."""
-    return _unpadded_log_probs
-
-
-def _unpadded_log_probs(model, input_ids, attention_mask, response_lengths, response_width):
-    reference = torch.zeros(len(response_lengths), response_width)
-    for row, length in enumerate(response_lengths):
-        tokens = input_ids[row][attention_mask[row].bool()]
-        log_probs = model(tokens[None]).logits[0].float().log_softmax(-1)
-        per_token = log_probs[:-1].gather(-1, tokens[1:, None])[:, 0]
-        reference[row, :length] = per_token[len(per_token) - length :]
-    return reference

@@ -16,6 +16,7 @@ from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.models.shared_prompts import choose_layout, sliding_window
 from hybridflow.models.tiny import build_tiny_model
 from tests.float_bounds import longest_reduction, model_output_bound, reordered_sum_bound
+from tests.models.packing_checks import assert_packed_equals_padded_and_unpadded
 
 # Per family: its model class, whether the LM head is the embedding, head_dim, sliding window.
 TRAITS = {
@@ -59,25 +60,11 @@ def test_the_sliding_window_changes_these_samples_log_probs(family_model_dir, fa
 
 
 @pytest.mark.parametrize("num_rows", [1, 2])
-def test_packed_log_probs_equal_padded_and_unpadded(family_model, padded_batch, packed_rows, unpadded_log_probs,
-                                                    num_rows):
+def test_packed_log_probs_equal_padded_and_unpadded(family_model, padded_batch, packed_rows, num_rows):
     batch = padded_batch(PROMPT_LENGTHS, RESPONSE_LENGTHS, PROMPT_WIDTH, RESPONSE_WIDTH)
-    input_ids, attention_mask, _, response_mask = batch
     packed_rows(num_rows)
-    with torch.no_grad():
-        packed, packed_entropy = forward_log_probs(
-            family_model, *batch[:3], RESPONSE_WIDTH, use_remove_padding=True, calculate_entropy=True
-        )
-        padded, padded_entropy = forward_log_probs(
-            family_model, *batch[:3], RESPONSE_WIDTH, use_remove_padding=False, calculate_entropy=True
-        )
-        reference = unpadded_log_probs(family_model, input_ids, attention_mask, RESPONSE_LENGTHS, RESPONSE_WIDTH)
-    # The three paths run the same sums over rows of other lengths (see tests/float_bounds.py).
-    num_terms = longest_reduction(family_model.config)
-    torch.testing.assert_close(packed, padded, atol=model_output_bound(padded, num_terms), rtol=0)
-    torch.testing.assert_close(packed, reference, atol=model_output_bound(reference, num_terms), rtol=0)
-    entropy_bound = model_output_bound(padded_entropy, num_terms)
-    torch.testing.assert_close(packed_entropy, padded_entropy, atol=entropy_bound, rtol=0)
+    packed = assert_packed_equals_padded_and_unpadded(family_model, batch, RESPONSE_LENGTHS, RESPONSE_WIDTH)
+    response_mask = batch[3]
     assert torch.all(packed[response_mask == 0] == 0) and torch.all(packed[response_mask == 1] < 0)
 
 

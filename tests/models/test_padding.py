@@ -20,7 +20,8 @@ from hybridflow.models.padding import (
     packed_outputs,
     unpack,
 )
-from tests.float_bounds import longest_reduction, model_output_bound, reordered_sum_bound
+from tests.float_bounds import longest_reduction, reordered_sum_bound
+from tests.models.packing_checks import assert_packed_equals_padded_and_unpadded
 
 # Prompt and response lengths of a ragged batch: empty-ish, full and in-between rows.
 PROMPT_LENGTHS = [7, 3, 5, 1, 7]
@@ -113,24 +114,12 @@ def test_pack_for_model_picks_one_row_for_flash_rows_for_ragged_and_padding_for_
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_packed_equals_padded_and_unpadded_log_probs(tiny_model, padded_batch, packed_rows, unpadded_log_probs, layout):
+def test_packed_equals_padded_and_unpadded_log_probs(tiny_model, padded_batch, packed_rows, layout):
     prompt_lengths, response_lengths, prompt_width, response_width, num_rows = LAYOUTS[layout]
     batch = padded_batch(prompt_lengths, response_lengths, prompt_width, response_width)
-    input_ids, attention_mask, position_ids, response_mask = batch
+    response_mask = batch[3]
     packed_rows(num_rows)
-    with torch.no_grad():
-        packed, packed_entropy = forward_log_probs(
-            tiny_model, *batch[:3], response_width, use_remove_padding=True, calculate_entropy=True
-        )
-        padded, padded_entropy = forward_log_probs(
-            tiny_model, *batch[:3], response_width, use_remove_padding=False, calculate_entropy=True
-        )
-        reference = unpadded_log_probs(tiny_model, input_ids, attention_mask, response_lengths, response_width)
-    # The three paths run the same sums over rows of other lengths (see tests/float_bounds.py).
-    num_terms = longest_reduction(tiny_model.config)
-    torch.testing.assert_close(packed, padded, atol=model_output_bound(padded, num_terms), rtol=0)
-    torch.testing.assert_close(packed, reference, atol=model_output_bound(reference, num_terms), rtol=0)
-    torch.testing.assert_close(packed_entropy, padded_entropy, atol=model_output_bound(padded_entropy, num_terms), rtol=0)
+    packed = assert_packed_equals_padded_and_unpadded(tiny_model, batch, response_lengths, response_width)
     assert torch.all(packed[response_mask == 0] == 0) and torch.all(packed[response_mask == 1] < 0)
 
 

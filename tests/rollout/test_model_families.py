@@ -5,29 +5,20 @@ included). The vllm engine's check is in test_vllm_model_families.py."""
 
 import torch
 
-from hybridflow.models.loading import load_causal_lm, load_tokenizer
+from hybridflow.models.loading import load_tokenizer
 from hybridflow.models.log_probs import forward_log_probs
 from tests.float_bounds import longest_reduction, model_output_bound
 from tests.rollout.prompts import TOOL_QUESTION, left_padded
+from tests.rollout.moved_weights import moved_model
 
 # Chat-templated, each prompt is longer than the tiny models' sliding window of 8 tokens.
 PROMPTS = ["hi", "a longer prompt", TOOL_QUESTION]
 RESPONSE_LENGTH = 12
 
 
-def _moved_copy(model_dir):
-    """The actor after some training: every weight moved."""
-    model = load_causal_lm(model_dir).eval()
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-    return model
-
-
 def test_synced_engine_samples_as_an_engine_built_from_the_actors_weights(family_model_dir, make_engine, tmp_path):
     tokenizer = load_tokenizer(family_model_dir)
-    actor = _moved_copy(family_model_dir)
+    actor = moved_model(family_model_dir)
     settings = dict(n=2, response_length=RESPONSE_LENGTH, calculate_log_probs=True)
     synced = make_engine(family_model_dir, **settings)
     synced.load_weights((name, parameter.detach().clone()) for name, parameter in actor.named_parameters())

@@ -11,22 +11,13 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.rollout.weight_loading import WeightNameError, WeightShapeError, load_weights_in_place, weight_buckets
+from tests.rollout.moved_weights import moved_model
 from tests.rollout.prompts import left_padded
-
-
-def _perturbed_copy(model_dir, seed=1):
-    """A separately "trained" actor: the same architecture with every weight moved."""
-    model = load_causal_lm(model_dir).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(0.1 * torch.randn(param.shape, generator=generator))
-    return model
 
 
 def test_after_load_weights_rollout_log_probs_equal_the_updated_actor(make_engine, tiny_model_dir, tokenizer):
     engine = make_engine(n=2, response_length=12, calculate_log_probs=True)
-    actor = _perturbed_copy(tiny_model_dir)
+    actor = moved_model(tiny_model_dir, scale=0.1)
     fixed = engine.generate_sequences(left_padded(tokenizer, ["a fixed sequence", "and another one"])).batch
     inputs = (fixed["input_ids"], fixed["attention_mask"], fixed["position_ids"], 12)
 
@@ -71,7 +62,7 @@ def test_unknown_names_and_wrong_shapes_are_refused(tiny_model_dir):
 def test_no_streamed_tensor_is_kept_while_the_next_is_made(tiny_model_dir):
     """When the stream makes tensor k, every earlier streamed tensor has already been freed."""
     model = load_causal_lm(tiny_model_dir)
-    source = _perturbed_copy(tiny_model_dir)
+    source = moved_model(tiny_model_dir, scale=0.1)
     refs, alive_counts = [], []
 
     def stream():
@@ -126,7 +117,7 @@ def test_weights_load_between_decode_steps_without_dropping_in_flight_requests(m
     from hybridflow.rollout import GenerationRequest, SamplingParams
 
     engine = make_engine()
-    actor = _perturbed_copy(tiny_model_dir)
+    actor = moved_model(tiny_model_dir, scale=0.1)
     request = GenerationRequest(tokenizer.encode("keep going"), SamplingParams(max_new_tokens=300, stop_token_ids=[], seed=0))
     future = engine._scheduler.submit(request)
     engine.load_weights((name, param.detach().clone()) for name, param in actor.named_parameters())

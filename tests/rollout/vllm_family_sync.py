@@ -11,22 +11,13 @@ import sys
 
 import torch
 
-from hybridflow.models.loading import load_causal_lm, load_tokenizer
+from hybridflow.models.loading import load_tokenizer
 from hybridflow.rollout import RolloutConfig, create_rollout_engine
+from tests.rollout.moved_weights import moved_model
 from tests.rollout.prompts import TOOL_QUESTION, left_padded
 
 PROMPTS = ["hi", "a longer prompt", TOOL_QUESTION]
 RESPONSE_LENGTH = 12
-
-
-def moved_model(model_dir: str) -> torch.nn.Module:
-    """The model with every weight moved: the actor after some training."""
-    model = load_causal_lm(model_dir).eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-    return model
 
 
 def main(model_dir: str) -> None:
@@ -35,7 +26,7 @@ def main(model_dir: str) -> None:
         "enable_chunked_prefill": False, "enforce_eager": True, "gpu_memory_utilization": 0.05, "max_model_len": 128,
     })
     engine = create_rollout_engine(config, model_dir)
-    actor = moved_model(model_dir)
+    actor = moved_model(model_dir, seed=0)
     engine.load_weights((name, parameter.detach()) for name, parameter in actor.named_parameters())
     out = engine.generate_sequences(left_padded(load_tokenizer(model_dir), PROMPTS)).batch
     with torch.no_grad():

@@ -39,6 +39,18 @@ def mlflow_table(run_dir, project, run_id, artifact_file):
     return mlflow.MlflowClient().load_table(experiment.experiment_id, artifact_file, run_ids=[run_id])
 
 
+def _offline_runs(run_dir, pattern, message):
+    """(folder, run id, [parsed ``message`` records]) per run file under ``run_dir`` matching ``pattern``, oldest
+    first."""
+    for path in sorted(pathlib.Path(run_dir).glob(pattern), key=_folder_name):
+        records = []
+        for data in _leveldb_records(path):
+            record = message()
+            record.ParseFromString(data)
+            records.append(record)
+        yield path.parent, path.stem.removeprefix("run-"), records
+
+
 def _leveldb_records(path):
     """The records of a LevelDB-log file (wandb's ``.wandb``, swanlab's ``.swanlab``): 32 KiB blocks of
     (crc32, length, type) headers, records split FIRST/MIDDLE/LAST across blocks."""
@@ -70,11 +82,9 @@ def wandb_offline_runs(run_dir):
 
     wandb.teardown()  # `finish` returns before wandb's service process has written the run's last records
     runs = []
-    for path in sorted(pathlib.Path(run_dir, "wandb").glob("offline-run-*/run-*.wandb"), key=_folder_name):
-        folder, run_id, rows = path.parent, path.stem.removeprefix("run-"), []
-        for data in _leveldb_records(path):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(data)
+    for folder, run_id, records in _offline_runs(run_dir, "wandb/offline-run-*/run-*.wandb", wandb_internal_pb2.Record):
+        rows = []
+        for record in records:
             if record.WhichOneof("record_type") == "history":
                 row = {}
                 for item in record.history.item:  # a dict value comes as one item per key, under nested_key
@@ -97,11 +107,9 @@ def swanlab_offline_runs(run_dir):
     from swanlab.proto.swanlab.record.v1 import record_pb2
 
     runs = []
-    for path in sorted(pathlib.Path(run_dir, "swanlog").glob("run-*/run-*.swanlab"), key=_folder_name):
-        folder, run_id, logged = path.parent, path.stem.removeprefix("run-"), []
-        for data in _leveldb_records(path):
-            record = record_pb2.Record()
-            record.ParseFromString(data)
+    for folder, run_id, records in _offline_runs(run_dir, "swanlog/run-*/run-*.swanlab", record_pb2.Record):
+        logged = []
+        for record in records:
             kind = record.WhichOneof("record_type")
             if kind == "scalar":
                 logged.append((record.scalar.key, record.scalar.step, record.scalar.value.number))
