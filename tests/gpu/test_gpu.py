@@ -41,7 +41,8 @@ def test_fsdp2_trains_on_cuda_in_bf16_with_float32_shards(tiny_model_dir):
     assert all(torch.isfinite(torch.tensor(metrics[key])).all() for key in ("pg_loss", "grad_norm"))
     for parameter, old in zip(actor.parameters(), before):
         assert parameter.device.type == "cuda" and parameter.dtype == torch.float32
-    assert any(not torch.equal(parameter.detach().full_tensor(), old) for parameter, old in zip(actor.parameters(), before))
+    after = [parameter.detach().full_tensor() for parameter in actor.parameters()]
+    assert any(not torch.equal(new, old) for new, old in zip(after, before))
 
 
 def test_offload_keeps_parameters_and_optimizer_state_on_the_cpu_between_calls(tiny_model_dir):
@@ -106,7 +107,8 @@ engine.sleep(); engine.wake()
 engine.load_weights((name, parameter.detach().cuda()) for name, parameter in actor.named_parameters())
 out = engine.generate_sequences(left_padded(engine.tokenizer, ["hi", "a longer prompt"])).batch
 with torch.no_grad():
-    logits = actor(input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]).logits
+    logits = actor(input_ids=out["input_ids"], attention_mask=out["attention_mask"],
+                   position_ids=out["position_ids"]).logits
 width = out["prompts"].shape[1]
 reference = torch.log_softmax(logits[:, width - 1:-1].float(), -1).gather(-1, out["responses"][..., None])[..., 0]
 mask = out["response_mask"].bool()
