@@ -5,10 +5,8 @@ Pure functions of the ``@register`` spec and the world size; no Ray here, so the
 
 from __future__ import annotations
 
-import dataclasses
-
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from hybridflow.distributed.decorator import Dispatch, Execute, MethodSpec
@@ -32,7 +30,7 @@ class DispatchedCall:
 
 def dispatch(spec: MethodSpec, method: str, world_size: int, args: tuple, kwargs: dict) -> DispatchedCall:
     """Per-rank arguments and the collect function for one call of ``method`` under ``spec``."""
-    return dataclasses.replace(_dispatch(spec, method, world_size, args, kwargs), concurrent=spec.concurrent)
+    return replace(_dispatch(spec, method, world_size, args, kwargs), concurrent=spec.concurrent)
 
 
 def _dispatch(spec: MethodSpec, method: str, world_size: int, args: tuple, kwargs: dict) -> DispatchedCall:

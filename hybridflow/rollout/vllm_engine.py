@@ -19,6 +19,7 @@ import asyncio
 import os
 import re
 import tempfile
+import typing
 from typing import Any, Iterable, Iterator
 
 import safetensors.torch
@@ -157,12 +158,15 @@ class VLLMRolloutEngine(RolloutEngine):
 
 def _vllm_lora_rank(rank: int) -> int:
     """The smallest ``max_lora_rank`` vLLM accepts that holds ``rank``."""
-    return next(allowed for allowed in (1, 8, 16, 32, 64, 128, 256, 320, 512) if allowed >= rank)
+    from vllm.config.lora import MaxLoRARanks
+
+    return min(allowed for allowed in typing.get_args(MaxLoRARanks) if allowed >= rank)
 
 
 def _saved_adapter_name(name: str) -> str:
-    # A peft model's parameter names carry the adapter's name (lora_A.default.weight); its saved files do not.
-    return re.sub(r"\.(lora_[AB]|lora_embedding_[AB])\.[^.]+\.weight$", r".\1.weight", name)
+    # A peft model's parameter names carry the adapter's name (lora_A.default.weight, lora_embedding_A.default);
+    # its saved files do not.
+    return re.sub(r"\.(lora_[AB]|lora_embedding_[AB])\.[^.]+(\.weight)?$", r".\1\2", name)
 
 
 def _full_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

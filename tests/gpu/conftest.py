@@ -1,20 +1,11 @@
-"""The GPU lane (`make test-gpu`): every test here is marked gpu and skipped where torch sees no CUDA device."""
+"""The GPU lane (`make test-gpu`): a CUDA process group for the tests that build workers in this process."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from hybridflow.distributed.worker import find_free_port
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if "tests/gpu/" in str(item.fspath):
-            item.add_marker(pytest.mark.gpu)
-            if not torch.cuda.is_available():
-                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (make test-gpu on a GPU machine)"))
 
 
 @pytest.fixture(scope="session")

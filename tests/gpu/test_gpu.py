@@ -1,6 +1,6 @@
 """What only a GPU runs: FSDP2 on CUDA over NCCL, bf16 mixed precision, offload, the flash-attention packed
 path, the hf engine's sleep freeing GPU memory, vLLM on GPU with weight sync, and GRPO through main_ppo on
-trainer.device=cuda. Skipped without CUDA (tests/gpu/conftest.py); never yet run (docs/multi_node.md records
+trainer.device=cuda. Skipped without CUDA; never yet run (docs/multi_node.md records
 each GPU run)."""
 
 from __future__ import annotations
@@ -16,7 +16,11 @@ from hybridflow.protocol import DataProto
 from hybridflow.workers import ActorRolloutRefWorker
 from tests.workers.helpers import actor_rollout_ref_config, rollout_batch
 
-pytestmark = pytest.mark.usefixtures("cuda_group")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make test-gpu on a GPU machine)"),
+    pytest.mark.usefixtures("cuda_group"),
+]
 
 BF16 = {"fsdp_config": {"mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"}}}
 

@@ -1,9 +1,12 @@
-"""Checks shared by the packing tests: each sample run alone (the ground truth), and packed against padded."""
+"""Checks shared by the packing tests: each sample run alone (the ground truth), and packed against padded, forward
+and backward."""
+
+import itertools
 
 import torch
 
 from hybridflow.models.log_probs import forward_log_probs
-from tests.float_bounds import longest_reduction, model_output_bound
+from tests.float_bounds import longest_reduction, model_output_bound, reordered_sum_bound
 
 
 def unpadded_log_probs_of(model, input_ids, attention_mask, response_lengths, response_width):
@@ -34,3 +37,22 @@ def assert_packed_equals_padded_and_unpadded(model, batch, response_lengths, res
     torch.testing.assert_close(packed, reference, atol=model_output_bound(reference, num_terms), rtol=0)
     torch.testing.assert_close(packed_entropy, padded_entropy, atol=model_output_bound(padded_entropy, num_terms), rtol=0)
     return packed
+
+
+def assert_packed_gradients_equal_padded(model, batch, response_width):
+    """The gradients of a loss of log-probs and entropy, packed against padded. A parameter's gradient sums the
+    response tokens' contributions, each through the backward pass's sums (at most num_terms terms): bounded at
+    the tensor's largest entry (tests/float_bounds.py)."""
+    response_mask = batch[3]
+    gradients = []
+    for use_remove_padding in (True, False):
+        model.zero_grad()
+        log_probs, entropy = forward_log_probs(
+            model, *batch[:3], response_width, use_remove_padding=use_remove_padding, calculate_entropy=True
+        )
+        ((log_probs + 0.1 * entropy) * response_mask).sum().backward()
+        gradients.append([p.grad.clone() for p in model.parameters()])
+    num_terms = longest_reduction(model.config) + int(response_mask.sum())
+    for packed_grad, padded_grad in itertools.zip_longest(*gradients):
+        bound = reordered_sum_bound(padded_grad.abs().max(), num_terms)
+        torch.testing.assert_close(packed_grad, padded_grad, atol=bound, rtol=0)

@@ -3,7 +3,6 @@ each loads with its family's traits, its packed log-probs and gradients equal th
 computation, sliding window included, and shared prompts fall back, saying so, where a sample outgrows the
 window."""
 
-import itertools
 import logging
 
 import pytest
@@ -15,8 +14,10 @@ from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.models.shared_prompts import choose_layout, sliding_window
 from hybridflow.models.tiny import build_tiny_model
-from tests.float_bounds import longest_reduction, model_output_bound, reordered_sum_bound
-from tests.models.packing_checks import assert_packed_equals_padded_and_unpadded
+from tests.float_bounds import longest_reduction, model_output_bound
+from tests.models.packing_checks import (
+    assert_packed_equals_padded_and_unpadded, assert_packed_gradients_equal_padded,
+)
 
 # Per family: its model class, whether the LM head is the embedding, head_dim, sliding window.
 TRAITS = {
@@ -70,22 +71,8 @@ def test_packed_log_probs_equal_padded_and_unpadded(family_model, padded_batch, 
 
 def test_packed_and_padded_gradients_agree(family_model, padded_batch, packed_rows):
     batch = padded_batch(PROMPT_LENGTHS, RESPONSE_LENGTHS, PROMPT_WIDTH, RESPONSE_WIDTH)
-    response_mask = batch[3]
     packed_rows(2)
-    gradients = []
-    for use_remove_padding in (True, False):
-        family_model.zero_grad()
-        log_probs, entropy = forward_log_probs(
-            family_model, *batch[:3], RESPONSE_WIDTH, use_remove_padding=use_remove_padding, calculate_entropy=True
-        )
-        ((log_probs + 0.1 * entropy) * response_mask).sum().backward()
-        gradients.append([p.grad.clone() for p in family_model.parameters()])
-    # A gradient entry sums the response tokens' contributions, each through the backward pass's sums (at most
-    # num_terms terms): bounded at the tensor's largest entry, as in tests/models/test_padding.py.
-    num_terms = longest_reduction(family_model.config) + int(response_mask.sum())
-    for packed_grad, padded_grad in itertools.zip_longest(*gradients):
-        bound = reordered_sum_bound(padded_grad.abs().max(), num_terms)
-        torch.testing.assert_close(packed_grad, padded_grad, atol=bound, rtol=0)
+    assert_packed_gradients_equal_padded(family_model, batch, RESPONSE_WIDTH)
 
 
 @pytest.mark.parametrize("response_lengths", [[2, 1, 3, 2], [6, 2, 4, 1]], ids=["within_window", "past_window"])

@@ -1,13 +1,11 @@
 """Remove padding: packing layouts round-trip, the layout choice, and packed log-probs equal the padded
 computation (CPU sdpa) in one row and in several."""
 
-import itertools
 import types
 
 import pytest
 import torch
 
-from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.models.padding import (
     MIN_PACKED_SAVING,
     attention_pair_cost,
@@ -20,8 +18,9 @@ from hybridflow.models.padding import (
     packed_outputs,
     unpack,
 )
-from tests.float_bounds import longest_reduction, reordered_sum_bound
-from tests.models.packing_checks import assert_packed_equals_padded_and_unpadded
+from tests.models.packing_checks import (
+    assert_packed_equals_padded_and_unpadded, assert_packed_gradients_equal_padded,
+)
 
 # Prompt and response lengths of a ragged batch: empty-ish, full and in-between rows.
 PROMPT_LENGTHS = [7, 3, 5, 1, 7]
@@ -147,19 +146,5 @@ def test_packing_without_restarting_positions_would_leak_across_samples(tiny_mod
 def test_packed_and_padded_gradients_agree(tiny_model, padded_batch, packed_rows, layout):
     prompt_lengths, response_lengths, prompt_width, response_width, num_rows = LAYOUTS[layout]
     batch = padded_batch(prompt_lengths, response_lengths, prompt_width, response_width)
-    response_mask = batch[3]
     packed_rows(num_rows)
-    gradients = []
-    for use_remove_padding in (True, False):
-        tiny_model.zero_grad()
-        log_probs, entropy = forward_log_probs(
-            tiny_model, *batch[:3], response_width, use_remove_padding=use_remove_padding, calculate_entropy=True
-        )
-        ((log_probs + 0.1 * entropy) * response_mask).sum().backward()
-        gradients.append([p.grad.clone() for p in tiny_model.parameters()])
-    # A parameter's gradient sums the response tokens' contributions, each through the backward pass's sums
-    # (at most num_terms terms): bounded at the tensor's largest entry (tests/float_bounds.py).
-    num_terms = longest_reduction(tiny_model.config) + int(response_mask.sum())
-    for packed_grad, padded_grad in itertools.zip_longest(*gradients):
-        bound = reordered_sum_bound(padded_grad.abs().max(), num_terms)
-        torch.testing.assert_close(packed_grad, padded_grad, atol=bound, rtol=0)
+    assert_packed_gradients_equal_padded(tiny_model, batch, response_width)

@@ -181,3 +181,23 @@ def test_a_lora_actor_syncs_the_adapter_alone_and_vllm_samples_as_the_trained_ac
     assert result["written"] and all(".lora_A.weight" in name or ".lora_B.weight" in name for name in result["written"])
     assert result["max_diff"] < 1e-4, result
     assert result["trained_from_base"] > 1e-3, result  # the update moved them: vLLM without the adapter would fail
+
+
+def test_the_actor_in_the_engines_process_still_sets_its_threads(engine):
+    """vLLM's CPU worker replaces torch.set_num_threads with a no-op; the engine puts it back."""
+    engine.llm  # built
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert torch.get_num_threads() == threads + 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_adapter_tensors_are_written_under_peft_saved_names():
+    from hybridflow.rollout.vllm_engine import _saved_adapter_name
+
+    assert _saved_adapter_name("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight") == \
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    assert _saved_adapter_name("base_model.model.model.embed_tokens.lora_embedding_B.default") == \
+        "base_model.model.model.embed_tokens.lora_embedding_B"
