@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 
 from hybridflow.models.chunked_softmax import log_probs_and_entropy, sum_pi_squared_from_logits
+from hybridflow.models.last_layer import kept_positions_only
 from hybridflow.models.padding import PackedBatch, pack_values
 from hybridflow.models.shared_prompts import SharedPromptBatch, choose_layout
 
@@ -117,13 +118,15 @@ def _packed_logits(model, packed: PackedBatch, input_ids, response_length, predi
     keep_slots[packed.slot_index[keep]] = True
     next_tokens = torch.roll(input_ids, shifts=-1, dims=1)
     labels = pack_values(next_tokens, packed)[keep]
-    output = model(
-        input_ids=packed.input_ids,
-        position_ids=packed.position_ids,
-        attention_mask=None,
-        use_cache=False,
-        logits_to_keep=keep_slots.view_as(packed.input_ids),
-    )
+    keep_slots = keep_slots.view_as(packed.input_ids)
+    with kept_positions_only(model, keep_slots):
+        output = model(
+            input_ids=packed.input_ids,
+            position_ids=packed.position_ids,
+            attention_mask=None,
+            use_cache=False,
+            logits_to_keep=keep_slots,
+        )
     flat_index = packed.token_index[keep]
     rows = flat_index // packed.seq_len
     cols = flat_index % packed.seq_len - (packed.seq_len - response_length - 1)
@@ -138,13 +141,14 @@ def _packed_logits(model, packed: PackedBatch, input_ids, response_length, predi
 def _shared_logits(model, shared: SharedPromptBatch):
     """Run one row per prompt, projecting to the vocabulary only at the predicting positions: the logits of
     every predicted token (the prompt's last position's read by each member), labels, and ``place``."""
-    output = model(
-        input_ids=shared.input_ids,
-        position_ids=shared.position_ids,
-        attention_mask=shared.attention_mask,
-        use_cache=False,
-        logits_to_keep=shared.keep,
-    )
+    with kept_positions_only(model, shared.keep):
+        output = model(
+            input_ids=shared.input_ids,
+            position_ids=shared.position_ids,
+            attention_mask=shared.attention_mask,
+            use_cache=False,
+            logits_to_keep=shared.keep,
+        )
     logits = output.logits.reshape(-1, output.logits.shape[-1])[shared.logit_row]
     return logits, shared.labels, shared.place
 
@@ -152,13 +156,16 @@ def _shared_logits(model, shared: SharedPromptBatch):
 def _padded_logits(model, input_ids, attention_mask, position_ids, response_length, predicts):
     """Run the padded rectangle, projecting to the vocabulary at its last R + 1 columns: their logits,
     labels, and the function that keeps the R predicting columns (0 where the response is padding)."""
-    output = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        logits_to_keep=response_length + 1,
-    )
+    last_columns = torch.zeros_like(input_ids, dtype=torch.bool)
+    last_columns[:, -response_length - 1 :] = True
+    with kept_positions_only(model, last_columns):
+        output = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=response_length + 1,
+        )
     # The last column predicts past the end; label it 0 to keep the logits a contiguous view.
     labels = torch.nn.functional.pad(input_ids[:, -response_length:], (0, 1))
     keep = predicts[:, -response_length - 1 : -1]

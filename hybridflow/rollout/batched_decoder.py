@@ -4,7 +4,8 @@ Why not ``model.generate`` or transformers' ``generate_batch`` (bench/bench_roll
 3M-parameter Qwen2, 1 thread, CPU-seconds): ``generate`` keeps decoding finished rows until the longest ends
 (2.5 s whether lengths vary or not); the built-in continuous batching stops rows at their EOS but, with SDPA,
 attends every query over all rows' cached tokens (7.2 s at fixed lengths, 1.6 s with varied); this decoder
-took 2.5 s and 1.2 s. Here a batch is a left-padded ``DynamicCache``:
+took 2.5 s and 1.2 s. Here a batch is a left-padded ``DynamicCache`` whose layers keep spare room for the next
+tokens (``kv_cache.RoomyLayer``: a decode step writes its column in place):
 
 - a row that ends (EOS, stop token, stop string, length) is dropped from the cache at once
   (``batch_select_indices``), and cache columns that became padding for every row are trimmed;
@@ -26,10 +27,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
+from hybridflow.rollout.kv_cache import cache_bytes, roomy_cache
 from hybridflow.rollout.requests import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, GenerationRequest, GenerationResult
 from hybridflow.rollout.sampling import RowSampling, sample_next_tokens
+
+# Spare KV-cache columns a batch keeps (up to its rows' token budget): it grows, copying, once per this many steps.
+CACHE_HEADROOM = 128
 
 
 @dataclass
@@ -73,8 +77,7 @@ class BatchedDecoder:
         self._next_positions = torch.zeros(0, dtype=torch.long)  # [b] position of the token fed next
         self._next_tokens = torch.zeros(0, dtype=torch.long)  # [b] last sampled token, fed next
         self._sampling: RowSampling | None = None
-        layers = DynamicCache(config=model.config).layers
-        self._mergeable = all(type(layer) is DynamicLayer for layer in layers)
+        self._mergeable = roomy_cache(model.config, 0) is not None
 
     def new_sequence(self, request: GenerationRequest) -> Sequence:
         seed = request.sampling.seed if request.sampling.seed is not None else random.SystemRandom().getrandbits(62)
@@ -88,9 +91,7 @@ class BatchedDecoder:
         return self._cache is None or self._mergeable
 
     def cache_bytes(self) -> int:
-        if self._cache is None:
-            return 0
-        return sum(t.numel() * t.element_size() for layer in self._cache.layers for t in (layer.keys, layer.values))
+        return 0 if self._cache is None else cache_bytes(self._cache)
 
     def release(self) -> None:
         """Drop the KV cache and every row (their futures are the caller's business)."""
@@ -160,7 +161,8 @@ class BatchedDecoder:
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, width - len(ids) :] = 1
         positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        headroom = min(max(s.request.sampling.max_new_tokens for s in chunk), CACHE_HEADROOM)
+        cache = roomy_cache(self.model.config, headroom) if self._mergeable else DynamicCache(config=self.model.config)
         device = self._device()
         logits = self.model(
             input_ids=input_ids.to(device),
@@ -184,8 +186,11 @@ class BatchedDecoder:
         else:
             width = max(self._attention_mask.shape[1], attention_mask.shape[1])
             for old, new in zip(self._cache.layers, cache.layers):
-                old.keys = torch.cat([_left_pad(old.keys, width), _left_pad(new.keys, width)])
-                old.values = torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)])
+                old.headroom = max(old.headroom, new.headroom)
+                old.set_states(
+                    torch.cat([_left_pad(old.keys, width), _left_pad(new.keys, width)]),
+                    torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)]),
+                )
             self._attention_mask = torch.cat(
                 [F.pad(self._attention_mask, (width - self._attention_mask.shape[1], 0)),
                  F.pad(attention_mask, (width - attention_mask.shape[1], 0))]
@@ -247,8 +252,7 @@ class BatchedDecoder:
             return
         self._attention_mask = self._attention_mask[:, first_used:]
         for layer in self._cache.layers:
-            layer.keys = layer.keys[:, :, first_used:]
-            layer.values = layer.values[:, :, first_used:]
+            layer.drop_left(first_used)
 
 
 def _left_pad(states: torch.Tensor, width: int) -> torch.Tensor:

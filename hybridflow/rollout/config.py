@@ -103,6 +103,10 @@ class RolloutConfig:
     dtype: str = option("float32", "Weights dtype of the generation model: float32, bfloat16 or float16.")
     max_num_seqs: int = option(256, "'hf' engine: most sequences decoding together in one batched forward.")
     max_batch_tokens: int = option(8192, "'hf' engine: most (padded) prompt tokens prefilled in one forward.")
+    decode_threads: int = option(
+        0, "'hf' engine: decode on this many threads, each with its own batch and share of the torch threads; 0 = "
+        "one per torch thread (up to 4) on a CPU for models up to 50M parameters, else 1."
+    )
     free_cache_engine: bool = option(True, "Call sleep() after each rollout so training gets the memory back.")
     gpu_memory_utilization: float = option(
         0.5, "'vllm' engine: share of GPU memory it may take (on CPU: of the machine's, for its KV cache)."
@@ -162,6 +166,8 @@ class RolloutConfig:
             value = getattr(self, key)
             if value is not None and value < 1:
                 errors.append(f"{p}.{key}={value} must be >= 1 or null")
+        if self.decode_threads < 0:
+            errors.append(f"{p}.decode_threads={self.decode_threads} must be >= 0 (0 = chosen by the model's size)")
         if self.val_kwargs.n < 1:
             errors.append(f"{p}.val_kwargs.n={self.val_kwargs.n} must be >= 1")
         for scope, obj in ((p, self), (f"{p}.val_kwargs", self.val_kwargs)):

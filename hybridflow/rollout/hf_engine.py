@@ -22,11 +22,14 @@ from hybridflow.rollout.base import ROLLOUT_ENGINES, RolloutEngine
 from hybridflow.rollout.batched_decoder import BatchedDecoder
 from hybridflow.rollout.config import RolloutConfig
 from hybridflow.rollout.requests import GenerationRequest, GenerationResult
-from hybridflow.rollout.scheduler import DecodeScheduler
+from hybridflow.rollout.scheduler import DecodePool, DecodeScheduler
 from hybridflow.rollout.weight_loading import load_weights_in_place
 
 # A streamed rollout comes in about this many parts (see generate_batch_stream).
 STREAM_PARTS = 8
+# decode_threads=0 on a CPU: one decoder per torch thread, up to this many, for models up to this size.
+AUTO_DECODE_THREADS = 4
+SMALL_MODEL_PARAMETERS = 50_000_000
 
 
 @ROLLOUT_ENGINES.register("hf")
@@ -43,8 +46,16 @@ class HFRolloutEngine(RolloutEngine):
         self.device = next(model.parameters()).device
         self._eos_token_ids = _eos_ids(model, tokenizer)
         stop_ids = set() if config.ignore_eos else self._eos_token_ids
-        decoder = BatchedDecoder(model, stop_ids, config.max_batch_tokens, decode_text=self._decode)
-        self._scheduler = DecodeScheduler(decoder, config.max_num_seqs)
+        decoders = decode_threads(config, model, self.device)
+        threads_each = max(1, torch.get_num_threads() // decoders) if decoders > 1 else None
+        self._scheduler = DecodePool([
+            DecodeScheduler(
+                BatchedDecoder(model, stop_ids, config.max_batch_tokens, decode_text=self._decode),
+                -(-config.max_num_seqs // decoders),
+                torch_threads=threads_each,
+            )
+            for _ in range(decoders)
+        ])
         self._scheduler.start()
 
     @classmethod
@@ -96,7 +107,8 @@ class HFRolloutEngine(RolloutEngine):
         token decoded from then on is tagged ``version``."""
         with self._scheduler.paused():
             yield
-            self._scheduler.decoder.weights_version = version
+            for decoder in self._scheduler.decoders:
+                decoder.weights_version = version
 
     def add_lora_adapter(self, lora_config: Any) -> None:
         with self._scheduler.paused():
@@ -117,7 +129,7 @@ class HFRolloutEngine(RolloutEngine):
 
     def kv_cache_bytes(self) -> int:
         """Bytes held by the running batch's KV cache (0 when idle or asleep)."""
-        return self._scheduler.decoder.cache_bytes()
+        return sum(decoder.cache_bytes() for decoder in self._scheduler.decoders)
 
     def compute_log_probs(
         self,
@@ -147,6 +159,16 @@ class HFRolloutEngine(RolloutEngine):
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+
+def decode_threads(config: RolloutConfig, model: torch.nn.Module, device: torch.device) -> int:
+    """``config.decode_threads``, or when 0: on a CPU, one decoder per torch thread (at most
+    ``AUTO_DECODE_THREADS``) for a model of at most ``SMALL_MODEL_PARAMETERS``; one otherwise. A larger model's
+    ops carry enough work to keep every thread busy in one batch, which reads its weights once per step."""
+    if config.decode_threads:
+        return config.decode_threads
+    small = sum(p.numel() for p in model.parameters()) <= SMALL_MODEL_PARAMETERS
+    return min(torch.get_num_threads(), AUTO_DECODE_THREADS) if device.type == "cpu" and small else 1
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:

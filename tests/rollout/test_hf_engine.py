@@ -224,11 +224,15 @@ def test_an_added_lora_adapter_takes_adapter_tensors_and_generates_as_the_adapte
     assert greedy.token_ids == reference[0, len(prompt) : len(prompt) + len(greedy.token_ids)].tolist()
 
 
-def test_weights_loaded_mid_generation_draw_the_rest_and_tag_each_token(make_engine, tokenizer):
+@pytest.mark.parametrize("decode_threads", [1, 2])
+def test_weights_loaded_mid_generation_draw_the_rest_and_tag_each_token(make_engine, tokenizer, decode_threads):
     """Fully async's partial rollout: ``loading_weights`` lands between the decode steps of the requests in
-    flight, which go on with the new weights; each token carries the version of the weights that drew it."""
+    flight (in every decode thread), which go on with the new weights; each token carries the version of the
+    weights that drew it."""
     length = 256
-    engine = make_engine(n=2, response_length=length, ignore_eos=True, calculate_log_probs=True)
+    engine = make_engine(
+        n=2, response_length=length, ignore_eos=True, calculate_log_probs=True, decode_threads=decode_threads
+    )
     prompts = left_padded(tokenizer, PROMPTS[:2])
     prompts.meta_info["record_weight_versions"] = True
     result = {}
@@ -236,10 +240,11 @@ def test_weights_loaded_mid_generation_draw_the_rest_and_tag_each_token(make_eng
     thread.start()
     # All-zero weights make every logit 0: a token they draw has log-probability -log(vocabulary).
     zeros = [(name, torch.zeros_like(param)) for name, param in engine.model.named_parameters()]
-    decoder, loaded = engine._scheduler.decoder, False
+    loaded = False
     while not loaded and thread.is_alive():
         with engine._scheduler.paused():  # no decode step while the rows are looked at
-            if decoder.sequences and min(len(s.token_ids) for s in decoder.sequences) >= 2:
+            rows = [s for decoder in engine._scheduler.decoders for s in decoder.sequences]
+            if len(rows) == 4 and min(len(s.token_ids) for s in rows) >= 2:
                 with engine.loading_weights(7):
                     engine.load_weights(zeros)
                 loaded = True
