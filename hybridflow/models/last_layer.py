@@ -68,8 +68,6 @@ def _at_positions(forward, index: torch.Tensor, positions: int):
     """``forward`` of a position-wise module applied to ``index``'s rows of its flattened input, zeros elsewhere."""
 
     def run(hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if hidden.shape[:-1].numel() != positions:
-            return forward(hidden, *args, **kwargs)
         flat = hidden.reshape(positions, hidden.shape[-1])
         kept = forward(flat.index_select(0, index), *args, **kwargs)
         out = kept.new_zeros(positions, kept.shape[-1]).index_copy(0, index, kept)

@@ -60,3 +60,20 @@ def test_decode_threads_zero_picks_one_per_torch_thread_for_small_models_only(ma
     assert len(make_engine(decode_threads=3)._scheduler.schedulers) == 3
     monkeypatch.setattr(hf_engine, "SMALL_MODEL_PARAMETERS", 1000)
     assert len(make_engine()._scheduler.schedulers) == 1
+
+
+def test_lone_requests_of_one_prompt_go_to_one_decode_thread(make_engine, tokenizer, two_torch_threads):
+    """The agent loop submits samples one by one: those of one prompt still meet in one batch."""
+    engine = make_engine(decode_threads=2)
+    received = []
+    for index, scheduler in enumerate(engine._scheduler.schedulers):
+        submit_all = scheduler.submit_all
+        scheduler.submit_all = lambda requests, index=index, submit_all=submit_all: (
+            received.extend((index, tuple(r.prompt_ids)) for r in requests) or submit_all(requests)
+        )
+    futures = [engine._scheduler.submit(request) for request in grpo_requests(tokenizer, prompts=4, samples=3)]
+    assert all(future.result().token_ids for future in futures)
+    by_prompt = {}
+    for index, prompt in received:
+        by_prompt.setdefault(prompt, set()).add(index)
+    assert len(by_prompt) == 4 and all(len(indices) == 1 for indices in by_prompt.values())
