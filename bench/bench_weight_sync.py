@@ -40,7 +40,10 @@ def run_variant(path: str, bucket_megabytes: float, engine: str) -> dict:
     import torch
     import torch.distributed as dist
 
+    from hybridflow.models.loading import load_model_config
     from hybridflow.models.tiny import build_tiny_model
+    from hybridflow.rollout import RolloutConfig
+    from hybridflow.rollout.vllm_memory import kv_cache_bytes
     from hybridflow.rollout.weight_loading import weight_buckets
     from hybridflow.workers import ActorRolloutRefWorker
 
@@ -52,8 +55,10 @@ def run_variant(path: str, bucket_megabytes: float, engine: str) -> dict:
     )
     rollout = {"name": engine, "prompt_length": 8, "response_length": 8, "free_cache_engine": False}
     if engine == "vllm":
+        # A cache for one full batch of sequences, whatever the machine's memory (vllm_memory says why).
+        kv_cache = kv_cache_bytes(load_model_config(model_dir), "float32", RolloutConfig().max_num_seqs, 16)
         rollout.update(enforce_eager=True, enable_chunked_prefill=False,
-                       engine_kwargs={"vllm": {"kv_cache_memory_bytes": 64 * 2**20}})
+                       engine_kwargs={"vllm": {"kv_cache_memory_bytes": kv_cache}})
     config = {"model": {"path": str(model_dir)}, "actor": {"ppo_mini_batch_size": 1, "ppo_micro_batch_size_per_gpu": 1},
               "rollout": rollout}
     worker = ActorRolloutRefWorker(config, "actor_rollout")

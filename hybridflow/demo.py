@@ -45,13 +45,13 @@ def write_task(data_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     return write_train_test(train_rows, test_rows, data_dir)
 
 
-# PPO learns from fewer samples per prompt; its critic starts from the same model with a new value head.
+# Prompts per step and samples per prompt: PPO learns from fewer samples per prompt.
+BATCHES = {"grpo": (32, 8), "ppo": (64, 4)}
+# The advantage estimator, then PPO's critic, which starts from the same model with a new value head.
 ALGORITHMS = {
-    "grpo": ["algorithm.adv_estimator=grpo", "data.train_batch_size=32", "actor_rollout_ref.rollout.n=8"],
+    "grpo": ["algorithm.adv_estimator=grpo"],
     "ppo": [
         "algorithm.adv_estimator=gae",
-        "data.train_batch_size=64",
-        "actor_rollout_ref.rollout.n=4",
         "critic.optim.lr=1e-3",
         "critic.optim.lr_warmup_steps=5",
         "critic.optim.weight_decay=0.0",
@@ -60,17 +60,38 @@ ALGORITHMS = {
 }
 
 
+PROMPT_TOKENS, RESPONSE_TOKENS = 72, 16
+VLLM_KV_CACHE_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes"
+
+
+def vllm_kv_cache(args: argparse.Namespace, model: pathlib.Path) -> list[str]:
+    """With ``rollout.name=vllm``: a KV cache that holds a step's samples at once (float32, the widest dtype), so
+    vLLM's CPU build does not size it from this machine's memory; none where the user sets one or runs hf."""
+    if "actor_rollout_ref.rollout.name=vllm" not in args.overrides or any(
+        override.lstrip("+").startswith(VLLM_KV_CACHE_KEY + "=") for override in args.overrides
+    ):
+        return []
+    from hybridflow.models.loading import load_model_config
+    from hybridflow.rollout.vllm_memory import kv_cache_bytes
+
+    prompts, samples = BATCHES[args.algo]
+    size = kv_cache_bytes(load_model_config(model), "float32", prompts * samples, PROMPT_TOKENS + RESPONSE_TOKENS)
+    return [f"+{VLLM_KV_CACHE_KEY}={size}"]
+
+
 def overrides(args: argparse.Namespace, model: pathlib.Path, train: pathlib.Path, val: pathlib.Path) -> list[str]:
     """The demo's settings as main_ppo overrides (found by sweeping on this 2-core machine)."""
     critic = [f"critic.model.path={model}"] if args.algo == "ppo" else []
-    return ALGORITHMS[args.algo] + critic + [
+    prompts, samples = BATCHES[args.algo]
+    batch = [f"data.train_batch_size={prompts}", f"actor_rollout_ref.rollout.n={samples}"]
+    return ALGORITHMS[args.algo] + critic + batch + [
         f"data.train_files={train}",
         f"data.val_files={val}",
-        "data.max_prompt_length=72",
-        "data.max_response_length=16",
+        f"data.max_prompt_length={PROMPT_TOKENS}",
+        f"data.max_response_length={RESPONSE_TOKENS}",
         f"data.seed={args.seed}",
         f"actor_rollout_ref.model.path={model}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={32 if args.algo == 'grpo' else 64}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
         "actor_rollout_ref.actor.optim.lr=3e-4",
         "actor_rollout_ref.actor.optim.lr_warmup_steps=10",
         # Decay to a tenth by the last step: the accuracy reached holds instead of swinging.
@@ -93,7 +114,7 @@ def overrides(args: argparse.Namespace, model: pathlib.Path, train: pathlib.Path
         "trainer.resume_mode=auto",
         f"trainer.experiment_name=demo-{args.algo}-seed{args.seed}",
         f"hydra.run.dir={args.run_dir / 'hydra'}",
-    ] + args.overrides
+    ] + vllm_kv_cache(args, model) + args.overrides
 
 
 def summarize(run_dir: pathlib.Path, seconds: float, algo: str, seed: int) -> str:

@@ -109,7 +109,8 @@ class RolloutConfig:
     )
     free_cache_engine: bool = option(True, "Call sleep() after each rollout so training gets the memory back.")
     gpu_memory_utilization: float = option(
-        0.5, "'vllm' engine: share of GPU memory it may take (on CPU: of the machine's, for its KV cache)."
+        0.5, "'vllm' engine: share of GPU memory it may take (on CPU: of its NUMA node's, for its KV cache; "
+        "engine_kwargs.vllm.kv_cache_memory_bytes gives a size that does not depend on the machine)."
     )
     tensor_model_parallel_size: int = option(1, "'vllm' engine: must be 1 (a replica per actor rank).")
     ignore_eos: bool = option(False, "Keep generating past the EOS token until response_length (benchmarking).")

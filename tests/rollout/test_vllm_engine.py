@@ -18,8 +18,9 @@ import torch
 
 pytest.importorskip("vllm")
 
-from hybridflow.models.loading import load_causal_lm  # noqa: E402
+from hybridflow.models.loading import load_causal_lm, load_model_config  # noqa: E402
 from hybridflow.rollout import RolloutConfig, create_rollout_engine  # noqa: E402
+from hybridflow.rollout.vllm_memory import kv_cache_bytes  # noqa: E402
 from tests.rollout.prompts import TOOL_CALL_TEXT, TOOL_QUESTION, left_padded  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -32,16 +33,21 @@ KNOBS = {
     "max_num_seqs": 16, "max_num_batched_tokens": 1024, "enable_prefix_caching": False, "enforce_eager": True,
     "enable_chunked_prefill": False, "gpu_memory_utilization": 0.05, "load_format": "safetensors",
     "max_model_len": 128,
-    # On CPU vLLM sizes its KV cache as gpu_memory_utilization of the machine less what the process already
-    # uses, which depends on what else the test process loaded: a fixed size does not.
-    "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 64 * 2**20}},
 }
+
+
+def kv_cache_size(model_dir) -> int:
+    """Room for every sequence vLLM schedules at once (max_num_seqs): on CPU vLLM would otherwise size its cache as
+    gpu_memory_utilization of the machine less what the process already holds, which depends on the machine."""
+    return kv_cache_bytes(load_model_config(model_dir), "float32", KNOBS["max_num_seqs"], KNOBS["max_model_len"])
 
 
 @pytest.fixture(scope="module")
 def engine(tool_calling_model_dir):
-    config = RolloutConfig.from_dict({"name": "vllm", "n": 2, "response_length": 12, "prompt_length": 64,
-                                      "calculate_log_probs": True, **KNOBS})
+    config = RolloutConfig.from_dict({
+        "name": "vllm", "n": 2, "response_length": 12, "prompt_length": 64, "calculate_log_probs": True, **KNOBS,
+        "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": kv_cache_size(tool_calling_model_dir)}},
+    })
     return create_rollout_engine(config, tool_calling_model_dir)
 
 
@@ -65,7 +71,7 @@ def test_verls_vllm_knobs_reach_vllm(engine):
     assert vllm_config.scheduler_config.enable_chunked_prefill is False
     assert vllm_config.cache_config.enable_prefix_caching is False
     assert vllm_config.cache_config.gpu_memory_utilization == 0.05
-    assert vllm_config.cache_config.kv_cache_memory_bytes == 64 * 2**20  # engine_kwargs.vllm
+    assert vllm_config.cache_config.kv_cache_memory_bytes == kv_cache_size(engine.model_path)  # engine_kwargs.vllm
     assert vllm_config.model_config.enforce_eager is True
     assert vllm_config.model_config.max_model_len == 128
     assert vllm_config.load_config.load_format == "safetensors"

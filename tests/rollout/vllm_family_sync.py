@@ -1,34 +1,73 @@
-"""One model family's weight sync into the vllm engine, in a process of its own (vLLM on CPU sizes its KV cache
-from the memory it finds free, so a second engine in one process would find the first one's cache taken).
+"""One model family's weight sync into the vllm engine, in a process of its own (vLLM on CPU allocates its KV cache
+once per process, so a second engine in one process would compete with the first one's).
 
-``python tests/rollout/vllm_family_sync.py MODEL_DIR`` builds the engine, syncs every weight of the model moved
-at random, samples responses with vLLM's per-token log-probs, and prints one JSON line: the largest difference
-from the moved model's log softmax of the same tokens, the largest log-prob in size, and the tokens compared.
+``python -m tests.rollout.vllm_family_sync MODEL_DIR [--kv_cache_bytes N | --gpu_memory_utilization U]
+[--node_memory TOTAL AVAILABLE]`` builds the engine, syncs every weight of the model moved at random, samples
+responses with vLLM's per-token log-probs, and prints one JSON line: the largest difference from the moved model's
+log softmax of the same tokens, the largest log-prob in size, and the tokens compared. ``--node_memory`` makes vLLM
+see a NUMA node of that many bytes (tests/rollout/vllm_small_machine.py); ``--without_estimate`` leaves the memory
+check to vLLM itself, as when hybridflow's estimate of the process's memory falls short. Where hybridflow refuses the engine's
+memory settings, it prints hybridflow's one-line error to stderr and exits with 2.
 """
 
+import argparse
 import json
 import sys
 
 import torch
 
-from hybridflow.models.loading import load_tokenizer
+from hybridflow.models.loading import load_model_config, load_tokenizer
 from hybridflow.rollout import RolloutConfig, create_rollout_engine
+from hybridflow.rollout.vllm_memory import kv_cache_bytes
 from tests.rollout.moved_weights import moved_model
 from tests.rollout.prompts import TOOL_QUESTION, left_padded
 
 PROMPTS = ["hi", "a longer prompt", TOOL_QUESTION]
+SAMPLES = 2
 RESPONSE_LENGTH = 12
+MAX_MODEL_LEN = 128
 
 
-def main(model_dir: str) -> None:
+def sync_kv_cache_bytes(model_dir) -> int:
+    """A KV cache that holds every sequence of this sync at once, whatever the machine."""
+    return kv_cache_bytes(load_model_config(model_dir), "float32", len(PROMPTS) * SAMPLES, MAX_MODEL_LEN)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--kv_cache_bytes", type=int, default=None)
+    size.add_argument("--gpu_memory_utilization", type=float, default=None)
+    parser.add_argument("--node_memory", type=int, nargs=2, default=None, metavar=("TOTAL", "AVAILABLE"))
+    parser.add_argument("--without_estimate", action="store_true", help="leave the memory check to vLLM itself")
+    args = parser.parse_args(argv)
+    if args.without_estimate:
+        from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
+
+        VLLMRolloutEngine._check_cpu_kv_cache = lambda engine: None
+    if args.node_memory:
+        from tests.rollout.vllm_small_machine import report_node_memory
+
+        report_node_memory(*args.node_memory)
+    memory = ({"gpu_memory_utilization": args.gpu_memory_utilization} if args.gpu_memory_utilization else
+              {"engine_kwargs": {"vllm": {"kv_cache_memory_bytes": args.kv_cache_bytes or
+                                          sync_kv_cache_bytes(args.model_dir)}}})
     config = RolloutConfig.from_dict({
-        "name": "vllm", "n": 2, "response_length": RESPONSE_LENGTH, "prompt_length": 64, "calculate_log_probs": True,
-        "enable_chunked_prefill": False, "enforce_eager": True, "gpu_memory_utilization": 0.05, "max_model_len": 128,
+        "name": "vllm", "n": SAMPLES, "response_length": RESPONSE_LENGTH, "prompt_length": 64,
+        "calculate_log_probs": True, "enable_chunked_prefill": False, "enforce_eager": True,
+        "max_model_len": MAX_MODEL_LEN, **memory,
     })
-    engine = create_rollout_engine(config, model_dir)
-    actor = moved_model(model_dir, seed=0)
-    engine.load_weights((name, parameter.detach()) for name, parameter in actor.named_parameters())
-    out = engine.generate_sequences(left_padded(load_tokenizer(model_dir), PROMPTS)).batch
+    from hybridflow.errors import HybridflowError
+
+    engine = create_rollout_engine(config, args.model_dir)
+    actor = moved_model(args.model_dir, seed=0)
+    try:
+        engine.load_weights((name, parameter.detach()) for name, parameter in actor.named_parameters())
+    except HybridflowError as error:
+        print(f"hybridflow: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    out = engine.generate_sequences(left_padded(load_tokenizer(args.model_dir), PROMPTS)).batch
     with torch.no_grad():
         logits = actor(input_ids=out["input_ids"], attention_mask=out["attention_mask"],
                        position_ids=out["position_ids"]).logits
@@ -44,4 +83,4 @@ def main(model_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

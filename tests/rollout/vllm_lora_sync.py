@@ -16,14 +16,14 @@ import safetensors.torch
 import torch.distributed as dist
 
 from hybridflow.distributed.worker import find_free_port
+from hybridflow.models.loading import load_model_config
 from hybridflow.protocol import DataProto
+from hybridflow.rollout.vllm_memory import kv_cache_bytes
 from hybridflow.workers import ActorRolloutRefWorker
 from tests.workers.helpers import actor_rollout_ref_config, rollout_batch
 
-VLLM_ON_CPU = {
-    "name": "vllm", "calculate_log_probs": True, "enforce_eager": True, "enable_chunked_prefill": False,
-    "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 64 * 2**20}},
-}
+VLLM_ON_CPU = {"name": "vllm", "calculate_log_probs": True, "enforce_eager": True, "enable_chunked_prefill": False}
+SAMPLES = 8
 
 
 def prompts_of(batch: DataProto) -> DataProto:
@@ -35,10 +35,16 @@ def prompts_of(batch: DataProto) -> DataProto:
 
 def main(model_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
-    config = actor_rollout_ref_config(model_dir, model={"lora_rank": 4, "lora_alpha": 8}, rollout=VLLM_ON_CPU)
+    rollout = actor_rollout_ref_config(model_dir)["rollout"]
+    # Room for the batch's samples at once, whatever the machine's memory (tests/rollout/test_vllm_model_families.py).
+    kv_cache = kv_cache_bytes(load_model_config(model_dir), "float32", SAMPLES,
+                              rollout["prompt_length"] + rollout["response_length"])
+    config = actor_rollout_ref_config(model_dir, model={"lora_rank": 4, "lora_alpha": 8}, rollout={
+        **VLLM_ON_CPU, "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": kv_cache}},
+    })
     worker = ActorRolloutRefWorker(config, "actor_rollout_ref")
     worker.init_model()
-    batch = rollout_batch(8, seed=1)
+    batch = rollout_batch(SAMPLES, seed=1)
     worker.update_actor(batch.union(worker.compute_log_prob(batch)))
     output = worker.generate_sequences(prompts_of(batch))
     trained = worker.compute_log_prob(output).batch["old_log_probs"]

@@ -186,6 +186,8 @@ def _values(*overrides_and_culprit):
     return case
 
 
+RANKS_BEYOND_CORES = 4 * (os.cpu_count() or 1)
+
 CASES = {
     "model config.json not JSON": _model_case(_corrupt_config),
     "model config.json without model_type": _model_case(_config_without_type),
@@ -224,9 +226,10 @@ CASES = {
     "top_p above 1": _values("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p"),
     "misspelled engine": _values("actor_rollout_ref.rollout.name=hff", "hff"),
     "two nodes on a local cluster": _values("trainer.nnodes=2", "trainer.nnodes"),
+    # Four ranks per core, whatever the machine; the batch splits over them, so only the CPUs are short.
     "more worker CPUs than the machine": _values(
-        f"trainer.n_gpus_per_node={4 * (os.cpu_count() or 1)}", "data.train_batch_size=256",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=256", "trainer.n_gpus_per_node"
+        f"trainer.n_gpus_per_node={RANKS_BEYOND_CORES}", f"data.train_batch_size={RANKS_BEYOND_CORES}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={RANKS_BEYOND_CORES}", "trainer.n_gpus_per_node"
     ),
 }
 

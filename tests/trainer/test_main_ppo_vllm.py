@@ -28,9 +28,8 @@ def test_a_grpo_run_on_vllm_learns(tmp_path, placement):
     completed = subprocess.run(
         [sys.executable, "-m", "hybridflow.demo", "--steps", "12", "--test_freq", "12", "--run_dir", str(run_dir),
          "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.enforce_eager=true",
-         # vLLM on CPU: no chunked prefill (the config check says why), and a KV cache of a fixed size.
+         # vLLM on CPU: no chunked prefill (the config check says why); the demo sizes the KV cache itself.
          "actor_rollout_ref.rollout.enable_chunked_prefill=false",
-         "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=268435456",
          "trainer.local_mode=false", *placement],
         capture_output=True, text=True, timeout=900,
     )

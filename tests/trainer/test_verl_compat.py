@@ -8,6 +8,9 @@ import sys
 import pytest
 import yaml
 
+from hybridflow.models.loading import load_model_config
+from hybridflow.rollout import vllm_memory
+from hybridflow.rollout.vllm_memory import GIB
 from hybridflow.trainer.command_line import override_errors, without_redundant_plus
 from hybridflow.trainer.verl_compat import ALIAS, COMPAT_YAML, LACKS, compat_defaults, rule_for, schema_yaml_defaults
 from hybridflow.trainer.validate import ConfigError, load_config_with_notes
@@ -259,8 +262,48 @@ def test_vllm_on_cpu_is_refused_before_anything_starts_unless_its_cpu_build_can_
     monkeypatch.setattr(environment, "vllm_cpu_build", lambda: False)
     assert "this vllm is a GPU build" in errors(vllm_run)[0]
     monkeypatch.setattr(environment, "vllm_cpu_build", lambda: True)
+    # vLLM's reading of its NUMA node, as a machine with room to spare (the KV cache is checked below).
+    monkeypatch.setattr(vllm_memory, "cpu_node_memory", lambda: vllm_memory.NodeMemory(0, 64 * GIB, 60 * GIB))
     assert "enable_chunked_prefill=true: vLLM's CPU build fails" in errors(vllm_run)[0]
     _check(vllm_run + ["actor_rollout_ref.rollout.enable_chunked_prefill=false"], check_environment=True)
+
+
+def test_a_vllm_kv_cache_share_that_leaves_no_room_on_this_cpu_is_refused_before_anything_starts(base, monkeypatch):
+    """vLLM's CPU build gives its KV cache gpu_memory_utilization x its NUMA node's memory, less what the process
+    holds; on a node of 1 GiB, 5% (51 MiB) is less than a process that imported torch holds, whatever the machine.
+    The line names both keys and the explicit size that holds a rank's sequences of a step."""
+    import hybridflow.trainer.environment as environment
+
+    real_find_spec = environment.importlib.util.find_spec
+    monkeypatch.setattr(environment.importlib.util, "find_spec", lambda name: object() if name == "vllm" else real_find_spec(name))
+    monkeypatch.setattr(environment, "vllm_cpu_build", lambda: True)
+    monkeypatch.setattr(vllm_memory, "cpu_node_memory", lambda: vllm_memory.NodeMemory(0, GIB, 3 * GIB // 4))
+    vllm_run = base + ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu",
+                       "actor_rollout_ref.rollout.enable_chunked_prefill=false"]
+    config, _ = _check(vllm_run)
+    rollout = config.actor_rollout_ref.rollout
+    rows = config.data.train_batch_size * rollout.n // config.trainer.n_gpus_per_node
+    needed = vllm_memory.kv_cache_bytes(load_model_config(config.actor_rollout_ref.model.path), "float32", rows,
+                                        rollout.prompt_length + rollout.response_length)
+
+    with pytest.raises(ConfigError) as caught:
+        _check(vllm_run + ["actor_rollout_ref.rollout.gpu_memory_utilization=0.05"], check_environment=True)
+    (error,) = caught.value.errors
+    assert error.startswith("actor_rollout_ref.rollout.gpu_memory_utilization=0.05 gives vLLM 0.05 GiB on CPU "
+                            "(0.05 x the 1.00 GiB of NUMA node 0, where vLLM's CPU build allocates); the rollout's "
+                            "process holds at least "), error
+    assert f"leaving no room; set +{vllm_memory.KV_BYTES_KEY}={needed} " in error, error
+    assert f"room for a rank's {rows} sequences of a step" in error, error
+
+    with pytest.raises(ConfigError) as caught:  # the share asks for more than the node has available
+        _check(vllm_run + ["actor_rollout_ref.rollout.gpu_memory_utilization=0.9"], check_environment=True)
+    assert "more than the 0.75 GiB available there" in caught.value.errors[0]
+
+    with pytest.raises(ConfigError) as caught:  # an explicit size larger than what is available
+        _check(vllm_run + [f"+{vllm_memory.KV_BYTES_KEY}={GIB}"], check_environment=True)
+    assert caught.value.errors[0].startswith(f"{vllm_memory.KV_BYTES_KEY}={GIB} (1.00 GiB) is more than the 0.75 GiB")
+
+    _check(vllm_run + [f"+{vllm_memory.KV_BYTES_KEY}={needed}"], check_environment=True)  # the size it suggests
 
 
 def test_rules_name_what_is_missing():
