@@ -183,11 +183,11 @@ def run_hybridflow(spec: dict[str, Any]) -> dict[str, Any]:
 
     from hybridflow.distributed import init_local_ray
     from hybridflow.trainer.main_ppo import build_trainer
-    from hybridflow.trainer.validate import load_config
+    from hybridflow.config.load import load_config
 
     torch.set_num_threads(spec["threads"])
     setup_start = time.perf_counter()
-    with initialize_config_module("hybridflow.trainer.config", version_base=None):
+    with initialize_config_module("hybridflow.config.yaml", version_base=None):
         config = load_config(compose("ppo_trainer", overrides=hybridflow_overrides(spec)))
     trainer = build_trainer(config)
     if spec["ray"]:

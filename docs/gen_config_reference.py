@@ -1,9 +1,9 @@
-"""Generate docs/config_reference.md from hybridflow/trainer/config/ppo_trainer.yaml.
+"""Generate docs/config_reference.md from hybridflow/config/yaml/ppo_trainer.yaml.
 
 Every key of the YAML becomes a table row: its dotted name, its default exactly as the YAML writes it
 (``${...}`` interpolations included) and its help, which is the key's inline YAML comment. A section's
 help is the comment line directly above it. Where the YAML has no comment, the help comes from the
-schema (``field.metadata["help"]`` in hybridflow/trainer/config_schema.py); schema keys missing from the
+schema (``field.metadata["help"]`` in hybridflow/config/schema.py); schema keys missing from the
 YAML are listed too, so the reference covers every key the trainer accepts.
 
     python docs/gen_config_reference.py           # rewrite docs/config_reference.md
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import yaml
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-YAML_PATH = REPO / "hybridflow" / "trainer" / "config" / "ppo_trainer.yaml"
+YAML_PATH = REPO / "hybridflow" / "config" / "yaml" / "ppo_trainer.yaml"
 OUTPUT_PATH = REPO / "docs" / "config_reference.md"
 COMMAND = "python docs/gen_config_reference.py"
 
@@ -132,7 +132,7 @@ def _render_section(section: Section, level: int) -> list[str]:
 
 def generate(yaml_path: pathlib.Path = YAML_PATH) -> str:
     """The full text of docs/config_reference.md."""
-    from hybridflow.trainer.config_schema import PPOTrainerConfig
+    from hybridflow.config.schema import PPOTrainerConfig
 
     text = yaml_path.read_text()
     root = yaml.compose(text)
@@ -161,8 +161,8 @@ def generate(yaml_path: pathlib.Path = YAML_PATH) -> str:
 
 
 def _verl_only_keys() -> list[str]:
-    """One row per rule of hybridflow/trainer/verl_compat.py, with how many of verl's keys it covers."""
-    from hybridflow.trainer.verl_compat import COMPAT_YAML, RULES, compat_defaults, rule_for
+    """One row per rule of hybridflow/config/verl_compat.py, with how many of verl's keys it covers."""
+    from hybridflow.config.verl_compat import COMPAT_YAML, RULES, compat_defaults, rule_for
 
     counts: dict = {}
     for key in compat_defaults():
@@ -174,7 +174,7 @@ def _verl_only_keys() -> list[str]:
         "",
         f"Keys of verl's config that hybridflow has no field for live in `{COMPAT_YAML.name}` with verl's",
         "defaults (merged under the trainer config), and the first matching rule of",
-        "`hybridflow/trainer/verl_compat.py` says what each means here. A refused value stops the run before",
+        "`hybridflow/config/verl_compat.py` says what each means here. A refused value stops the run before",
         "anything starts, in one line naming the missing capability.",
         "",
         "| Keys | Means | verl keys |",

@@ -118,7 +118,7 @@ def overrides(args: argparse.Namespace, model: pathlib.Path, train: pathlib.Path
 
 
 def summarize(run_dir: pathlib.Path, seconds: float, algo: str, seed: int) -> str:
-    from hybridflow.trainer import metric_names as names
+    from hybridflow.tracking import metric_names as names
     from hybridflow.trainer.plotting import plot_run, read_metrics, series, validation_keys
 
     metrics = run_dir / "metrics.jsonl"

@@ -52,7 +52,7 @@ def test_config_reference_is_current():
 
 def test_reference_adds_schema_keys_missing_from_the_yaml_and_refuses_keys_without_help(tmp_path):
     generator = _load_file(DOCS / "gen_config_reference.py", "gen_config_reference")
-    text = (REPO / "hybridflow/trainer/config/ppo_trainer.yaml").read_text()
+    text = (REPO / "hybridflow/config/yaml/ppo_trainer.yaml").read_text()
     without_seed = tmp_path / "no_seed.yaml"
     without_seed.write_text(re.sub(r"\n  seed: 1  #[^\n]*", "", text, count=1))
     assert "| `data.seed` | `1` | Seed of the training shuffle" in generator.generate(without_seed)

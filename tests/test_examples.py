@@ -50,7 +50,7 @@ def metric_steps(run_dir):
 
 def test_multi_turn_prompts_carry_the_tool_schemas():
     tool_config = f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOLS_YAML}"
-    with initialize_config_module("hybridflow.trainer.config", version_base=None):
+    with initialize_config_module("hybridflow.config.yaml", version_base=None):
         enabled = compose("ppo_trainer", overrides=[tool_config, "actor_rollout_ref.rollout.multi_turn.enable=true"])
         disabled = compose("ppo_trainer", overrides=[tool_config])
     (schema,) = prompt_tool_schemas(enabled)

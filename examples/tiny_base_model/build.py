@@ -38,7 +38,7 @@ from hybridflow.models.loading import load_causal_lm, load_tokenizer
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.rewards.scoring import default_compute_score
 from hybridflow.trainer.main_sft import build_sft_trainer
-from hybridflow.trainer.sft_config import load_sft_config
+from hybridflow.config.sft import load_sft_config
 
 HERE = pathlib.Path(__file__).resolve().parent
 

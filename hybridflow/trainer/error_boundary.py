@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from hybridflow.distributed.errors import WorkerError
 from hybridflow.errors import HybridflowError, RunInterrupted
-from hybridflow.trainer.validate import ConfigError
+from hybridflow.config.load import ConfigError
 
 FULL_ERROR_ENV = "HYBRIDFLOW_FULL_ERROR"
 T = TypeVar("T")

@@ -10,7 +10,7 @@ import torch
 
 from hybridflow.algos.masked_stats import masked_mean, masked_sum
 from hybridflow.protocol import DataProto
-from hybridflow.trainer import metric_names as names
+from hybridflow.tracking import metric_names as names
 
 
 def reward_component_metrics(batch: DataProto, keys: list[str]) -> dict[str, float]:

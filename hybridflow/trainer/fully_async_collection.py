@@ -1,11 +1,11 @@
-"""Phases 1 and 2 of fully async training: a bounded queue of finished prompt groups the rollout pool keeps filling.
+"""Phases 1, 2 and 8 of fully async training: a bounded queue of finished prompt groups the rollout pool keeps filling.
 
-verl's fully async policy (``async_training``; see :mod:`hybridflow.trainer.fully_async_options` for the keys)
+verl's fully async policy (``async_training``; see :mod:`hybridflow.config.fully_async_options` for the keys)
 on the single controller: the rollout pool runs one generation call at a time, of at most ``concurrent``
 prompts, and the driver starts the next as soon as one finishes and the staleness budget allows, so the pool
 generates while the actor trains. A training step takes the oldest ``required`` prompt groups from the queue;
-after every ``steps_per_sync`` steps the actor's weights go to the pool and the budget of the new weight version
-is ``max_required`` prompts less those already queued or in flight. Without partial rollout the call in flight
+its phase 8, every ``steps_per_sync`` steps, puts the actor's weights into the pool, and the budget of the new
+weight version is ``max_required`` prompts less those already queued or in flight. Without partial rollout the call in flight
 is waited for first (its samples join the queue); with it (verl's ``partial_rollout``) the weights land between
 its decode steps, its samples go on with them, and each token's ``rollout_weight_versions`` says which drew it.
 
@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from hybridflow.protocol import DataProto
-from hybridflow.trainer import metric_names as names
+from hybridflow.tracking import metric_names as names
+from hybridflow.trainer.one_step_off import RolloutWeightSync
 from hybridflow.trainer.phases import StepTimer
 from hybridflow.trainer.rollout_collection import (
     EndOfData,
@@ -31,18 +32,17 @@ from hybridflow.trainer.rollout_collection import (
     PendingGeneration,
     PromptSource,
     RewardScorer,
-    RolloutCollector,
-    RolloutWeightSync,
     assign_uids,
 )
 
 
-class FullyAsyncCollector(RolloutCollector):
+class FullyAsyncCollector:
     """The queue, the staleness budget and the weight syncs of fully async training.
 
     ``required``: prompt groups per step; ``max_required``: prompts the pool may start per weight version, those
     queued or in flight at its sync included; ``concurrent``: prompts per generation call, at most;
-    ``steps_per_sync``: steps between syncs; ``total_prompts``: prompts the run trains on (no more are generated);
+    ``steps_per_sync``: steps between syncs; ``total_steps``: the run's steps, each of ``required`` prompts (no more
+are generated, and no sync follows the last step);
     ``partial_rollout``: syncs land in the call in flight instead of waiting for it.
     """
 
@@ -62,16 +62,18 @@ class FullyAsyncCollector(RolloutCollector):
         max_required: int,
         concurrent: int,
         steps_per_sync: int,
-        total_prompts: int,
+        total_steps: int,
         partial_rollout: bool = False,
     ):
-        super().__init__(generate, score, baseline=None)
+        self.generate = generate
+        self.score = score
         self.sync = sync
         self.required = required
         self.max_required = max_required
         self.concurrent = concurrent
         self.steps_per_sync = steps_per_sync
-        self.total_prompts = total_prompts
+        self.total_steps = total_steps
+        self.total_prompts = total_steps * required
         self.partial_rollout = partial_rollout
         self.running: PendingGeneration | None = None
         self.running_version = 0
@@ -86,13 +88,13 @@ class FullyAsyncCollector(RolloutCollector):
 
     # ------------------------------------------------------------------------------------------ steps
     def collect(self, source: PromptSource, timer: StepTimer, step: int) -> tuple[DataProto, dict[str, float]]:
-        if step > 1 and (step - 1) % self.steps_per_sync == 0:
-            self._new_version(step - 1, timer)
+        """Phases 1 and 2: the oldest ``required`` prompt groups of the queue (waiting for the pool while it has
+        fewer), scored, with the next generation call started meanwhile."""
         with timer(names.PHASE_GEN):  # the trainer's wait for samples (verl's trainer idle time)
             while self._queued_prompts() < self.required:
                 if self.running is None and not self._start(source):
                     raise EndOfData(f"the rollout has no prompts left for step {step}")
-                self._wait(timer)
+                self._wait()
         batch, versions = self._take(self.required)
         self._start(source)  # the pool generates while the actor trains on this batch
         stale = int(np.sum(self.param_version - versions >= 1))
@@ -109,16 +111,25 @@ class FullyAsyncCollector(RolloutCollector):
         })
         return batch, metrics
 
+    def sync_weights(self, step: int, timer: StepTimer) -> None:
+        """Phase 8, every ``steps_per_sync`` steps but after the last: a new weight version (:meth:`_new_version`)."""
+        if step % self.steps_per_sync == 0 and step < self.total_steps:
+            self._new_version(step, timer)
+
     def use_current_weights(self, step: int) -> None:
-        """Before a validation (on a sync, or after the last step): the call in flight finishes and its samples
-        are queued, then the pool gets the actor's weights after step ``step``."""
-        timer = StepTimer()
-        self._wait(timer)
-        self.sync(step, timer, version=self.param_version + 1)
+        """Before a validation (after a sync, or after the last step): the call in flight finishes and its samples
+        are queued, then the pool holds the actor's weights after step ``step``."""
+        self._wait()
+        self.sync(step, StepTimer(), version=self.param_version + 1)
+
+    def sync_before_first_step(self, step: int) -> None:
+        """Before the run's first step: the pool gets the actor's weights after step ``step`` as the current weight
+        version (a fresh run's pool holds them already)."""
+        self.sync(step, StepTimer(), version=self.param_version)
 
     def state_dict(self) -> dict[str, Any]:
         """The queue (the call in flight waited for), the budget and the counters."""
-        self._wait(StepTimer())
+        self._wait()
         return {name: getattr(self, name) for name in self.STATE}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -133,7 +144,7 @@ class FullyAsyncCollector(RolloutCollector):
         queued or in flight (verl's ``reset_staleness``)."""
         if not self.partial_rollout:
             with timer(names.PHASE_GEN):
-                self._wait(timer)
+                self._wait()
         self.param_version += 1
         self.sync(step, timer, version=self.param_version)
         self.staleness_samples = self._queued_prompts() + (len(self.running.prompts) if self.running else 0)
@@ -162,11 +173,11 @@ class FullyAsyncCollector(RolloutCollector):
         self.chunks += 1
         return True
 
-    def _wait(self, timer: StepTimer) -> None:
+    def _wait(self) -> None:
         if self.running is None:
             return
         versions = np.full(len(self.running.prompts), self.running_version, dtype=np.int64)
-        samples, self.running = self.generate.finish(self.running, timer), None
+        samples, self.running = self.generate.finish(self.running), None
         samples.meta_info = {}  # its timings are counted; each call's seed differs, and calls are joined
         self.queued = samples if self.queued is None else DataProto.concat([self.queued, samples])
         self.queued_versions = np.concatenate([self.queued_versions, versions])

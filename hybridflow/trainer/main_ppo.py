@@ -9,26 +9,26 @@ too, and Ray never starts.
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from omegaconf import DictConfig
 
 from hybridflow.errors import RunInterrupted
 from hybridflow.rewards import build_reward_manager, check_data_sources, load_custom_reward_function
-from hybridflow.trainer.config_schema import PPOTrainerConfig
+from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.trainer.entry_point import checked_run, command_line
 from hybridflow.trainer.error_boundary import WORKERS_STARTING
-from hybridflow.trainer.environment import slow_dtype_notes
-from hybridflow.trainer.fully_async_options import fully_async
-from hybridflow.trainer.local_mode import apply_runtime_env
-from hybridflow.trainer.resume_checks import check_data_position
-from hybridflow.trainer.reward_options import reward_manager_options
-from hybridflow.trainer.validate import derived_sizes, load_config_with_notes
-from hybridflow.trainer.verl_compat import PPO_SURFACE
+from hybridflow.config.resume_checks import check_data_position
+from hybridflow.config.reward_options import reward_manager_options
+from hybridflow.config.load import load_config_with_notes
+from hybridflow.config.plan import RunPlan, build_plan, describe
+from hybridflow.config.verl_compat import PPO_SURFACE
 
 if TYPE_CHECKING:
+    from hybridflow.data.rl_dataset import RLDataset
     from hybridflow.trainer.ppo_trainer import RayPPOTrainer
 
 
@@ -43,9 +43,8 @@ def prompt_tool_schemas(config: PPOTrainerConfig) -> list[dict] | None:
 
 
 def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
-    """Tokenizer, datasets, loaders and reward manager for ``config`` (no Ray needed yet)."""
+    """Tokenizer, datasets, the run plan, loaders and reward manager for ``config`` (no Ray needed yet)."""
     # Imported once the config is known to be good: they load transformers, tensordict and Ray (seconds).
-    from hybridflow.data.rl_dataset import RLDataset
     from hybridflow.data.sampler import StatefulDataLoader
     from hybridflow.models.loading import check_vocabulary, load_tokenizer
     from hybridflow.trainer.ppo_trainer import RayPPOTrainer
@@ -56,26 +55,14 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
         chat_template=model.custom_chat_template,
     )
     check_vocabulary(tokenizer, model.tokenizer_dir, model.path, model.trust_remote_code)
-    tool_schemas = prompt_tool_schemas(config)
-
-    def dataset(files: object, max_samples: int, shuffle: bool) -> RLDataset:
-        return RLDataset(
-            files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key,
-            truncation=data.truncation, filter_overlong_prompts=data.filter_overlong_prompts, tools=tool_schemas,
-            return_raw_chat=data.return_raw_chat, apply_chat_template_kwargs=data.apply_chat_template_kwargs,
-            max_samples=max_samples, shuffle=shuffle, seed=data.seed,
-        )
-
-    train_dataset = dataset(data.train_files, data.train_max_samples, data.shuffle)
-    val_dataset = dataset(data.val_files, data.val_max_samples, False) if data.val_files else None
+    train_dataset, val_dataset = _datasets(config, tokenizer)
+    plan = build_plan(config, len(train_dataset))
     custom = config.custom_reward_function
     compute_score = load_custom_reward_function(custom.path, custom.name, custom.reward_kwargs) if custom.path else None
     if compute_score is None and not config.reward_model.enable:
         check_data_sources(train_dataset.data_sources() + (val_dataset.data_sources() if val_dataset else []))
-    # Fully async feeds the rollout one prompt at a time, as verl does
-    prompts_per_batch = 1 if fully_async(config) else data.gen_batch_size or data.train_batch_size
     train_loader = StatefulDataLoader(
-        train_dataset, prompts_per_batch, shuffle=data.shuffle, seed=data.seed, drop_last=True
+        train_dataset, plan.prompts_per_generation, shuffle=data.shuffle, seed=data.seed, drop_last=True
     )
     val_loader = None
     if val_dataset is not None:
@@ -87,10 +74,34 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
         config.reward_model.reward_manager, tokenizer, compute_score, **reward_manager_options(config)
     )
     trainer = RayPPOTrainer(
-        config, tokenizer=tokenizer, train_loader=train_loader, val_loader=val_loader, reward_manager=reward_manager
+        plan, tokenizer=tokenizer, train_loader=train_loader, val_loader=val_loader, reward_manager=reward_manager
     )
     check_data_position(trainer.checkpoints, train_loader)
     return trainer
+
+
+def _datasets(config: PPOTrainerConfig, tokenizer: Any) -> tuple[RLDataset, RLDataset | None]:
+    """The training prompts and the validation prompts (None without ``data.val_files``)."""
+    from hybridflow.data.rl_dataset import RLDataset
+
+    data, tool_schemas = config.data, prompt_tool_schemas(config)
+
+    def dataset(files: object, max_samples: int, shuffle: bool) -> RLDataset:
+        return RLDataset(
+            files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key,
+            truncation=data.truncation, filter_overlong_prompts=data.filter_overlong_prompts, tools=tool_schemas,
+            return_raw_chat=data.return_raw_chat, apply_chat_template_kwargs=data.apply_chat_template_kwargs,
+            max_samples=max_samples, shuffle=shuffle, seed=data.seed,
+        )
+
+    val = dataset(data.val_files, data.val_max_samples, False) if data.val_files else None
+    return dataset(data.train_files, data.train_max_samples, data.shuffle), val
+
+
+def apply_runtime_env(plan: RunPlan) -> None:
+    """Local mode: the job's ``runtime_env.env_vars``, which Ray would give each worker, set in this process."""
+    env_vars = plan.ray_kwargs.ray_init.runtime_env.get("env_vars") or {}
+    os.environ.update({str(key): str(value) for key, value in env_vars.items()})
 
 
 def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> None:
@@ -100,13 +111,14 @@ def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> N
     from hybridflow.distributed import init_local_ray
 
     trainer = trainer or build_trainer(config)
-    for line in derived_sizes(config, steps=trainer.total_training_steps) + slow_dtype_notes(config, trainer.uses_critic):
+    plan = trainer.plan
+    for line in describe(plan):
         print(f"[hybridflow] {line}")
-    ray_kwargs = config.ray_kwargs
+    ray_kwargs = plan.ray_kwargs
     ray_init = ray_kwargs.ray_init
     print(WORKERS_STARTING, flush=True)
-    if config.trainer.local_mode:
-        apply_runtime_env(config)
+    if plan.local:
+        apply_runtime_env(plan)
     else:
         init_local_ray(
             num_cpus=ray_init.num_cpus, num_gpus=ray_init.num_gpus, object_store_memory=ray_init.object_store_memory,
@@ -126,9 +138,12 @@ def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> N
         trainer.shutdown()
 
 
-@hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
+@hydra.main(config_path="../config/yaml", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
-    checked_run("main_ppo", lambda check_environment: load_config_with_notes(cfg, check_environment), build_trainer, run_ppo)
+    checked_run(
+        "main_ppo", lambda check_environment: load_config_with_notes(cfg, check_environment), build_trainer, run_ppo,
+        describe=lambda trainer: describe(trainer.plan),
+    )
 
 
 def cli(argv: list[str]) -> None:

@@ -10,7 +10,7 @@
 
 verl's SFT command lines work too: ``torchrun ... -m verl.trainer.sft_trainer <keys>`` becomes
 ``python -m hybridflow.trainer.main_sft trainer.n_gpus_per_node=<nproc_per_node> <keys>`` (verl's current key names
-are aliases, ``engine=fsdp`` is what this config holds; see :mod:`hybridflow.trainer.verl_sft_compat`).
+are aliases, ``engine=fsdp`` is what this config holds; see :mod:`hybridflow.config.verl_sft_compat`).
 
 The config is checked before transformers and Ray are imported and the data tokenized before Ray starts;
 ``HYBRIDFLOW_CONFIG_CHECK=surface|full`` stops after the check. The final model is written as a Hugging Face
@@ -29,8 +29,8 @@ from omegaconf import DictConfig
 from hybridflow.errors import RunInterrupted
 from hybridflow.trainer.entry_point import checked_run, command_line
 from hybridflow.trainer.error_boundary import WORKERS_STARTING
-from hybridflow.trainer.sft_config import SFTTrainerConfig, load_sft_config_with_notes
-from hybridflow.trainer.verl_sft_compat import SFT_SURFACE
+from hybridflow.config.sft import SFTTrainerConfig, load_sft_config_with_notes
+from hybridflow.config.verl_sft_compat import SFT_SURFACE
 
 if TYPE_CHECKING:
     from hybridflow.trainer.sft_trainer import SFTTrainer
@@ -105,7 +105,7 @@ def run_sft(config: SFTTrainerConfig, trainer: SFTTrainer | None = None) -> path
     return exported
 
 
-@hydra.main(config_path="config", config_name="sft_trainer", version_base=None)
+@hydra.main(config_path="../config/yaml", config_name="sft_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
     checked_run(
         "main_sft", lambda check_environment: load_sft_config_with_notes(cfg, check_environment), build_sft_trainer,

@@ -1,6 +1,6 @@
 """Per-step metrics computed by the driver from the batch it already holds: pure functions, no I/O.
 
-Names come from :mod:`hybridflow.trainer.metric_names` (verl's spelling). Shapes: ``responses`` and
+Names come from :mod:`hybridflow.tracking.metric_names` (verl's spelling). Shapes: ``responses`` and
 ``response_mask`` are [B, R]; ``attention_mask`` is [B, P + R]; token-level tensors are [B, R].
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from hybridflow.protocol import DataProto
-from hybridflow.trainer import metric_names as names
+from hybridflow.tracking import metric_names as names
 
 
 def reduce_worker_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:

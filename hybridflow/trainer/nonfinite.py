@@ -16,7 +16,7 @@ import torch
 
 from hybridflow.errors import HybridflowError
 from hybridflow.protocol import DataProto
-from hybridflow.trainer import metric_names as names
+from hybridflow.tracking import metric_names as names
 from hybridflow.workers.training import NONFINITE_SKIP_FRAC
 
 # Per role: its metric prefix, its loss and the learning-rate key of the fix.

@@ -1,12 +1,11 @@
-"""The phases of one PPO step after generation, each a small object picked once at start-up.
+"""Phases 3 to 7 of one PPO step, each a small object the run plan picks once at start-up (``trainer/assembly.py``).
 
-Whether a run has a critic, a reference policy or a KL term in the reward, and which exact shortcuts of
-``exact_skips`` it takes, is decided when the trainer is built: the absent phases are no-op objects with
-the same methods, so the step in ``RayPPOTrainer.fit`` reads the same for every algorithm and never
-re-checks the config. Each real phase times itself under its metric name (``timing_s/old_log_prob``,
-``timing_s/ref``, ``timing_s/values``, ``timing_s/adv``, ``timing_s/update_critic``). The worker calls of
-phases 3, 4, 6 and 7 are started through :class:`PhaseCalls`, which overlaps the critic's with the actor's
-where they sit on separate pools.
+Whether a run has a critic, a reference policy or a KL term in the reward, where its old log-probs come from, and
+which exact shortcuts it takes is the plan's decision (``config/phases.py``): the absent phases are no-op objects
+with the same methods, so ``RayPPOTrainer.train`` reads the same for every algorithm. Each real phase times itself
+under its metric name (``timing_s/old_log_prob``, ``timing_s/ref``, ``timing_s/values``, ``timing_s/adv``,
+``timing_s/update_critic``, ``timing_s/update_actor``). The worker calls of phases 3, 4, 6 and 7 are started
+through :class:`PhaseCalls`, which overlaps the critic's with the actor's where they sit on separate pools.
 """
 
 from __future__ import annotations
@@ -20,9 +19,10 @@ from hybridflow.algos.advantage_registry import estimator_inputs, get_adv_estima
 from hybridflow.algos.kl import apply_kl_penalty
 from hybridflow.algos.kl_controllers import get_kl_controller
 from hybridflow.algos.rollout_correction import CorrectionSettings, compute_rollout_correction
+from hybridflow.config.phases import OLD_FROM_UPDATE
 from hybridflow.data.seqlen_balancing import rank_balanced_order
 from hybridflow.protocol import DataProto
-from hybridflow.trainer import metric_names as names
+from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.metrics import reduce_worker_metrics, samples_with_signal
 from hybridflow.workers.actor import LOG_PROB_INPUTS, update_columns
 from hybridflow.workers.critic import UPDATE_INPUTS as CRITIC_UPDATE_INPUTS, VALUE_INPUTS
@@ -145,11 +145,19 @@ class OldLogProbs:
         )
 
 
-def rollout_log_probs_as_old(batch: DataProto) -> DataProto:
-    """Phase 3a in rollout correction's bypass mode: the engine's ``rollout_log_probs`` are the
-    ``old_log_probs`` (``pi_old = pi_rollout``); no forward pass runs, so no ``timing_s/old_log_prob``."""
-    batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
-    return batch
+class RolloutLogProbsAsOld:
+    """Phase 3a in rollout correction's bypass mode: the engine's ``rollout_log_probs`` are the ``old_log_probs``
+    (``pi_old = pi_rollout``); no forward pass runs, so no ``timing_s/old_log_prob``."""
+
+    def start(self, batch: DataProto, timer: StepTimer) -> None:
+        batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+
+
+class NoOldLogProbPass:
+    """Phase 3a of an on-policy update: none; the update's own log-probs, detached, are the old ones."""
+
+    def start(self, batch: DataProto, timer: StepTimer) -> None:
+        return None
 
 
 class ReferencePolicy:
@@ -216,6 +224,29 @@ class NoCritic:
 
     def load_checkpoint(self, path: str) -> None:
         pass
+
+
+class ActorUpdate:
+    """Phase 7: the actor's PPO update on the columns it reads, none in the first ``warmup_steps`` steps (they
+    train the critic alone). ``old_log_probs`` is the plan's source of them: an on-policy update takes its own."""
+
+    def __init__(self, worker_group: Any, calls: PhaseCalls, warmup_steps: int, old_log_probs: str):
+        self.worker_group = worker_group
+        self.calls = calls
+        self.warmup_steps = warmup_steps
+        self.from_update = old_log_probs == OLD_FROM_UPDATE
+
+    def __call__(self, batch: DataProto, timer: StepTimer, step: int, loss_counts: dict | None) -> dict[str, float]:
+        """The update's metrics (``actor/*``), after waiting for it; ``loss_counts``: the whole batch's, when only
+        the rows with signal were sent."""
+        if step <= self.warmup_steps:
+            return {}
+        update = self.calls.start(
+            timer, names.PHASE_UPDATE_ACTOR, self.worker_group.update_actor,
+            actor_update_input(batch, self.from_update), old_log_probs_from_update=self.from_update,
+            loss_counts=loss_counts,
+        )
+        return worker_metrics(update.join(timer), names.ACTOR_PREFIX)
 
 
 class KLInReward:

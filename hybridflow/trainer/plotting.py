@@ -6,7 +6,7 @@ import json
 import pathlib
 from typing import Any
 
-from hybridflow.trainer import metric_names as names
+from hybridflow.tracking import metric_names as names
 
 REWARD_KEY = names.stat(names.SCORE, "mean")
 

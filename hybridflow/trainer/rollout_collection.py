@@ -1,12 +1,12 @@
-"""Phases 1 (rollout) and 2 (reward) of a PPO step: from a batch of prompts to scored samples.
+"""Phases 1 (rollout), 2 (reward) and 8 (weight sync) of a synchronous PPO step: the hybrid engine's.
 
-:class:`RolloutCollector` generates ``n`` responses per prompt and scores them. With DAPO's dynamic
-sampling (arXiv 2503.14476, section 3.2), :class:`DynamicSamplingCollector` drops the prompt groups whose
+:class:`RolloutCollector` generates ``n`` responses per prompt in the actor's processes and scores them; after the
+update its :meth:`~RolloutCollector.sync_weights` puts the actor's weights into their rollout engines. With DAPO's
+dynamic sampling (arXiv 2503.14476, section 3.2), :class:`DynamicSamplingCollector` drops the prompt groups whose
 samples all score the same (they carry no GRPO gradient) and keeps generating until ``train_batch_size``
 prompts remain, bounded by ``algorithm.filter_groups.max_num_gen_batches``. ReMax (arXiv 2310.10505)
-adds a greedy response per prompt whose reward is the baseline (:class:`GreedyBaseline`). With the rollout on a
-pool of its own (``actor_rollout_ref.hybrid_engine=false``), :class:`OneStepOffCollector` generates one step
-ahead, the actor's weights reaching the pool through :class:`RolloutWeightSync`.
+adds a greedy response per prompt whose reward is the baseline (:class:`GreedyBaseline`). The collectors of a
+rollout pool of its own: ``trainer/one_step_off.py`` and ``trainer/fully_async_collection.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from hybridflow.errors import HybridflowError
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.sequences import PROMPT_KEYS
-from hybridflow.trainer import metric_names as names
+from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.phases import StepTimer, union_columns
 
 # What the rollout engine reads from a prompt batch besides its tensors (PROMPT_KEYS); the rest stays here.
@@ -98,14 +98,12 @@ class ModelRewardScorer(RewardScorer):
         return super().__call__(union_columns(batch, self.reward_model_group.compute_rm_score(batch)))
 
 
-def reward_scorer(reward_manager: Any, reward_model_group: Any) -> RewardScorer:
-    """Phase 2's scorer: by the reward model when there is one; else streamed with the rollout when the
-    manager scores each sample alone (every manager but ``batch``)."""
+def reward_scorer(reward_manager: Any, reward_model_group: Any, streamed: bool) -> RewardScorer:
+    """Phase 2's scorer: by the reward model when there is one; else streamed with the rollout where the plan
+    says so (a manager that scores each sample alone), or on the whole batch."""
     if reward_model_group is not None:
         return ModelRewardScorer(reward_manager, reward_model_group)
-    if getattr(reward_manager, "SCORES_EACH_SAMPLE", False):
-        return StreamingRewardScorer(reward_manager)
-    return RewardScorer(reward_manager)
+    return StreamingRewardScorer(reward_manager) if streamed else RewardScorer(reward_manager)
 
 
 @dataclass
@@ -142,15 +140,15 @@ class Generation:
             else:
                 n = self.val_n if meta.get("validate") else self.n
                 output = self._generate_scoring_parts(gen_input, prompts, n, scoring)
-        return self._samples(prompts, output, timer)
+        return self._samples(prompts, output)
 
     def start(self, prompts: DataProto) -> PendingGeneration:
         """Start generating for ``prompts`` (consumed) and return at once; ``finish`` waits for the samples."""
         return PendingGeneration(prompts, self.actor_rollout.generate_sequences.submit(self._rollout_input(prompts, {})))
 
-    def finish(self, pending: PendingGeneration, timer: StepTimer) -> DataProto:
+    def finish(self, pending: PendingGeneration) -> DataProto:
         """The samples of a ``start``-ed generation, as ``__call__`` returns them."""
-        return self._samples(pending.prompts, pending.future.get(), timer)
+        return self._samples(pending.prompts, pending.future.get())
 
     def _rollout_input(self, prompts: DataProto, meta: dict[str, Any]) -> DataProto:
         gen_input = prompts.pop(batch_keys=list(PROMPT_KEYS))
@@ -161,11 +159,7 @@ class Generation:
         self.calls += 1
         return gen_input
 
-    def _samples(self, prompts: DataProto, output: DataProto, timer: StepTimer) -> DataProto:
-        for key, seconds_per_rank in output.meta_info.get("metrics", {}).items():
-            if key.startswith(names.TIMING_PREFIX):
-                # Each rank times its own part (the weight sync); the phase lasts as long as the slowest.
-                timer.add(key[len(names.TIMING_PREFIX) :], float(np.max(seconds_per_rank)))
+    def _samples(self, prompts: DataProto, output: DataProto) -> DataProto:
         samples_per_prompt = len(output) // len(prompts)
         return union_columns(prompts.repeat(samples_per_prompt, interleave=True), output)
 
@@ -206,7 +200,8 @@ class GreedyBaseline:
 
 
 class RolloutCollector:
-    """Phases 1 and 2 for one batch of prompts: generate, then score."""
+    """Phases 1 and 2 for one batch of prompts in the actor's processes (hybrid engine): generate, then score;
+    phase 8 puts the updated actor's weights into their rollout engines."""
 
     def __init__(self, generate: Generation, score: RewardScorer, baseline: GreedyBaseline | None):
         self.generate = generate
@@ -227,8 +222,18 @@ class RolloutCollector:
     def collect(self, source: PromptSource, timer: StepTimer, step: int) -> tuple[DataProto, dict[str, float]]:
         return self.generate_and_score(source.next(), timer, uid_prefix=f"step{step}")
 
+    def sync_weights(self, step: int, timer: StepTimer) -> None:
+        """Phase 8: the actor's weights after step ``step``'s update into the rollout engines of its processes."""
+        with timer(names.PHASE_UPDATE_WEIGHTS):
+            self.generate.actor_rollout.update_weights()
+
     def use_current_weights(self, step: int) -> None:
-        """Before a validation: nothing to do, the hybrid engine syncs the actor's weights before it generates."""
+        """Before a validation: nothing to do, the step's weight sync left the engines current."""
+
+    def sync_before_first_step(self, step: int) -> None:
+        """Before the run's first step (after ``step``, 0 or the checkpoint's): the engines get the actor's
+        weights where they differ (a loaded checkpoint, a LoRA adapter's engine)."""
+        self.sync_weights(step, StepTimer())
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must hold for the next step's samples to be the same after resuming: nothing here."""
@@ -236,90 +241,6 @@ class RolloutCollector:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore (see ``state_dict``)."""
-
-
-class RolloutWeightSync:
-    """The actor's weights into a rollout pool of its own: the actor group puts them in Ray's object store in
-    buckets of ``bucket_megabytes`` and the rollout group loads them, bucket by bucket (verl's
-    ``sync_rollout_weights``). ``synced_step``: the step whose update made the weights the pool holds (0: the
-    model folder's, as a fresh run starts; None: unknown, after resuming)."""
-
-    def __init__(self, actor: Any, rollout: Any, bucket_megabytes: float):
-        self.actor = actor
-        self.rollout = rollout
-        self.bucket_megabytes = bucket_megabytes
-        self.synced_step: int | None = 0
-
-    def __call__(self, step: int, timer: StepTimer, version: int = 0) -> None:
-        """Make the pool hold the actor's weights after step ``step``'s update (they are the actor's now), as
-        weight version ``version`` (fully async's tag of the tokens they draw)."""
-        if self.synced_step == step:
-            return
-        with timer(names.PHASE_SYNC_ROLLOUT_WEIGHTS):
-            buckets = self.actor.share_weights(self.bucket_megabytes)[0]
-            self.rollout.load_shared_weights(buckets, version)
-        self.synced_step = step
-
-
-class OneStepOffCollector(RolloutCollector):
-    """Phases 1 and 2 one step ahead (``actor_rollout_ref.hybrid_engine=false``; verl's one-step-off policy).
-
-    The rollout pool generates step k+1's samples while the actor trains on step k's: ``collect`` for step k
-    waits for the generation started a step earlier (``timing_s/gen``), syncs the weights of update k-1 into
-    the pool, starts step k+1's generation with them (not after the last step), and scores step k's samples
-    meanwhile. Step k's samples therefore come from the weights before update k-1 (step 1's and 2's from the
-    model folder): exactly one update stale, from step 2 on.
-
-    A checkpoint or a validation first waits for the running generation and keeps its samples; a checkpoint
-    saves them (``state_dict``), so a resumed run trains on exactly the samples an uninterrupted one would,
-    none twice and none lost.
-    """
-
-    def __init__(self, generate: Generation, score: RewardScorer, sync: RolloutWeightSync, total_steps: int):
-        super().__init__(generate, score, baseline=None)
-        self.sync = sync
-        self.total_steps = total_steps
-        self.running: PendingGeneration | None = None
-        self.generated: DataProto | None = None
-
-    def collect(self, source: PromptSource, timer: StepTimer, step: int) -> tuple[DataProto, dict[str, float]]:
-        if self.running is None and self.generated is None:  # the first step (or one after the data ran out)
-            self._start(source, step)
-        with timer(names.PHASE_GEN):
-            self._wait(timer)
-        batch, self.generated = self.generated, None
-        self.sync(step - 1, timer)
-        if step < self.total_steps:
-            try:
-                self._start(source, step + 1)
-            except EndOfData:
-                pass  # the next step's collect raises it
-        with timer(names.PHASE_REWARD):
-            batch, _, metrics = self.score(batch)
-        return batch, metrics
-
-    def use_current_weights(self, step: int) -> None:
-        """Before a validation: the running generation finishes (its samples are kept), then the pool gets the
-        actor's weights after step ``step``'s update."""
-        timer = StepTimer()
-        self._wait(timer)
-        self.sync(step, timer)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The next step's samples, waited for (None when no generation runs: the last step, or no data)."""
-        self._wait(StepTimer())
-        return {"generated": self.generated}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.generated = state.get("generated")
-        self.sync.synced_step = None  # the pool started from the model folder
-
-    def _start(self, source: PromptSource, step: int) -> None:
-        self.running = self.generate.start(assign_uids(source.next(), f"step{step}"))
-
-    def _wait(self, timer: StepTimer) -> None:
-        if self.running is not None:
-            self.generated, self.running = self.generate.finish(self.running, timer), None
 
 
 def group_metric(batch: DataProto, metric: str) -> np.ndarray:

@@ -118,9 +118,15 @@ class ActorRolloutRefWorker(Worker):
                 merge_lora=config.model.merges_lora(config.rollout.name),
             )
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def update_weights(self) -> None:
+        """The hybrid engine's weight sync: the actor's weights into this worker's rollout engine, unless it holds
+        them already (after an update, a checkpoint load, or for a LoRA adapter's engine before its first use)."""
+        self._part("rollout", "update_weights").update_weights()
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """``B`` prompts -> ``B * n`` samples (syncing the actor's weights first when they changed)."""
+        """``B`` prompts -> ``B * n`` samples, with the weights of the last ``update_weights``."""
         # DP_COMPUTE_PROTO hands each rank a contiguous shard: its rows start at rank * shard length.
         prompts.meta_info["first_prompt_index"] = self.rank * len(prompts)
         return self._part("rollout", "generate_sequences").generate_sequences(prompts)

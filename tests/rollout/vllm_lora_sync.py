@@ -3,7 +3,7 @@ sizes its KV cache from the memory it finds free, so a second engine in one proc
 cache taken).
 
 ``python -m tests.rollout.vllm_lora_sync MODEL_DIR`` builds an ``ActorRolloutRefWorker`` with a rank-4 adapter and
-the vllm rollout on a 1-rank gloo group, updates the actor once, generates (the sync runs first), and prints one
+the vllm rollout on a 1-rank gloo group, updates the actor once, syncs the weights, generates, and prints one
 JSON line: whether the sync took the adapter alone, the tensors it wrote, the largest difference between vLLM's
 per-token log-probs and the trained actor's of the same tokens, and how far training moved them from the base's.
 """
@@ -46,6 +46,7 @@ def main(model_dir: str) -> None:
     worker.init_model()
     batch = rollout_batch(SAMPLES, seed=1)
     worker.update_actor(batch.union(worker.compute_log_prob(batch)))
+    worker.update_weights()
     output = worker.generate_sequences(prompts_of(batch))
     trained = worker.compute_log_prob(output).batch["old_log_probs"]
     base = worker.compute_ref_log_prob(output).batch["ref_log_prob"]  # a LoRA actor's reference: its base model

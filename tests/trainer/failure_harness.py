@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from hybridflow.trainer.command_line import CONFIG_CHECK_ENV
+from hybridflow.config.command_line import CONFIG_CHECK_ENV
 from hybridflow.trainer.error_boundary import PREFIX, WORKERS_STARTING
 
 from .cli import RayTempDir, cli_env

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from hybridflow.protocol import DataProto, Part, join_parts
-from hybridflow.trainer.placement import WorkerGroups
+from hybridflow.trainer.worker_groups import WorkerGroups
 
 
 class PendingFake:
@@ -121,8 +121,7 @@ class FakeActorRollout:
         if rollout.calculate_log_probs:
             log_probs = _log_probs(responses, self.version) - rollout_log_ratio(responses)
             tensors["rollout_log_probs"] = log_probs * response_mask
-        # timing: one rank's time, as a group returns it
-        return DataProto.from_dict(tensors, meta_info={"metrics": {"timing_s/update_weights": [0.001]}})
+        return DataProto.from_dict(tensors)
 
     @group_method
     def compute_log_prob(self, data, calculate_entropy=False):
@@ -148,9 +147,14 @@ class FakeActorRollout:
         self.calls.append(("share_weights", self.version))
         return [[self.version], []]
 
+    @group_method
     def load_shared_weights(self, buckets, version=0):
         self.calls.append(("load_shared_weights", buckets[0]))
         self.version = buckets[0]
+
+    def update_weights(self):
+        """The hybrid engine's weight sync: the fake rollout is the actor itself, so there is nothing to copy."""
+        self.calls.append(("update_weights", self.version))
 
     def save_checkpoint(self, local_path, global_step=0):
         self.calls.append(("save_checkpoint", local_path))

@@ -3,13 +3,19 @@
 import pytest
 from hydra import compose, initialize_config_module
 
-from hybridflow.trainer.validate import ConfigError, load_config
+from hybridflow.config.load import ConfigError, load_config
+from hybridflow.config.plan import RunPlan, build_plan
 
 
 def compose_config(overrides, config_name="ppo_trainer"):
     """ppo_trainer.yaml (or another trainer config) with Hydra command-line style overrides, as main_ppo would see it."""
-    with initialize_config_module("hybridflow.trainer.config", version_base=None):
+    with initialize_config_module("hybridflow.config.yaml", version_base=None):
         return compose(config_name, overrides=list(overrides))
+
+
+def plan_of(overrides, train_prompts: int = 16) -> RunPlan:
+    """The run plan of ``overrides`` over a training set of ``train_prompts`` prompts (the tiny parquet has 16)."""
+    return build_plan(load_config(compose_config(overrides)), train_prompts)
 
 
 def config_errors(overrides) -> list[str]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.trainer.checkpoint_manager import (
+from hybridflow.checkpoints.manager import (
     CheckpointError,
     CheckpointManager,
     capture_rng_state,

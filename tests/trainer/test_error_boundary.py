@@ -7,7 +7,7 @@ import pytest
 from hybridflow.distributed.errors import WorkerError
 from hybridflow.errors import HybridflowError, RunInterrupted
 from hybridflow.trainer.error_boundary import FULL_ERROR_ENV, error_boundary
-from hybridflow.trainer.validate import ConfigError
+from hybridflow.config.load import ConfigError
 
 
 def _stopped(error, capsys):

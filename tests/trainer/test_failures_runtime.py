@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from hybridflow.trainer import metric_names as names
-from hybridflow.trainer.tracking import read_metrics
+from hybridflow.tracking import metric_names as names
+from hybridflow.tracking.trackers import read_metrics
 
 from .cli import DENSE_REWARD, RayTempDir, cli_env
 from .failure_harness import Outcome, assert_refused, run_subprocess

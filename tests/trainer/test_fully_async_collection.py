@@ -3,7 +3,7 @@
 import torch
 
 from hybridflow.protocol import DataProto
-from hybridflow.trainer import metric_names as names
+from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.fully_async_collection import partial_metrics
 
 

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from hybridflow.model_merger.merge import load_trained_policy
-from hybridflow.trainer import metric_names as names
-from hybridflow.trainer.tracking import read_metrics
+from hybridflow.tracking import metric_names as names
+from hybridflow.tracking.trackers import read_metrics
 
 from .cli import cli_env, kill_9_at_first_checkpoint, run_cli
 from .helpers import tiny_run_overrides, tool_calling_model

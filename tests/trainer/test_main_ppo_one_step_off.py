@@ -4,7 +4,7 @@ mid-run whose resumed steps equal an uninterrupted run's."""
 
 import pytest
 
-from hybridflow.trainer import metric_names as names
+from hybridflow.tracking import metric_names as names
 
 from .cli import run_cli
 from .helpers import tiny_run_overrides

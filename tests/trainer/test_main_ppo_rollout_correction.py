@@ -14,8 +14,8 @@ import math
 
 import pytest
 
-from hybridflow.trainer import metric_names as names
-from hybridflow.trainer.tracking import read_metrics
+from hybridflow.tracking import metric_names as names
+from hybridflow.tracking.trackers import read_metrics
 
 from .cli import run_cli
 from .helpers import tiny_run_overrides

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybridflow.protocol import DataProto
-from hybridflow.trainer import metric_names as names
+from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.metrics import (
     compute_actor_mfu_metrics,
     compute_data_metrics,

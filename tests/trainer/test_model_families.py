@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hybridflow.trainer.tracking import read_metrics
+from hybridflow.tracking.trackers import read_metrics
 
 from .cli import run_cli
 from .helpers import tiny_run_overrides

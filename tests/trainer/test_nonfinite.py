@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hybridflow.protocol import DataProto
-from hybridflow.trainer import metric_names as names
+from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.nonfinite import NonFiniteError, NonFiniteGuard
 
 

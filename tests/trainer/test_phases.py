@@ -10,8 +10,8 @@ import torch
 
 from hybridflow.algos import CorrectionSettings, compute_optimal_token_baseline_advantage
 from hybridflow.protocol import DataProto
-from hybridflow.trainer import metric_names as names
-from hybridflow.trainer.config_schema import AlgorithmConfig
+from hybridflow.tracking import metric_names as names
+from hybridflow.config.schema import AlgorithmConfig
 from hybridflow.trainer.phases import (
     AdvantageEstimator,
     Advantages,
@@ -19,7 +19,7 @@ from hybridflow.trainer.phases import (
     RolloutCorrection,
     StepTimer,
     balance_batch,
-    rollout_log_probs_as_old,
+    RolloutLogProbsAsOld,
     rows_with_signal,
 )
 
@@ -103,7 +103,8 @@ def test_the_rollout_correction_runs_after_the_kl_penalty_and_before_the_advanta
 
 def test_bypass_mode_takes_the_engines_log_probs_as_old_ones():
     rollout = torch.tensor([[-0.5, -2.0]])
-    batch = rollout_log_probs_as_old(DataProto.from_dict({"rollout_log_probs": rollout}))
+    batch = DataProto.from_dict({"rollout_log_probs": rollout})
+    assert RolloutLogProbsAsOld().start(batch, StepTimer()) is None  # no pass to wait for
     assert batch.batch["old_log_probs"] is rollout
 
 

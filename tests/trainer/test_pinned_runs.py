@@ -34,8 +34,8 @@ import pathlib
 
 import pytest
 
-from hybridflow.trainer import metric_names as names
-from hybridflow.trainer.tracking import read_metrics
+from hybridflow.tracking import metric_names as names
+from hybridflow.tracking.trackers import read_metrics
 from tests.float_bounds import reordered_sum_bound
 
 from .cli import run_cli

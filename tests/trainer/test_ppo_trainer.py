@@ -8,11 +8,11 @@ from safetensors.torch import load_file
 from transformers import AutoConfig
 
 from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, needs_critic
-from hybridflow.trainer import metric_names as names
+from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.main_ppo import build_trainer
-from hybridflow.trainer.placement import WorkerGroups, create_worker_groups
-from hybridflow.trainer.tracking import read_metrics
-from hybridflow.trainer.validate import load_config
+from hybridflow.trainer.worker_groups import WorkerGroups, create_worker_groups
+from hybridflow.tracking.trackers import read_metrics
+from hybridflow.config.load import load_config
 from tests.float_bounds import longest_reduction, reordered_sum_bound
 from tests.workers.helpers import assert_same_adamw_steps, gradient_bound
 

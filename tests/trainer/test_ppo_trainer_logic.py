@@ -10,12 +10,12 @@ import torch
 
 from hybridflow.rewards import SampleScoring
 from hybridflow.rewards.failures import RewardFunctionError
-from hybridflow.trainer import metric_names as names
+from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.main_ppo import build_trainer
 from hybridflow.trainer.nonfinite import NonFiniteError
 from hybridflow.trainer.rollout_collection import DynamicSamplingError
-from hybridflow.trainer.tracking import read_metrics
-from hybridflow.trainer.validate import load_config
+from hybridflow.tracking.trackers import read_metrics
+from hybridflow.config.load import load_config
 from hybridflow.workers.actor import UPDATE_INPUTS
 
 from .cli import DENSE_REWARD
@@ -67,8 +67,8 @@ def _step_batches(fakes):
 
 def test_grpo_runs_only_the_phases_it_needs(run, tmp_path):
     _, fakes = run("grpo")
-    step = ["generate_sequences_stream", "compute_log_prob", "update_actor"]
-    assert fakes.names() == ["init_model"] + step + step
+    step = ["generate_sequences_stream", "compute_log_prob", "update_actor", "update_weights"]
+    assert fakes.names() == ["init_model", "update_weights"] + step + step
     assert fakes.calls[0] == ("init_model", "actor_rollout")  # no reference part is built
     assert fakes.plan.role_pool == {"actor_rollout_ref": "global_pool"}
     batch = _step_batches(fakes)[0]
@@ -80,15 +80,15 @@ def test_grpo_runs_only_the_phases_it_needs(run, tmp_path):
     assert [r["step"] for r in records] == [1, 2]
     assert records[0]["actor/grad_norm"] == 2.0  # the worker's list of per-step values, averaged
     assert names.timing("ref") not in records[0] and names.timing("values") not in records[0]
-    assert records[0][names.timing("update_weights")] == pytest.approx(0.001)
+    assert records[0][names.timing("update_weights")] > 0  # phase 8, timed by the driver
     assert records[0][names.PERF_MFU_ACTOR] > 0
 
 
 def test_gae_with_kl_in_reward_uses_critic_and_reference(run, tmp_path):
     _, fakes = run("gae", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.5")
     step = ["generate_sequences_stream", "compute_log_prob", "compute_ref_log_prob", "compute_values"]
-    step += ["update_critic", "update_actor"]
-    assert fakes.names() == ["init_model", "init_model"] + step + step
+    step += ["update_critic", "update_actor", "update_weights"]
+    assert fakes.names() == ["init_model", "init_model", "update_weights"] + step + step
     assert fakes.plan.role_pool == {"actor_rollout_ref": "global_pool", "critic": "global_pool"}
     batch = _step_batches(fakes)[0]
     mask = batch.batch["response_mask"]
@@ -103,8 +103,8 @@ def test_gae_with_kl_in_reward_uses_critic_and_reference(run, tmp_path):
 
 def test_kl_loss_needs_the_reference_but_not_in_the_reward(run):
     _, fakes = run("grpo", "actor_rollout_ref.actor.use_kl_loss=true")
-    step = ["generate_sequences_stream", "compute_log_prob", "compute_ref_log_prob", "update_actor"]
-    assert fakes.names() == ["init_model"] + step + step
+    step = ["generate_sequences_stream", "compute_log_prob", "compute_ref_log_prob", "update_actor", "update_weights"]
+    assert fakes.names() == ["init_model", "update_weights"] + step + step
     assert fakes.calls[0] == ("init_model", "actor_rollout_ref")
     batch = _step_batches(fakes)[0]
     assert "ref_log_prob" in batch.batch.keys()
@@ -179,8 +179,8 @@ def test_split_placement_gives_each_role_its_pool_and_overlaps_the_critic_with_t
     # Each group of calls is submitted before the driver waits on any (a fake call runs when awaited): 3 and 4
     # are awaited in order, 7 before 6 (so the actor's update is timed alone).
     step = ["generate_sequences_stream", "submit", "submit", "submit", "compute_log_prob", "compute_ref_log_prob",
-            "compute_values", "submit", "submit", "update_actor", "update_critic"]
-    assert fakes.names() == ["init_model", "init_model"] + step + step
+            "compute_values", "submit", "submit", "update_actor", "update_critic", "update_weights"]
+    assert fakes.names() == ["init_model", "init_model", "update_weights"] + step + step
     submitted = [call[1] for call in fakes.calls if call[0] == "submit"][:5]
     assert submitted == ["compute_log_prob", "compute_ref_log_prob", "compute_values", "update_critic", "update_actor"]
     # The same numbers as colocated, where each call runs when started
@@ -242,7 +242,7 @@ ONE_MINI_BATCH = "actor_rollout_ref.actor.ppo_mini_batch_size=4"  # on-policy: o
 
 def test_an_on_policy_grpo_step_skips_the_old_log_prob_pass_and_the_samples_without_signal(run, tmp_path):
     _, fakes = run("grpo", ONE_MINI_BATCH)
-    assert fakes.names() == ["init_model"] + ["generate_sequences_stream", "update_actor"] * 2
+    assert fakes.names() == ["init_model", "update_weights"] + ["generate_sequences_stream", "update_actor", "update_weights"] * 2
     for batch, arguments in _updates(fakes):
         assert arguments["old_log_probs_from_update"] is True and "old_log_probs" not in batch.batch.keys()
         # The fakes' odd prompts get one response for all their samples: those groups have no signal.
@@ -259,7 +259,7 @@ def test_an_on_policy_grpo_step_skips_the_old_log_prob_pass_and_the_samples_with
 
 def test_a_step_without_any_signal_still_calls_the_update(run, tmp_path):
     _, fakes = run("grpo", ONE_MINI_BATCH, reward=None)  # the arithmetic score: 0 for every fake response
-    assert fakes.names() == ["init_model"] + ["generate_sequences_stream", "update_actor"] * 2
+    assert fakes.names() == ["init_model", "update_weights"] + ["generate_sequences_stream", "update_actor", "update_weights"] * 2
     assert [len(batch) for batch, _ in _updates(fakes)] == [0, 0]
     assert read_metrics(tmp_path / "run")[0][names.ZERO_SIGNAL_FRAC] == 1.0
 
@@ -311,7 +311,9 @@ def test_balancing_gives_the_ranks_about_the_same_tokens_and_keeps_the_groups(ru
 def test_critic_warmup_trains_only_the_critic_for_its_steps(run, tmp_path):
     _, fakes = run("gae", "trainer.critic_warmup=1")
     step = ["generate_sequences_stream", "compute_log_prob", "compute_values", "update_critic"]
-    assert fakes.names() == ["init_model", "init_model"] + step + step + ["update_actor"]
+    assert fakes.names() == ["init_model", "init_model", "update_weights"] + step + ["update_weights"] + step + [
+        "update_actor", "update_weights",
+    ]
     warmup, trained = read_metrics(tmp_path / "run")
     assert warmup["critic/vf_loss"] == trained["critic/vf_loss"] == 1.0
     assert not any(key.startswith("actor/") for key in warmup) and names.timing("update_actor") not in warmup
@@ -382,7 +384,7 @@ def test_decoupled_rollout_correction_weighs_and_masks_the_update_batch(run, tmp
 
 def test_bypass_mode_takes_the_engines_log_probs_as_old_ones_without_a_pass(run, tmp_path):
     _, fakes = run("grpo", ENGINE_LOG_PROBS, f"{CORRECTION}.bypass_mode=true", f"{CORRECTION}.loss_type=reinforce")
-    assert fakes.names() == ["init_model"] + ["generate_sequences_stream", "update_actor"] * 2
+    assert fakes.names() == ["init_model", "update_weights"] + ["generate_sequences_stream", "update_actor", "update_weights"] * 2
     for batch in _step_batches(fakes):
         assert torch.equal(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"])
         assert "rollout_is_weights" not in batch.batch.keys()
@@ -449,8 +451,9 @@ def test_a_reward_function_failing_on_every_sample_stops_training_and_validation
 
 
 def test_one_step_off_trains_each_step_on_samples_one_update_old(run):
-    """hybridflow.trainer.rollout_collection.OneStepOffCollector: step k+1's generation starts before step k
-    trains, after the rollout pool received update k-1's weights; no generation starts after the last step."""
+    """hybridflow.trainer.one_step_off.OneStepOffCollector: step k+1's generation starts before step k trains, and
+    the pool's load of update k's weights is queued behind it (waited for with it); no generation starts and no
+    weights are synced after the last step."""
     trainer, fakes = run(
         "grpo", "actor_rollout_ref.hybrid_engine=false", "trainer.total_training_steps=3",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
@@ -458,11 +461,11 @@ def test_one_step_off_trains_each_step_on_samples_one_update_old(run):
     assert fakes.plan.role_pool == {"actor_rollout_ref": "global_pool", "rollout": "rollout_pool"}
     assert fakes.calls[:2] == [("init_model", "actor"), ("init_model", "rollout")]
     train = ["compute_log_prob", "update_actor"]
-    sync = ["share_weights", "load_shared_weights"]
+    sync = ["share_weights", "submit"]  # the load is queued: it runs when waited for, after the generation
     assert fakes.names()[2:] == (
-        ["submit", "generate_sequences", "submit"] + train
-        + ["generate_sequences"] + sync + ["submit"] + train
-        + ["generate_sequences"] + sync + train
+        ["submit", "generate_sequences", "submit"] + train + sync
+        + ["generate_sequences", "load_shared_weights", "submit"] + train + sync
+        + ["generate_sequences", "load_shared_weights"] + train
     )
     assert [call[1] for call in fakes.calls if call[0] == "load_shared_weights"] == [1, 2]
     # The engine's log-probs tell which weights drew each step's samples: the model folder's twice, then update 1's.
@@ -487,10 +490,10 @@ FULLY_ASYNC = [
 def test_fully_async_trains_from_a_bounded_queue_and_syncs_every_trigger_steps(run):
     """hybridflow.trainer.fully_async_collection.FullyAsyncCollector, its calls worked out by hand: step 1 starts
     call 0 (3 prompts, weights v0), waits for it, trains on 2 and starts call 1 (3 more: the version's budget of 6
-    is spent); step 2 waits for call 1. Step 3 syncs update 2's weights first (the new version's budget counts the
-    2 prompts still queued), trains on the queue and starts call 2 (3 prompts); step 4 waits for it and starts
-    call 3 (1 prompt, the budget's rest); step 5 waits for call 3, syncs update 4's weights and starts call 4
-    (the run's last 2 prompts)."""
+    is spent); step 2 waits for call 1 and ends syncing update 2's weights (the new version's budget counts the 2
+    prompts still queued). Step 3 trains on the queue and starts call 2 (3 prompts); step 4 waits for it, starts
+    call 3 (1 prompt, the budget's rest), and ends waiting for call 3 and syncing update 4's weights; step 5
+    starts call 4 (the run's last 2 prompts). No sync follows the last step."""
     trainer, fakes = run("grpo", *FULLY_ASYNC)
     assert trainer.total_training_steps == 6
     train = ["update_actor"]  # one mini-batch of one epoch: on-policy for the update, no old-log-prob pass
@@ -498,10 +501,10 @@ def test_fully_async_trains_from_a_bounded_queue_and_syncs_every_trigger_steps(r
     call = ["submit", "generate_sequences"]
     assert fakes.names()[2:] == (
         call + ["submit"] + train  # step 1
-        + ["generate_sequences"] + train  # step 2
-        + sync + ["submit"] + train  # step 3
-        + ["generate_sequences", "submit"] + train  # step 4
-        + ["generate_sequences"] + sync + ["submit"] + train  # step 5
+        + ["generate_sequences"] + train + sync  # step 2
+        + ["submit"] + train  # step 3
+        + ["generate_sequences", "submit"] + train + ["generate_sequences"] + sync  # step 4
+        + ["submit"] + train  # step 5
         + ["generate_sequences"] + train  # step 6
     )
     # The fake engine's log-probs tell which weights drew each sample (the actor's update count at the sync).
@@ -543,17 +546,17 @@ def test_fully_async_saves_and_validates_on_weight_syncs_and_resumes_with_its_qu
 
 
 def test_fully_async_partial_rollout_syncs_without_waiting_for_the_call_in_flight(run):
-    """async_training.partial_rollout=true: step 5's sync does not wait for call 3 (started at step 4 with the
+    """async_training.partial_rollout=true: step 4's sync does not wait for call 3 (started in step 4 with the
     first synced weights); the fake pool runs a call when it is waited for, so call 3's prompt is drawn with the
     weights synced before it, update 4's, next to a queued prompt of update 2's; the budget counts it in flight."""
     trainer, fakes = run("grpo", *FULLY_ASYNC[:2], *FULLY_ASYNC[3:], "async_training.partial_rollout=true")
     train, sync, call = ["update_actor"], ["share_weights", "load_shared_weights"], ["submit", "generate_sequences"]
     assert fakes.names()[2:] == (
         call + ["submit"] + train  # step 1
-        + ["generate_sequences"] + train  # step 2
-        + sync + ["submit"] + train  # step 3
-        + ["generate_sequences", "submit"] + train  # step 4
-        + sync + ["generate_sequences", "submit"] + train  # step 5: the sync before call 3 is waited for
+        + ["generate_sequences"] + train + sync  # step 2
+        + ["submit"] + train  # step 3
+        + ["generate_sequences", "submit"] + train + sync  # step 4: the sync does not wait for call 3
+        + ["generate_sequences", "submit"] + train  # step 5
         + ["generate_sequences"] + train  # step 6
     )
     for batch, versions in zip(_step_batches(fakes), ([0] * 4, [0] * 4, [0] * 4, [2] * 4, [2, 2, 4, 4], [4] * 4)):

@@ -8,10 +8,10 @@ from hydra import compose, initialize_config_module
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridflow.trainer import main_sft
-from hybridflow.trainer.sft_config import SFTTrainerConfig, load_sft_config
+from hybridflow.config.sft import SFTTrainerConfig, load_sft_config
 from hybridflow.trainer.sft_trainer import worker_optim_config
-from hybridflow.trainer.tracking import read_metrics
-from hybridflow.trainer.validate import ConfigError
+from hybridflow.tracking.trackers import read_metrics
+from hybridflow.config.load import ConfigError
 
 
 def sft_overrides(model_dir, parquet, run_dir, steps):
@@ -38,7 +38,7 @@ def sft_overrides(model_dir, parquet, run_dir, steps):
 
 
 def composed(overrides):
-    with initialize_config_module("hybridflow.trainer.config", version_base=None):
+    with initialize_config_module("hybridflow.config.yaml", version_base=None):
         return load_sft_config(compose("sft_trainer", overrides=list(overrides)))
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hybridflow.trainer.tracking import (
+from hybridflow.tracking.trackers import (
     LOGGER_BACKENDS,
     MissingExtraError,
     RunInfo,

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hybridflow.trainer.tracking import METRICS_FILE, read_metrics
+from hybridflow.tracking.trackers import METRICS_FILE, read_metrics
 
 from .cli import cli_env
 from .helpers import tiny_run_overrides

@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from hybridflow.distributed.worker_host import WorkerHost
 from hybridflow.models.log_probs import forward_log_probs
-from hybridflow.trainer.checkpoint_manager import CheckpointError, CheckpointManager
+from hybridflow.checkpoints.manager import CheckpointError, CheckpointManager
 from hybridflow.workers import ActorRolloutRefWorker
 from hybridflow.workers import checkpoint as checkpoint_module
 from hybridflow.workers.checkpoint import CheckpointContentError, read_manifest

@@ -1,4 +1,5 @@
-"""Hybrid-engine weight sync: after an actor update the rollout engine generates with the new weights."""
+"""Hybrid-engine weight sync: after an actor update and ``update_weights`` the rollout engine generates with the new
+weights; generating with weights older than the actor's is refused."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from transformers import AutoConfig
 
 from hybridflow.protocol import DataProto
 from hybridflow.workers import ActorRolloutRefWorker
+from hybridflow.workers.rollout_part import StaleRolloutError
 
 from tests.float_bounds import longest_reduction, model_output_bound
 
@@ -53,18 +55,22 @@ def test_rollout_log_probs_equal_the_trained_actor_after_sync(tiny_model_dir, mo
     assert rollout.is_stale
     assert (engine_log_probs(rollout, batch) - trained).abs().max() > 1e-3
 
+    with pytest.raises(StaleRolloutError, match="call update_weights"):
+        worker.generate_sequences(prompts_of(batch))
+    worker.update_weights()
     output = worker.generate_sequences(prompts_of(batch))
-    assert output.meta_info["metrics"]["timing_s/update_weights"] > 0
-    assert not rollout.is_stale and rollout.asleep
+    assert len(output) == 8 and not rollout.is_stale and rollout.asleep
     torch.testing.assert_close(engine_log_probs(rollout, batch), trained, rtol=0, atol=model_output_bound(trained, num_terms))
 
 
-def test_generate_sequences_without_new_weights_skips_the_sync(tiny_model_dir):
+def test_without_new_weights_the_sync_copies_nothing(tiny_model_dir):
     worker = ActorRolloutRefWorker(actor_rollout_ref_config(tiny_model_dir, rollout={"n": 2}), "actor_rollout")
     worker.init_model()
+    loads = spy_on_weight_loads(worker.parts["rollout"])
+    worker.update_weights()
+    assert loads == []
     prompts = prompts_of(rollout_batch(3, seed=2))
     output = worker.generate_sequences(prompts)
-    assert output.meta_info["metrics"]["timing_s/update_weights"] == 0.0
     assert len(output) == 6
     assert output.batch["responses"].shape == (6, 5)
     assert torch.equal(output.batch["prompts"][0], output.batch["prompts"][1])
@@ -93,7 +99,7 @@ def synced_tensors(tiny_model_dir, model) -> list[tuple[str, tuple[int, ...]]]:
     batch = rollout_batch(8, seed=1)
     worker.update_actor(batch.union(worker.compute_log_prob(batch)))
     loads = spy_on_weight_loads(worker.parts["rollout"])
-    worker.generate_sequences(prompts_of(batch))
+    worker.update_weights()
     return loads
 
 
@@ -120,6 +126,5 @@ def test_a_saved_adapter_reaches_the_engine_before_the_first_generation(tiny_mod
     batch = rollout_batch(8, seed=1)
     actor_log_probs = worker.compute_log_prob(batch).batch["old_log_probs"]
     assert rollout.is_stale
-    output = worker.generate_sequences(prompts_of(batch))
-    assert output.meta_info["metrics"]["timing_s/update_weights"] > 0
+    worker.update_weights()
     torch.testing.assert_close(engine_log_probs(rollout, batch), actor_log_probs, rtol=0, atol=1e-5)

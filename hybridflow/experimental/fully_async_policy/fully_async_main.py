@@ -3,7 +3,7 @@
 The trainer of ``hybridflow.trainer.main_ppo`` on ``fully_async_ppo_trainer.yaml``: ``ppo_trainer.yaml`` with
 ``async_training.enable=true`` and the settings verl's file of that name adds (the rollout on a pool of its own,
 one prompt per loader batch, the engine's log-probs as the old ones). What that mode does is
-``hybridflow.trainer.fully_async_options``; verl's scripts size the pools and the async keys themselves.
+``hybridflow.config.fully_async_options``; verl's scripts size the pools and the async keys themselves.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The trainer of ``hybridflow.trainer.main_ppo`` on ``one_step_off_ppo_trainer.yaml``: ``ppo_trainer.yaml`` with the
 settings verl's file of that name adds (the rollout engine's log-probs, bypass mode's old log-probs from them).
 verl's scripts set ``actor_rollout_ref.hybrid_engine=False`` and the top-level ``rollout.nnodes`` /
-``rollout.n_gpus_per_node`` themselves; what that mode does is ``hybridflow.trainer.rollout_pool_options``.
+``rollout.n_gpus_per_node`` themselves; what that mode does is ``hybridflow.config.rollout_pool_options``.
 """
 
 from __future__ import annotations

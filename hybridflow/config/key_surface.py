@@ -1,0 +1,227 @@
+"""Accept another framework's config keys that a schema lacks: each aliased, refused, or listed as unread.
+
+A :class:`Surface` is a YAML of keys the schema has no field for (with the other framework's defaults, merged
+under the trainer's config by Hydra) and :class:`Rule` s saying what each means here (first matching pattern
+wins):
+
+- ``alias``: another name of a schema key; a value set there is moved to the schema key, and setting both
+  differently is an error.
+- ``lacks``: a capability hybridflow does not have; a value other than the default (or one in ``allowed``)
+  is refused, naming the capability.
+- ``unread``: a knob of a component hybridflow does not run; accepted, and a value other than the default is
+  listed once at start-up as not read by this run.
+
+A :class:`Group` is one of the other framework's Hydra config groups (``engine=fsdp``): hybridflow's YAML holds
+the keys of the choices it serves inline, so choosing one of those changes nothing, and any other is refused.
+
+:meth:`Surface.split` takes these keys out of a composed config before the schema sees it. The PPO trainer's
+surface is :mod:`hybridflow.config.verl_compat`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import functools
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+ALIAS, LACKS, UNREAD = "alias", "lacks", "unread"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What the keys matching ``pattern`` (an fnmatch glob over the dotted key) mean in hybridflow."""
+
+    pattern: str
+    kind: str
+    what: str  # lacks: the missing capability; unread: why nothing reads it; alias: the schema key ('*' = suffix)
+    allowed: tuple = ()  # lacks: values besides the default that hybridflow serves itself
+    decisive: bool = False  # lacks: a choice of engine or device; refused alone, the rest of the config is moot
+
+    def target(self, key: str) -> str:
+        """The schema key an alias points at: ``what`` with ``*`` replaced by the part ``*`` matched."""
+        if "*" not in self.what:
+            return self.what
+        prefix = self.pattern.split("*", 1)[0]
+        return self.what.replace("*", key[len(prefix):])
+
+
+def lacks(pattern: str, what: str, *allowed: Any, decisive: bool = False) -> Rule:
+    return Rule(pattern, LACKS, what, tuple(allowed), decisive)
+
+
+def unread(pattern: str, why: str) -> Rule:
+    return Rule(pattern, UNREAD, why)
+
+
+def alias(pattern: str, target: str) -> Rule:
+    return Rule(pattern, ALIAS, target)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A config group ``name``: choosing one of ``served`` changes nothing here, any other choice needs ``lacks``."""
+
+    name: str
+    served: tuple[str, ...]
+    lacks: str
+
+    def refusal(self, choice: str) -> str | None:
+        """The one-line refusal of ``name=choice``, or None for a served choice."""
+        return None if choice in self.served else _lacks_line(self.name, choice, self.lacks)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as {dotted key: leaf}; an empty mapping is a leaf (an open dict such as engine_kwargs)."""
+    flat = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+@dataclass
+class CompatReport:
+    """What the surface's keys in one config amount to."""
+
+    lacks: list[str] = field(default_factory=list)  # one line per missing capability the config asks for
+    errors: list[str] = field(default_factory=list)  # an alias and its schema key set to different values
+    unread: list[str] = field(default_factory=list)  # "key=value (why)", for the start-up banner
+
+
+@dataclass(frozen=True)
+class Surface:
+    """The keys of ``compat_yaml`` (the schema's are in ``schema_yaml``), what ``rules`` say they mean,
+    ``choices``: {(schema key, value): missing capability} for values of schema keys hybridflow cannot serve
+    (decisive, like an engine choice), and the other framework's config ``groups``."""
+
+    compat_yaml: pathlib.Path
+    schema_yaml: pathlib.Path
+    rules: tuple[Rule, ...]
+    choices: tuple[tuple[tuple[str, Any], str], ...] = ()
+    groups: tuple[Group, ...] = ()
+
+    def group(self, name: str) -> Group | None:
+        return next((group for group in self.groups if group.name == name), None)
+
+    def rule_for(self, key: str) -> Rule | None:
+        """The first rule whose pattern matches ``key``, or None."""
+        return next((rule for rule in self.rules if fnmatch.fnmatchcase(key, rule.pattern)), None)
+
+    @functools.cached_property
+    def compat_defaults(self) -> dict[str, Any]:
+        """{dotted key: default} of every key in ``compat_yaml`` (empty mappings are leaves)."""
+        return flatten(yaml.safe_load(self.compat_yaml.read_text()) or {})
+
+    @functools.cached_property
+    def schema_defaults(self) -> dict[str, Any]:
+        """{dotted key: default} of the schema's own YAML (interpolations unresolved, no defaults list)."""
+        tree = yaml.safe_load(self.schema_yaml.read_text())
+        tree.pop("defaults", None)
+        return flatten(tree)
+
+    def split(self, config: DictConfig) -> tuple[DictConfig, CompatReport]:
+        """``config`` without the surface's keys (aliases moved to their schema keys), and what they meant."""
+        raw = OmegaConf.to_container(config, resolve=False)
+        values = flatten(raw)
+        report = CompatReport(lacks=self.lacks_lines(values))
+        for key, default in self.compat_defaults.items():
+            rule = self.rule_for(key)
+            for dotted, value in _values_under(values, key).items():
+                if value == default or rule is None:
+                    continue
+                if rule.kind == ALIAS:
+                    self._move_alias(raw, values, dotted, rule.target(dotted), value, report)
+                elif rule.kind == UNREAD:
+                    report.unread.append(f"{dotted}={_show(value)} ({rule.what})")
+            _drop(raw, key)
+        return OmegaConf.create(raw), report
+
+    def lacks_lines(self, values: dict[str, Any]) -> list[str]:
+        """One line per capability that the dotted ``values`` ask for and hybridflow lacks (each named once);
+        only the first if one of them is a decisive choice (an engine or device: the rest is moot then)."""
+        decisive = [_lacks_line(key, choice, what) for (key, choice), what in self.choices if values.get(key) == choice]
+        lines = {}
+        for dotted, value in values.items():
+            key = self.compat_key(dotted)
+            rule = self.rule_for(key) if key is not None else None
+            default = self.compat_defaults.get(key)
+            if rule is not None and rule.kind == LACKS and value != default and value not in rule.allowed:
+                line = _lacks_line(dotted, value, rule.what)
+                if rule.decisive:
+                    decisive.append(line)
+                lines.setdefault(rule.what, line)
+        return decisive[:1] or list(lines.values())
+
+    def compat_key(self, dotted: str) -> str | None:
+        """The surface key that ``dotted`` is, or lies under (an open dict such as engine_kwargs.vllm); else None."""
+        parts = dotted.split(".")
+        keys = (".".join(parts[:i]) for i in range(len(parts), 0, -1))
+        return next((key for key in keys if key in self.compat_defaults), None)
+
+    def _move_alias(self, raw: dict, values: dict, alias: str, target: str, value: Any, report: CompatReport) -> None:
+        current = values.get(target)
+        if current != value and current != self.schema_defaults.get(target):
+            report.errors.append(f"{alias}={_show(value)} and {target}={_show(current)} set the same thing; keep one")
+            return
+        *parents, leaf = target.split(".")
+        node = raw
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+
+
+def _values_under(values: dict[str, Any], key: str) -> dict[str, Any]:
+    """The leaves at ``key`` or below it (an open dict such as engine_kwargs.vllm may gain keys)."""
+    return {dotted: value for dotted, value in values.items() if dotted == key or dotted.startswith(f"{key}.")}
+
+
+def _drop(raw: dict, key: str) -> None:
+    """Remove ``key`` and then every section the removal left empty (verl-only sections vanish whole)."""
+    *parents, leaf = key.split(".")
+    chain, node = [], raw
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            return
+        chain.append((node, part))
+        node = node[part]
+    node.pop(leaf, None)
+    for parent, part in reversed(chain):
+        if parent[part] == {}:
+            del parent[part]
+
+
+def unread_engine_options(config: Any) -> list[str]:
+    """Engine knobs (fields with ``read_by``) set to a non-default value that this run's engine does not read."""
+    engine = config.actor_rollout_ref.rollout.name
+    return [
+        f"{key}={_show(value)} (read only by the {' and '.join(readers)} rollout engine; this run uses {engine})"
+        for key, value, default, readers in _engine_fields(config, "")
+        if engine not in readers and value != default
+    ]
+
+
+def _engine_fields(node: Any, prefix: str):
+    for item in dataclasses.fields(node):
+        value = getattr(node, item.name)
+        if dataclasses.is_dataclass(value):
+            yield from _engine_fields(value, f"{prefix}{item.name}.")
+        elif item.metadata.get("read_by"):
+            default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
+            yield f"{prefix}{item.name}", value, default, item.metadata["read_by"]
+
+
+def _lacks_line(key: str, value: Any, what: str) -> str:
+    return f"{key}={_show(value)} needs {what}, which hybridflow does not have"
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else str(value)

@@ -1,0 +1,176 @@
+"""Which phases of a PPO step a config runs, and why: the rules :func:`~hybridflow.config.plan.build_plan` applies
+once. Nothing outside ``config/`` calls them; the driver reads their outcome from the run plan.
+
+The phases, in the paper's order (arXiv 2409.19256, Figure 1), each timed as ``timing_s/<name>``: ``gen`` (1),
+``reward`` (2), ``old_log_prob`` and ``ref`` (3), ``values`` (4), ``adv`` (5), ``update_critic`` (6),
+``update_actor`` (7), then the weight sync that closes the step: ``update_weights`` into the hybrid engine's
+rollout, or ``sync_rollout_weights`` into a rollout pool of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, estimator_inputs, needs_critic
+from hybridflow.config.exact_skips import old_log_prob_skip_blockers, skips_old_log_prob, skips_zero_signal_samples
+from hybridflow.config.fully_async_options import (
+    concurrent_samples, fully_async, max_required_samples, partial_rollout, step_prompts,
+)
+from hybridflow.config.rollout_correction_options import corrects_in_driver, uses_bypass
+from hybridflow.config.rollout_pool_options import one_step_off, rollout_pool_processes
+from hybridflow.config.schema import PPOTrainerConfig
+from hybridflow.rewards import REWARD_MANAGERS
+
+__all__ = ["Phase", "phases", "skips_zero_signal_samples", "step_prompts", "uses_critic", "uses_reference"]
+
+# Where the old log-probs of phase 3 come from.
+OLD_FROM_PASS, OLD_FROM_UPDATE, OLD_FROM_ROLLOUT = "pass", "update", "rollout"
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a step: its number in the paper's order, whether it runs, and why (or why not)."""
+
+    number: int
+    runs: bool
+    why: str
+
+
+def uses_critic(config: PPOTrainerConfig) -> bool:
+    """A critic is built: ``critic.enable`` if set (verl), else when the estimator reads values (e.g. gae)."""
+    if config.critic.enable is not None:
+        return config.critic.enable
+    return config.algorithm.adv_estimator in ADV_ESTIMATORS and needs_critic(config.algorithm.adv_estimator)
+
+
+def uses_reference(config: PPOTrainerConfig) -> bool:
+    """A KL term (in the reward or as a loss) needs the reference policy's log-probs."""
+    return config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
+
+
+def old_log_prob_source(config: PPOTrainerConfig) -> str:
+    """Where phase 3's ``old_log_probs`` come from: the rollout engine (bypass mode), the update itself (an
+    on-policy update), or a forward pass."""
+    if uses_bypass(config):
+        return OLD_FROM_ROLLOUT
+    return OLD_FROM_UPDATE if skips_old_log_prob(config) else OLD_FROM_PASS
+
+
+def corrects_batch(config: PPOTrainerConfig) -> bool:
+    """Decoupled rollout correction in phase 5: the batch holds the engine's log-probs beside a pass's old ones
+    (weights and rejection as configured; else the mismatch metrics alone)."""
+    engine_log_probs = config.actor_rollout_ref.rollout.calculate_log_probs
+    return engine_log_probs and not uses_bypass(config) and not skips_old_log_prob(config)
+
+
+def greedy_baseline(config: PPOTrainerConfig) -> bool:
+    """ReMax (arXiv 2310.10505): the estimator reads the reward of a greedy response per prompt."""
+    estimator = config.algorithm.adv_estimator
+    return estimator in ADV_ESTIMATORS and "reward_baselines" in estimator_inputs(estimator)
+
+
+def streamed_reward(config: PPOTrainerConfig) -> bool:
+    """Phase 2 scores each sample as the rollout hands it over: a manager that scores samples one by one, and no
+    reward model."""
+    manager = REWARD_MANAGERS.get(config.reward_model.reward_manager)
+    return not config.reward_model.enable and getattr(manager, "SCORES_EACH_SAMPLE", False)
+
+
+def phases(config: PPOTrainerConfig) -> dict[str, Phase]:
+    """Every phase of a step, in order, with whether it runs and why."""
+    critic, reference = uses_critic(config), uses_reference(config)
+    warmup = config.trainer.critic_warmup
+    sync = "sync_rollout_weights" if one_step_off(config) else "update_weights"
+    actor_steps = f"from step {warmup + 1} (trainer.critic_warmup={warmup})" if warmup else "every step"
+    return {
+        "gen": Phase(1, True, _generation(config)),
+        "reward": Phase(2, True, _reward(config)),
+        "old_log_prob": _old_log_prob(config),
+        "ref": Phase(3, reference, _reference(config, reference)),
+        "values": Phase(4, critic, _values(config, critic)),
+        "adv": Phase(5, True, _advantages(config)),
+        "update_critic": Phase(6, critic, "every step" if critic else "no critic"),
+        "update_actor": Phase(7, True, actor_steps),
+        sync: Phase(8, True, _weight_sync(config)),
+    }
+
+
+def _generation(config: PPOTrainerConfig) -> str:
+    rollout, algorithm = config.actor_rollout_ref.rollout, config.algorithm
+    engine = f"engine {rollout.name!r}, {rollout.n} sample(s) per prompt"
+    if fully_async(config):
+        where = (f"on a rollout pool of its own ({rollout_pool_processes(config)} process(es)) generating fully async "
+                 f"into a queue: at most {max_required_samples(config)} prompts per weight version, "
+                 f"{concurrent_samples(config)} at once")
+    elif one_step_off(config):
+        where = (f"on a rollout pool of its own ({rollout_pool_processes(config)} process(es)) one step ahead: each "
+                 "step trains on samples of the weights before its previous update")
+    else:
+        where = "in the actor's processes (hybrid engine)"
+    extras = []
+    if algorithm.filter_groups.enable:
+        extras.append(f"DAPO dynamic sampling: batches until {config.data.train_batch_size} prompt groups vary in "
+                      f"{algorithm.filter_groups.metric!r}, at most {algorithm.filter_groups.max_num_gen_batches}")
+    if greedy_baseline(config):
+        extras.append("a greedy response per prompt for the ReMax baseline")
+    return "; ".join([f"{engine} {where}", *extras])
+
+
+def _reward(config: PPOTrainerConfig) -> str:
+    if config.reward_model.enable:
+        return f"the reward model's scores ({config.reward_model.model.path})"
+    custom = config.custom_reward_function
+    source = f"{custom.name} in {custom.path}" if custom.path else "the scoring function of each row's data_source"
+    how = "each sample as the rollout hands it over" if streamed_reward(config) else "the whole batch at once"
+    return f"{config.reward_model.reward_manager} manager: {source}, {how}"
+
+
+def _old_log_prob(config: PPOTrainerConfig) -> Phase:
+    source = old_log_prob_source(config)
+    if source == OLD_FROM_ROLLOUT:
+        return Phase(3, False, "algorithm.rollout_correction.bypass_mode=true: the engine's log-probs are the old ones")
+    if source == OLD_FROM_PASS:
+        why = "; ".join(old_log_prob_skip_blockers(config) or ["actor.skip_old_log_prob=false"])
+        return Phase(3, True, f"a forward pass under the weights that sampled the batch: {why}")
+    return Phase(3, False, "the update is on-policy (one epoch of one mini-batch): its own log-probs are the old ones")
+
+
+def _reference(config: PPOTrainerConfig, reference: bool) -> str:
+    if not reference:
+        return "no KL term (actor.use_kl_loss and algorithm.use_kl_in_reward are false)"
+    terms = [name for name, on in (("the KL loss (actor.use_kl_loss)", config.actor_rollout_ref.actor.use_kl_loss),
+                                   ("the KL penalty in the reward", config.algorithm.use_kl_in_reward)) if on]
+    model = "the actor's model with its LoRA adapter off" if config.actor_rollout_ref.model.uses_lora else "a frozen copy"
+    return f"{' and '.join(terms)}, from {model}"
+
+
+def _values(config: PPOTrainerConfig, critic: bool) -> str:
+    estimator = config.algorithm.adv_estimator
+    if not critic:
+        return f"no critic: algorithm.adv_estimator={estimator} reads no values"
+    return "critic.enable=true" if config.critic.enable else f"algorithm.adv_estimator={estimator} reads critic values"
+
+
+def _advantages(config: PPOTrainerConfig) -> str:
+    parts = [f"algorithm.adv_estimator={config.algorithm.adv_estimator}"]
+    if config.algorithm.use_kl_in_reward:
+        parts.append(f"after the KL penalty in the reward ({config.algorithm.kl_ctrl.type} coefficient)")
+    if corrects_batch(config):
+        weighs = corrects_in_driver(config)
+        parts.append("after the rollout correction" + (" (weights, rejection)" if weighs else " (its metrics)"))
+    if skips_zero_signal_samples(config):
+        parts.append("first, on the scores alone: the samples whose advantages are all 0 skip 3 to 7 (exact here: "
+                     "they count only in the loss's denominator)")
+    return ", ".join(parts)
+
+
+def _weight_sync(config: PPOTrainerConfig) -> str:
+    if not one_step_off(config):
+        return "the actor's weights into its rollout engine, one gathered parameter at a time"
+    buckets = config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes
+    to_pool = f"the actor's weights into the rollout pool in buckets of {buckets} MB"
+    if not fully_async(config):
+        return f"{to_pool} after each update; the next generation starts with them"
+    every = config.async_training.trigger_parameter_sync_step
+    landing = ", landing in the generation in flight (partial rollout)" if partial_rollout(config) else ""
+    return f"{to_pool} every {every} step(s){landing}"

@@ -1,0 +1,74 @@
+"""Where each role's worker processes run (``trainer.placement``): the pools and the pool of each role.
+
+``colocated`` (the default, HybridFlow's hybrid engine, arXiv 2409.19256 section 5): one resource pool of
+``nnodes x n_gpus_per_node`` processes, and every role (actor/rollout/ref, critic, reward model) fused into
+one Ray actor per process, so they share the device and hand weights over without copies.
+``split``: each role gets its own pool of the same shape, so roles run in separate processes (the critic's
+calls overlap the actor's); it needs that many times the resources.
+Under either, a ``rollout`` role (``actor_rollout_ref.hybrid_engine=false``) gets a pool of its own shape,
+``ROLLOUT_POOL``. Pools are specifications until the trainer starts them (``trainer/worker_groups.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+# The package loads Ray on first use, so planning pools does not start it.
+from hybridflow import distributed
+
+if TYPE_CHECKING:
+    from hybridflow.distributed import ResourcePool
+
+PLACEMENTS = ("colocated", "split")
+GLOBAL_POOL = "global_pool"
+ROLLOUT_ROLE, ROLLOUT_POOL = "rollout", "rollout_pool"
+
+
+@dataclass
+class ResourcePlan:
+    """Pools by name and the pool each role runs in."""
+
+    pools: dict[str, ResourcePool]
+    role_pool: dict[str, str]
+
+    def roles_in(self, pool_name: str) -> list[str]:
+        return [role for role, pool in self.role_pool.items() if pool == pool_name]
+
+    def total_cpus(self) -> float:
+        return sum(pool.world_size * pool.num_cpus_per_process for pool in self.pools.values())
+
+
+def make_resource_plan(
+    placement: str,
+    roles: list[str],
+    *,
+    nnodes: int,
+    processes_per_node: int,
+    use_gpu: bool,
+    cpus_per_process: float,
+    rollout_pool_shape: tuple[int, int] = (1, 1),
+) -> ResourcePlan:
+    """Pools for ``roles`` under ``placement`` (one of :data:`PLACEMENTS`); a ``rollout`` role among them gets
+    ``rollout_pool_shape`` (nodes, processes per node) to itself."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"trainer.placement={placement!r} is not one of {list(PLACEMENTS)}")
+
+    def pool(name: str, shape: tuple[int, int] = (nnodes, processes_per_node)) -> ResourcePool:
+        return distributed.ResourcePool(
+            [shape[1]] * shape[0],
+            use_gpu=use_gpu,
+            num_cpus_per_process=cpus_per_process,
+            num_gpus_per_process=1.0,
+            name_prefix=name,
+        )
+
+    training_roles = [role for role in roles if role != ROLLOUT_ROLE]
+    if placement == "colocated":
+        pools, role_pool = {GLOBAL_POOL: pool(GLOBAL_POOL)}, {role: GLOBAL_POOL for role in training_roles}
+    else:
+        role_pool = {role: f"{role}_pool" for role in training_roles}
+        pools = {name: pool(name) for name in role_pool.values()}
+    if ROLLOUT_ROLE in roles:
+        pools[ROLLOUT_POOL], role_pool[ROLLOUT_ROLE] = pool(ROLLOUT_POOL, rollout_pool_shape), ROLLOUT_POOL
+    return ResourcePlan(pools, role_pool)

@@ -1,0 +1,207 @@
+"""The run plan: the shape of a PPO run, decided once from the checked config.
+
+:func:`build_plan` turns a checked :class:`~hybridflow.config.schema.PPOTrainerConfig` (``config/load.py``) and
+the size of the training set into a frozen :class:`RunPlan`: the mode (synchronous with the hybrid engine, one
+step off, fully async; in Ray or in one local process), the pools and the role each runs, which phases of a step
+run and why, the batch sizes and the run's length, and the sections each component reads as given (the actor's
+with its learning-rate schedule sized to the run). The driver, the workers and the engines read the plan; none
+re-derives the shape of the run from the config. :func:`describe` is what ``main_ppo --plan`` prints.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from hybridflow.algos import ADV_ESTIMATORS
+from hybridflow.algos.rollout_correction import CorrectionSettings
+from hybridflow.algos.rollout_correction_loss import BypassCorrection
+from hybridflow.config import phases as phase_rules
+from hybridflow.config.phases import Phase
+from hybridflow.config.environment import slow_dtype_notes
+from hybridflow.config.fully_async_options import (
+    concurrent_samples, fully_async, max_required_samples, partial_rollout, required_samples, steps_per_version,
+    training_steps as fully_async_training_steps,
+)
+from hybridflow.config.placement import ROLLOUT_ROLE, ResourcePlan, make_resource_plan
+from hybridflow.config.resume_checks import resume_keys
+from hybridflow.config.rollout_correction_options import bypass_correction, correction_settings
+from hybridflow.config.rollout_pool_options import one_step_off, rollout_pool_processes
+from hybridflow.config.sizes import sizes
+from hybridflow.config.schema import (
+    AlgorithmConfig, CustomRewardFunctionConfig, DataConfig, PPOTrainerConfig, RayKwargsConfig, TrainerConfig,
+)
+from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
+
+SYNC, ONE_STEP_OFF, FULLY_ASYNC = "synchronous", "one-step-off", "fully async"
+
+@dataclass(frozen=True)
+class AsyncPlan:
+    """Fully async training's budget (``config/fully_async_options.py``): prompt groups per step, prompts the pool
+    may start per weight version, per generation call, steps between weight syncs, and partial rollout."""
+
+    required: int
+    max_required: int
+    concurrent: int
+    steps_per_sync: int
+    partial_rollout: bool
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run is. ``phases`` names every phase of a step in order (``timing_s/<name>``); ``config_record`` is
+    the checked config as plain values, which the trackers record as the run's config; ``notes`` what the start-up
+    banner adds about this machine."""
+
+    mode: str
+    local: bool
+    resources: ResourcePlan
+    worker_roles: dict[str, str]
+    world_size: int
+    phases: dict[str, Phase]
+    uses_critic: bool
+    uses_reference: bool
+    kl_in_reward: bool
+    old_log_probs: str
+    skip_zero_signal: bool
+    bypass: BypassCorrection | None
+    correction: CorrectionSettings | None
+    greedy_baseline: bool
+    dynamic_sampling: bool
+    overlap_critic: bool
+    streamed_reward: bool
+    prompts_per_step: int
+    prompts_per_generation: int
+    samples_per_prompt: int
+    total_training_steps: int
+    steps_per_version: int
+    fully_async: AsyncPlan | None
+    resume_keys: dict[str, Any]
+    config_record: dict[str, Any]
+    notes: tuple[str, ...]
+    # The sections each component reads as given.
+    data: DataConfig
+    algorithm: AlgorithmConfig
+    trainer: TrainerConfig
+    actor_rollout_ref: ActorRolloutRefConfig
+    critic: CriticConfig
+    reward_model: RewardModelConfig
+    custom_reward_function: CustomRewardFunctionConfig
+    ray_kwargs: RayKwargsConfig
+    bucket_megabytes: float
+
+    @property
+    def rollout_pool(self) -> bool:
+        """The rollout runs on a pool of its own (one step off or fully async)."""
+        return ROLLOUT_ROLE in self.worker_roles
+
+
+def build_plan(config: PPOTrainerConfig, train_prompts: int) -> RunPlan:
+    """The plan of ``config`` (checked) for a training set of ``train_prompts`` prompts."""
+    trainer, algorithm = config.trainer, config.algorithm
+    uses_critic, uses_reference = phase_rules.uses_critic(config), phase_rules.uses_reference(config)
+    prompts_per_generation = 1 if fully_async(config) else config.data.gen_batch_size or config.data.train_batch_size
+    steps = _training_steps(config, train_prompts // prompts_per_generation)
+    worker_roles = _worker_roles(config, uses_critic, uses_reference)
+    resources = make_resource_plan(
+        trainer.placement, list(worker_roles), nnodes=trainer.nnodes, processes_per_node=trainer.n_gpus_per_node,
+        use_gpu=trainer.device == "cuda", cpus_per_process=trainer.cpus_per_worker,
+        rollout_pool_shape=(config.rollout.nnodes, config.rollout.n_gpus_per_node),
+    )
+    critic_pool = resources.role_pool.get("critic")
+    old_log_probs = phase_rules.old_log_prob_source(config)
+    return RunPlan(
+        mode=FULLY_ASYNC if fully_async(config) else ONE_STEP_OFF if one_step_off(config) else SYNC,
+        local=trainer.local_mode,
+        resources=resources,
+        worker_roles=worker_roles,
+        world_size=trainer.nnodes * trainer.n_gpus_per_node,
+        phases=phase_rules.phases(config),
+        uses_critic=uses_critic,
+        uses_reference=uses_reference,
+        kl_in_reward=algorithm.use_kl_in_reward,
+        old_log_probs=old_log_probs,
+        skip_zero_signal=phase_rules.skips_zero_signal_samples(config),
+        bypass=bypass_correction(config),
+        correction=correction_settings(config) if phase_rules.corrects_batch(config) else None,
+        greedy_baseline=phase_rules.greedy_baseline(config),
+        dynamic_sampling=algorithm.filter_groups.enable,
+        overlap_critic=critic_pool not in (None, resources.role_pool["actor_rollout_ref"]) and not trainer.local_mode,
+        streamed_reward=phase_rules.streamed_reward(config),
+        prompts_per_step=phase_rules.step_prompts(config),
+        prompts_per_generation=prompts_per_generation,
+        samples_per_prompt=config.actor_rollout_ref.rollout.n,
+        total_training_steps=steps,
+        steps_per_version=steps_per_version(config),
+        fully_async=_async_plan(config) if fully_async(config) else None,
+        resume_keys=resume_keys(config, uses_critic),
+        config_record=dataclasses.asdict(config),
+        notes=tuple(slow_dtype_notes(config, uses_critic)),
+        data=copy.deepcopy(config.data),
+        algorithm=copy.deepcopy(algorithm),
+        trainer=copy.deepcopy(trainer),
+        actor_rollout_ref=_with_run_length(config.actor_rollout_ref, steps, "actor"),
+        critic=_with_run_length(config.critic, steps, None),
+        reward_model=copy.deepcopy(config.reward_model),
+        custom_reward_function=copy.deepcopy(config.custom_reward_function),
+        ray_kwargs=copy.deepcopy(config.ray_kwargs),
+        bucket_megabytes=config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes,
+    )
+
+
+def _training_steps(config: PPOTrainerConfig, batches_per_epoch: int) -> int:
+    """0 for a validation-only run; fully async counts prompts (``fully_async_options``); else
+    ``trainer.total_training_steps``, or every epoch's batches."""
+    trainer = config.trainer
+    if trainer.val_only:
+        return 0
+    if fully_async(config):
+        return fully_async_training_steps(config, batches_per_epoch)
+    return trainer.total_training_steps or batches_per_epoch * trainer.total_epochs
+
+
+def _worker_roles(config: PPOTrainerConfig, uses_critic: bool, uses_reference: bool) -> dict[str, str]:
+    """Each role the run starts and the part mix its workers play (``ActorRolloutRefWorker``'s role string). With
+    the hybrid engine the actor's workers generate; with a pool of its own the rollout is a role of its own."""
+    rollout_part = "" if one_step_off(config) else "_rollout"
+    roles = {"actor_rollout_ref": f"actor{rollout_part}_ref" if uses_reference else f"actor{rollout_part}"}
+    if one_step_off(config):
+        roles[ROLLOUT_ROLE] = "rollout"
+    if uses_critic:
+        roles["critic"] = "critic"
+    if config.reward_model.enable:
+        roles["reward_model"] = "reward_model"
+    return roles
+
+
+def _async_plan(config: PPOTrainerConfig) -> AsyncPlan:
+    return AsyncPlan(
+        required=required_samples(config), max_required=max_required_samples(config),
+        concurrent=concurrent_samples(config), steps_per_sync=steps_per_version(config),
+        partial_rollout=partial_rollout(config),
+    )
+
+
+def _with_run_length(section: Any, steps: int, optim_owner: str | None) -> Any:
+    """A copy of ``section`` whose learning-rate schedule spans ``steps`` when its ``total_training_steps`` is -1."""
+    section = copy.deepcopy(section)
+    optim = (getattr(section, optim_owner) if optim_owner else section).optim
+    if optim.total_training_steps < 0:
+        optim.total_training_steps = steps
+    return section
+
+
+def describe(plan: RunPlan) -> list[str]:
+    """The plan in lines: mode, pools, each phase and why, sizes (``main_ppo --plan`` and the start-up banner)."""
+    where = "one process (trainer.local_mode=true)" if plan.local else "Ray"
+    lines = [f"mode: {plan.mode}, in {where}; {plan.total_training_steps} training steps"]
+    for pool_name, pool in plan.resources.pools.items():
+        roles = ", ".join(f"{role} ({plan.worker_roles[role]})" for role in plan.resources.roles_in(pool_name))
+        lines.append(f"pool {pool_name}: {pool.world_size} process(es) on {len(pool.process_on_nodes)} node(s): {roles}")
+    lines.append("phases of a step:")
+    width = max(len(name) for name in plan.phases)
+    for name, phase in plan.phases.items():
+        lines.append(f"  {phase.number} {name:<{width}}  {'runs' if phase.runs else 'skipped'}: {phase.why}")
+    return lines + sizes(plan) + [f"note: {note}" for note in plan.notes]

@@ -1,0 +1,221 @@
+"""verl's config keys that hybridflow has no field for: each one accepted, aliased, or refused in one line.
+
+A verl launch script passes keys from verl's whole generated ``ppo_trainer`` config. ``verl_compat.yaml``
+(merged under ``ppo_trainer.yaml`` by Hydra) holds every such key that the schema
+(:mod:`hybridflow.config.schema`) lacks, with verl's default, and :data:`RULES` says what each means
+here (first matching pattern wins; ``tests/trainer/test_verl_compat.py`` checks every key has a rule):
+aliases (``ray_init.num_cpus`` -> ``ray_kwargs.ray_init.num_cpus``), capabilities hybridflow lacks (Megatron,
+NPU, on-policy distillation, ...) and knobs nothing here reads (profilers, Ulysses sequence parallelism, fused
+kernels). The mechanism is :mod:`hybridflow.config.key_surface`.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+from omegaconf import DictConfig
+
+from hybridflow.config.key_surface import ALIAS, LACKS, UNREAD, CompatReport, Rule, Surface, flatten
+from hybridflow.config.key_surface import alias as _alias
+from hybridflow.config.key_surface import lacks as _lacks
+from hybridflow.config.key_surface import unread as _unread
+from hybridflow.config.key_surface import unread_engine_options
+
+__all__ = [
+    "ALIAS", "COMPAT_YAML", "LACKS", "PPO_SURFACE", "RULES", "UNREAD", "CompatReport", "Rule", "compat_defaults",
+    "compat_key", "flatten", "lacks_lines", "rule_for", "schema_yaml_defaults", "split_compat",
+    "unread_engine_options",
+]
+
+COMPAT_YAML = pathlib.Path(__file__).parent / "yaml" / "verl_compat.yaml"
+
+SEQUENCE_PARALLEL = "Ulysses sequence parallelism is not implemented: each rank holds whole sequences (same math)"
+KERNELS = "fused/Liger/tiled kernels are not used: hybridflow runs the model's own transformers modules (same math)"
+FSDP1_KNOB = "an FSDP1/verl-engine tuning knob; hybridflow's FSDP2 engine has no such setting (same math)"
+PROFILER = "verl's profiler hooks (nsys, torch, npu) are not implemented; profile the workers with torch.profiler"
+VLLM_SERVER = "verl's async rollout-server infrastructure; hybridflow's engines run inside the actor workers"
+VISION = "vision/audio inputs: hybridflow trains text-only models"
+
+RULES: tuple[Rule, ...] = (
+    _lacks("model_engine", "the Megatron, VeOmni and TorchTitan training engines (model_engine=dp is FSDP2)", "dp",
+           decisive=True),
+    # Other names of schema keys.
+    _alias("ray_init.*", "ray_kwargs.ray_init.*"),
+    _alias("reward.reward_manager.name", "reward_model.reward_manager"),
+    _alias("reward.reward_kwargs*", "reward_model.reward_kwargs*"),
+    _alias("reward.custom_reward_function.path", "custom_reward_function.path"),
+    _alias("reward.custom_reward_function.name", "custom_reward_function.name"),
+    _alias("reward.custom_reward_function.reward_kwargs", "custom_reward_function.reward_kwargs"),
+    _alias("reward.reward_model.enable", "reward_model.enable"),
+    _alias("reward.reward_model.model_path", "reward_model.model.path"),
+    _alias("actor_rollout_ref.actor.tau_pos", "actor_rollout_ref.actor.policy_loss.tau_pos"),
+    _alias("actor_rollout_ref.actor.tau_neg", "actor_rollout_ref.actor.policy_loss.tau_neg"),
+    _alias("actor_rollout_ref.actor.use_remove_padding", "actor_rollout_ref.model.use_remove_padding"),
+    _alias("actor_rollout_ref.actor.optim.clip_grad", "actor_rollout_ref.actor.grad_clip"),
+    _alias("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor_rollout_ref.actor.optim.warmup_style"),
+    _alias("actor_rollout_ref.actor.data_loader_seed", "actor_rollout_ref.actor.seed"),
+    _alias("critic.optim.clip_grad", "critic.grad_clip"),
+    _alias("critic.optim.lr_scheduler_type", "critic.optim.warmup_style"),
+    _alias("critic.data_loader_seed", "critic.seed"),
+    _alias("critic.fsdp.param_offload", "critic.model.fsdp_config.param_offload"),
+    _alias("critic.fsdp.optimizer_offload", "critic.model.fsdp_config.optimizer_offload"),
+    _alias("critic.fsdp.reshard_after_forward", "critic.model.fsdp_config.reshard_after_forward"),
+    _alias("critic.fsdp.fsdp_size", "critic.model.fsdp_config.fsdp_size"),
+    # Capabilities hybridflow does not have: refused when chosen.
+    _lacks("*._target_", "verl's class targets (_target_): hybridflow picks implementations by registered name"),
+    _lacks("*strategy", "a training engine other than FSDP (Megatron, VeOmni, TorchTitan, fsdp_turbo; "
+           "strategy=fsdp or fsdp2 is FSDP2)", "fsdp", "fsdp2", decisive=True),
+    _lacks("*.optim.optimizer", "optimizers other than AdamW"),
+    _lacks("*.optim.optimizer_impl", "optimizers other than torch.optim's AdamW"),
+    _lacks("*.optim.override_optimizer_config", "optimizer config overrides (AdamW takes lr, betas, eps, weight_decay)"),
+    _lacks("*qat.enable", "quantization-aware training (QAT)"),
+    _lacks("*mtp.enable*", "multi-token prediction (MTP) heads"),
+    _lacks("*router_replay.mode", "MoE router replay"),
+    _lacks("actor_rollout_ref.rollout.nnodes", "verl's standalone rollout inside the synchronous trainer (nnodes > 0); "
+           "a rollout pool of its own is actor_rollout_ref.hybrid_engine=false with the top-level rollout.nnodes"),
+    _lacks("actor_rollout_ref.rollout.over_sample_rate", "over-sampled rollouts that abort the slowest samples"),
+    _lacks("actor_rollout_ref.rollout.disaggregation.enabled", "prefill/decode disaggregation"),
+    _lacks("actor_rollout_ref.rollout.agent.agent_loop_config_path", "agent loops defined in a config file"),
+    _lacks("actor_rollout_ref.rollout.agent.custom_async_server.*", "custom async rollout servers"),
+    _lacks("actor_rollout_ref.rollout.trace.backend", "rollout tracing backends (weave, mlflow traces)"),
+    _lacks("actor_rollout_ref.rollout.prometheus.enable", "the rollout servers' Prometheus metrics"),
+    _lacks("actor_rollout_ref.rollout.multi_turn.function_tool_path", "tools defined as Python functions by path"),
+    _lacks("*.lora.rank", "verl's model.lora block (Megatron LoRA); set model.lora_rank, lora_alpha, target_modules"),
+    _lacks("data.custom_cls.path", "custom dataset classes"),
+    _lacks("*sandbox_fusion.url", "the Sandbox Fusion code-execution service"),
+    _lacks("reward.reward_manager.source", "reward managers loaded from a module", "register"),
+    _lacks("reward.reward_manager.module.path", "reward managers loaded from a file"),
+    _lacks("reward_model.reward_loop_*", "custom reward-loop classes"),
+    _lacks("*reward_model.rollout.name", "reward models served by a rollout engine (generative reward models)"),
+    _lacks("algorithm.use_pf_ppo", "PF-PPO policy filtration"),
+    _lacks("distillation.enabled", "on-policy distillation"),
+    _lacks("transfer_queue.enable", "the TransferQueue data plane"),
+    _lacks("skip.*.enable", "verl's rollout skip/dump (use trainer.rollout_data_dir to dump rollouts)"),
+    _lacks("trainer.default_hdfs_dir", "copying checkpoints to HDFS"),
+    # Knobs nothing here reads: accepted, listed at start-up when set.
+    _unread("*ulysses*", SEQUENCE_PARALLEL),
+    _unread("*mixed_precision.buffer_dtype", "FSDP2's mixed precision has no buffer dtype: buffers keep the model's"),
+    _unread("*use_fused_kernels", KERNELS),
+    _unread("*fused_kernel_options.*", KERNELS),
+    _unread("*use_liger", KERNELS),
+    _unread("*tiled_mlp.*", KERNELS),
+    _unread("*.turbo_config.*", FSDP1_KNOB),
+    _unread("*fsdp*.wrap_policy.*", FSDP1_KNOB),
+    _unread("*fsdp*.offload_policy", FSDP1_KNOB),
+    _unread("*fsdp*.forward_prefetch", FSDP1_KNOB),
+    _unread("*fsdp*.use_orig_params", FSDP1_KNOB),
+    _unread("*fsdp*.pad_to_length*", FSDP1_KNOB),
+    _unread("*pad_to_length", FSDP1_KNOB),
+    _unread("*fsdp*.forward_only", FSDP1_KNOB),
+    _unread("*fsdp*.seed", FSDP1_KNOB),
+    _unread("*fsdp*.full_determinism", FSDP1_KNOB),
+    _unread("*fsdp*.model_dtype", "verl-engine dtype key; set actor_rollout_ref.model.dtype / critic.model.dtype"),
+    _unread("*fsdp*.dtype", "verl-engine dtype key; set fsdp_config.mixed_precision.param_dtype"),
+    _unread("*fsdp*.entropy_*", "verl-engine copy of the actor's entropy keys"),
+    _unread("*fsdp*.use_torch_compile", "verl-engine copy of use_torch_compile"),
+    _unread("*qat.*", "quantization-aware training is off"),
+    _unread("*mtp.*", "multi-token prediction is off"),
+    _unread("*mtp", "multi-token prediction is off"),
+    _unread("*router_replay.*", "MoE router replay is off"),
+    _unread("*.lora.*", "verl's model.lora block is Megatron's; hybridflow reads model.lora_rank and friends"),
+    _unread("*profiler*", PROFILER),
+    _unread("*.rollout_n", "follows actor_rollout_ref.rollout.n"),
+    _unread("*checkpoint.async_save", "checkpoints are saved synchronously (atomically, then renamed)"),
+    _unread("*checkpoint.strict", "checkpoints load strictly"),
+    _unread("*.optim.zero_indexed_step", "the lr schedule counts from step 0"),
+    _unread("*enable_activation_offload", "activation offload is not implemented (GPU memory knob)"),
+    _unread("*use_shm", "models and data load from disk, not shared memory"),
+    _unread("*hf_config_path", "the model's config.json is read from model.path"),
+    _unread("actor_rollout_ref.nccl_timeout", "the process-group timeout is HYBRIDFLOW_DIST_TIMEOUT_S"),
+    _unread("actor_rollout_ref.actor.freeze_vision_tower", VISION),
+    _unread("actor_rollout_ref.actor.calculate_entropy", "entropy is computed when entropy_coeff != 0 and for metrics"),
+    _unread("actor_rollout_ref.rollout.mode", VLLM_SERVER),
+    _unread("actor_rollout_ref.rollout.skip_tokenizer_init", "the vllm engine decodes text (stop strings, tools)"),
+    _unread("actor_rollout_ref.rollout.full_determinism", "the hf engine is deterministic given its per-sample seeds"),
+    _unread("actor_rollout_ref.rollout.layered_summon", "weights are synced tensor by tensor already"),
+    _unread("actor_rollout_ref.rollout.multi_stage_wake_up", "weights are synced tensor by tensor already"),
+    _unread("actor_rollout_ref.rollout.enable_rollout_routing_replay", "MoE router replay is off"),
+    _unread("actor_rollout_ref.rollout.quantization_config_file", "rollout quantization is vLLM's quantization key"),
+    _unread("*entropy_checkpointing", "the chunked entropy's own backward keeps only per-row statistics, which is "
+            "what entropy checkpointing saves"),
+    _unread("actor_rollout_ref.rollout.agent.*", VLLM_SERVER),
+    _unread("actor_rollout_ref.rollout.checkpoint_engine.*", "weights reach a rollout pool of its own through Ray's "
+            "object store, in buckets of checkpoint_engine.update_weights_bucket_megabytes"),
+    _unread("actor_rollout_ref.rollout.trace.*", "rollout tracing is off"),
+    _unread("actor_rollout_ref.rollout.prometheus.*", VLLM_SERVER),
+    _unread("actor_rollout_ref.rollout.disaggregation.*", "prefill/decode disaggregation is off"),
+    _unread("actor_rollout_ref.rollout.n_gpus_per_node", "the rollout runs in the actor's processes, or with "
+            "actor_rollout_ref.hybrid_engine=false on a pool sized by the top-level rollout.nnodes/n_gpus_per_node"),
+    _unread("actor_rollout_ref.rollout.moe_load_balance_metrics_interval", VLLM_SERVER),
+    _unread("actor_rollout_ref.rollout.multi_turn.*", "an sglang multi-turn option hybridflow's agent loop lacks"),
+    _unread("actor_rollout_ref.rollout.qat", "quantization-aware training is off"),
+    _unread("data.image_*", VISION),
+    _unread("data.video_key", VISION),
+    _unread("data.audio_key", VISION),
+    _unread("data.mm_processor_kwargs", VISION),
+    _unread("data.return_multi_modal_inputs", VISION),
+    _unread("data.dataloader_num_workers", "prompts are loaded in the driver from memory; no loader workers"),
+    _unread("data.custom_cls.*", "custom dataset classes are off"),
+    _unread("data.tool_config_path", "follows actor_rollout_ref.rollout.multi_turn.tool_config_path"),
+    _unread("data.function_tool_path", "tools defined as Python functions are off"),
+    _unread("data.tokenizer", "the tokenizer is actor_rollout_ref.model.tokenizer_path"),
+    _unread("data.return_raw_input_ids", "no component here reads raw_prompt_ids (reward models share the tokenizer)"),
+    _unread("data.return_full_prompt", "no component here reads full_prompts"),
+    _unread("data.filter_overlong_prompts_workers", "prompts are tokenized in one batched call of the fast tokenizer"),
+    _lacks("critic.model.lora_adapter_path", "starting the critic from a saved LoRA adapter"),
+    _lacks("*external_lib", "importing extra model-code modules (external_lib)"),
+    _unread("reward.num_workers", "rule rewards are scored in the driver with a timeout per sample"),
+    _unread("reward.reward_manager.module.*", "reward managers loaded from a file are off"),
+    _unread("reward.reward_model.*", "a reward model is placed like the other roles (trainer.placement)"),
+    _unread("reward_model.*", "a reward model is placed like the other roles (trainer.placement)"),
+    _unread("*sandbox_fusion.*", "the Sandbox Fusion service is off"),
+    _unread("algorithm.pf_ppo.*", "PF-PPO is off"),
+    _unread("algorithm.filter_groups.max_inflight_gen_batches", "generation batches run one at a time"),
+    _unread("distillation.*", "on-policy distillation is off"),
+    _unread("transfer_queue.*", "the TransferQueue data plane is off"),
+    _unread("skip.*", "verl's rollout skip/dump is off"),
+    _unread("global_profiler.*", PROFILER),
+    _unread("trainer.use_v1", "hybridflow has one trainer"),
+    _unread("trainer.v1.*", "hybridflow has one trainer"),
+    _unread("trainer.esi_redundant_time", "elastic-instance checkpoint timing (ESI) is not implemented"),
+    _unread("trainer.ray_wait_register_center_timeout", VLLM_SERVER),
+    _unread("trainer.del_local_ckpt_after_load", "local checkpoints are kept after loading"),
+)
+
+
+# Values of schema keys that choose something hybridflow does not have.
+UNAVAILABLE_CHOICES = {
+    ("trainer.device", "npu"): "Ascend NPU support (trainer.device=cuda or cpu)",
+    ("actor_rollout_ref.rollout.name", "sglang"): "an SGLang rollout engine (rollout.name=vllm on GPU, or hf)",
+    ("actor_rollout_ref.rollout.name", "trtllm"): "a TensorRT-LLM rollout engine (rollout.name=vllm on GPU, or hf)",
+}
+
+
+PPO_SURFACE = Surface(
+    COMPAT_YAML, COMPAT_YAML.with_name("ppo_trainer.yaml"), RULES, tuple(UNAVAILABLE_CHOICES.items())
+)
+
+
+def rule_for(key: str) -> Rule | None:
+    return PPO_SURFACE.rule_for(key)
+
+
+def compat_defaults() -> dict[str, Any]:
+    return PPO_SURFACE.compat_defaults
+
+
+def schema_yaml_defaults() -> dict[str, Any]:
+    return PPO_SURFACE.schema_defaults
+
+
+def split_compat(config: DictConfig) -> tuple[DictConfig, CompatReport]:
+    return PPO_SURFACE.split(config)
+
+
+def lacks_lines(values: dict[str, Any]) -> list[str]:
+    return PPO_SURFACE.lacks_lines(values)
+
+
+def compat_key(dotted: str) -> str | None:
+    return PPO_SURFACE.compat_key(dotted)

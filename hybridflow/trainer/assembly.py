@@ -1,0 +1,138 @@
+"""What the driver builds from a run plan, once: the worker classes of its roles, the collector of its mode (phases
+1, 2 and 8), the phase objects of 3 to 7, and the step hooks its settings ask for.
+
+The mode decides the collector: the hybrid engine's (:class:`~hybridflow.trainer.rollout_collection.RolloutCollector`,
+or DAPO's dynamic sampling), one step ahead on a pool of its own
+(:class:`~hybridflow.trainer.one_step_off.OneStepOffCollector`), or fully async
+(:class:`~hybridflow.trainer.fully_async_collection.FullyAsyncCollector`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from hybridflow.config.phases import OLD_FROM_PASS, OLD_FROM_ROLLOUT
+from hybridflow.config.placement import ROLLOUT_ROLE
+from hybridflow.config.plan import FULLY_ASYNC, ONE_STEP_OFF, RunPlan
+from hybridflow.distributed import RayClassWithInitArgs
+from hybridflow.trainer.estimator_metrics import RewardComponentMetrics, VarianceProxyMetrics
+from hybridflow.trainer.fully_async_collection import FullyAsyncCollector, TrainerIdleRatio
+from hybridflow.trainer.hooks import RolloutDump, StepHook
+from hybridflow.trainer.one_step_off import OneStepOffCollector, RolloutWeightSync
+from hybridflow.trainer.phases import (
+    ActorUpdate,
+    Critic,
+    NoCritic,
+    NoOldLogProbPass,
+    NoReference,
+    OldLogProbs,
+    PhaseCalls,
+    ReferencePolicy,
+    RolloutLogProbsAsOld,
+)
+from hybridflow.trainer.rollout_collection import (
+    DynamicSamplingCollector,
+    Generation,
+    GreedyBaseline,
+    RolloutCollector,
+    reward_scorer,
+)
+from hybridflow.trainer.worker_groups import create_local_worker_groups, create_worker_groups
+from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+
+
+def role_classes(plan: RunPlan) -> dict[str, RayClassWithInitArgs]:
+    """The worker class of each role of the plan, with its section."""
+    classes = {}
+    for role, parts in plan.worker_roles.items():
+        if role == "actor_rollout_ref":
+            classes[role] = RayClassWithInitArgs(
+                ActorRolloutRefWorker, config=plan.actor_rollout_ref, role=parts, bypass=plan.bypass
+            )
+        elif role == ROLLOUT_ROLE:
+            classes[role] = RayClassWithInitArgs(ActorRolloutRefWorker, config=plan.actor_rollout_ref, role=parts)
+        elif role == "critic":
+            classes[role] = RayClassWithInitArgs(CriticWorker, config=plan.critic)
+        else:
+            classes[role] = RayClassWithInitArgs(RewardModelWorker, config=plan.reward_model)
+    return classes
+
+
+def worker_starter(plan: RunPlan) -> Callable[..., Any]:
+    """How the groups start: in this process (local mode), or as Ray actors, the rollout pool's taking its weight
+    loads beside a generation in flight where partial rollout lands them there."""
+    if plan.local:
+        return create_local_worker_groups
+    partial = plan.fully_async is not None and plan.fully_async.partial_rollout
+    concurrent = frozenset({ROLLOUT_ROLE}) if partial else frozenset()
+    return functools.partial(create_worker_groups, concurrent_roles=concurrent)
+
+
+@dataclass
+class StepPhases:
+    """The phase objects of phases 3 to 7 the plan asks for (the absent ones do nothing)."""
+
+    old_log_probs: OldLogProbs | RolloutLogProbsAsOld | NoOldLogProbPass
+    reference: ReferencePolicy | NoReference
+    critic: Critic | NoCritic
+    actor: ActorUpdate
+
+
+def step_phases(plan: RunPlan, actor_rollout: Any, critic_group: Any) -> StepPhases:
+    calls = PhaseCalls(overlap=plan.overlap_critic)
+    if plan.old_log_probs == OLD_FROM_PASS:
+        old_log_probs = OldLogProbs(actor_rollout, calls)
+    else:
+        old_log_probs = RolloutLogProbsAsOld() if plan.old_log_probs == OLD_FROM_ROLLOUT else NoOldLogProbPass()
+    return StepPhases(
+        old_log_probs=old_log_probs,
+        reference=ReferencePolicy(actor_rollout, calls) if plan.uses_reference else NoReference(),
+        critic=Critic(critic_group, calls) if plan.uses_critic else NoCritic(),
+        actor=ActorUpdate(actor_rollout, calls, plan.trainer.critic_warmup, plan.old_log_probs),
+    )
+
+
+def collector(plan: RunPlan, groups: dict[str, Any], tokenizer: Any, reward_manager: Any) -> Any:
+    """Phases 1, 2 and 8 of the plan's mode."""
+    rollout = plan.actor_rollout_ref.rollout
+    meta = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+    if plan.fully_async is not None and plan.fully_async.partial_rollout:
+        meta["record_weight_versions"] = True
+    actor, rollout_group = groups["actor_rollout_ref"], groups.get(ROLLOUT_ROLE, groups["actor_rollout_ref"])
+    generate = Generation(rollout_group, meta, seed=rollout.seed, n=rollout.n, val_n=rollout.val_kwargs.n)
+    score = reward_scorer(reward_manager, groups.get("reward_model"), plan.streamed_reward)
+    if plan.mode == FULLY_ASYNC:
+        settings = plan.fully_async
+        return FullyAsyncCollector(
+            generate, score, RolloutWeightSync(actor, rollout_group, plan.bucket_megabytes),
+            required=settings.required, max_required=settings.max_required, concurrent=settings.concurrent,
+            steps_per_sync=settings.steps_per_sync, total_steps=plan.total_training_steps,
+            partial_rollout=settings.partial_rollout,
+        )
+    if plan.mode == ONE_STEP_OFF:
+        sync = RolloutWeightSync(actor, rollout_group, plan.bucket_megabytes)
+        return OneStepOffCollector(generate, score, sync, plan.total_training_steps)
+    baseline = GreedyBaseline() if plan.greedy_baseline else None
+    if not plan.dynamic_sampling:
+        return RolloutCollector(generate, score, baseline)
+    filter_groups = plan.algorithm.filter_groups
+    return DynamicSamplingCollector(
+        generate, score, baseline, train_batch_size=plan.data.train_batch_size,
+        metric=filter_groups.metric, max_num_gen_batches=filter_groups.max_num_gen_batches,
+    )
+
+
+def step_hooks(plan: RunPlan, tokenizer: Any) -> list[StepHook]:
+    """The extras the plan's settings ask for after each step: rollout dumps, estimator metrics, idle ratio."""
+    trainer, hooks = plan.trainer, []
+    if trainer.rollout_data_dir:
+        hooks.append(RolloutDump(trainer.rollout_data_dir, trainer.rollout_dump_freq, tokenizer))
+    if plan.algorithm.gdpo_reward_keys:
+        hooks.append(RewardComponentMetrics(plan.algorithm.gdpo_reward_keys))
+    if plan.actor_rollout_ref.actor.calculate_sum_pi_squared:
+        hooks.append(VarianceProxyMetrics())
+    if plan.mode == FULLY_ASYNC:
+        hooks.append(TrainerIdleRatio())
+    return hooks
