@@ -62,6 +62,38 @@ def test_reference_adds_schema_keys_missing_from_the_yaml_and_refuses_keys_witho
         generator.generate(undocumented)
 
 
+@pytest.mark.parametrize("config_name, schema_path", [
+    ("ppo_trainer", "hybridflow.config.schema:PPOTrainerConfig"), ("sft_trainer", "hybridflow.config.sft:SFTTrainerConfig"),
+])
+def test_each_yaml_comment_is_its_keys_schema_help(config_name, schema_path):
+    """One text per key: the YAML's inline comment (what a reader of the YAML sees) is the schema field's help
+    (what errors and the reference quote), in both trainers' YAMLs, so the two cannot drift apart."""
+    import importlib
+
+    import yaml
+
+    generator = _load_file(DOCS / "gen_config_reference.py", "gen_config_reference")
+    module, name = schema_path.split(":")
+    schema = generator.schema_entries(getattr(importlib.import_module(module), name))
+    text = (REPO / f"hybridflow/config/yaml/{config_name}.yaml").read_text()
+    lines = text.splitlines()
+    drifted = []
+
+    def walk(node: yaml.MappingNode, prefix: str) -> None:
+        for key_node, value_node in node.value:
+            key = f"{prefix}{key_node.value}"
+            if isinstance(value_node, yaml.MappingNode) and value_node.value:
+                walk(value_node, f"{key}.")
+                continue
+            comment = generator._comment(lines[value_node.end_mark.line][value_node.end_mark.column:])
+            help_text = schema.get(key, ("", None))[1]
+            if comment and help_text and comment != help_text:
+                drifted.append(f"{key}: yaml {comment!r} != help {help_text!r}")
+
+    walk(yaml.compose(text), "")
+    assert not drifted, "\n".join(drifted)
+
+
 # ------------------------------------------------------------------------------ examples shown verbatim
 def _doc_examples() -> list[tuple[str, str, str | None, str]]:
     """(doc file, path, test function or None, code) for every example block of every doc."""

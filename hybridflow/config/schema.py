@@ -16,11 +16,20 @@ from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, Rewar
 
 
 @dataclass
-class DataConfig:
-    """Prompts to train and validate on: parquet files in verl's row schema (``data``)."""
+class DataFiles:
+    """The data keys the PPO and SFT trainers share."""
 
     train_files: Any = option("", "Training parquet file or list of files.")
     val_files: Any = option("", "Validation parquet file(s); empty disables validation.")
+    shuffle: bool = option(True, "Shuffle the training rows each epoch.")
+    seed: int = option(1, "Seed of the shuffle.")
+    apply_chat_template_kwargs: dict = option({}, "Extra arguments of the chat template (e.g. enable_thinking: false).")
+
+
+@dataclass
+class DataConfig(DataFiles):
+    """Prompts to train and validate on: parquet files in verl's row schema (``data``)."""
+
     prompt_key: str = option("prompt", "Column holding the chat messages of the prompt.")
     reward_fn_key: str = option("data_source", "Column that picks the scoring function and groups val metrics.")
     max_prompt_length: int = option(512, "Prompt tokens after the chat template; longer prompts follow `truncation`.")
@@ -30,8 +39,6 @@ class DataConfig:
         None, "Prompts per generation batch of DAPO dynamic sampling (filter_groups); None: train_batch_size."
     )
     val_batch_size: Optional[int] = option(None, "Prompts per validation batch; None means the whole set at once.")
-    shuffle: bool = option(True, "Shuffle the training prompts each epoch.")
-    seed: int = option(1, "Seed of the training shuffle (and of the rollout sampling seeds).")
     filter_overlong_prompts: bool = option(False, "Drop prompts longer than max_prompt_length when loading.")
     truncation: str = option("error", "Overlong prompts: error, filter (drop), left, right or middle (cut).")
     return_raw_chat: bool = option(True, "Keep each prompt's messages as the raw_prompt column (agent loop, rewards).")
@@ -39,7 +46,6 @@ class DataConfig:
     val_max_samples: int = option(-1, "Use at most this many validation prompts (-1: all); the first ones.")
     validation_shuffle: bool = option(False, "Shuffle the validation prompts (with data.seed).")
     trust_remote_code: bool = option(False, "Allow tokenizer code from the model folder for the prompts.")
-    apply_chat_template_kwargs: dict = option({}, "Extra arguments of the chat template (e.g. enable_thinking: false).")
 
 
 @dataclass
@@ -126,24 +132,34 @@ class AlgorithmConfig:
 
 
 @dataclass
-class TrainerConfig:
-    """The run: length, placement, logging, validation and checkpoints (``trainer``)."""
+class RunConfig:
+    """The ``trainer`` keys the PPO and SFT trainers share: run length, trackers, processes, resuming."""
 
-    balance_batch: bool = option(
-        True, "Reorder each step's samples so every data-parallel rank gets about the same number of tokens."
-    )
-    total_epochs: int = option(1, "Passes over the training prompts.")
+    total_epochs: int = option(1, "Passes over the training data.")
     total_training_steps: Optional[int] = option(None, "Stop after this many steps; None means total_epochs passes.")
     project_name: str = option("hybridflow", "Project name in the trackers.")
-    experiment_name: str = option("ppo", "Run name in the trackers.")
-    logger: Any = option(["console", "jsonl"], "Trackers: a list (or one name) of console, jsonl, tensorboard, mlflow, wandb, swanlab.")
-    log_val_generations: int = option(
-        0, "Validation samples (input, output, score) logged as a table to every tracker at each validation."
+    logger: Any = option(
+        ["console", "jsonl"], "Trackers: a list (or one name) of console, jsonl, tensorboard, mlflow, wandb, swanlab."
     )
     nnodes: int = option(1, "Nodes of the cluster to use.")
     n_gpus_per_node: int = option(1, "Worker processes per node (one per GPU; on CPU, processes sharing the cores).")
     cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each worker process (fractions allowed).")
     device: Optional[str] = option(None, "cpu or cuda; None means cuda when this machine has a GPU, else cpu.")
+    resume_mode: str = option("auto", "auto: resume from the run folder's latest; disable; resume_path; or a path.")
+    resume_from_path: Optional[str] = option(None, "Checkpoint folder (global_step_N) when resume_mode=resume_path.")
+
+
+@dataclass
+class TrainerConfig(RunConfig):
+    """The run: length, placement, logging, validation and checkpoints (``trainer``)."""
+
+    balance_batch: bool = option(
+        True, "Reorder each step's samples so every data-parallel rank gets about the same number of tokens."
+    )
+    experiment_name: str = option("ppo", "Run name in the trackers.")
+    log_val_generations: int = option(
+        0, "Validation samples (input, output, score) logged as a table to every tracker at each validation."
+    )
     placement: str = option("colocated", "colocated: every role in one process per device; split: one pool per role.")
     local_mode: bool = option(
         False, "Run every role in this process without Ray (one process: nnodes=1, n_gpus_per_node=1): breakpoints stop inside workers and a run starts in seconds."
@@ -157,8 +173,6 @@ class TrainerConfig:
         3, "Steps whose scores, loss or gradient norm are NaN/inf are skipped and never checkpointed; more than this many stop the run (0: the first)."
     )
     default_local_dir: str = option("checkpoints/hybridflow/ppo", "The run folder: checkpoints, metrics.jsonl, dumps.")
-    resume_mode: str = option("auto", "auto: resume from the run folder's latest; disable; resume_path; or a path.")
-    resume_from_path: Optional[str] = option(None, "Checkpoint folder (global_step_N) when resume_mode=resume_path.")
     max_actor_ckpt_to_keep: Optional[int] = option(
         None, "Keep only the newest N actor checkpoints (global_step_*/actor); None or 0 keeps all."
     )

@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hybridflow.data.sft_dataset import SFT_PAD_MODES, SFT_TRUNCATION_MODES
 from hybridflow.help_fields import option, section
 from hybridflow.checkpoints.manager import RESUME_MODES
-from hybridflow.config.schema import RayInitConfig
+from hybridflow.config.schema import DataFiles, RayInitConfig, RunConfig
 from hybridflow.config.environment import (
     data_file_errors, detected_device, gpu_count_errors, logger_package_errors, model_errors,
 )
@@ -38,7 +38,7 @@ from hybridflow.config.rules import DEVICES
 from hybridflow.config.typed import accepted_forms, unknown_key_errors
 from hybridflow.config.verl_sft_compat import SFT_SURFACE
 from hybridflow.workers.checkpoint import CONTENTS
-from hybridflow.workers.config import CheckpointConfig, FSDPConfig
+from hybridflow.workers.config import CheckpointConfig, FSDPConfig, ModelOptions
 from hybridflow.workers.optim import WARMUP_STYLES
 
 
@@ -58,11 +58,9 @@ class SFTMultiturnConfig:
 
 
 @dataclass
-class SFTDataConfig:
+class SFTDataConfig(DataFiles):
     """Training and validation examples (``data``)."""
 
-    train_files: Any = option("", "Training parquet file or list of files.")
-    val_files: Any = option("", "Validation parquet file(s); empty disables validation.")
     prompt_key: str = option("prompt", "Column of the prompt: a string or chat messages.")
     response_key: str = option("response", "Column of the response string.")
     prompt_dict_keys: Optional[list] = option(None, "Keys into a dict prompt column, e.g. ['question'].")
@@ -70,7 +68,6 @@ class SFTDataConfig:
     multiturn: SFTMultiturnConfig = section(SFTMultiturnConfig, "Multi-turn rows.")
     train_max_samples: int = option(-1, "Keep the first N training rows; -1 keeps all.")
     val_max_samples: int = option(-1, "Keep the first N validation rows; -1 keeps all.")
-    apply_chat_template_kwargs: dict = option({}, "Extra arguments of the chat template, e.g. enable_thinking.")
     max_length: int = option(1024, "Tokens per example after the chat template; longer ones follow `truncation`.")
     truncation: str = option("error", "Over-long examples: error, left (keep end), right (keep start), filter (drop).")
     pad_mode: str = option("no_padding", "Pad batches to their longest example (no_padding) or to max_length (right).")
@@ -78,25 +75,13 @@ class SFTDataConfig:
     micro_batch_size_per_gpu: int = option(4, "Examples per forward/backward on one worker process.")
     use_dynamic_bsz: bool = option(False, "Cut micro-batches by a token budget instead of micro_batch_size_per_gpu.")
     max_token_len_per_gpu: int = option(8192, "Token budget of a micro-batch when use_dynamic_bsz.")
-    shuffle: bool = option(True, "Shuffle the training examples each epoch.")
-    seed: int = option(1, "Seed of the shuffle.")
 
 
 @dataclass
-class SFTModelConfig:
-    """The model to fine-tune (``model``)."""
+class SFTModelConfig(ModelOptions):
+    """The model to fine-tune (``model``): the PPO roles' model options, from ``partial_pretrain``."""
 
     partial_pretrain: str = option("", "Local Hugging Face model folder to start from.")
-    tokenizer_path: Optional[str] = option(None, "Tokenizer folder; None means partial_pretrain.")
-    enable_gradient_checkpointing: bool = option(False, "Recompute activations in backward to save memory.")
-    trust_remote_code: bool = option(False, "Allow model code from the model folder.")
-    lora_rank: int = option(0, "LoRA rank (arXiv:2106.09685); 0 trains all weights.")
-    lora_alpha: int = option(16, "LoRA scaling numerator: the adapter output is scaled by alpha / rank.")
-    target_modules: Any = option("all-linear", "Modules that get LoRA adapters: a list of names or 'all-linear'.")
-    dtype: str = option("float32", "Dtype the weights are held in: float32, bfloat16 or float16.")
-    attn_implementation: str = option("sdpa", "Attention kernel passed to transformers (sdpa, eager, ...).")
-    override_config: dict = option({}, "Keys overriding the model's config.json (e.g. attention_dropout).")
-    custom_chat_template: Optional[str] = option(None, "A Jinja chat template replacing the tokenizer's own.")
     fsdp_config: FSDPConfig = section(FSDPConfig, "FSDP2 sharding, offload and mixed precision.")
 
 
@@ -116,23 +101,14 @@ class SFTOptimConfig:
 
 
 @dataclass
-class SFTRunConfig:
-    """Run length, placement, logging, validation and checkpoints (``trainer``)."""
+class SFTRunConfig(RunConfig):
+    """Run length, placement, logging, validation and checkpoints (``trainer``): the PPO trainer's run keys and
+    the SFT trainer's own."""
 
-    total_epochs: int = option(1, "Passes over the training examples.")
-    total_training_steps: Optional[int] = option(None, "Stop after this many steps; None means total_epochs passes.")
-    project_name: str = option("hybridflow", "Project name in the trackers.")
     experiment_name: str = option("sft", "Run name in the trackers.")
-    logger: list = option(["console", "jsonl"], "Trackers: any of console, jsonl, tensorboard, mlflow, wandb, swanlab.")
-    nnodes: int = option(1, "Nodes of the cluster to use.")
-    n_gpus_per_node: int = option(1, "Worker processes per node (one per GPU; on CPU, processes sharing the cores).")
-    cpus_per_worker: float = option(1.0, "CPUs Ray reserves for each worker process (fractions allowed).")
-    device: Optional[str] = option(None, "cpu, cuda, or null: this machine's (cuda when torch sees a GPU).")
     save_freq: int = option(-1, "Save a checkpoint every N steps (and at the end); -1 only the final model.")
     test_freq: int = option(-1, "Compute the validation loss every N steps (and at the end); -1 only at the end.")
     default_local_dir: str = option("checkpoints/hybridflow/sft", "The run folder: checkpoints, metrics, final model.")
-    resume_mode: str = option("auto", "auto: resume from the run folder's latest; disable; resume_path; or a path.")
-    resume_from_path: Optional[str] = option(None, "Checkpoint folder (global_step_N) when resume_mode=resume_path.")
     max_ckpt_to_keep: Optional[int] = option(None, "Keep only the newest N global_step folders; None keeps all.")
 
 

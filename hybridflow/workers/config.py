@@ -29,24 +29,31 @@ class WorkerConfigError(ValueError):
 
 
 @dataclass
-class ModelConfig:
-    """Which Hugging Face model a worker loads and how (``actor_rollout_ref.model``, ``critic.model``)."""
+class ModelOptions:
+    """How a Hugging Face model is loaded and which of its weights train: the keys the PPO roles' ``model`` sections
+    and the SFT trainer's ``model`` share."""
 
-    path: str = option("", "Local Hugging Face model folder (config.json + safetensors).")
-    tokenizer_path: Optional[str] = option(None, "Tokenizer folder; None means the model path.")
-    use_remove_padding: bool = option(True, "Pack the non-padding tokens of a micro-batch into one row.")
+    tokenizer_path: Optional[str] = option(None, "Tokenizer folder; None means the model folder.")
     enable_gradient_checkpointing: bool = option(False, "Recompute activations in backward to save memory.")
     lora_rank: int = option(0, "LoRA rank (arXiv:2106.09685); 0 trains all weights.")
     lora_alpha: int = option(16, "LoRA scaling numerator: the adapter output is scaled by alpha / rank.")
     target_modules: Any = option("all-linear", "Modules that get LoRA adapters: a list of names or 'all-linear'.")
-    exclude_modules: Any = option(
-        None, "Modules kept without a LoRA adapter: a regex on the full module name, or a list of names (suffixes)."
-    )
     override_config: dict = option({}, "Keys overriding the model's config.json (e.g. attention_dropout).")
     dtype: str = option("float32", "Dtype the weights are held in: float32, bfloat16 or float16.")
     attn_implementation: str = option("sdpa", "Attention kernel passed to transformers (sdpa, eager, ...).")
     trust_remote_code: bool = option(False, "Allow model code from the model folder.")
     custom_chat_template: Optional[str] = option(None, "A Jinja chat template replacing the tokenizer's own.")
+
+
+@dataclass
+class ModelConfig(ModelOptions):
+    """Which Hugging Face model a worker loads and how (``actor_rollout_ref.model``, ``critic.model``)."""
+
+    path: str = option("", "Local Hugging Face model folder (config.json + safetensors).")
+    use_remove_padding: bool = option(True, "Pack the non-padding tokens of a micro-batch into one row.")
+    exclude_modules: Any = option(
+        None, "Modules kept without a LoRA adapter: a regex on the full module name, or a list of names (suffixes)."
+    )
 
     @property
     def tokenizer_dir(self) -> str:
@@ -98,7 +105,7 @@ class OptimConfig:
     weight_decay: float = option(0.01, "AdamW decoupled weight decay (arXiv:1711.05101).")
     betas: list = option([0.9, 0.999], "AdamW betas.")
     eps: float = option(1e-8, "AdamW epsilon.")
-    total_training_steps: int = option(-1, "Trainer steps of the run; set by the trainer (cosine needs it).")
+    total_training_steps: int = option(-1, "Steps of the lr schedule; -1 means the run's training steps.")
 
 
 @dataclass
@@ -235,7 +242,7 @@ class CriticConfig:
 
     model: CriticModelConfig = section(CriticModelConfig, "The value model (a causal LM gets a fresh value head).")
     enable: Optional[bool] = option(None, "Train a critic: None decides by the estimator (gae needs one), true/false force it.")
-    rollout_n: int = option(1, "Samples per prompt; the trainer sets it to actor_rollout_ref.rollout.n.")
+    rollout_n: int = option(1, "Samples per prompt (follows actor_rollout_ref.rollout.n).")
     ppo_mini_batch_size: int = option(256, "Prompts per optimizer step (multiplied by rollout_n inside).")
     ppo_micro_batch_size: Optional[int] = option(None, GLOBAL_MICRO_BATCH_HELP)
     ppo_micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per forward/backward on one rank.")
@@ -246,8 +253,9 @@ class CriticConfig:
     forward_max_token_len_per_gpu: int = option(32768, "Token budget of a compute_values micro-batch.")
     use_prefix_grouper: Optional[bool] = option(
         None,
-        "Run each prompt once for all its samples in the critic's forward and backward (exact; arXiv 2506.05433). "
-        "null: where estimated cheaper than the padded/packed layout; true: wherever a prompt repeats; false: never.",
+        "Run each prompt once for all its samples in the critic's forward and backward (exact; arXiv 2506.05433); "
+        "follows the actor's key. null: where estimated cheaper than the padded/packed layout; true: wherever a "
+        "prompt repeats; false: never.",
     )
     ppo_epochs: int = option(1, "Passes over the batch per update_critic call.")
     shuffle: bool = option(False, "Shuffle samples between mini-batches each epoch.")
@@ -255,7 +263,9 @@ class CriticConfig:
     cliprange_value: float = option(0.5, "Clip of the value update around the old values (PPO, arXiv:1707.06347).")
     loss_agg_mode: str = option("token-mean", "How the per-token value loss becomes a scalar.")
     loss_scale_factor: Optional[float] = option(
-        None, "Constant divisor of the value loss's seq-mean-token-sum-norm; None means the padded response length."
+        None,
+        "Constant divisor of the value loss's seq-mean-token-sum-norm (follows the actor's); None means the padded "
+        "response length.",
     )
     grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
     optim: OptimConfig = section(OptimConfig, "Optimizer and learning-rate schedule.")

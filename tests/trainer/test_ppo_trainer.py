@@ -94,7 +94,7 @@ def test_split_placement_runs_each_role_in_its_own_processes(ray_cluster, tiny_m
     try:
         trainer.init_workers()
         actor_pid = trainer.actor_rollout.worker_info()[0]["pid"]
-        critic_pid = trainer.critic.worker_group.worker_info()[0]["pid"]
+        critic_pid = trainer.phases.critic.worker_group.worker_info()[0]["pid"]
         assert actor_pid != critic_pid
         trainer.fit()
     finally:
