@@ -92,44 +92,15 @@ class RunPlan:
     ray_kwargs: RayKwargsConfig
     bucket_megabytes: float
 
-    @property
-    def rollout_pool(self) -> bool:
-        """The rollout runs on a pool of its own (one step off or fully async)."""
-        return ROLLOUT_ROLE in self.worker_roles
-
 
 def build_plan(config: PPOTrainerConfig, train_prompts: int) -> RunPlan:
     """The plan of ``config`` (checked) for a training set of ``train_prompts`` prompts."""
-    trainer, algorithm = config.trainer, config.algorithm
-    uses_critic, uses_reference = phase_rules.uses_critic(config), phase_rules.uses_reference(config)
     prompts_per_generation = 1 if fully_async(config) else config.data.gen_batch_size or config.data.train_batch_size
     steps = _training_steps(config, train_prompts // prompts_per_generation)
-    worker_roles = _worker_roles(config, uses_critic, uses_reference)
-    resources = make_resource_plan(
-        trainer.placement, list(worker_roles), nnodes=trainer.nnodes, processes_per_node=trainer.n_gpus_per_node,
-        use_gpu=trainer.device == "cuda", cpus_per_process=trainer.cpus_per_worker,
-        rollout_pool_shape=(config.rollout.nnodes, config.rollout.n_gpus_per_node),
-    )
-    critic_pool = resources.role_pool.get("critic")
-    old_log_probs = phase_rules.old_log_prob_source(config)
+    uses_critic = phase_rules.uses_critic(config)
     return RunPlan(
-        mode=FULLY_ASYNC if fully_async(config) else ONE_STEP_OFF if one_step_off(config) else SYNC,
-        local=trainer.local_mode,
-        resources=resources,
-        worker_roles=worker_roles,
-        world_size=trainer.nnodes * trainer.n_gpus_per_node,
-        phases=phase_rules.phases(config),
-        uses_critic=uses_critic,
-        uses_reference=uses_reference,
-        kl_in_reward=algorithm.use_kl_in_reward,
-        old_log_probs=old_log_probs,
-        skip_zero_signal=phase_rules.skips_zero_signal_samples(config),
-        bypass=bypass_correction(config),
-        correction=correction_settings(config) if phase_rules.corrects_batch(config) else None,
-        greedy_baseline=phase_rules.greedy_baseline(config),
-        dynamic_sampling=algorithm.filter_groups.enable,
-        overlap_critic=critic_pool not in (None, resources.role_pool["actor_rollout_ref"]) and not trainer.local_mode,
-        streamed_reward=phase_rules.streamed_reward(config),
+        **_layout(config),
+        **_step_shape(config),
         prompts_per_step=phase_rules.step_prompts(config),
         prompts_per_generation=prompts_per_generation,
         samples_per_prompt=config.actor_rollout_ref.rollout.n,
@@ -139,16 +110,58 @@ def build_plan(config: PPOTrainerConfig, train_prompts: int) -> RunPlan:
         resume_keys=resume_keys(config, uses_critic),
         config_record=dataclasses.asdict(config),
         notes=tuple(slow_dtype_notes(config, uses_critic)),
-        data=copy.deepcopy(config.data),
-        algorithm=copy.deepcopy(algorithm),
-        trainer=copy.deepcopy(trainer),
-        actor_rollout_ref=_with_run_length(config.actor_rollout_ref, steps, "actor"),
-        critic=_with_run_length(config.critic, steps, None),
-        reward_model=copy.deepcopy(config.reward_model),
-        custom_reward_function=copy.deepcopy(config.custom_reward_function),
-        ray_kwargs=copy.deepcopy(config.ray_kwargs),
-        bucket_megabytes=config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes,
+        **_sections(config, steps),
     )
+
+
+def _layout(config: PPOTrainerConfig) -> dict[str, Any]:
+    """The mode, the pools and the roles each runs, and whether the critic's calls overlap the actor's."""
+    trainer = config.trainer
+    worker_roles = _worker_roles(config, phase_rules.uses_critic(config), phase_rules.uses_reference(config))
+    resources = make_resource_plan(
+        trainer.placement, list(worker_roles), nnodes=trainer.nnodes, processes_per_node=trainer.n_gpus_per_node,
+        use_gpu=trainer.device == "cuda", cpus_per_process=trainer.cpus_per_worker,
+        rollout_pool_shape=(config.rollout.nnodes, config.rollout.n_gpus_per_node),
+    )
+    critic_pool = resources.role_pool.get("critic")
+    return {
+        "mode": FULLY_ASYNC if fully_async(config) else ONE_STEP_OFF if one_step_off(config) else SYNC,
+        "local": trainer.local_mode,
+        "resources": resources,
+        "worker_roles": worker_roles,
+        "world_size": trainer.nnodes * trainer.n_gpus_per_node,
+        # On a pool of its own the critic computes and trains while the actor does; in local mode every pool is
+        # this process, so its calls run one after another
+        "overlap_critic": critic_pool not in (None, resources.role_pool["actor_rollout_ref"]) and not trainer.local_mode,
+    }
+
+
+def _step_shape(config: PPOTrainerConfig) -> dict[str, Any]:
+    """Which phases run and how (``config/phases.py``)."""
+    return {
+        "phases": phase_rules.phases(config),
+        "uses_critic": phase_rules.uses_critic(config),
+        "uses_reference": phase_rules.uses_reference(config),
+        "kl_in_reward": config.algorithm.use_kl_in_reward,
+        "old_log_probs": phase_rules.old_log_prob_source(config),
+        "skip_zero_signal": phase_rules.skips_zero_signal_samples(config),
+        "bypass": bypass_correction(config),
+        "correction": correction_settings(config) if phase_rules.corrects_batch(config) else None,
+        "greedy_baseline": phase_rules.greedy_baseline(config),
+        "dynamic_sampling": config.algorithm.filter_groups.enable,
+        "streamed_reward": phase_rules.streamed_reward(config),
+    }
+
+
+def _sections(config: PPOTrainerConfig, steps: int) -> dict[str, Any]:
+    """Copies of the sections the components read as given; the learning-rate schedules span ``steps``."""
+    copied = ("data", "algorithm", "trainer", "reward_model", "custom_reward_function", "ray_kwargs")
+    return {
+        **{name: copy.deepcopy(getattr(config, name)) for name in copied},
+        "actor_rollout_ref": _with_run_length(config.actor_rollout_ref, steps, "actor"),
+        "critic": _with_run_length(config.critic, steps, None),
+        "bucket_megabytes": config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes,
+    }
 
 
 def _training_steps(config: PPOTrainerConfig, batches_per_epoch: int) -> int:

@@ -37,6 +37,17 @@ SFT_TRUNCATION_MODES = ("error", "left", "right", "filter")
 SFT_PAD_MODES = ("no_padding", "right")
 
 
+def _check_settings(tokenizer: Any, max_length: int, truncation: str, pad_mode: str) -> None:
+    if truncation not in SFT_TRUNCATION_MODES:
+        raise DatasetError(f"data.truncation={truncation!r} is not one of {list(SFT_TRUNCATION_MODES)}")
+    if pad_mode not in SFT_PAD_MODES:
+        raise DatasetError(f"data.pad_mode={pad_mode!r} is not one of {list(SFT_PAD_MODES)}")
+    if not isinstance(max_length, int) or max_length < 2:
+        raise DatasetError(f"data.max_length={max_length!r} must be an integer >= 2")
+    if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+        raise DatasetError("the tokenizer needs a pad and an eos token for SFT; set them in its tokenizer_config.json")
+
+
 class SFTDataset:
     """Tokenized SFT examples from one or more parquet files; ``dataset[i]`` is a dict of two 1-D tensors.
 
@@ -63,16 +74,7 @@ class SFTDataset:
         max_samples: int = -1,
         pad_mode: str = "no_padding",
     ):
-        if truncation not in SFT_TRUNCATION_MODES:
-            raise DatasetError(f"data.truncation={truncation!r} is not one of {list(SFT_TRUNCATION_MODES)}")
-        if pad_mode not in SFT_PAD_MODES:
-            raise DatasetError(f"data.pad_mode={pad_mode!r} is not one of {list(SFT_PAD_MODES)}")
-        if not isinstance(max_length, int) or max_length < 2:
-            raise DatasetError(f"data.max_length={max_length!r} must be an integer >= 2")
-        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
-            raise DatasetError(
-                "the tokenizer needs a pad and an eos token for SFT; set them in its tokenizer_config.json"
-            )
+        _check_settings(tokenizer, max_length, truncation, pad_mode)
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.truncation = truncation
@@ -92,9 +94,8 @@ class SFTDataset:
                 prompt = _column(row, prompt_key, prompt_dict_keys or (), where)
                 response = _column(row, response_key, response_dict_keys or (), where)
                 messages = _as_messages(prompt, path, row_number, prompt_key)
-                examples.append(
-                    (where, prompt_response_tokens(tokenizer, messages, str(response), **self.template_kwargs))
-                )
+                tokens = prompt_response_tokens(tokenizer, messages, str(response), **self.template_kwargs)
+                examples.append((where, tokens))
         self.num_rows_read = len(examples)
         self.examples, self.num_filtered, self.num_truncated = self._fit_to_length(examples)
         if not self.examples:

@@ -10,6 +10,7 @@ config with the traits that set it apart; the same seed gives the same weights.
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 from importlib import resources
 
 import torch
@@ -120,14 +121,20 @@ def build_tiny_model(
         pad_token_id=pad_id,
         **_family_options(family, hidden_size // num_attention_heads, num_hidden_layers, sliding_window),
     )
+    _save(model_class, config, seed, tokenizer, out_dir)
+    return out_dir
+
+
+def _save(model_class: type, config: Any, seed: int, tokenizer: Any, out_dir: pathlib.Path) -> None:
+    """Random weights seeded by ``seed``, saved with the tokenizer."""
     # A private RNG stream: building a model must not move the caller's seeded sequence.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_class(config)
+    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    return out_dir
 
 
 def _family_options(family: str, head_dim: int, num_layers: int, sliding_window: int) -> dict:

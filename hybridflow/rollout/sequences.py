@@ -56,17 +56,7 @@ def pack_outputs(
     prompt's last position; the response attention mask is 1 on every real token, tool results included.
     With ``weight_versions`` (per output, per token), ``rollout_weight_versions`` [B*n, R] (-1 on padding).
     """
-    rows = len(outputs)
-    responses = torch.full((rows, response_length), pad_token_id, dtype=torch.long)
-    response_mask = torch.zeros(rows, response_length, dtype=torch.long)
-    response_attention = torch.zeros(rows, response_length, dtype=torch.long)
-    log_probs = torch.zeros(rows, response_length, dtype=torch.float32)
-    for row, (token_ids, loss_mask, token_log_probs) in enumerate(outputs):
-        length = min(len(token_ids), response_length)
-        responses[row, :length] = torch.tensor(token_ids[:length], dtype=torch.long)
-        response_mask[row, :length] = torch.tensor(loss_mask[:length], dtype=torch.long)
-        response_attention[row, :length] = 1
-        log_probs[row, :length] = torch.tensor(token_log_probs[:length], dtype=torch.float32)
+    responses, response_mask, response_attention, log_probs = _padded_responses(outputs, response_length, pad_token_id)
     prompts = prompt_batch["input_ids"].repeat_interleave(n, dim=0)
     prompt_attention = prompt_batch["attention_mask"].repeat_interleave(n, dim=0)
     prompt_positions = prompt_batch["position_ids"].repeat_interleave(n, dim=0)
@@ -83,9 +73,27 @@ def pack_outputs(
     if with_log_probs:
         tensors["rollout_log_probs"] = log_probs
     if weight_versions is not None:
-        versions = torch.full((rows, response_length), -1, dtype=torch.long)
+        versions = torch.full((len(outputs), response_length), -1, dtype=torch.long)
         for row, row_versions in enumerate(weight_versions):
             length = min(len(row_versions), response_length)
             versions[row, :length] = torch.tensor(row_versions[:length], dtype=torch.long)
         tensors["rollout_weight_versions"] = versions
     return tensors
+
+
+def _padded_responses(
+    outputs: list[SampleOutput], response_length: int, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The outputs right-padded to ``response_length``: tokens, loss mask, attention mask, log-probs [B*n, R]."""
+    rows = len(outputs)
+    responses = torch.full((rows, response_length), pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros(rows, response_length, dtype=torch.long)
+    response_attention = torch.zeros(rows, response_length, dtype=torch.long)
+    log_probs = torch.zeros(rows, response_length, dtype=torch.float32)
+    for row, (token_ids, loss_mask, token_log_probs) in enumerate(outputs):
+        length = min(len(token_ids), response_length)
+        responses[row, :length] = torch.tensor(token_ids[:length], dtype=torch.long)
+        response_mask[row, :length] = torch.tensor(loss_mask[:length], dtype=torch.long)
+        response_attention[row, :length] = 1
+        log_probs[row, :length] = torch.tensor(token_log_probs[:length], dtype=torch.float32)
+    return responses, response_mask, response_attention, log_probs
