@@ -22,7 +22,7 @@ import tempfile
 import pytest
 import torch
 
-from hybridflow.algos import advantage_registry, estimator_inputs, get_adv_estimator_fn, get_policy_loss_fn
+from hybridflow.algos import advantage_registry, get_adv_estimator_fn, get_policy_loss_fn
 from hybridflow.algos.policy_loss_registry import POLICY_LOSSES
 from hybridflow.rewards import SCORING_FUNCTIONS, check_data_sources, default_compute_score, load_custom_reward_function
 from hybridflow.rollout.tools import load_tools
@@ -97,7 +97,7 @@ def registered_examples(monkeypatch):
     for registry in (advantage_registry.ADV_ESTIMATORS, POLICY_LOSSES, SCORING_FUNCTIONS):
         monkeypatch.setattr(registry, "_entries", dict(registry._entries))
         monkeypatch.setattr(registry, "_aliases", dict(registry._aliases))
-    monkeypatch.setattr(advantage_registry, "_REQUIRED_INPUTS", dict(advantage_registry._REQUIRED_INPUTS))
+        monkeypatch.setattr(registry, "_traits", dict(registry._traits))
     for name in ("batch_mean_advantage", "single_clip_policy_loss", "reverse_word_scoring"):
         _load_file(EXAMPLES / f"{name}.py", f"docs_example_{name}")
 
@@ -111,7 +111,7 @@ def test_batch_mean_advantage_hand_computed():
     advantages, returns = estimate(token_level_rewards=rewards, response_mask=mask, config=None)
     assert torch.equal(advantages, torch.tensor([[0.5, 0.5, 0.0], [-0.5, -0.5, -0.5]]))
     assert torch.equal(returns, advantages)
-    assert estimator_inputs("batch_mean") == frozenset()  # no critic values, no uid groups
+    assert advantage_registry.ADV_ESTIMATORS.traits("batch_mean")["requires"] == frozenset()  # no values, no uid groups
 
 
 @pytest.mark.usefixtures("registered_examples")

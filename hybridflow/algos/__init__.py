@@ -19,9 +19,7 @@ from hybridflow.algos import (  # noqa: F401
 from hybridflow.algos.advantage_registry import (
     ADV_ESTIMATORS,
     ESTIMATOR_INPUTS,
-    estimator_inputs,
     get_adv_estimator_fn,
-    needs_critic,
     register_adv_est,
 )
 from hybridflow.algos.advantages import (
@@ -74,7 +72,6 @@ from hybridflow.algos.policy_loss_registry import (
     POLICY_LOSSES,
     get_policy_loss_fn,
     register_policy_loss,
-    zero_at_zero_advantage,
 )
 from hybridflow.algos.policy_losses import (
     compute_policy_loss_cispo,
@@ -147,7 +144,6 @@ __all__ = [
     "compute_rollout_correction",
     "compute_value_loss",
     "entropy_from_logits",
-    "estimator_inputs",
     "get_adv_estimator_fn",
     "get_kl_controller",
     "get_policy_loss_fn",
@@ -159,10 +155,8 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
-    "needs_critic",
     "policy_loss_config_errors",
     "read_field",
     "register_adv_est",
     "register_policy_loss",
-    "zero_at_zero_advantage",
 ]

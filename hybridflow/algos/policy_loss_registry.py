@@ -12,11 +12,11 @@ mismatch correction) multiplying the per-token loss, and the global counts passe
 loss is a scalar tensor; ``metrics`` holds floats ``pg_clipfrac``, ``ppo_kl`` and ``pg_clipfrac_lower``
 (verl's names without the ``actor/`` prefix, which the driver adds; 0 where a loss does not clip).
 
-A loss registered with ``zero_at_zero_advantage=True`` promises two things: a token whose advantage is 0
+A loss registered with the trait ``zero_at_zero_advantage=True`` promises two things: a token whose advantage is 0
 adds exactly 0 to the loss and to its gradient, and no row's loss depends on the other rows except
 through the global counts. A row whose advantages are all 0 then changes the update only through those
 counts, so the trainer may leave it out of the forward and backward passes and pass the whole batch's
-counts instead (:func:`zero_at_zero_advantage`).
+counts instead (``POLICY_LOSSES.traits(name)["zero_at_zero_advantage"]``).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from hybridflow.registry import Registry
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "actor_rollout_ref.actor.policy_loss.loss_mode")
-_ZERO_AT_ZERO_ADVANTAGE: set[str] = set()
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry(
+    "policy loss", "actor_rollout_ref.actor.policy_loss.loss_mode", traits={"zero_at_zero_advantage": False}
+)
 
 LOG_RATIO_BOUND = 20.0
 """Log-ratios are clamped to +-20 before ``exp`` so one stale token cannot overflow the loss."""
@@ -47,27 +48,12 @@ def register_policy_loss(
     ``zero_at_zero_advantage``: the loss keeps the promise in the module docstring (zero loss and gradient
     on zero-advantage tokens, rows independent but for the global counts). Leave it False when unsure.
     """
-    names = (name, *aliases)
-
-    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        POLICY_LOSSES.register(*names)(fn)
-        if zero_at_zero_advantage:
-            _ZERO_AT_ZERO_ADVANTAGE.update(names)
-        return fn
-
-    return decorator
+    return POLICY_LOSSES.register(name, *aliases, zero_at_zero_advantage=zero_at_zero_advantage)
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
     """The policy loss registered as ``name``; an unknown name raises listing every registered one."""
     return POLICY_LOSSES.get(name)
-
-
-def zero_at_zero_advantage(name: str) -> bool:
-    """True when rows whose advantages are all 0 can be left out of the named loss's update exactly
-    (given the whole batch's global counts); an unknown name raises listing every registered one."""
-    POLICY_LOSSES.get(name)
-    return name in _ZERO_AT_ZERO_ADVANTAGE
 
 
 def aggregate_policy_loss(

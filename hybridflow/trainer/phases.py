@@ -16,7 +16,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from hybridflow.algos.advantage_registry import estimator_inputs, get_adv_estimator_fn
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, get_adv_estimator_fn
 from hybridflow.algos.kl import apply_kl_penalty
 from hybridflow.algos.kl_controllers import get_kl_controller
 from hybridflow.algos.rollout_correction import CorrectionSettings, compute_rollout_correction
@@ -310,7 +310,7 @@ class AdvantageEstimator:
     def __init__(self, algorithm_config: Any):
         self.config = algorithm_config
         self.estimate = get_adv_estimator_fn(algorithm_config.adv_estimator)
-        needed = estimator_inputs(algorithm_config.adv_estimator)
+        needed = ADV_ESTIMATORS.traits(algorithm_config.adv_estimator)["requires"]
         self.readers = {name: _ESTIMATOR_INPUT_READERS[name] for name in needed}
 
     def __call__(self, batch: DataProto) -> DataProto:

@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, estimator_inputs, needs_critic
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS
 from hybridflow.algos.kl import KL_ESTIMATORS
 from hybridflow.algos.kl_controllers import KL_CONTROLLERS
 from hybridflow.algos.loss_agg import LOSS_AGG_MODES
@@ -278,7 +278,8 @@ def uses_critic(config: PPOTrainerConfig) -> bool:
     """A critic is built: ``critic.enable`` if set (verl), else when the estimator reads values (e.g. gae)."""
     if config.critic.enable is not None:
         return config.critic.enable
-    return config.algorithm.adv_estimator in ADV_ESTIMATORS and needs_critic(config.algorithm.adv_estimator)
+    estimator = config.algorithm.adv_estimator
+    return estimator in ADV_ESTIMATORS and ADV_ESTIMATORS.traits(estimator)["needs_critic"]
 
 
 def uses_reference(config: PPOTrainerConfig) -> bool:
@@ -299,7 +300,7 @@ def _empty_path_errors(config: PPOTrainerConfig) -> list[str]:
         errors.append(
             f"critic.model.path is empty, but algorithm.adv_estimator={config.algorithm.adv_estimator!r} needs a "
             "critic: set critic.model.path (e.g. to the actor's model) or choose an estimator without one: "
-            f"{', '.join(name for name in ADV_ESTIMATORS.names() if not needs_critic(name))}"
+            f"{', '.join(name for name in ADV_ESTIMATORS.names() if not ADV_ESTIMATORS.traits(name)['needs_critic'])}"
         )
     if config.reward_model.enable and not config.reward_model.model.path:
         errors.append("reward_model.model.path is empty; set it or reward_model.enable=false")
@@ -312,7 +313,8 @@ def _algorithm_errors(config: PPOTrainerConfig) -> list[str]:
     algorithm, rollout = config.algorithm, config.actor_rollout_ref.rollout
     errors = []
     estimator = algorithm.adv_estimator
-    if config.critic.enable is False and estimator in ADV_ESTIMATORS and needs_critic(estimator):
+    needs_critic = estimator in ADV_ESTIMATORS and ADV_ESTIMATORS.traits(estimator)["needs_critic"]
+    if config.critic.enable is False and needs_critic:
         errors.append(
             f"critic.enable=false but algorithm.adv_estimator={estimator!r} reads critic values; "
             "remove critic.enable or choose an estimator without a critic"
@@ -465,7 +467,7 @@ def derived_sizes(config: PPOTrainerConfig, steps: int | None = None) -> list[st
         ))
     lines.append(f"tokens per sample: <= {data.max_prompt_length} prompt + {data.max_response_length} response")
     estimator = config.algorithm.adv_estimator
-    if n < 2 and estimator in ADV_ESTIMATORS and "index" in estimator_inputs(estimator):
+    if n < 2 and estimator in ADV_ESTIMATORS and "index" in ADV_ESTIMATORS.traits(estimator)["requires"]:
         # verl runs this too: a group of one sample has mean 0 and std 1, so its advantage is its score.
         lines.append(
             f"note: algorithm.adv_estimator={estimator!r} compares the samples of each prompt, but rollout.n=1: "

@@ -5,7 +5,7 @@ import torch
 
 from hybridflow.algos.divergence_policy_losses import compute_policy_loss_dppo_kl, compute_policy_loss_dppo_tv
 from hybridflow.algos.policy_loss_config import PolicyLossConfig
-from hybridflow.algos.policy_loss_registry import get_policy_loss_fn, zero_at_zero_advantage
+from hybridflow.algos.policy_loss_registry import POLICY_LOSSES, get_policy_loss_fn
 
 LN = math.log
 
@@ -53,4 +53,4 @@ def test_dppo_kl_hand_case():
 def test_dppo_is_registered_under_verls_names_and_zero_at_zero_advantage():
     assert get_policy_loss_fn("dppo_tv") is compute_policy_loss_dppo_tv
     assert get_policy_loss_fn("dppo_kl") is compute_policy_loss_dppo_kl
-    assert zero_at_zero_advantage("dppo_tv") and zero_at_zero_advantage("dppo_kl")
+    assert all(POLICY_LOSSES.traits(name)["zero_at_zero_advantage"] for name in ("dppo_tv", "dppo_kl"))

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.algos.advantage_registry import estimator_inputs, get_adv_estimator_fn
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, get_adv_estimator_fn
 from hybridflow.algos.gdpo import GDPOInputError, compute_gdpo_outcome_advantage
 from hybridflow.algos.group_advantages import compute_grpo_outcome_advantage
 from hybridflow.algos.masked_stats import masked_whiten
@@ -71,5 +71,5 @@ def test_missing_keys_columns_or_weights_are_one_line_errors():
 
 
 def test_gdpo_asks_for_the_batch_columns():
-    assert estimator_inputs("gdpo") == {"index", "non_tensor_batch"}
+    assert ADV_ESTIMATORS.traits("gdpo")["requires"] == {"index", "non_tensor_batch"}
     assert get_adv_estimator_fn("gdpo") is compute_gdpo_outcome_advantage

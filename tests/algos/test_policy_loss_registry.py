@@ -2,14 +2,12 @@ import pytest
 import torch
 
 import hybridflow.algos  # noqa: F401  (registers every loss)
-from hybridflow.algos import policy_loss_registry
 from hybridflow.algos.policy_loss_registry import (
     POLICY_LOSSES,
     aggregate_policy_loss,
     get_policy_loss_fn,
     loss_metrics,
     register_policy_loss,
-    zero_at_zero_advantage,
 )
 from hybridflow.registry import DuplicateNameError, UnknownNameError
 
@@ -33,6 +31,7 @@ def test_unknown_loss_mode_lists_every_registered_name_and_the_key():
 
 def test_user_loss_registers_by_name_and_duplicates_are_refused(monkeypatch):
     monkeypatch.setattr(POLICY_LOSSES, "_entries", dict(POLICY_LOSSES._entries))  # keep the registry clean
+    monkeypatch.setattr(POLICY_LOSSES, "_traits", dict(POLICY_LOSSES._traits))
 
     @register_policy_loss("test_only_half_reinforce")
     def half_reinforce(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
@@ -59,7 +58,11 @@ def test_metrics_are_plain_floats():
     assert all(type(value) is float for value in metrics.values())
 
 
-def test_zero_at_zero_advantage_is_registry_metadata_with_aliases():
+def zero_at_zero_advantage(name: str) -> bool:
+    return POLICY_LOSSES.traits(name)["zero_at_zero_advantage"]
+
+
+def test_zero_at_zero_advantage_is_a_trait_of_the_entry_shared_by_aliases():
     flagged = {name for name in POLICY_LOSSES.names() if zero_at_zero_advantage(name)}
     assert flagged >= {"vanilla", "gspo", "geo_mean", "sapo", "cispo", "reinforce", "gpg"}
     assert not flagged & {"clip_cov", "kl_cov"}
@@ -70,7 +73,7 @@ def test_zero_at_zero_advantage_is_registry_metadata_with_aliases():
 def test_a_user_loss_is_not_flagged_unless_it_says_so(monkeypatch):
     monkeypatch.setattr(POLICY_LOSSES, "_entries", dict(POLICY_LOSSES._entries))
     monkeypatch.setattr(POLICY_LOSSES, "_aliases", dict(POLICY_LOSSES._aliases))
-    monkeypatch.setattr(policy_loss_registry, "_ZERO_AT_ZERO_ADVANTAGE", set(policy_loss_registry._ZERO_AT_ZERO_ADVANTAGE))
+    monkeypatch.setattr(POLICY_LOSSES, "_traits", dict(POLICY_LOSSES._traits))
 
     def loss(old_log_prob, log_prob, advantages, response_mask, **kwargs):
         return -(advantages * log_prob * response_mask).sum(), loss_metrics(0.0, 0.0, 0.0)

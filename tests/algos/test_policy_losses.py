@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import hybridflow.algos  # noqa: F401  (registers every loss)
 from hybridflow.algos.policy_loss_config import PolicyLossConfig, PolicyLossConfigError
-from hybridflow.algos.policy_loss_registry import POLICY_LOSSES, get_policy_loss_fn, zero_at_zero_advantage
+from hybridflow.algos.policy_loss_registry import POLICY_LOSSES, get_policy_loss_fn
 from hybridflow.algos.policy_losses import (
     compute_policy_loss_cispo,
     compute_policy_loss_dro,
@@ -224,7 +224,7 @@ def _loss_and_grad(loss_fn, old_log_prob, log_prob, advantages, mask, weights, l
 @settings(max_examples=30, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),
-    name=st.sampled_from(sorted(name for name in POLICY_LOSSES.names() if zero_at_zero_advantage(name))),
+    name=st.sampled_from(sorted(n for n in POLICY_LOSSES.names() if POLICY_LOSSES.traits(n)["zero_at_zero_advantage"])),
     loss_agg_mode=st.sampled_from(
         ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
     ),
@@ -253,4 +253,4 @@ def test_covariance_losses_depend_on_zero_advantage_rows(name):
     torch.manual_seed(0)
     part, _ = loss_fn(*(t[kept] for t in (old_log_prob, log_prob, advantages, mask)), config=config, **counts)
     assert not torch.isclose(part, whole)
-    assert not zero_at_zero_advantage(name)
+    assert not POLICY_LOSSES.traits(name)["zero_at_zero_advantage"]

@@ -7,7 +7,7 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
-from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, needs_critic
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.main_ppo import build_trainer
 from hybridflow.trainer.placement import WorkerGroups, create_worker_groups
@@ -79,7 +79,7 @@ def test_every_estimator_runs_a_step(estimator, start_shared_workers, tiny_model
         trainer.shutdown()
     (record,) = read_metrics(tmp_path / "run")
     assert record["step"] == 1
-    assert (names.timing("values") in record) == needs_critic(estimator)
+    assert (names.timing("values") in record) == ADV_ESTIMATORS.traits(estimator)["needs_critic"]
     assert record["actor/grad_norm"] > 0, "no policy gradient: the advantages were all zero"
     for name in ESTIMATOR_METRICS.get(estimator, []):
         assert math.isfinite(record[name]), name
