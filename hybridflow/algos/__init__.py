@@ -49,9 +49,10 @@ from hybridflow.algos.kl_controllers import (
     KLControllerConfigError,
     get_kl_controller,
 )
-from hybridflow.algos.loss_agg import LOSS_AGG_MODES, agg_loss
 from hybridflow.algos.masked_stats import (
+    LOSS_AGG_MODES,
     MaskedStatisticsError,
+    agg_loss,
     masked_mean,
     masked_sum,
     masked_var,

@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 
-from hybridflow.algos.loss_agg import Count
-from hybridflow.algos.masked_stats import masked_mean
+from hybridflow.algos.masked_stats import Count, masked_mean
 from hybridflow.algos.policy_loss_config import clip_bounds, loss_option
 from hybridflow.algos.policy_loss_registry import (
     aggregate_policy_loss,

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hybridflow.algos.loss_agg import Count
+from hybridflow.algos.masked_stats import Count
 from hybridflow.algos.policy_loss_config import clip_bounds, loss_option
 from hybridflow.algos.policy_loss_registry import (
     LOG_RATIO_BOUND,

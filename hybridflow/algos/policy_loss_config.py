@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from hybridflow.algos.config_fields import read_field
-from hybridflow.algos.loss_agg import LOSS_AGG_MODES
+from hybridflow.algos.masked_stats import LOSS_AGG_MODES
 from hybridflow.help_fields import option
 
 _FIELD_DEFAULT = object()
@@ -49,7 +49,7 @@ class PolicyLossConfig(PolicyLossModeConfig):
         0.2, "Upper clip: ratio <= 1 + clip_ratio_high (DAPO's clip-higher, arXiv:2503.14476); None means clip_ratio."
     )
     clip_ratio_c: float = option(3.0, "Dual-clip bound for negative advantages, > 1 (arXiv:1912.09729).")
-    loss_agg_mode: str = option("token-mean", "How the per-token loss becomes a scalar (hybridflow.algos.loss_agg).")
+    loss_agg_mode: str = option("token-mean", "How the per-token loss becomes a scalar (hybridflow.algos.agg_loss).")
     loss_scale_factor: float | None = option(
         None, "Constant divisor of seq-mean-token-sum-norm; None means the padded response length."
     )

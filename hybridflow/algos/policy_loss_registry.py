@@ -8,7 +8,7 @@ Every registered loss has verl's signature::
 with ``[B, T]`` tensors, ``config`` any object :func:`~hybridflow.algos.policy_loss_config.loss_option`
 reads, ``rollout_is_weights [B, T]`` optional per-token importance-sampling weights (rollout-vs-trainer
 mismatch correction) multiplying the per-token loss, and the global counts passed to
-:func:`~hybridflow.algos.loss_agg.agg_loss` so micro-batch losses add up to the mini-batch loss. The
+:func:`~hybridflow.algos.masked_stats.agg_loss` so micro-batch losses add up to the mini-batch loss. The
 loss is a scalar tensor; ``metrics`` holds floats ``pg_clipfrac``, ``ppo_kl`` and ``pg_clipfrac_lower``
 (verl's names without the ``actor/`` prefix, which the driver adds; 0 where a loss does not clip).
 
@@ -25,8 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from hybridflow.algos.loss_agg import Count, agg_loss
-from hybridflow.algos.masked_stats import masked_mean
+from hybridflow.algos.masked_stats import Count, agg_loss, masked_mean
 from hybridflow.algos.policy_loss_config import loss_option
 from hybridflow.registry import Registry
 

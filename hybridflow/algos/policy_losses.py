@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from hybridflow.algos.loss_agg import Count
-from hybridflow.algos.masked_stats import masked_sum
+from hybridflow.algos.masked_stats import Count, masked_sum
 from hybridflow.algos.policy_loss_config import PolicyLossConfigError, clip_bounds, loss_option
 from hybridflow.algos.policy_loss_registry import (
     LOG_RATIO_BOUND,

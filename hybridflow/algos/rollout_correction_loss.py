@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from hybridflow.algos.loss_agg import Count
+from hybridflow.algos.masked_stats import Count
 from hybridflow.algos.policy_losses import compute_policy_loss_reinforce, compute_policy_loss_vanilla
 from hybridflow.algos.rollout_correction import CorrectionSettings, RolloutCorrectionError, compute_rollout_correction
 from hybridflow.algos.rollout_correction_metrics import METRIC_PREFIX

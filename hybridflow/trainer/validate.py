@@ -21,7 +21,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from hybridflow.algos.advantage_registry import ADV_ESTIMATORS
 from hybridflow.algos.kl import KL_ESTIMATORS
 from hybridflow.algos.kl_controllers import KL_CONTROLLERS
-from hybridflow.algos.loss_agg import LOSS_AGG_MODES
+from hybridflow.algos.masked_stats import LOSS_AGG_MODES
 from hybridflow.algos.policy_loss_config import PolicyLossModeConfig, policy_loss_config_errors
 from hybridflow.algos.policy_loss_registry import POLICY_LOSSES
 from hybridflow.data.truncation import TRUNCATION_MODES

@@ -147,7 +147,7 @@ class ActorConfig:
     clip_ratio_low: Optional[float] = option(None, "Lower clip epsilon; None means clip_ratio.")
     clip_ratio_high: Optional[float] = option(None, "Upper clip epsilon (DAPO clip-higher); None means clip_ratio.")
     clip_ratio_c: float = option(3.0, "Dual-clip bound for negative advantages (arXiv:1912.09729).")
-    loss_agg_mode: str = option("token-mean", "How the per-token loss becomes a scalar (algos.loss_agg).")
+    loss_agg_mode: str = option("token-mean", "How the per-token loss becomes a scalar (algos.agg_loss).")
     loss_scale_factor: Optional[float] = option(None, "Constant divisor of seq-mean-token-sum-norm.")
     entropy_coeff: float = option(0.0, "Weight of the entropy bonus subtracted from the loss.")
     calculate_sum_pi_squared: bool = option(
