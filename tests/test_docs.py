@@ -108,7 +108,7 @@ def test_batch_mean_advantage_hand_computed():
     # The two samples score 1.0 and 0.0 (row sums), so the batch mean is 0.5.
     rewards = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    advantages, returns = estimate(token_level_rewards=rewards, response_mask=mask, config=None)
+    advantages, returns = estimate(token_level_rewards=rewards, response_mask=mask, gamma=1.0)
     assert torch.equal(advantages, torch.tensor([[0.5, 0.5, 0.0], [-0.5, -0.5, -0.5]]))
     assert torch.equal(returns, advantages)
     assert advantage_registry.ADV_ESTIMATORS.traits("batch_mean")["requires"] == frozenset()  # no values, no uid groups

@@ -1,11 +1,13 @@
 """The advantage-estimator registry, keyed by ``algorithm.adv_estimator``, and what each estimator needs.
 
 Every estimator is called with keyword arguments: ``token_level_rewards [B,T]``, ``response_mask [B,T]``,
-``config`` (the ``algorithm`` section: dataclass, dict or DictConfig) and the batch inputs it declared at
-registration from :data:`ESTIMATOR_INPUTS`. It returns ``(advantages [B,T], returns [B,T])``, both 0
-wherever ``response_mask`` is 0. Each entry carries two traits, read as ``ADV_ESTIMATORS.traits(name)[...]``:
-``requires`` (the declared inputs) and ``needs_critic`` (``"values"`` among them: the trainer must build a
-critic). The trainer reads them instead of branching on names: a new estimator is one decorated function.
+the ``algorithm`` section's options under their config names (``gamma``, ``lam``, ``norm_adv_by_std_in_grpo``,
+``gdpo_reward_keys``, ``gdpo_reward_weights``; an estimator reads those it knows and takes the others in
+``**kwargs``) and the batch inputs it declared at registration from :data:`ESTIMATOR_INPUTS`. It returns
+``(advantages [B,T], returns [B,T])``, both 0 wherever ``response_mask`` is 0. Each entry carries two traits,
+read as ``ADV_ESTIMATORS.traits(name)[...]``: ``requires`` (the declared inputs) and ``needs_critic``
+(``"values"`` among them: the trainer must build a critic). The trainer reads them instead of branching on
+names: a new estimator is one decorated function.
 """
 
 from __future__ import annotations

@@ -224,7 +224,8 @@ class KLInReward:
 
     def __init__(self, algorithm_config: Any):
         self.kind = algorithm_config.kl_penalty
-        self.controller = get_kl_controller(algorithm_config.kl_ctrl)
+        kl_ctrl = algorithm_config.kl_ctrl
+        self.controller = get_kl_controller(kl_ctrl.type, kl_ctrl.kl_coef, kl_ctrl.target_kl, kl_ctrl.horizon)
 
     def __call__(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
         tensors = batch.batch
@@ -308,7 +309,14 @@ class AdvantageEstimator:
     given exactly the inputs it declared at registration."""
 
     def __init__(self, algorithm_config: Any):
-        self.config = algorithm_config
+        # The algorithm options an estimator may read (each takes those it knows as typed arguments).
+        self.options = dict(
+            gamma=algorithm_config.gamma,
+            lam=algorithm_config.lam,
+            norm_adv_by_std_in_grpo=algorithm_config.norm_adv_by_std_in_grpo,
+            gdpo_reward_keys=algorithm_config.gdpo_reward_keys,
+            gdpo_reward_weights=algorithm_config.gdpo_reward_weights,
+        )
         self.estimate = get_adv_estimator_fn(algorithm_config.adv_estimator)
         needed = ADV_ESTIMATORS.traits(algorithm_config.adv_estimator)["requires"]
         self.readers = {name: _ESTIMATOR_INPUT_READERS[name] for name in needed}
@@ -318,7 +326,7 @@ class AdvantageEstimator:
         advantages, returns = self.estimate(
             token_level_rewards=batch.batch["token_level_rewards"],
             response_mask=batch.batch["response_mask"],
-            config=self.config,
+            **self.options,
             **inputs,
         )
         batch.batch["advantages"] = advantages

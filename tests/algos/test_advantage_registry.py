@@ -81,11 +81,12 @@ def test_every_estimator_accepts_the_generic_keyword_call():
         "rollout_is_weights": torch.full((4, 2), 1.5),
         "non_tensor_batch": {"score": np.array([1.0, 0.0, 1.0, 2.0], dtype=object)},
     }
-    config = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": ["score"]}
+    options = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": ["score"],
+               "gdpo_reward_weights": None}
     for name in BUILT_IN:
         inputs = {key: batch_inputs[key] for key in ADV_ESTIMATORS.traits(name)["requires"]}
         advantages, returns = get_adv_estimator_fn(name)(
-            token_level_rewards=rewards, response_mask=mask, config=config, **inputs
+            token_level_rewards=rewards, response_mask=mask, **options, **inputs
         )
         assert advantages.shape == returns.shape == (4, 2), name
         assert torch.isfinite(advantages).all() and torch.isfinite(returns).all(), name
