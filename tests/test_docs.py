@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from hybridflow.algos import advantage_registry, get_adv_estimator_fn, get_policy_loss_fn
-from hybridflow.algos.policy_loss_registry import POLICY_LOSSES
+from hybridflow.algos.policy_losses import POLICY_LOSSES, PolicyLossConfig
 from hybridflow.rewards import SCORING_FUNCTIONS, check_data_sources, default_compute_score, load_custom_reward_function
 from hybridflow.rollout.tools import load_tools
 
@@ -121,7 +121,7 @@ def test_single_clip_policy_loss_hand_computed():
     log_prob = torch.log(torch.tensor([[1.5, 0.5]]))  # ratios 1.5 and 0.5
     advantages = torch.tensor([[1.0, -1.0]])
     mask = torch.ones(1, 2)
-    loss, metrics = loss_fn(old_log_prob, log_prob, advantages, mask, config={"clip_ratio": 0.2})
+    loss, metrics = loss_fn(old_log_prob, log_prob, advantages, mask, config=PolicyLossConfig())
     # Token 1: max(-1.5, -1.2) = -1.2. Token 2: max(0.5, 0.8) = 0.8. Token mean: -0.2. Both clipped.
     assert loss.item() == pytest.approx(-0.2)
     assert metrics["pg_clipfrac"] == 1.0

@@ -17,7 +17,7 @@ Each ``*_blockers`` function returns one phrase per reason the shortcut is not e
 from __future__ import annotations
 
 from hybridflow.algos.advantage_registry import ADV_ESTIMATORS
-from hybridflow.algos.policy_loss_registry import POLICY_LOSSES
+from hybridflow.algos.policy_losses import POLICY_LOSSES
 from hybridflow.trainer.config_schema import PPOTrainerConfig
 from hybridflow.trainer.fully_async_options import fully_async, step_prompts
 from hybridflow.trainer.rollout_correction_options import KEY as ROLLOUT_CORRECTION_KEY

@@ -22,8 +22,7 @@ from hybridflow.algos.advantage_registry import ADV_ESTIMATORS
 from hybridflow.algos.kl import KL_ESTIMATORS
 from hybridflow.algos.kl_controllers import KL_CONTROLLERS
 from hybridflow.algos.masked_stats import LOSS_AGG_MODES
-from hybridflow.algos.policy_loss_config import PolicyLossModeConfig, policy_loss_config_errors
-from hybridflow.algos.policy_loss_registry import POLICY_LOSSES
+from hybridflow.algos.policy_losses import POLICY_LOSSES, PolicyLossConfigError, PolicyLossModeConfig
 from hybridflow.data.truncation import TRUNCATION_MODES
 from hybridflow.errors import HybridflowError
 from hybridflow.rewards import REWARD_MANAGERS
@@ -259,7 +258,11 @@ def _registry_errors(config: PPOTrainerConfig) -> list[str]:
 
 def _section_errors(config: PPOTrainerConfig) -> list[str]:
     """Problems the lower layers' own checks find in their sections."""
-    errors = [_policy_loss_error(error) for error in policy_loss_config_errors(config.actor_rollout_ref.actor)]
+    errors = []
+    try:
+        config.actor_rollout_ref.actor.policy_loss_config()
+    except PolicyLossConfigError as error:
+        errors += [_policy_loss_error(line) for line in error.errors]
     try:
         config.actor_rollout_ref.rollout.validate()
     except RolloutConfigError as error:

@@ -24,14 +24,7 @@ import torch.distributed as dist
 from peft import LoraConfig
 from torch.distributed.device_mesh import DeviceMesh
 
-from hybridflow.algos import (
-    BypassCorrection,
-    PolicyLossConfig,
-    agg_loss,
-    compute_bypass_policy_loss,
-    get_policy_loss_fn,
-    kl_penalty,
-)
+from hybridflow.algos import KL_ESTIMATORS, BypassCorrection, compute_bypass_policy_loss, get_policy_loss_fn
 from hybridflow.models.log_probs import forward_log_probs, forward_token_statistics
 from hybridflow.models.training_options import compile_model
 from hybridflow.models.lora import is_lora_model, lora_config
@@ -60,20 +53,6 @@ def update_columns(present: Iterable[str], old_log_probs_from_update: bool) -> l
     present = set(present)
     optional = [key for key in UPDATE_OPTIONAL_INPUTS if key in present]
     return list(UPDATE_INPUTS) + [key for key in optional if not (old_log_probs_from_update and key == "old_log_probs")]
-
-def policy_loss_config(config: ActorConfig) -> PolicyLossConfig:
-    """What the policy loss reads: the ``policy_loss`` section (mode and its own options) plus the actor's
-    clip settings, an unset ``clip_ratio_low``/``clip_ratio_high`` meaning ``clip_ratio`` (as in verl)."""
-    return PolicyLossConfig(
-        **dataclasses.asdict(config.policy_loss),
-        clip_ratio=config.clip_ratio,
-        clip_ratio_low=config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low,
-        clip_ratio_high=config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high,
-        clip_ratio_c=config.clip_ratio_c,
-        loss_agg_mode=config.loss_agg_mode,
-        loss_scale_factor=config.loss_scale_factor,
-    )
-
 
 def log_prob_forward(
     model: torch.nn.Module, data: DataProto, temperature: float, use_remove_padding: bool, calculate_entropy: bool,
@@ -144,8 +123,10 @@ class ActorPart:
             "actor_rollout_ref.actor.ppo_micro_batch_size",
         )
         self.update_batching = MicroBatching(micro_batch_size, config.use_dynamic_bsz, config.ppo_max_token_len_per_gpu)
-        self.policy_loss_config = policy_loss_config(config)
+        # Resolved once: the loss, its options and aggregation, the KL loss's estimator.
+        self.policy_loss_config = config.policy_loss_config()
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+        self.kl_estimator = KL_ESTIMATORS.get(config.kl_loss_type) if config.use_kl_loss else None
         self.bypass = bypass
         self.weights_version = 0
 
@@ -240,19 +221,19 @@ class ActorPart:
         response_mask = batch["response_mask"]
         counts_kwargs = dataclasses.asdict(counts)
         pg_loss, pg_metrics = self._policy_loss(batch, log_prob, on_policy, counts_kwargs)
-        entropy_loss = agg_loss(entropy, response_mask, config.loss_agg_mode, **counts_kwargs)
+        aggregate = self.policy_loss_config.aggregate
+        entropy_loss = aggregate(entropy, response_mask, **counts_kwargs)
         loss = pg_loss - config.entropy_coeff * entropy_loss
         rows_present = rows_present or counts
         if rows_present != counts:
-            entropy_loss = agg_loss(entropy, response_mask, config.loss_agg_mode, **dataclasses.asdict(rows_present))
+            entropy_loss = aggregate(entropy, response_mask, **dataclasses.asdict(rows_present))
         # The losses above are this micro-batch's share of the mini-batch value; the loss's own metrics
         # are means over the micro-batch's tokens, so weigh them by its share of the tokens.
         token_share = float(response_mask.sum()) / max(rows_present.global_token_count, 1.0)
         metrics = {key: value * token_share for key, value in pg_metrics.items()}
         metrics.update(pg_loss=float(pg_loss.detach()), entropy=float(entropy_loss.detach()))
-        if config.use_kl_loss:
-            kl = kl_penalty(log_prob, batch["ref_log_prob"], config.kl_loss_type)
-            kl_loss = agg_loss(kl, response_mask, config.loss_agg_mode, **counts_kwargs)
+        if self.kl_estimator is not None:
+            kl_loss = aggregate(self.kl_estimator(log_prob, batch["ref_log_prob"]), response_mask, **counts_kwargs)
             loss = loss + config.kl_loss_coef * kl_loss
             metrics["kl_loss"] = float(kl_loss.detach())
         return loss, metrics
@@ -263,7 +244,7 @@ class ActorPart:
         """The configured policy loss, or bypass mode's (whose ``old_log_probs`` are the rollout's)."""
         common = dict(
             log_prob=log_prob, advantages=batch["advantages"], response_mask=batch["response_mask"],
-            loss_agg_mode=self.config.loss_agg_mode, config=self.policy_loss_config, **counts_kwargs,
+            config=self.policy_loss_config, **counts_kwargs,
         )
         if self.bypass is not None:
             return compute_bypass_policy_loss(rollout_log_prob=batch["old_log_probs"], bypass=self.bypass, **common)

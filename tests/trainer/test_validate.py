@@ -12,7 +12,6 @@ from hybridflow.trainer.environment import cpu_has_native_bf16, slow_dtype_notes
 from hybridflow.trainer.command_line import override_errors as unknown_override_errors
 from hybridflow.trainer.validate import derived_sizes, load_config, uses_critic
 from hybridflow.trainer.verl_compat import split_compat
-from hybridflow.workers.actor import policy_loss_config
 
 from .helpers import compose_config, config_errors
 
@@ -50,7 +49,7 @@ def test_clip_keys_are_set_on_the_actor_and_reach_the_policy_loss(base):
     )
 
     def bounds(*overrides):
-        loss_config = policy_loss_config(load_config(compose_config(base + list(overrides))).actor_rollout_ref.actor)
+        loss_config = load_config(compose_config(base + list(overrides))).actor_rollout_ref.actor.policy_loss_config()
         return loss_config.clip_ratio_low, loss_config.clip_ratio_high
 
     assert bounds() == (0.2, 0.2)

@@ -10,14 +10,12 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from hybridflow.algos import BypassCorrection, CorrectionSettings, PolicyLossConfig, PolicyLossModeConfig
+from hybridflow.algos import BypassCorrection, CorrectionSettings
 from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.workers import ActorRolloutRefWorker, MissingPartError
 from hybridflow.workers import actor as actor_module
-from hybridflow.workers.actor import policy_loss_config
 from hybridflow.workers.batching import local_loss_counts
-from hybridflow.workers.config import ActorConfig
 from hybridflow.workers.training import UpdateBatchError
 
 from tests.float_bounds import longest_reduction, model_output_bound
@@ -212,18 +210,6 @@ def test_a_method_outside_the_role_names_the_missing_part(tiny_model_dir):
     worker = make_worker(tiny_model_dir, role="actor")
     with pytest.raises(MissingPartError, match="compute_ref_log_prob needs the ref part.*role='actor'"):
         worker.compute_ref_log_prob(rollout_batch(2))
-
-
-def test_policy_loss_config_takes_the_clip_settings_from_the_actor():
-    both = policy_loss_config(ActorConfig(clip_ratio=0.3))
-    assert (both.clip_ratio_low, both.clip_ratio_high) == (0.3, 0.3)
-    upper = policy_loss_config(ActorConfig(clip_ratio_high=0.28))
-    assert (upper.clip_ratio_low, upper.clip_ratio_high) == (0.2, 0.28)
-    sapo = PolicyLossModeConfig(loss_mode="sapo", tau_neg=2.0)
-    config = policy_loss_config(ActorConfig(clip_ratio_c=5.0, loss_agg_mode="seq-mean-token-mean", policy_loss=sapo))
-    assert isinstance(config, PolicyLossConfig)
-    assert (config.loss_mode, config.tau_neg, config.tau_pos) == ("sapo", 2.0, 1.0)
-    assert (config.clip_ratio_c, config.loss_agg_mode) == (5.0, "seq-mean-token-mean")
 
 
 def assert_same_weights(params: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
