@@ -22,10 +22,9 @@ from hybridflow.algos.kl_controllers import get_kl_controller
 from hybridflow.algos.rollout_correction import CorrectionSettings, compute_rollout_correction
 from hybridflow.data.seqlen_balancing import rank_balanced_order
 from hybridflow.protocol import DataProto
+from hybridflow.protocol.columns import CRITIC_UPDATE_INPUTS, LOG_PROB_INPUTS, VALUE_INPUTS, actor_update_columns
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.metrics import reduce_worker_metrics, samples_with_signal
-from hybridflow.workers.actor import LOG_PROB_INPUTS, update_columns
-from hybridflow.workers.critic import UPDATE_INPUTS as CRITIC_UPDATE_INPUTS, VALUE_INPUTS
 from hybridflow.workers.batching import local_loss_counts
 
 
@@ -85,7 +84,7 @@ def columns(batch: DataProto, keys: Any) -> DataProto:
 
 def actor_update_input(batch: DataProto, old_log_probs_from_update: bool) -> DataProto:
     """Phase 7's input: the columns the actor's update reads."""
-    return columns(batch, update_columns(batch.batch.keys(), old_log_probs_from_update))
+    return columns(batch, actor_update_columns(batch.batch.keys(), old_log_probs_from_update))
 
 
 class Started:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pathlib
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,7 @@ from hybridflow.models.log_probs import forward_log_probs, forward_token_statist
 from hybridflow.models.training_options import compile_model
 from hybridflow.models.lora import is_lora_model, lora_config
 from hybridflow.protocol import DataProto
+from hybridflow.protocol.columns import LOG_PROB_INPUTS, actor_update_columns
 from hybridflow.workers import checkpoint
 from hybridflow.workers.batching import (
     LossCounts,
@@ -41,18 +42,6 @@ from hybridflow.workers.config import ActorConfig, PolicyModelConfig, RefConfig,
 from hybridflow.workers.fsdp import iter_hf_weights, iter_lora_weights
 from hybridflow.workers.model_setup import load_policy_model, shard_for_training
 from hybridflow.workers.training import ShardedTrainer, UpdateBatchError
-
-LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
-UPDATE_INPUTS = LOG_PROB_INPUTS + ("response_mask", "advantages")
-# Read when present: the loss's old log-probs, its KL term's reference, rollout correction's weights.
-UPDATE_OPTIONAL_INPUTS = ("old_log_probs", "ref_log_prob", "rollout_is_weights")
-
-
-def update_columns(present: Iterable[str], old_log_probs_from_update: bool) -> list[str]:
-    """The batch keys an update reads, of the keys ``present`` (an on-policy update has no old log-probs)."""
-    present = set(present)
-    optional = [key for key in UPDATE_OPTIONAL_INPUTS if key in present]
-    return list(UPDATE_INPUTS) + [key for key in optional if not (old_log_probs_from_update and key == "old_log_probs")]
 
 def log_prob_forward(
     model: torch.nn.Module, data: DataProto, temperature: float, use_remove_padding: bool, calculate_entropy: bool,
@@ -204,7 +193,7 @@ class ActorPart:
             raise KeyError(
                 "update_actor needs 'old_log_probs' (run compute_log_prob first) or old_log_probs_from_update=True"
             )
-        return update_columns(present, on_policy)
+        return actor_update_columns(present, on_policy)
 
     def _loss(
         self, micro: DataProto, counts: LossCounts, temperature: float, on_policy: bool, rows_present: LossCounts | None

@@ -17,6 +17,7 @@ from hybridflow.algos.value_loss import compute_value_loss
 from hybridflow.distributed import Dispatch, Worker, register
 from hybridflow.models.value_model import forward_values, load_value_model
 from hybridflow.protocol import DataProto
+from hybridflow.protocol.columns import CRITIC_UPDATE_INPUTS, VALUE_INPUTS
 from hybridflow.workers import checkpoint
 from hybridflow.workers.batching import (
     LossCounts,
@@ -29,8 +30,6 @@ from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.model_setup import shard_for_training
 from hybridflow.workers.training import ShardedTrainer, metrics_output
 
-VALUE_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
-UPDATE_INPUTS = VALUE_INPUTS + ("response_mask", "values", "returns")
 
 
 class CriticPart:
@@ -89,7 +88,7 @@ class CriticPart:
     def update(self, data: DataProto) -> dict[str, Any]:
         """PPO value epochs over ``data``; metrics vf_loss, vf_clipfrac, vpred_mean, grad_norm (per step), lr."""
         return self.trainer.update(
-            data.select(batch_keys=list(UPDATE_INPUTS)),
+            data.select(batch_keys=list(CRITIC_UPDATE_INPUTS)),
             self._loss,
             mini_batch_size=self.mini_batch_size,
             epochs=self.config.ppo_epochs,

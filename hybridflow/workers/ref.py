@@ -18,7 +18,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from hybridflow.models.lora import adapter_disabled
 from hybridflow.protocol import DataProto
 from hybridflow.models.training_options import compile_model
-from hybridflow.workers.actor import LOG_PROB_INPUTS, ActorPart, entropy_chunk_size, log_prob_forward
+from hybridflow.protocol.columns import LOG_PROB_INPUTS
+from hybridflow.workers.actor import ActorPart, entropy_chunk_size, log_prob_forward
 from hybridflow.workers.batching import MicroBatching, run_in_micro_batches
 from hybridflow.workers.config import ModelConfig, RefConfig, micro_batch_size_per_rank
 from hybridflow.workers.fsdp import move_model, parameters_on
