@@ -25,7 +25,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.protocol.columns import CRITIC_UPDATE_INPUTS, LOG_PROB_INPUTS, VALUE_INPUTS, actor_update_columns
 from hybridflow.trainer import metric_names as names
 from hybridflow.trainer.metrics import reduce_worker_metrics, samples_with_signal
-from hybridflow.workers.batching import local_loss_counts
+from hybridflow.workers.training import local_loss_counts
 
 
 class StepTimer:

@@ -37,7 +37,7 @@ from hybridflow.trainer.validate import DEVICES, ConfigError, accepted_forms, un
 from hybridflow.trainer.verl_sft_compat import SFT_SURFACE
 from hybridflow.workers.checkpoint import CONTENTS
 from hybridflow.workers.config import CheckpointConfig, FSDPConfig
-from hybridflow.workers.optim import WARMUP_STYLES
+from hybridflow.workers.training import WARMUP_STYLES
 
 
 @dataclass

@@ -20,7 +20,7 @@ from hybridflow.trainer.placement import WorkerGroups, create_worker_groups, mak
 from hybridflow.trainer.sft_config import SFTTrainerConfig, to_plain_dict
 from hybridflow.workers.sft_worker import SFTWorker
 from hybridflow.trainer.tracking import RunInfo, Tracking
-from hybridflow.workers.batching import MicroBatching
+from hybridflow.workers.training import MicroBatching
 from hybridflow.workers.config import ModelConfig, OptimConfig
 
 HF_EXPORT_DIR = "huggingface"

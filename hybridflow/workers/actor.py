@@ -31,17 +31,19 @@ from hybridflow.models.lora import is_lora_model, lora_config
 from hybridflow.protocol import DataProto
 from hybridflow.protocol.columns import LOG_PROB_INPUTS, actor_update_columns
 from hybridflow.workers import checkpoint
-from hybridflow.workers.batching import (
+from hybridflow.workers.config import ActorConfig, PolicyModelConfig, RefConfig, micro_batch_size_per_rank
+from hybridflow.workers.fsdp import iter_hf_weights, iter_lora_weights
+from hybridflow.workers.model_setup import load_policy_model, shard_for_training
+from hybridflow.workers.training import (
     LossCounts,
     MicroBatching,
+    ShardedTrainer,
+    UpdateBatchError,
     loss_counts,
     mini_batch_size_per_rank,
     run_in_micro_batches,
 )
-from hybridflow.workers.config import ActorConfig, PolicyModelConfig, RefConfig, micro_batch_size_per_rank
-from hybridflow.workers.fsdp import iter_hf_weights, iter_lora_weights
-from hybridflow.workers.model_setup import load_policy_model, shard_for_training
-from hybridflow.workers.training import ShardedTrainer, UpdateBatchError
+
 
 def log_prob_forward(
     model: torch.nn.Module, data: DataProto, temperature: float, use_remove_padding: bool, calculate_entropy: bool,

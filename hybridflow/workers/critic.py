@@ -19,17 +19,17 @@ from hybridflow.models.value_model import forward_values, load_value_model
 from hybridflow.protocol import DataProto
 from hybridflow.protocol.columns import CRITIC_UPDATE_INPUTS, VALUE_INPUTS
 from hybridflow.workers import checkpoint
-from hybridflow.workers.batching import (
-    LossCounts,
-    MicroBatching,
-    mini_batch_size_per_rank,
-    run_in_micro_batches,
-)
 from hybridflow.workers.config import CriticConfig, WorkerConfigError, as_config, micro_batch_size_per_rank
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.model_setup import shard_for_training
-from hybridflow.workers.training import ShardedTrainer, metrics_output
-
+from hybridflow.workers.training import (
+    LossCounts,
+    MicroBatching,
+    ShardedTrainer,
+    metrics_output,
+    mini_batch_size_per_rank,
+    run_in_micro_batches,
+)
 
 
 class CriticPart:

@@ -20,7 +20,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.models.training_options import compile_model
 from hybridflow.protocol.columns import LOG_PROB_INPUTS
 from hybridflow.workers.actor import ActorPart, entropy_chunk_size, log_prob_forward
-from hybridflow.workers.batching import MicroBatching, run_in_micro_batches
+from hybridflow.workers.training import MicroBatching, run_in_micro_batches
 from hybridflow.workers.config import ModelConfig, RefConfig, micro_batch_size_per_rank
 from hybridflow.workers.fsdp import move_model, parameters_on
 from hybridflow.workers.model_setup import load_policy_model, shard_frozen

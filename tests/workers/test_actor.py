@@ -15,8 +15,7 @@ from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.workers import ActorRolloutRefWorker, MissingPartError
 from hybridflow.workers import actor as actor_module
-from hybridflow.workers.batching import local_loss_counts
-from hybridflow.workers.training import UpdateBatchError
+from hybridflow.workers.training import UpdateBatchError, local_loss_counts
 
 from tests.float_bounds import longest_reduction, model_output_bound
 

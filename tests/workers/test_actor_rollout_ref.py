@@ -12,7 +12,7 @@ from transformers import AutoConfig
 from hybridflow.distributed import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
 from hybridflow.protocol import DataProto
 from hybridflow.workers import ActorRolloutRefWorker
-from hybridflow.workers.batching import local_loss_counts
+from hybridflow.workers.training import local_loss_counts
 
 from tests.float_bounds import longest_reduction, model_output_bound
 
