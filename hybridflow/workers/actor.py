@@ -25,7 +25,8 @@ from peft import LoraConfig
 from torch.distributed.device_mesh import DeviceMesh
 
 from hybridflow.algos import KL_ESTIMATORS, BypassCorrection, compute_bypass_policy_loss, get_policy_loss_fn
-from hybridflow.models.log_probs import forward_log_probs, forward_token_statistics
+from hybridflow.models.layouts import Layout, choose_layout
+from hybridflow.models.log_probs import TokenStatistics, forward_token_statistics
 from hybridflow.models.training_options import compile_model
 from hybridflow.models.lora import is_lora_model, lora_config
 from hybridflow.protocol import DataProto
@@ -45,23 +46,28 @@ from hybridflow.workers.training import (
 )
 
 
-def log_prob_forward(
-    model: torch.nn.Module, data: DataProto, temperature: float, use_remove_padding: bool, calculate_entropy: bool,
-    chunk_size: int | None = None, share_prompts: bool | None = False,
-):
-    """``forward_log_probs`` on a batch's ``input_ids``/``attention_mask``/``position_ids``: ``[B, R]`` each."""
+def pass_layout(
+    model: torch.nn.Module, data: DataProto, share_prompts: bool | None, use_remove_padding: bool
+) -> Layout:
+    """The layout every micro-batch of a pass over ``data`` (this rank's whole batch) runs, chosen once."""
     batch = data.batch
-    return forward_log_probs(
-        model,
-        batch["input_ids"],
-        batch["attention_mask"],
-        batch["position_ids"],
-        response_length=batch["responses"].shape[1],
-        temperature=temperature,
-        use_remove_padding=use_remove_padding,
-        calculate_entropy=calculate_entropy,
+    response_length = batch["responses"].shape[1]
+    return choose_layout(
+        model, batch["input_ids"], batch["attention_mask"], response_length, share_prompts, use_remove_padding
+    )
+
+
+def log_prob_forward(
+    model: torch.nn.Module, data: DataProto, layout: Layout, temperature: float, calculate_entropy: bool = False,
+    calculate_sum_pi_squared: bool = False, chunk_size: int | None = None,
+) -> TokenStatistics:
+    """``forward_token_statistics`` of a micro-batch (``input_ids``/``attention_mask``/``position_ids``,
+    ``responses``) in its pass's ``layout``: ``[B, R]`` each."""
+    batch = data.batch
+    return forward_token_statistics(
+        model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"].shape[1],
+        layout, temperature, calculate_entropy=calculate_entropy, calculate_sum_pi_squared=calculate_sum_pi_squared,
         chunk_size=chunk_size,
-        share_prompts=share_prompts,
     )
 
 
@@ -130,15 +136,12 @@ class ActorPart:
         asked = {"old_log_probs": True, "entropys": calculate_entropy, "sum_pi_squared": sum_pi_squared}
         names = [name for name, wanted in asked.items() if wanted]
         self.module.eval()
+        layout = self._layout(inputs)
 
         def forward(micro: DataProto) -> tuple[torch.Tensor, ...]:
-            batch = micro.batch
-            statistics = forward_token_statistics(
-                self.module, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
-                response_length=batch["responses"].shape[1], temperature=temperature,
-                use_remove_padding=self.model_config.use_remove_padding, calculate_entropy=calculate_entropy,
-                calculate_sum_pi_squared=sum_pi_squared, chunk_size=entropy_chunk_size(self.config),
-                share_prompts=self.config.use_prefix_grouper,
+            statistics = log_prob_forward(
+                self.module, micro, layout, temperature, calculate_entropy, sum_pi_squared,
+                entropy_chunk_size(self.config),
             )
             return tuple(value for value in statistics if value is not None)
 
@@ -160,12 +163,13 @@ class ActorPart:
         rows reports ``pg_loss`` 0 (every left-out row has advantage 0) and no entropy.
         """
         on_policy = old_log_probs_from_update
-        keys = self._update_inputs(data, on_policy)
+        data = data.select(batch_keys=self._update_inputs(data, on_policy))
+        layout = self._layout(data)
         # Diagnostics describe the rows present; the loss is normalised by the whole batch.
         rows_present = None if whole_batch_counts is None else loss_counts(data.batch["response_mask"].to(self.device))
         metrics = self.trainer.update(
-            data.select(batch_keys=keys),
-            lambda micro, counts: self._loss(micro, counts, temperature, on_policy, rows_present),
+            data,
+            lambda micro, counts: self._loss(micro, counts, layout, temperature, on_policy, rows_present),
             mini_batch_size=self.mini_batch_size,
             epochs=self.config.ppo_epochs,
             batching=self.update_batching,
@@ -179,6 +183,10 @@ class ActorPart:
         if self.config.use_kl_loss:
             metrics["kl_coef"] = self.config.kl_loss_coef
         return metrics
+
+    def _layout(self, data: DataProto) -> Layout:
+        """The layout of every micro-batch of a pass over ``data``, chosen once for the pass."""
+        return pass_layout(self.module, data, self.config.use_prefix_grouper, self.model_config.use_remove_padding)
 
     def _update_inputs(self, data: DataProto, on_policy: bool) -> list[str]:
         """The batch keys the update reads; raises when ``data`` lacks one or cannot be trained as it asks."""
@@ -198,16 +206,15 @@ class ActorPart:
         return actor_update_columns(present, on_policy)
 
     def _loss(
-        self, micro: DataProto, counts: LossCounts, temperature: float, on_policy: bool, rows_present: LossCounts | None
+        self, micro: DataProto, counts: LossCounts, layout: Layout, temperature: float, on_policy: bool,
+        rows_present: LossCounts | None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Policy loss - entropy bonus + KL loss of one micro-batch, and its additive metrics.
-
-        ``counts`` normalise the loss; ``rows_present`` (default ``counts``) normalise the diagnostics.
+        """Policy loss - entropy bonus + KL loss of one micro-batch run in its update's ``layout``, and its
+        additive metrics. ``counts`` normalise the loss; ``rows_present`` (default ``counts``) the diagnostics.
         """
         batch, config = micro.batch, self.config
-        log_prob, entropy = log_prob_forward(
-            self.module, micro, temperature, self.model_config.use_remove_padding, True, entropy_chunk_size(self.config),
-            share_prompts=config.use_prefix_grouper,
+        log_prob, entropy, _ = log_prob_forward(
+            self.module, micro, layout, temperature, calculate_entropy=True, chunk_size=entropy_chunk_size(config)
         )
         response_mask = batch["response_mask"]
         counts_kwargs = dataclasses.asdict(counts)

@@ -15,6 +15,7 @@ from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.workers import ActorRolloutRefWorker, MissingPartError
 from hybridflow.workers import actor as actor_module
+from hybridflow.workers import ref as ref_module
 from hybridflow.workers.training import UpdateBatchError, local_loss_counts
 
 from tests.float_bounds import longest_reduction, model_output_bound
@@ -337,6 +338,25 @@ def test_old_log_probs_take_the_rollout_micro_batching_and_do_not_depend_on_it(
         assert [count for count, _ in calls] == rows
     for key in ("old_log_probs", "entropys"):
         torch.testing.assert_close(output.batch[key], expected.batch[key], rtol=0, atol=LOG_PROB_ATOL, msg=key)
+
+
+def test_each_pass_chooses_its_layout_once_and_runs_every_micro_batch_in_it(tiny_model_dir, monkeypatch):
+    """The old-log-prob pass, the reference pass and the update choose one layout for the rank's whole batch."""
+    chosen, used = [], []
+    choose, forward = actor_module.choose_layout, actor_module.log_prob_forward
+    monkeypatch.setattr(actor_module, "choose_layout", lambda *args: chosen.append(choose(*args)) or chosen[-1])
+    for module in (actor_module, ref_module):
+        monkeypatch.setattr(
+            module, "log_prob_forward", lambda model, micro, layout, *args, **kwargs: used.append(layout)
+            or forward(model, micro, layout, *args, **kwargs),
+        )
+    worker = make_worker(tiny_model_dir, role="actor_ref", actor={"ppo_micro_batch_size_per_gpu": 2, "ppo_epochs": 2})
+    batch = rollout_batch(8, seed=0)
+    batch = batch.union(worker.compute_log_prob(batch)).union(worker.compute_ref_log_prob(batch))
+    assert len(chosen) == 2 and used == [chosen[0]] * 4 + [chosen[1]] * 2  # micro-batches of 2, then of 4
+    chosen.clear(), used.clear()
+    worker.update_actor(batch)
+    assert len(chosen) == 1 and used == [chosen[0]] * 8  # 2 epochs of 4 micro-batches
 
 
 def bypass_worker(model_dir, settings, loss_type="ppo_clip"):
