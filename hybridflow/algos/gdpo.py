@@ -59,6 +59,22 @@ def reward_components(
     return [torch.as_tensor(np.asarray(columns[key], dtype=np.float64), **as_tensor) for key in keys], weights
 
 
+def _normalised_sum(
+    components: list[torch.Tensor], weights: list[float], group_ids: torch.Tensor, num_groups: int, epsilon: float,
+    divide_by_std: bool,
+) -> torch.Tensor:
+    """``sum_k w_k (r_k - mean_g(r_k)) / (std_g(r_k) + epsilon)`` per sample ``[B]`` (no division unless
+    ``divide_by_std``)."""
+    combined = torch.zeros_like(components[0])
+    for component, weight in zip(components, weights):  # a handful of components, each vectorised
+        mean, std, _ = group_mean_std(component, group_ids, num_groups)
+        normalised = component - mean[group_ids]
+        if divide_by_std:
+            normalised = normalised / (std[group_ids] + epsilon)
+        combined = combined + weight * normalised
+    return combined
+
+
 @register_adv_est("gdpo", requires=("index", "non_tensor_batch"))
 @torch.no_grad()
 def compute_gdpo_outcome_advantage(
@@ -102,13 +118,7 @@ def compute_gdpo_outcome_advantage(
             f"index has {group_ids.numel()} uids but token_level_rewards has {token_level_rewards.shape[0]} rows; "
             "pass one uid per sample (the batch's non_tensor_batch['uid'])"
         )
-    combined = torch.zeros_like(components[0])
-    for component, weight in zip(components, weights):  # a handful of components, each vectorised
-        mean, std, _ = group_mean_std(component, group_ids, num_groups)
-        normalised = component - mean[group_ids]
-        if norm_adv_by_std_in_grpo:
-            normalised = normalised / (std[group_ids] + epsilon)
-        combined = combined + weight * normalised
+    combined = _normalised_sum(components, weights, group_ids, num_groups, epsilon, norm_adv_by_std_in_grpo)
     mask = response_mask.to(combined.dtype)
     advantages = masked_whiten(combined.unsqueeze(-1) * mask, mask) * mask
     return advantages, advantages
