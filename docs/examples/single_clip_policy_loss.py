@@ -6,14 +6,8 @@ from typing import Any
 import torch
 
 from hybridflow.algos import register_policy_loss
-from hybridflow.algos.policy_losses import (
-    DEFAULT_CONFIG,
-    PolicyLossConfig,
-    aggregate_policy_loss,
-    fraction,
-    loss_metrics,
-    ppo_kl,
-)
+from hybridflow.algos.policy_losses import DEFAULT_CONFIG, PolicyLossConfig
+from hybridflow.algos.policy_losses import aggregate_policy_loss, fraction, loss_metrics, ppo_kl
 
 
 @register_policy_loss("single_clip")

@@ -5,15 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridflow.algos.masked_stats import (
-    LOSS_AGG_MODES,
-    MaskedStatisticsError,
-    agg_loss,
-    masked_mean,
-    masked_sum,
-    masked_var,
-    masked_whiten,
-)
+from hybridflow.algos.masked_stats import LOSS_AGG_MODES, MaskedStatisticsError, agg_loss, masked_mean, masked_sum
+from hybridflow.algos.masked_stats import masked_var, masked_whiten
 from hybridflow.registry import UnknownNameError
 
 

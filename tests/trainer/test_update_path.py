@@ -13,30 +13,25 @@ import sys
 import pytest
 
 from .cli import DENSE_REWARD, cli_env
+from .helpers import tiny_run_overrides
 
 pytestmark = pytest.mark.slow
 
 MAX_FILES = 12
 REPO = pathlib.Path(__file__).resolve().parents[2]
+# The small run's keys this one sets otherwise: 4 samples per prompt, all 16 in one mini-batch and micro-batch.
+REPLACED = ("actor_rollout_ref.actor.ppo_mini_batch_size=", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=",
+            "actor_rollout_ref.rollout.n=", "trainer.logger=")
 
 
 def grpo_overrides(model_dir, parquet, run_dir) -> list[str]:
-    train, val = parquet
-    return [
-        "algorithm.adv_estimator=grpo",
-        f"data.train_files={train}",
-        f"data.val_files={val}",
-        "data.train_batch_size=4",
-        "data.max_prompt_length=64",
-        "data.max_response_length=8",
-        f"actor_rollout_ref.model.path={model_dir}",
+    small_run = [key for key in tiny_run_overrides(model_dir, parquet, run_dir) if not key.startswith(REPLACED)]
+    return small_run + [
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.use_prefix_grouper=true",
         "actor_rollout_ref.rollout.n=4",
         "trainer.total_training_steps=1",
-        "trainer.n_gpus_per_node=1",
         "trainer.logger=[console]",
-        f"trainer.default_local_dir={run_dir}",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         "trainer.save_freq=-1",
