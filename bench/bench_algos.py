@@ -26,10 +26,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from hybridflow.algos import (  # noqa: E402
+    ADV_ESTIMATORS,
     agg_loss,
     apply_kl_penalty,
     compute_value_loss,
-    estimator_inputs,
     get_adv_estimator_fn,
     get_policy_loss_fn,
 )
@@ -87,10 +87,10 @@ def measure(run: Callable[[], object], repeats: int = REPEATS) -> tuple[float, f
 
 def estimator_call(name: str, batch: dict) -> Callable[[], object]:
     estimator = get_adv_estimator_fn(name)
-    inputs = {key: batch[key] for key in estimator_inputs(name)}
-    config = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std_in_grpo": True}
+    inputs = {key: batch[key] for key in ADV_ESTIMATORS.traits(name)["requires"]}
+    options = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std_in_grpo": True}
     return lambda: estimator(
-        token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"], config=config, **inputs
+        token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"], **options, **inputs
     )
 
 
@@ -99,7 +99,7 @@ def policy_loss_step(batch: dict) -> Callable[[], object]:
 
     def run() -> None:
         log_probs = batch["log_probs"].clone().requires_grad_(True)
-        loss, _ = loss_fn(batch["old_log_probs"], log_probs, batch["advantages"], batch["response_mask"], config={})
+        loss, _ = loss_fn(batch["old_log_probs"], log_probs, batch["advantages"], batch["response_mask"])
         loss.backward()
 
     return run

@@ -14,7 +14,7 @@ Cases (batch shapes and model):
 
 Layouts: ``padded`` runs the [B, L] rectangle; ``one-row`` packs every real token into one row (what
 remove-padding did before, and still does under flash attention); ``auto`` is what
-``use_remove_padding`` does now: ``hybridflow.models.padding.pack_for_model`` packs into the rows of
+``use_remove_padding`` does now: ``hybridflow.models.layouts.choose_packing`` packs into the rows of
 lowest estimated cost, or runs the rectangle when packing would not save at least 5%. The "rows"
 column gives the shape that ran.
 Log-prob: ``naive`` projects every position to the vocabulary and takes a full float32 log_softmax;
@@ -124,19 +124,20 @@ def build_batch(case: Case, vocab_size: int) -> dict[str, torch.Tensor]:
 
 def choose_packing(model, batch, layout):
     """The PackedBatch the layout runs, or None for the padded rectangle."""
-    from hybridflow.models.padding import pack_for_model, pack_padded
+    from hybridflow.models import layouts
 
     if layout == "one-row":
-        return pack_padded(batch["input_ids"], batch["attention_mask"])
+        return layouts.pack_padded(batch["input_ids"], batch["attention_mask"])
     if layout == "auto":
-        return pack_for_model(model, batch["input_ids"], batch["attention_mask"])
+        packing, _ = layouts.choose_packing(model, batch["attention_mask"])
+        return packing.pack(batch["input_ids"], batch["attention_mask"])
     return None
 
 
 def all_position_log_probs(model, batch, packed, response_width, method, calculate_entropy):
     """Project every position to the vocabulary, then take log-probs naively or per chunk: [B, R]."""
-    from hybridflow.models.chunked_softmax import log_probs_and_entropy
-    from hybridflow.models.padding import pack_values, packed_outputs, unpack
+    from hybridflow.models.layouts import pack_values, packed_outputs, unpack
+    from hybridflow.models.log_probs import log_probs_and_entropy
 
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
     labels = torch.roll(input_ids, shifts=-1, dims=1)
@@ -164,23 +165,21 @@ def all_position_log_probs(model, batch, packed, response_width, method, calcula
 
 
 def step(model, batch, layout, response_width, method, mode):
-    from hybridflow.models import log_probs as log_probs_module
-    from hybridflow.models.padding import pack_padded
+    from fractions import Fraction
+
+    from hybridflow.models.layouts import PADDED, Layout, choose_layout
+    from hybridflow.models.log_probs import forward_token_statistics
 
     train = mode == "train"
     with torch.set_grad_enabled(train):
         if method == "kept+chunked":
-            if layout == "one-row":
-                log_probs_module.pack_for_model = lambda model, input_ids, mask: pack_padded(input_ids, mask)
-            log_probs, _ = log_probs_module.forward_log_probs(
-                model,
-                batch["input_ids"],
-                batch["attention_mask"],
-                batch["position_ids"],
-                response_width,
-                use_remove_padding=layout != "padded",
-                calculate_entropy=not train,
-            )
+            tensors = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+            if layout == "auto":
+                chosen = choose_layout(model, *tensors[:2], response_width, False, True)
+            else:
+                chosen = PADDED if layout == "padded" else Layout(rows_per_sample=Fraction(1, len(tensors[0])))
+            statistics = forward_token_statistics(model, *tensors, response_width, chosen, calculate_entropy=not train)
+            log_probs = statistics.log_probs
         else:
             packed = choose_packing(model, batch, layout)
             log_probs, _ = all_position_log_probs(model, batch, packed, response_width, method, not train)

@@ -181,9 +181,9 @@ def run_hybridflow(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from hydra import compose, initialize_config_module
 
+    from hybridflow.config.load import load_config
     from hybridflow.distributed import init_local_ray
     from hybridflow.trainer.main_ppo import build_trainer
-    from hybridflow.config.load import load_config
 
     torch.set_num_threads(spec["threads"])
     setup_start = time.perf_counter()

@@ -4,11 +4,14 @@ Advantage estimators, policy losses, KL estimators, reward functions, rollout en
 one ``Registry``. A name registered twice raises naming both functions; an unknown name raises listing
 every valid one, with the config key the user should change. An alias (verl's ``grpo_vectorized`` for
 ``grpo``) is a second name for a registered object, and the registry remembers which name it stands for.
+An entry carries its traits (what a trainer must know about it without calling it, such as the batch inputs
+an estimator reads), registered with it and shared by its aliases.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from types import MappingProxyType
+from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
 
 from hybridflow.errors import HybridflowError
 
@@ -33,30 +36,40 @@ class Registry(Generic[T]):
     """Maps names to objects (functions or classes) of one kind.
 
     ``kind`` names the registry in errors ("advantage estimator"); ``config_key`` is the config key that
-    selects from it ("algorithm.adv_estimator"), so an error can say which key to change.
+    selects from it ("algorithm.adv_estimator"), so an error can say which key to change. ``traits`` are the
+    traits an entry may carry and their defaults (an entry registered without one has the default).
     """
 
-    def __init__(self, kind: str, config_key: str | None = None):
+    def __init__(self, kind: str, config_key: str | None = None, traits: Mapping[str, Any] | None = None):
         self.kind = kind
         self.config_key = config_key
+        self._default_traits = dict(traits or {})
         self._entries: dict[str, T] = {}
         self._aliases: dict[str, str] = {}  # alias -> the name it stands for
+        self._traits: dict[str, Mapping[str, Any]] = {}  # name (not alias) -> its traits
 
-    def register(self, name: str, *aliases: str) -> Callable[[T], T]:
-        """Decorator: ``@REGISTRY.register("grpo", "grpo_vectorized")``: the name, then its aliases."""
+    def register(self, name: str, *aliases: str, **traits: Any) -> Callable[[T], T]:
+        """Decorator: ``@REGISTRY.register("grpo", "grpo_vectorized", requires=...)``: the name, its aliases,
+        then the entry's traits."""
 
         def decorator(obj: T) -> T:
-            self.add(name, obj)
+            self.add(name, obj, **traits)
             for alias in aliases:
                 self.add_alias(alias, name)
             return obj
 
         return decorator
 
-    def add(self, name: str, obj: T) -> None:
-        """Register ``obj`` as ``name``; the same object again under the same name is harmless (re-import)."""
+    def add(self, name: str, obj: T, **traits: Any) -> None:
+        """Register ``obj`` as ``name`` with ``traits``; the same object again under the same name is harmless
+        (re-import). A trait the registry does not define raises listing those it does."""
+        unknown = sorted(set(traits) - set(self._default_traits))
+        if unknown:
+            known = sorted(self._default_traits)
+            raise ValueError(f"{self.kind} {name!r} has unknown traits {unknown}; {self.kind} traits are {known}")
         self._check_free(name, obj, alias_of=None)
         self._entries[name] = obj
+        self._traits[name] = MappingProxyType({**self._default_traits, **traits})
 
     def add_alias(self, alias: str, name: str) -> None:
         """Make ``alias`` a second name for what ``name`` (a registered name or alias) stands for."""
@@ -88,6 +101,11 @@ class Registry(Generic[T]):
             raise UnknownNameError(
                 f"{where} is not a registered {self.kind}; choose one of [{', '.join(self.names())}]"
             ) from None
+
+    def traits(self, name: str) -> Mapping[str, Any]:
+        """The traits of the entry ``name`` (or the name an alias stands for), defaults filled in; an unknown
+        name raises listing the valid ones."""
+        return self._traits[self.canonical(name)]
 
     def names(self) -> list[str]:
         """Every registered name, aliases included, sorted."""

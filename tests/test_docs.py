@@ -22,8 +22,8 @@ import tempfile
 import pytest
 import torch
 
-from hybridflow.algos import advantage_registry, estimator_inputs, get_adv_estimator_fn, get_policy_loss_fn
-from hybridflow.algos.policy_loss_registry import POLICY_LOSSES
+from hybridflow.algos import advantage_registry, get_adv_estimator_fn, get_policy_loss_fn
+from hybridflow.algos.policy_losses import POLICY_LOSSES, PolicyLossConfig
 from hybridflow.rewards import SCORING_FUNCTIONS, check_data_sources, default_compute_score, load_custom_reward_function
 from hybridflow.rollout.tools import load_tools
 
@@ -129,7 +129,7 @@ def registered_examples(monkeypatch):
     for registry in (advantage_registry.ADV_ESTIMATORS, POLICY_LOSSES, SCORING_FUNCTIONS):
         monkeypatch.setattr(registry, "_entries", dict(registry._entries))
         monkeypatch.setattr(registry, "_aliases", dict(registry._aliases))
-    monkeypatch.setattr(advantage_registry, "_REQUIRED_INPUTS", dict(advantage_registry._REQUIRED_INPUTS))
+        monkeypatch.setattr(registry, "_traits", dict(registry._traits))
     for name in ("batch_mean_advantage", "single_clip_policy_loss", "reverse_word_scoring"):
         _load_file(EXAMPLES / f"{name}.py", f"docs_example_{name}")
 
@@ -140,10 +140,10 @@ def test_batch_mean_advantage_hand_computed():
     # The two samples score 1.0 and 0.0 (row sums), so the batch mean is 0.5.
     rewards = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    advantages, returns = estimate(token_level_rewards=rewards, response_mask=mask, config=None)
+    advantages, returns = estimate(token_level_rewards=rewards, response_mask=mask, gamma=1.0)
     assert torch.equal(advantages, torch.tensor([[0.5, 0.5, 0.0], [-0.5, -0.5, -0.5]]))
     assert torch.equal(returns, advantages)
-    assert estimator_inputs("batch_mean") == frozenset()  # no critic values, no uid groups
+    assert advantage_registry.ADV_ESTIMATORS.traits("batch_mean")["requires"] == frozenset()  # no values, no uid groups
 
 
 @pytest.mark.usefixtures("registered_examples")
@@ -153,7 +153,7 @@ def test_single_clip_policy_loss_hand_computed():
     log_prob = torch.log(torch.tensor([[1.5, 0.5]]))  # ratios 1.5 and 0.5
     advantages = torch.tensor([[1.0, -1.0]])
     mask = torch.ones(1, 2)
-    loss, metrics = loss_fn(old_log_prob, log_prob, advantages, mask, config={"clip_ratio": 0.2})
+    loss, metrics = loss_fn(old_log_prob, log_prob, advantages, mask, config=PolicyLossConfig())
     # Token 1: max(-1.5, -1.2) = -1.2. Token 2: max(0.5, 0.8) = 0.8. Token mean: -0.2. Both clipped.
     assert loss.item() == pytest.approx(-0.2)
     assert metrics["pg_clipfrac"] == 1.0

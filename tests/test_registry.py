@@ -78,3 +78,22 @@ def test_duplicate_name_names_both():
     reg.add("vanilla", first)  # the same object again is harmless (module re-import)
     with pytest.raises(DuplicateNameError, match="first.*second"):
         reg.add("vanilla", second)
+
+
+def test_traits_ride_on_the_entry_with_defaults_and_are_shared_by_aliases():
+    reg = Registry("advantage estimator", traits={"requires": frozenset(), "needs_critic": False})
+    reg.register("gae", "gae_alias", requires=frozenset({"values"}), needs_critic=True)(lambda: 0)
+    reg.register("grpo")(lambda: 0)
+    assert reg.traits("gae_alias") == {"requires": {"values"}, "needs_critic": True} == reg.traits("gae")
+    assert reg.traits("grpo") == {"requires": frozenset(), "needs_critic": False}
+    with pytest.raises(TypeError):
+        reg.traits("gae")["needs_critic"] = False  # read-only
+    with pytest.raises(UnknownNameError, match="'nope' is not a registered advantage estimator"):
+        reg.traits("nope")
+
+
+def test_a_trait_the_registry_does_not_define_is_refused():
+    reg = Registry("policy loss", traits={"zero_at_zero_advantage": False})
+    with pytest.raises(ValueError, match=r"unknown traits \['zero_at_zero'\]; policy loss traits are \['zero_at_zero_"):
+        reg.register("vanilla", zero_at_zero=True)(lambda: 0)
+    assert "vanilla" not in reg

@@ -27,8 +27,8 @@ import argparse
 import collections
 import dataclasses
 import os
-import re
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile

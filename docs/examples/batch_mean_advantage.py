@@ -13,7 +13,6 @@ from hybridflow.algos import register_adv_est
 def compute_batch_mean_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
-    config: Any = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``A_i = s_i - mean_j s_j`` on every response token of sample ``i``, where ``s_i`` is the sum of its

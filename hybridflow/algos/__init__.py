@@ -19,9 +19,7 @@ from hybridflow.algos import (  # noqa: F401
 from hybridflow.algos.advantage_registry import (
     ADV_ESTIMATORS,
     ESTIMATOR_INPUTS,
-    estimator_inputs,
     get_adv_estimator_fn,
-    needs_critic,
     register_adv_est,
 )
 from hybridflow.algos.advantages import (
@@ -29,7 +27,6 @@ from hybridflow.algos.advantages import (
     compute_reinforce_plus_plus_outcome_advantage,
     compute_remax_outcome_advantage,
 )
-from hybridflow.algos.config_fields import read_field
 from hybridflow.algos.covariance_policy_losses import compute_policy_loss_clip_cov, compute_policy_loss_kl_cov
 from hybridflow.algos.divergence_policy_losses import compute_policy_loss_dppo_kl, compute_policy_loss_dppo_tv
 from hybridflow.algos.gdpo import compute_gdpo_outcome_advantage
@@ -51,9 +48,10 @@ from hybridflow.algos.kl_controllers import (
     KLControllerConfigError,
     get_kl_controller,
 )
-from hybridflow.algos.loss_agg import LOSS_AGG_MODES, agg_loss
 from hybridflow.algos.masked_stats import (
+    LOSS_AGG_MODES,
     MaskedStatisticsError,
+    agg_loss,
     masked_mean,
     masked_sum,
     masked_var,
@@ -63,26 +61,19 @@ from hybridflow.algos.optimal_token_baseline import (
     compute_multi_turn_optimal_token_baseline_advantage,
     compute_optimal_token_baseline_advantage,
 )
-from hybridflow.algos.policy_loss_config import (
+from hybridflow.algos.policy_losses import (
+    POLICY_LOSSES,
     PolicyLossConfig,
     PolicyLossConfigError,
     PolicyLossModeConfig,
-    loss_option,
-    policy_loss_config_errors,
-)
-from hybridflow.algos.policy_loss_registry import (
-    POLICY_LOSSES,
-    get_policy_loss_fn,
-    register_policy_loss,
-    zero_at_zero_advantage,
-)
-from hybridflow.algos.policy_losses import (
     compute_policy_loss_cispo,
     compute_policy_loss_geo_mean,
     compute_policy_loss_gspo,
     compute_policy_loss_reinforce,
     compute_policy_loss_sapo,
     compute_policy_loss_vanilla,
+    get_policy_loss_fn,
+    register_policy_loss,
 )
 from hybridflow.algos.rollout_correction import (
     CorrectionSettings,
@@ -147,22 +138,16 @@ __all__ = [
     "compute_rollout_correction",
     "compute_value_loss",
     "entropy_from_logits",
-    "estimator_inputs",
     "get_adv_estimator_fn",
     "get_kl_controller",
     "get_policy_loss_fn",
     "group_ids_from_index",
     "group_mean_std",
     "kl_penalty",
-    "loss_option",
     "masked_mean",
     "masked_sum",
     "masked_var",
     "masked_whiten",
-    "needs_critic",
-    "policy_loss_config_errors",
-    "read_field",
     "register_adv_est",
     "register_policy_loss",
-    "zero_at_zero_advantage",
 ]

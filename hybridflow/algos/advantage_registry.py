@@ -1,10 +1,13 @@
 """The advantage-estimator registry, keyed by ``algorithm.adv_estimator``, and what each estimator needs.
 
 Every estimator is called with keyword arguments: ``token_level_rewards [B,T]``, ``response_mask [B,T]``,
-``config`` (the ``algorithm`` section: dataclass, dict or DictConfig) and the batch inputs it declared at
-registration from :data:`ESTIMATOR_INPUTS`. It returns ``(advantages [B,T], returns [B,T])``, both 0
-wherever ``response_mask`` is 0. The trainer asks :func:`estimator_inputs` / :func:`needs_critic` instead
-of branching on names: a new estimator is one decorated function.
+the ``algorithm`` section's options under their config names (``gamma``, ``lam``, ``norm_adv_by_std_in_grpo``,
+``gdpo_reward_keys``, ``gdpo_reward_weights``; an estimator reads those it knows and takes the others in
+``**kwargs``) and the batch inputs it declared at registration from :data:`ESTIMATOR_INPUTS`. It returns
+``(advantages [B,T], returns [B,T])``, both 0 wherever ``response_mask`` is 0. Each entry carries two traits,
+read as ``ADV_ESTIMATORS.traits(name)[...]``: ``requires`` (the declared inputs) and ``needs_critic``
+(``"values"`` among them: the trainer must build a critic). The trainer reads them instead of branching on
+names: a new estimator is one decorated function.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ ESTIMATOR_INPUTS = (
 correction's ``rollout_is_weights [B,T]`` (None in a run without importance weights), and the batch's
 per-sample columns ``non_tensor_batch`` (the scoring function's extra outputs among them; GDPO's)."""
 
-ADV_ESTIMATORS: Registry[AdvantageEstimatorFn] = Registry("advantage estimator", "algorithm.adv_estimator")
-_REQUIRED_INPUTS: dict[str, frozenset[str]] = {}
+ADV_ESTIMATORS: Registry[AdvantageEstimatorFn] = Registry(
+    "advantage estimator", "algorithm.adv_estimator", traits={"requires": frozenset(), "needs_critic": False}
+)
 
 
 def _as_name(name_or_enum: str | Enum) -> str:
@@ -38,7 +42,8 @@ def register_adv_est(
 ) -> Callable[[AdvantageEstimatorFn], AdvantageEstimatorFn]:
     """Decorator registering an advantage estimator under a name (verl's ``register_adv_est``).
 
-    ``requires`` lists the batch inputs from :data:`ESTIMATOR_INPUTS` the estimator cannot work without.
+    ``requires`` lists the batch inputs from :data:`ESTIMATOR_INPUTS` the estimator cannot work without; it
+    becomes the entry's ``requires`` trait (a frozenset), and ``needs_critic`` says whether ``"values"`` is one.
     """
     requires = frozenset(requires)
     unknown = sorted(requires - set(ESTIMATOR_INPUTS))
@@ -47,29 +52,11 @@ def register_adv_est(
             f"register_adv_est({name_or_enum!r}, requires=...) got unknown inputs {unknown}; "
             f"choose from {list(ESTIMATOR_INPUTS)}"
         )
-    names = (_as_name(name_or_enum), *aliases)
-
-    def decorator(fn: AdvantageEstimatorFn) -> AdvantageEstimatorFn:
-        ADV_ESTIMATORS.register(*names)(fn)
-        for name in names:
-            _REQUIRED_INPUTS[name] = requires
-        return fn
-
-    return decorator
+    name = _as_name(name_or_enum)
+    return ADV_ESTIMATORS.register(name, *aliases, requires=requires, needs_critic="values" in requires)
 
 
 def get_adv_estimator_fn(name_or_enum: str | Enum) -> AdvantageEstimatorFn:
     """The estimator registered as ``name``; an unknown name raises listing every registered one."""
     return ADV_ESTIMATORS.get(_as_name(name_or_enum))
 
-
-def estimator_inputs(name_or_enum: str | Enum) -> frozenset[str]:
-    """The batch inputs (subset of :data:`ESTIMATOR_INPUTS`) the named estimator needs."""
-    name = _as_name(name_or_enum)
-    ADV_ESTIMATORS.get(name)
-    return _REQUIRED_INPUTS.get(name, frozenset())
-
-
-def needs_critic(name_or_enum: str | Enum) -> bool:
-    """True when the named estimator reads critic ``values`` (so the trainer must build a critic)."""
-    return "values" in estimator_inputs(name_or_enum)

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from hybridflow.algos.advantage_registry import register_adv_est
-from hybridflow.algos.config_fields import pick_option
 from hybridflow.algos.masked_stats import masked_whiten
 from hybridflow.algos.scan import reverse_linear_scan, shift_left
 
@@ -24,9 +23,8 @@ def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
     values: torch.Tensor,
     response_mask: torch.Tensor,
-    gamma: float | None = None,
-    lam: float | None = None,
-    config: Any = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation (Schulman et al., arXiv:1506.02438, eq. 16), whitened.
@@ -43,15 +41,12 @@ def compute_gae_advantage_return(
         token_level_rewards: ``[B, T]`` rewards (a reward on a masked position is skipped, as in verl).
         values: ``[B, T]`` critic values.
         response_mask: ``[B, T]`` 1 on tokens the policy generated.
-        gamma: discount; default ``config.gamma`` or 1.0.
-        lam: GAE lambda; default ``config.lam`` or 1.0.
-        config: the ``algorithm`` config (read for ``gamma`` and ``lam``).
+        gamma: discount (``algorithm.gamma``).
+        lam: GAE lambda (``algorithm.lam``).
 
     Returns:
         ``(advantages [B, T], returns [B, T])``, 0 on masked positions.
     """
-    gamma = float(pick_option("gamma", gamma, config, 1.0))
-    lam = float(pick_option("lam", lam, config, 1.0))
     mask = response_mask.bool()
     mask_f = mask.to(values.dtype)
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
@@ -71,8 +66,7 @@ def compute_gae_advantage_return(
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
-    config: Any = None,
-    gamma: float | None = None,
+    gamma: float = 1.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu, arXiv:2501.03262): discounted reward-to-go, whitened over the batch.
@@ -87,13 +81,11 @@ def compute_reinforce_plus_plus_outcome_advantage(
     Args:
         token_level_rewards: ``[B, T]`` (a reward on a masked position is skipped, as in verl).
         response_mask: ``[B, T]``.
-        config: the ``algorithm`` config (read for ``gamma``).
-        gamma: discount; default ``config.gamma`` or 1.0.
+        gamma: discount (``algorithm.gamma``).
 
     Returns:
         ``(advantages [B, T], returns [B, T])``, 0 on masked positions.
     """
-    gamma = float(pick_option("gamma", gamma, config, 1.0))
     mask = response_mask.bool()
     mask_f = mask.to(token_level_rewards.dtype)
     rewards = torch.where(mask, token_level_rewards, torch.zeros_like(token_level_rewards))
@@ -111,7 +103,6 @@ def compute_remax_outcome_advantage(
     token_level_rewards: torch.Tensor,
     reward_baselines: torch.Tensor,
     response_mask: torch.Tensor,
-    config: Any = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax (Li et al., arXiv:2310.10505): reward-to-go minus the greedy response's reward.

@@ -3,7 +3,7 @@
 Both rank tokens by the covariance between their advantage and their log-probability, the quantity that
 drives entropy collapse, and treat a small fraction of the highest-covariance tokens differently:
 Clip-Cov drops their gradient, KL-Cov adds a ``|log ratio|`` penalty on them. Signature and metrics:
-:mod:`hybridflow.algos.policy_loss_registry`. As in verl, log-ratios are not clamped here.
+:mod:`hybridflow.algos.policy_losses`. As in verl, log-ratios are not clamped here.
 
 Neither is registered ``zero_at_zero_advantage``: both pick their tokens by a covariance taken over the
 whole micro-batch, so a zero-advantage row changes which tokens of the other rows are picked, and KL-Cov's
@@ -12,14 +12,12 @@ penalty applies whatever the advantage.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from hybridflow.algos.loss_agg import Count
-from hybridflow.algos.masked_stats import masked_mean
-from hybridflow.algos.policy_loss_config import clip_bounds, loss_option
-from hybridflow.algos.policy_loss_registry import (
+from hybridflow.algos.masked_stats import Count, masked_mean
+from hybridflow.algos.policy_losses import (
+    DEFAULT_CONFIG,
+    PolicyLossConfig,
     aggregate_policy_loss,
     fraction,
     loss_metrics,
@@ -40,8 +38,7 @@ def compute_policy_loss_clip_cov(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    config: PolicyLossConfig = DEFAULT_CONFIG,
     rollout_is_weights: torch.Tensor | None = None,
     global_token_count: Count = None,
     global_seq_count: Count = None,
@@ -52,9 +49,8 @@ def compute_policy_loss_clip_cov(
     ``(clip_cov_lb, clip_cov_ub)``, ``max(1, int(clip_cov_ratio * masked tokens))`` are picked at random
     (torch's global generator) and their loss is multiplied by 0. ``pg_clipfrac`` is the share picked.
     """
-    low, high = clip_bounds(config)
-    cov_ratio = float(loss_option(config, "clip_cov_ratio"))
-    cov_lb, cov_ub = float(loss_option(config, "clip_cov_lb")), float(loss_option(config, "clip_cov_ub"))
+    low, high = config.clip_ratio_low, config.clip_ratio_high
+    cov_ratio, cov_lb, cov_ub = config.clip_cov_ratio, config.clip_cov_lb, config.clip_cov_ub
     log_ratio = log_prob - old_log_prob
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -69,7 +65,7 @@ def compute_policy_loss_clip_cov(
     keep[chosen[:, 0], chosen[:, 1]] = 0
     pg_losses = torch.maximum(unclipped, clipped) * keep
     loss = aggregate_policy_loss(
-        pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_token_count, global_seq_count
+        pg_losses, response_mask, config, rollout_is_weights, global_token_count, global_seq_count
     )
     return loss, loss_metrics(fraction(keep == 0, response_mask), ppo_kl(log_ratio, response_mask), 0.0)
 
@@ -80,8 +76,7 @@ def compute_policy_loss_kl_cov(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    config: PolicyLossConfig = DEFAULT_CONFIG,
     rollout_is_weights: torch.Tensor | None = None,
     global_token_count: Count = None,
     global_seq_count: Count = None,
@@ -91,8 +86,7 @@ def compute_policy_loss_kl_cov(
     The ``max(1, int(kl_cov_ratio * masked tokens))`` masked tokens with the largest covariance get the
     penalty. Its ``ppo_kl`` metric is the mean ``|log r|`` (as in verl); there is no clipping.
     """
-    cov_ratio = float(loss_option(config, "kl_cov_ratio"))
-    kl_coef = float(loss_option(config, "ppo_kl_coef"))
+    cov_ratio, kl_coef = config.kl_cov_ratio, config.ppo_kl_coef
     log_ratio = log_prob - old_log_prob
     abs_log_ratio = log_ratio.abs()
     pg_losses = -advantages * torch.exp(log_ratio)
@@ -108,6 +102,6 @@ def compute_policy_loss_kl_cov(
         penalised[flat_positions[top]] = True
         pg_losses = torch.where(penalised.view_as(pg_losses), pg_losses + kl_coef * abs_log_ratio, pg_losses)
     loss = aggregate_policy_loss(
-        pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_token_count, global_seq_count
+        pg_losses, response_mask, config, rollout_is_weights, global_token_count, global_seq_count
     )
     return loss, loss_metrics(0.0, masked_mean(abs_log_ratio.detach(), response_mask), 0.0)

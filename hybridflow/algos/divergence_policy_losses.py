@@ -16,15 +16,14 @@ truncation). Metrics: ``pg_clipfrac`` is the share of tokens outside the trust r
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from hybridflow.algos.loss_agg import Count
-from hybridflow.algos.policy_loss_config import clip_bounds, loss_option
-from hybridflow.algos.policy_loss_registry import (
-    LOG_RATIO_BOUND,
+from hybridflow.algos.masked_stats import Count
+from hybridflow.algos.policy_losses import (
+    DEFAULT_CONFIG,
+    PolicyLossConfig,
     aggregate_policy_loss,
+    clamped_log_ratio,
     fraction,
     loss_metrics,
     ppo_kl,
@@ -41,20 +40,19 @@ def _truncated_is_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     trusted: torch.Tensor,
-    loss_agg_mode: str,
-    config: Any,
+    config: PolicyLossConfig,
     rollout_is_weights: torch.Tensor | None,
     global_token_count: Count,
     global_seq_count: Count,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``-A * sg[min(r, clip_ratio_c)] * log_prob`` on the ``trusted`` tokens, aggregated, and the metrics."""
-    log_ratio = (log_prob - old_log_prob).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    log_ratio = clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
-    clip_ratio_c = float(loss_option(config, "clip_ratio_c"))
+    clip_ratio_c = config.clip_ratio_c
     trusted = trusted.detach().to(log_prob.dtype)
     pg_losses = -advantages * ratio.clamp(max=clip_ratio_c).detach() * log_prob * trusted
     loss = aggregate_policy_loss(
-        pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_token_count, global_seq_count
+        pg_losses, response_mask, config, rollout_is_weights, global_token_count, global_seq_count
     )
     return loss, loss_metrics(
         fraction(trusted == 0, response_mask),
@@ -69,8 +67,7 @@ def compute_policy_loss_dppo_tv(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    config: PolicyLossConfig = DEFAULT_CONFIG,
     rollout_is_weights: torch.Tensor | None = None,
     global_token_count: Count = None,
     global_seq_count: Count = None,
@@ -78,12 +75,12 @@ def compute_policy_loss_dppo_tv(
     """DPPO-Binary-TV: a token is kept while ``pi - pi_old <= clip_ratio_high`` (``A > 0``) or
     ``pi - pi_old >= -clip_ratio_low`` (``A <= 0``): the total variation of the token's binary
     distribution, signed by the direction the advantage pushes."""
-    low, high = clip_bounds(config)
+    low, high = config.clip_ratio_low, config.clip_ratio_high
     change = torch.exp(log_prob) - torch.exp(old_log_prob)
     trusted = torch.where(advantages > 0, change <= high, change >= -low)
     return _truncated_is_loss(
-        old_log_prob, log_prob, advantages, response_mask, trusted, loss_agg_mode, config, rollout_is_weights,
-        global_token_count, global_seq_count,
+        old_log_prob, log_prob, advantages, response_mask, trusted, config, rollout_is_weights, global_token_count,
+        global_seq_count,
     )
 
 
@@ -93,8 +90,7 @@ def compute_policy_loss_dppo_kl(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    config: PolicyLossConfig = DEFAULT_CONFIG,
     rollout_is_weights: torch.Tensor | None = None,
     global_token_count: Count = None,
     global_seq_count: Count = None,
@@ -103,7 +99,7 @@ def compute_policy_loss_dppo_kl(
     token's binary distribution. A token is kept while ``D <= clip_ratio_high`` or ``p <= p_old``
     (``A > 0``), or while ``D <= clip_ratio_low`` or ``p >= p_old`` (``A <= 0``): moving against the
     advantage is never cut."""
-    low, high = clip_bounds(config)
+    low, high = config.clip_ratio_low, config.clip_ratio_high
     prob, old_prob = torch.exp(log_prob), torch.exp(old_log_prob)
     rest = torch.log((1.0 - old_prob + BINARY_KL_EPSILON) / (1.0 - prob + BINARY_KL_EPSILON))
     binary_kl = old_prob * (old_log_prob - log_prob) + (1.0 - old_prob) * rest
@@ -111,6 +107,6 @@ def compute_policy_loss_dppo_kl(
         advantages > 0, (binary_kl <= high) | (prob <= old_prob), (binary_kl <= low) | (prob >= old_prob)
     )
     return _truncated_is_loss(
-        old_log_prob, log_prob, advantages, response_mask, trusted, loss_agg_mode, config, rollout_is_weights,
-        global_token_count, global_seq_count,
+        old_log_prob, log_prob, advantages, response_mask, trusted, config, rollout_is_weights, global_token_count,
+        global_seq_count,
     )

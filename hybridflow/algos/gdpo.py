@@ -9,13 +9,12 @@ the reward manager keeps them as per-sample columns of the batch (``non_tensor_b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from hybridflow.algos.advantage_registry import register_adv_est
-from hybridflow.algos.config_fields import pick_option, read_field
 from hybridflow.algos.group_stats import group_ids_from_index, group_mean_std
 from hybridflow.algos.masked_stats import masked_whiten
 
@@ -25,14 +24,17 @@ class GDPOInputError(ValueError):
 
 
 def reward_components(
-    token_level_rewards: torch.Tensor, config: Any, non_tensor_batch: dict | None
+    token_level_rewards: torch.Tensor,
+    gdpo_reward_keys: Sequence[str] | None,
+    gdpo_reward_weights: Sequence[float] | None,
+    non_tensor_batch: dict | None,
 ) -> tuple[list[torch.Tensor], list[float]]:
-    """The per-sample reward components ``[B]`` named by ``config.gdpo_reward_keys`` and their weights.
+    """The per-sample reward components ``[B]`` named by ``gdpo_reward_keys`` and their weights.
 
     Called without a batch and without keys (a direct call, as verl allows), the one component is the
     summed ``token_level_rewards``.
     """
-    keys = list(read_field(config, "gdpo_reward_keys") or [])
+    keys = list(gdpo_reward_keys or [])
     if not keys:
         if non_tensor_batch is None:
             return [token_level_rewards.sum(dim=-1)], [1.0]
@@ -47,8 +49,7 @@ def reward_components(
             f"algorithm.gdpo_reward_keys {missing} are not columns of the batch (it has {sorted(columns)}); "
             "return them in the scoring function's dict"
         )
-    weights = read_field(config, "gdpo_reward_weights")
-    weights = [1.0] * len(keys) if weights is None else [float(weight) for weight in weights]
+    weights = [1.0] * len(keys) if gdpo_reward_weights is None else [float(weight) for weight in gdpo_reward_weights]
     if len(weights) != len(keys):
         raise GDPOInputError(
             f"algorithm.gdpo_reward_weights has {len(weights)} entries for {len(keys)} gdpo_reward_keys; "
@@ -58,6 +59,22 @@ def reward_components(
     return [torch.as_tensor(np.asarray(columns[key], dtype=np.float64), **as_tensor) for key in keys], weights
 
 
+def _normalised_sum(
+    components: list[torch.Tensor], weights: list[float], group_ids: torch.Tensor, num_groups: int, epsilon: float,
+    divide_by_std: bool,
+) -> torch.Tensor:
+    """``sum_k w_k (r_k - mean_g(r_k)) / (std_g(r_k) + epsilon)`` per sample ``[B]`` (no division unless
+    ``divide_by_std``)."""
+    combined = torch.zeros_like(components[0])
+    for component, weight in zip(components, weights):  # a handful of components, each vectorised
+        mean, std, _ = group_mean_std(component, group_ids, num_groups)
+        normalised = component - mean[group_ids]
+        if divide_by_std:
+            normalised = normalised / (std[group_ids] + epsilon)
+        combined = combined + weight * normalised
+    return combined
+
+
 @register_adv_est("gdpo", requires=("index", "non_tensor_batch"))
 @torch.no_grad()
 def compute_gdpo_outcome_advantage(
@@ -65,8 +82,9 @@ def compute_gdpo_outcome_advantage(
     response_mask: torch.Tensor,
     index: Any,
     epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool | None = None,
-    config: Any = None,
+    norm_adv_by_std_in_grpo: bool = True,
+    gdpo_reward_keys: Sequence[str] | None = None,
+    gdpo_reward_weights: Sequence[float] | None = None,
     non_tensor_batch: dict | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,28 +101,24 @@ def compute_gdpo_outcome_advantage(
         token_level_rewards: ``[B, T]``; read only when there are no components (a direct call).
         response_mask: ``[B, T]``.
         index: ``[B]`` uid per sample.
-        norm_adv_by_std_in_grpo: default ``config.norm_adv_by_std_in_grpo`` or True.
-        config: the ``algorithm`` config (``gdpo_reward_keys``, ``gdpo_reward_weights``).
+        norm_adv_by_std_in_grpo: divide by each component's group std (``algorithm.norm_adv_by_std_in_grpo``).
+        gdpo_reward_keys: the components, keys of the scoring function's dict (``algorithm.gdpo_reward_keys``).
+        gdpo_reward_weights: one weight per key; None means 1 each (``algorithm.gdpo_reward_weights``).
         non_tensor_batch: the batch's per-sample columns, holding each ``gdpo_reward_keys`` entry.
 
     Returns:
         ``(advantages [B, T], returns [B, T])``, equal, 0 on masked positions.
     """
-    normalise = bool(pick_option("norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo, config, True))
-    components, weights = reward_components(token_level_rewards, config, non_tensor_batch)
+    components, weights = reward_components(
+        token_level_rewards, gdpo_reward_keys, gdpo_reward_weights, non_tensor_batch
+    )
     group_ids, num_groups = group_ids_from_index(index, token_level_rewards.device)
     if group_ids.numel() != token_level_rewards.shape[0]:
         raise GDPOInputError(
             f"index has {group_ids.numel()} uids but token_level_rewards has {token_level_rewards.shape[0]} rows; "
             "pass one uid per sample (the batch's non_tensor_batch['uid'])"
         )
-    combined = torch.zeros_like(components[0])
-    for component, weight in zip(components, weights):  # a handful of components, each vectorised
-        mean, std, _ = group_mean_std(component, group_ids, num_groups)
-        normalised = component - mean[group_ids]
-        if normalise:
-            normalised = normalised / (std[group_ids] + epsilon)
-        combined = combined + weight * normalised
+    combined = _normalised_sum(components, weights, group_ids, num_groups, epsilon, norm_adv_by_std_in_grpo)
     mask = response_mask.to(combined.dtype)
     advantages = masked_whiten(combined.unsqueeze(-1) * mask, mask) * mask
     return advantages, advantages

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from hybridflow.algos.advantage_registry import register_adv_est
-from hybridflow.algos.config_fields import pick_option
 from hybridflow.algos.group_stats import group_ids_from_index, group_max, group_mean_std, group_sums
 from hybridflow.algos.masked_stats import masked_whiten
 
@@ -42,8 +41,7 @@ def compute_grpo_outcome_advantage(
     response_mask: torch.Tensor,
     index: Any,
     epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool | None = None,
-    config: Any = None,
+    norm_adv_by_std_in_grpo: bool = True,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO (Shao et al., arXiv:2402.03300, sec. 4.1.2): ``A_i = (s_i - mean_g) / (std_g + epsilon)``.
@@ -63,17 +61,15 @@ def compute_grpo_outcome_advantage(
         response_mask: ``[B, T]``.
         index: ``[B]`` uid per sample (numpy object array); equal uids form a group.
         epsilon: added to the std.
-        norm_adv_by_std_in_grpo: default ``config.norm_adv_by_std_in_grpo`` or True.
-        config: the ``algorithm`` config.
+        norm_adv_by_std_in_grpo: divide by the group's std (``algorithm.norm_adv_by_std_in_grpo``).
 
     Returns:
         ``(advantages [B, T], returns [B, T])``, equal, 0 on masked positions.
     """
-    normalise = bool(pick_option("norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo, config, True))
     scores, group_ids, num_groups = _scores_and_groups(token_level_rewards, index)
     mean, std, _ = group_mean_std(scores, group_ids, num_groups)
     advantages = scores - mean[group_ids]
-    if normalise:
+    if norm_adv_by_std_in_grpo:
         advantages = advantages / (std[group_ids] + epsilon)
     advantages = _per_token(advantages, response_mask)
     return advantages, advantages
@@ -86,8 +82,7 @@ def compute_grpo_passk_outcome_advantage(
     response_mask: torch.Tensor,
     index: Any,
     epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool | None = None,
-    config: Any = None,
+    norm_adv_by_std_in_grpo: bool = True,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k GRPO (Chen et al., arXiv:2503.19595): only the group's best response gets an advantage.
@@ -99,7 +94,6 @@ def compute_grpo_passk_outcome_advantage(
     Returns:
         ``(advantages [B, T], returns [B, T])``, equal, 0 on masked positions.
     """
-    normalise = bool(pick_option("norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo, config, True))
     scores, group_ids, num_groups = _scores_and_groups(token_level_rewards, index)
     _, std, counts = group_mean_std(scores, group_ids, num_groups)
     if bool((counts < 2).any()):
@@ -117,7 +111,7 @@ def compute_grpo_passk_outcome_advantage(
     is_best = positions == first_best[group_ids]
     runner_up = group_max(scores.masked_fill(is_best, float("-inf")), group_ids, num_groups)
     margin = best_score - runner_up
-    if normalise:
+    if norm_adv_by_std_in_grpo:
         margin = margin / (std + epsilon)
     advantages = torch.where(is_best, margin[group_ids], torch.zeros_like(scores))
     advantages = _per_token(advantages, response_mask)
@@ -138,7 +132,6 @@ def compute_rloo_outcome_advantage(
     response_mask: torch.Tensor,
     index: Any,
     epsilon: float = 1e-6,
-    config: Any = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (Ahmadian et al., arXiv:2402.14740): score minus the mean of the group's other scores.
@@ -163,7 +156,6 @@ def compute_rloo_vectorized_outcome_advantage(
     response_mask: torch.Tensor,
     index: Any,
     epsilon: float = 1e-6,
-    config: Any = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO as verl's ``rloo_vectorized`` computes it: :func:`compute_rloo_outcome_advantage`'s
@@ -186,7 +178,6 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     response_mask: torch.Tensor,
     index: Any,
     epsilon: float = 1e-6,
-    config: Any = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline (Hu, arXiv:2501.03262): group-mean baseline, then batch whitening.
@@ -212,7 +203,6 @@ def compute_opo_outcome_advantage(
     response_mask: torch.Tensor,
     index: Any,
     epsilon: float = 1e-6,
-    config: Any = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO (Hao et al., arXiv:2505.23585): baseline is the length-weighted mean of group scores.
@@ -241,7 +231,6 @@ def compute_gpg_outcome_advantage(
     index: Any,
     epsilon: float = 1e-6,
     f_norm: float = 1.0,
-    config: Any = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG (Chu et al., arXiv:2504.02546): ``A_i = alpha * (s_i - mean_g) / f_norm``.

@@ -6,11 +6,8 @@ n_steps)`` once per training step with the measured KL and the number of samples
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from hybridflow.algos.config_fields import read_field
 from hybridflow.registry import Registry
 
 KL_CONTROLLERS: Registry[type] = Registry("KL controller", "algorithm.kl_ctrl.type")
@@ -28,8 +25,9 @@ class FixedKLController:
         self.value = float(kl_coef)
 
     @classmethod
-    def from_config(cls, kl_ctrl: Any) -> "FixedKLController":
-        return cls(float(read_field(kl_ctrl, "kl_coef", 0.001)))
+    def from_options(cls, kl_coef: float, target_kl: float, horizon: float) -> "FixedKLController":
+        """``kl_coef`` alone: a fixed coefficient has no target."""
+        return cls(kl_coef)
 
     def update(self, current_kl: float, n_steps: int) -> None:
         """No-op: the coefficient never changes."""
@@ -52,12 +50,9 @@ class AdaptiveKLController:
         self.horizon = float(horizon)
 
     @classmethod
-    def from_config(cls, kl_ctrl: Any) -> "AdaptiveKLController":
-        return cls(
-            float(read_field(kl_ctrl, "kl_coef", 0.001)),
-            float(read_field(kl_ctrl, "target_kl", 0.1)),
-            float(read_field(kl_ctrl, "horizon", 10000)),
-        )
+    def from_options(cls, kl_coef: float, target_kl: float, horizon: float) -> "AdaptiveKLController":
+        """Starting at ``kl_coef``."""
+        return cls(float(kl_coef), float(target_kl), float(horizon))
 
     def update(self, current_kl: float, n_steps: int) -> None:
         """Move the coefficient toward the value that keeps the KL at ``target_kl``."""
@@ -65,10 +60,9 @@ class AdaptiveKLController:
         self.value *= 1 + proportional_error * n_steps / self.horizon
 
 
-def get_kl_controller(kl_ctrl: Any) -> FixedKLController | AdaptiveKLController:
-    """Build the controller the ``algorithm.kl_ctrl`` section describes (dataclass, dict or DictConfig).
-
-    Fields (verl's defaults): ``type`` ("fixed"), ``kl_coef`` (0.001), ``target_kl`` (0.1), ``horizon``
-    (10000).
-    """
-    return KL_CONTROLLERS.get(read_field(kl_ctrl, "type", "fixed")).from_config(kl_ctrl)
+def get_kl_controller(
+    kl_ctrl_type: str = "fixed", kl_coef: float = 0.001, target_kl: float = 0.1, horizon: float = 10000
+) -> FixedKLController | AdaptiveKLController:
+    """The controller registered as ``kl_ctrl_type`` with the ``algorithm.kl_ctrl`` section's options (the
+    caller unpacks ``type``, ``kl_coef``, ``target_kl`` and ``horizon``; the defaults are verl's)."""
+    return KL_CONTROLLERS.get(kl_ctrl_type).from_options(kl_coef, target_kl, horizon)

@@ -252,7 +252,7 @@ def compute_rejection_mask(
             keep = (statistic >= math.log(bound.lower)) & (statistic <= math.log(bound.upper))
         keep = keep if keep.dim() == 2 else keep.unsqueeze(-1).expand_as(valid)
         keep_all &= keep
-        metrics.update(rejection_option_metrics(bound, statistic, response_mask))
+        metrics.update(rejection_option_metrics(bound.option, bound.upper, bound.lower, statistic, response_mask))
         rejected_rows = (~keep & valid).any(dim=-1)
         prefix = f"rollout_rs_{bound.option}"
         metrics[f"{prefix}_masked_fraction"] = masked_mean((~keep).float(), response_mask).item()

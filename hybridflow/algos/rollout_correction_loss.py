@@ -19,12 +19,16 @@ verl's mean spans the micro-batch of every data-parallel rank (an all-reduce ins
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from hybridflow.algos.loss_agg import Count
-from hybridflow.algos.policy_losses import compute_policy_loss_reinforce, compute_policy_loss_vanilla
+from hybridflow.algos.masked_stats import Count
+from hybridflow.algos.policy_losses import (
+    DEFAULT_CONFIG,
+    PolicyLossConfig,
+    compute_policy_loss_reinforce,
+    compute_policy_loss_vanilla,
+)
 from hybridflow.algos.rollout_correction import CorrectionSettings, RolloutCorrectionError, compute_rollout_correction
 from hybridflow.algos.rollout_correction_metrics import METRIC_PREFIX
 
@@ -56,8 +60,7 @@ def compute_bypass_policy_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     bypass: BypassCorrection,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    config: PolicyLossConfig = DEFAULT_CONFIG,
     global_token_count: Count = None,
     global_seq_count: Count = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -74,8 +77,7 @@ def compute_bypass_policy_loss(
         )
     common = dict(
         old_log_prob=rollout_log_prob, log_prob=log_prob, advantages=advantages, response_mask=kept_mask,
-        loss_agg_mode=loss_agg_mode, config=config, global_token_count=global_token_count,
-        global_seq_count=global_seq_count,
+        config=config, global_token_count=global_token_count, global_seq_count=global_seq_count,
     )
     if bypass.loss_type == "reinforce":
         loss, metrics = compute_policy_loss_reinforce(**common, rollout_is_weights=weights)

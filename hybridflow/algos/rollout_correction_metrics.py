@@ -9,14 +9,10 @@ log-probs are there.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
 from hybridflow.algos.masked_stats import masked_mean, masked_sum
-
-if TYPE_CHECKING:
-    from hybridflow.algos.rollout_correction import RejectionBound
 
 METRIC_PREFIX = "rollout_corr/"
 _LOG_BOUND = 20.0  # the same clamp as rollout_correction.SAFETY_BOUND
@@ -83,19 +79,20 @@ def importance_weight_metrics(
 
 
 def rejection_option_metrics(
-    bound: "RejectionBound", statistic: torch.Tensor, response_mask: torch.Tensor
+    option: str, upper_bound: float, lower_bound: float | None, statistic: torch.Tensor, response_mask: torch.Tensor
 ) -> dict[str, float]:
     """``rollout_rs_<option>_*`` of one option: ``statistic`` is [B, T] (token options) or [B] (sequence).
 
-    The thresholds are compared as the option uses them: k1 in log space with a lower bound, k2/k3 above 0.
+    The option's bounds (a ``rollout_correction.RejectionBound``'s) are compared as the option uses them: k1
+    in log space with a lower bound, k2/k3 (``lower_bound`` None) above 0.
     ``_mean`` and ``_std`` are over tokens (a sequence statistic counts once per token); max, min and the
     shares beyond the bounds are over tokens for token options and over sequences with tokens otherwise;
     ``_seq_*`` describe the per-sequence values (a token option's mean per sequence).
     """
-    prefix = f"rollout_rs_{bound.option}"
-    k1 = bound.lower is not None
-    upper = math.log(bound.upper) if k1 else bound.upper
-    lower = math.log(bound.lower) if k1 else 0.0
+    prefix = f"rollout_rs_{option}"
+    k1 = lower_bound is not None
+    upper = math.log(upper_bound) if k1 else upper_bound
+    lower = math.log(lower_bound) if k1 else 0.0
     has_tokens = response_mask.sum(-1) > 0
     per_token = statistic if statistic.dim() == 2 else statistic.unsqueeze(-1).expand_as(response_mask)
     per_sequence = statistic if statistic.dim() == 1 else masked_mean(statistic, response_mask, dim=-1)

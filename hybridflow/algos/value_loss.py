@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.algos.loss_agg import Count, agg_loss
-from hybridflow.algos.masked_stats import masked_mean
+from hybridflow.algos.masked_stats import Count, agg_loss, masked_mean
 
 
 def compute_value_loss(

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.fully_async_options import fully_async, step_prompts
+from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.workers.config import (
-    ActorRolloutRefConfig, CriticConfig, WorkerConfigError, micro_batch_size_per_rank,
+    ActorRolloutRefConfig,
+    CriticConfig,
+    WorkerConfigError,
+    micro_batch_size_per_rank,
 )
 
 ACTOR = "actor_rollout_ref.actor"

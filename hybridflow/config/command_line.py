@@ -14,9 +14,9 @@ from typing import Any, Callable, TypeVar
 
 import yaml
 
-from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.key_surface import Surface
 from hybridflow.config.load import ConfigError
+from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.typed import unknown_key_errors
 from hybridflow.config.verl_compat import PPO_SURFACE
 

@@ -13,14 +13,14 @@ import pathlib
 import re
 from typing import Any
 
-from hybridflow.rewards.custom import CustomRewardError, load_custom_reward_function
-from hybridflow.rewards.managers import REWARD_MANAGERS, RewardCallError, check_call
-from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.fully_async_options import step_prompts
 from hybridflow.config.input_checks import model_folder_errors, parquet_errors, run_folder_errors
 from hybridflow.config.lora_options import adapter_errors
 from hybridflow.config.resume_checks import resume_errors
 from hybridflow.config.rollout_pool_options import rollout_pool_processes
+from hybridflow.config.schema import PPOTrainerConfig
+from hybridflow.rewards.custom import CustomRewardError, load_custom_reward_function
+from hybridflow.rewards.managers import REWARD_MANAGERS, RewardCallError, check_call
 from hybridflow.tracking.trackers import OPTIONAL_BACKEND_PACKAGES
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")

@@ -8,7 +8,7 @@ naming the key and the fix (verl fails on them mid-step, with an assert).
 
 from __future__ import annotations
 
-from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, estimator_inputs
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS
 from hybridflow.config.schema import PPOTrainerConfig
 
 GDPO = "gdpo"
@@ -49,7 +49,8 @@ def estimator_option_errors(config: PPOTrainerConfig) -> list[str]:
     if estimator not in ADV_ESTIMATORS:
         return []  # reported with the other unknown names
     errors = _gdpo_errors(config, ADV_ESTIMATORS.canonical(estimator) == GDPO)
-    if "sum_pi_squared" in estimator_inputs(estimator) and not config.actor_rollout_ref.actor.calculate_sum_pi_squared:
+    requires = ADV_ESTIMATORS.traits(estimator)["requires"]
+    if "sum_pi_squared" in requires and not config.actor_rollout_ref.actor.calculate_sum_pi_squared:
         errors.append(
             f"algorithm.adv_estimator={estimator} reads sum_pi_squared from the actor's log-prob pass; "
             "set actor_rollout_ref.actor.calculate_sum_pi_squared=true"

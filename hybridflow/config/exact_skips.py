@@ -16,12 +16,12 @@ Each ``*_blockers`` function returns one phrase per reason the shortcut is not e
 
 from __future__ import annotations
 
-from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, estimator_inputs, needs_critic
-from hybridflow.algos.policy_loss_registry import POLICY_LOSSES, zero_at_zero_advantage
-from hybridflow.config.schema import PPOTrainerConfig
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS
+from hybridflow.algos.policy_losses import POLICY_LOSSES
 from hybridflow.config.fully_async_options import fully_async, step_prompts
 from hybridflow.config.rollout_correction_options import KEY as ROLLOUT_CORRECTION_KEY
 from hybridflow.config.rollout_correction_options import corrects_in_driver, uses_bypass
+from hybridflow.config.schema import PPOTrainerConfig
 
 SKIP_OLD_LOG_PROB_KEY = "actor_rollout_ref.actor.skip_old_log_prob"
 SKIP_ZERO_SIGNAL_KEY = "algorithm.skip_zero_signal_samples"
@@ -44,7 +44,8 @@ def _log_prob_pass_readers(config: PPOTrainerConfig) -> list[str]:
     """What reads the old-log-prob pass's outputs for every sample before the update."""
     readers = []
     estimator = config.algorithm.adv_estimator
-    read = estimator_inputs(estimator) & {"old_log_probs", "sum_pi_squared"} if estimator in ADV_ESTIMATORS else set()
+    requires = ADV_ESTIMATORS.traits(estimator)["requires"] if estimator in ADV_ESTIMATORS else frozenset()
+    read = requires & {"old_log_probs", "sum_pi_squared"}
     if read:
         readers.append(f"algorithm.adv_estimator={estimator} reads {' and '.join(sorted(read))} of every sample")
     if config.actor_rollout_ref.actor.calculate_sum_pi_squared:
@@ -73,7 +74,7 @@ def zero_signal_skip_blockers(config: PPOTrainerConfig) -> list[str]:
     """Why a sample with all-zero advantages can still change the update (beyond the loss denominator)."""
     algorithm, actor = config.algorithm, config.actor_rollout_ref.actor
     blockers = _several_optimizer_steps(config)
-    if algorithm.adv_estimator in ADV_ESTIMATORS and needs_critic(algorithm.adv_estimator):
+    if algorithm.adv_estimator in ADV_ESTIMATORS and ADV_ESTIMATORS.traits(algorithm.adv_estimator)["needs_critic"]:
         blockers.append(f"algorithm.adv_estimator={algorithm.adv_estimator} trains a critic on every sample")
     if algorithm.use_kl_in_reward:
         blockers.append("algorithm.use_kl_in_reward=true gives every sample a KL reward")
@@ -85,7 +86,7 @@ def zero_signal_skip_blockers(config: PPOTrainerConfig) -> list[str]:
     if actor.entropy_coeff != 0:
         blockers.append(f"actor_rollout_ref.actor.entropy_coeff={actor.entropy_coeff} adds an entropy bonus per sample")
     loss_mode = actor.policy_loss.loss_mode
-    if loss_mode in POLICY_LOSSES and not zero_at_zero_advantage(loss_mode):
+    if loss_mode in POLICY_LOSSES and not POLICY_LOSSES.traits(loss_mode)["zero_at_zero_advantage"]:
         blockers.append(
             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} is not registered zero_at_zero_advantage "
             "(a zero-advantage sample changes the other samples' loss)"

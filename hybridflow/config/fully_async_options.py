@@ -14,8 +14,8 @@ refused here, before anything starts.
 
 from __future__ import annotations
 
-from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.rollout_pool_options import one_step_off, rollout_pool_processes
+from hybridflow.config.schema import PPOTrainerConfig
 
 KEY = "async_training.enable=true"
 

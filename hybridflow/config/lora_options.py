@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridflow.models.adapter_files import LoraAdapterError, read_adapter_config
 from hybridflow.config.schema import PPOTrainerConfig
+from hybridflow.models.adapter_files import LoraAdapterError, read_adapter_config
 from hybridflow.workers.config import ModelConfig
 
 MODEL = "actor_rollout_ref.model"

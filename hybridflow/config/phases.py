@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, estimator_inputs, needs_critic
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS
 from hybridflow.config.exact_skips import old_log_prob_skip_blockers, skips_old_log_prob, skips_zero_signal_samples
 from hybridflow.config.fully_async_options import (
-    concurrent_samples, fully_async, max_required_samples, partial_rollout, step_prompts,
+    concurrent_samples,
+    fully_async,
+    max_required_samples,
+    partial_rollout,
+    step_prompts,
 )
 from hybridflow.config.rollout_correction_options import corrects_in_driver, uses_bypass
 from hybridflow.config.rollout_pool_options import one_step_off, rollout_pool_processes
@@ -40,7 +44,8 @@ def uses_critic(config: PPOTrainerConfig) -> bool:
     """A critic is built: ``critic.enable`` if set (verl), else when the estimator reads values (e.g. gae)."""
     if config.critic.enable is not None:
         return config.critic.enable
-    return config.algorithm.adv_estimator in ADV_ESTIMATORS and needs_critic(config.algorithm.adv_estimator)
+    estimator = config.algorithm.adv_estimator
+    return estimator in ADV_ESTIMATORS and ADV_ESTIMATORS.traits(estimator)["needs_critic"]
 
 
 def uses_reference(config: PPOTrainerConfig) -> bool:
@@ -66,7 +71,7 @@ def corrects_batch(config: PPOTrainerConfig) -> bool:
 def greedy_baseline(config: PPOTrainerConfig) -> bool:
     """ReMax (arXiv 2310.10505): the estimator reads the reward of a greedy response per prompt."""
     estimator = config.algorithm.adv_estimator
-    return estimator in ADV_ESTIMATORS and "reward_baselines" in estimator_inputs(estimator)
+    return estimator in ADV_ESTIMATORS and "reward_baselines" in ADV_ESTIMATORS.traits(estimator)["requires"]
 
 
 def streamed_reward(config: PPOTrainerConfig) -> bool:

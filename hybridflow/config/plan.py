@@ -15,24 +15,35 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.algos import ADV_ESTIMATORS
 from hybridflow.algos.rollout_correction import CorrectionSettings
 from hybridflow.algos.rollout_correction_loss import BypassCorrection
 from hybridflow.config import phases as phase_rules
-from hybridflow.config.phases import Phase
 from hybridflow.config.environment import slow_dtype_notes
 from hybridflow.config.fully_async_options import (
-    concurrent_samples, fully_async, max_required_samples, partial_rollout, required_samples, steps_per_version,
+    concurrent_samples,
+    fully_async,
+    max_required_samples,
+    partial_rollout,
+    required_samples,
+    steps_per_version,
+)
+from hybridflow.config.fully_async_options import (
     training_steps as fully_async_training_steps,
 )
+from hybridflow.config.phases import Phase
 from hybridflow.config.placement import ROLLOUT_ROLE, ResourcePlan, make_resource_plan
 from hybridflow.config.resume_checks import resume_keys
 from hybridflow.config.rollout_correction_options import bypass_correction, correction_settings
-from hybridflow.config.rollout_pool_options import one_step_off, rollout_pool_processes
-from hybridflow.config.sizes import sizes
+from hybridflow.config.rollout_pool_options import one_step_off
 from hybridflow.config.schema import (
-    AlgorithmConfig, CustomRewardFunctionConfig, DataConfig, PPOTrainerConfig, RayKwargsConfig, TrainerConfig,
+    AlgorithmConfig,
+    CustomRewardFunctionConfig,
+    DataConfig,
+    PPOTrainerConfig,
+    RayKwargsConfig,
+    TrainerConfig,
 )
+from hybridflow.config.sizes import sizes
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
 
 SYNC, ONE_STEP_OFF, FULLY_ASYNC = "synchronous", "one-step-off", "fully async"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from hybridflow.errors import HybridflowError
 from hybridflow.checkpoints.manager import DRIVER_STATE_FILE, CheckpointError, CheckpointManager
 from hybridflow.config.schema import PPOTrainerConfig
+from hybridflow.errors import HybridflowError
 
 STATE_KEY = "resume_keys"
 WORLD_SIZE = "trainer.nnodes * trainer.n_gpus_per_node"

@@ -12,8 +12,9 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from hybridflow.rewards import REWARD_MANAGERS, manager_parameters, overlong_buffer_error
 from hybridflow.config.schema import PPOTrainerConfig
+from hybridflow.rewards import REWARD_MANAGERS, manager_parameters, overlong_buffer_error
+
 
 def _options_set_elsewhere(config: PPOTrainerConfig) -> dict[str, tuple[str, Any]]:
     """Manager option -> (the config key that sets it, its value), for options reward_kwargs must not repeat."""

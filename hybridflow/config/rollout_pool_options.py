@@ -9,7 +9,7 @@ step ahead is refused here, before anything starts.
 
 from __future__ import annotations
 
-from hybridflow.algos import ADV_ESTIMATORS, estimator_inputs
+from hybridflow.algos import ADV_ESTIMATORS
 from hybridflow.config.schema import PPOTrainerConfig
 
 KEY = "actor_rollout_ref.hybrid_engine=false"
@@ -40,7 +40,7 @@ def rollout_pool_errors(config: PPOTrainerConfig) -> list[str]:
         errors.append(f"{KEY} generates one batch ahead, but dynamic sampling (algorithm.filter_groups.enable=true) "
                       "decides how many batches a step needs after scoring them; turn one of them off")
     estimator = config.algorithm.adv_estimator
-    if estimator in ADV_ESTIMATORS and "reward_baselines" in estimator_inputs(estimator):
+    if estimator in ADV_ESTIMATORS and "reward_baselines" in ADV_ESTIMATORS.traits(estimator)["requires"]:
         errors.append(f"{KEY} generates one batch ahead, but algorithm.adv_estimator={estimator} needs a greedy "
                       "response from the current policy each step; use hybrid_engine=true with it")
     return errors

@@ -9,12 +9,11 @@ import difflib
 import pathlib
 from typing import Any
 
-from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, needs_critic
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS
 from hybridflow.algos.kl import KL_ESTIMATORS
 from hybridflow.algos.kl_controllers import KL_CONTROLLERS
-from hybridflow.algos.loss_agg import LOSS_AGG_MODES
-from hybridflow.algos.policy_loss_config import PolicyLossModeConfig, policy_loss_config_errors
-from hybridflow.algos.policy_loss_registry import POLICY_LOSSES
+from hybridflow.algos.masked_stats import LOSS_AGG_MODES
+from hybridflow.algos.policy_losses import POLICY_LOSSES, PolicyLossConfigError, PolicyLossModeConfig
 from hybridflow.checkpoints.manager import RESUME_MODES
 from hybridflow.config.batch_sizes import batch_size_errors, positive
 from hybridflow.config.estimator_options import estimator_option_errors
@@ -98,7 +97,11 @@ def _registry_errors(config: PPOTrainerConfig) -> list[str]:
 
 def _section_errors(config: PPOTrainerConfig) -> list[str]:
     """Problems the lower layers' own checks find in their sections."""
-    errors = [_policy_loss_error(error) for error in policy_loss_config_errors(config.actor_rollout_ref.actor)]
+    errors = []
+    try:
+        config.actor_rollout_ref.actor.policy_loss_config()
+    except PolicyLossConfigError as error:
+        errors += [_policy_loss_error(line) for line in error.errors]
     try:
         config.actor_rollout_ref.rollout.validate()
     except RolloutConfigError as error:
@@ -122,7 +125,7 @@ def _empty_path_errors(config: PPOTrainerConfig) -> list[str]:
         errors.append(
             f"critic.model.path is empty, but algorithm.adv_estimator={config.algorithm.adv_estimator!r} needs a "
             "critic: set critic.model.path (e.g. to the actor's model) or choose an estimator without one: "
-            f"{', '.join(name for name in ADV_ESTIMATORS.names() if not needs_critic(name))}"
+            f"{', '.join(name for name in ADV_ESTIMATORS.names() if not ADV_ESTIMATORS.traits(name)['needs_critic'])}"
         )
     if config.reward_model.enable and not config.reward_model.model.path:
         errors.append("reward_model.model.path is empty; set it or reward_model.enable=false")
@@ -135,7 +138,8 @@ def _algorithm_errors(config: PPOTrainerConfig) -> list[str]:
     algorithm, rollout = config.algorithm, config.actor_rollout_ref.rollout
     errors = []
     estimator = algorithm.adv_estimator
-    if config.critic.enable is False and estimator in ADV_ESTIMATORS and needs_critic(estimator):
+    needs_critic = estimator in ADV_ESTIMATORS and ADV_ESTIMATORS.traits(estimator)["needs_critic"]
+    if config.critic.enable is False and needs_critic:
         errors.append(
             f"critic.enable=false but algorithm.adv_estimator={estimator!r} reads critic values; "
             "remove critic.enable or choose an estimator without a critic"

@@ -23,23 +23,27 @@ from typing import Any, Callable, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hybridflow.data.sft_dataset import SFT_PAD_MODES, SFT_TRUNCATION_MODES
-from hybridflow.help_fields import option, section
 from hybridflow.checkpoints.manager import RESUME_MODES
-from hybridflow.config.schema import DataFiles, RayInitConfig, RunConfig
 from hybridflow.config.environment import (
-    data_file_errors, detected_device, gpu_count_errors, logger_package_errors, model_errors,
+    data_file_errors,
+    detected_device,
+    gpu_count_errors,
+    logger_package_errors,
+    model_errors,
 )
 from hybridflow.config.input_checks import model_folder_errors, parquet_errors, run_folder_errors
-from hybridflow.config.range_checks import SFT_RANGES, range_errors
-from hybridflow.tracking.trackers import LOGGER_BACKENDS
 from hybridflow.config.load import ConfigError
+from hybridflow.config.range_checks import SFT_RANGES, range_errors
 from hybridflow.config.rules import DEVICES
+from hybridflow.config.schema import DataFiles, RayInitConfig, RunConfig
 from hybridflow.config.typed import accepted_forms, unknown_key_errors
 from hybridflow.config.verl_sft_compat import SFT_SURFACE
+from hybridflow.data.sft_dataset import SFT_PAD_MODES, SFT_TRUNCATION_MODES
+from hybridflow.help_fields import option, section
+from hybridflow.tracking.trackers import LOGGER_BACKENDS
 from hybridflow.workers.checkpoint import CONTENTS
 from hybridflow.workers.config import CheckpointConfig, FSDPConfig, ModelOptions
-from hybridflow.workers.optim import WARMUP_STYLES
+from hybridflow.workers.training import WARMUP_STYLES
 
 
 @dataclass

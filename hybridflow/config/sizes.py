@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, estimator_inputs
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS
 from hybridflow.config.batch_sizes import micro_batch_sizes
 from hybridflow.config.phases import OLD_FROM_PASS
 
@@ -45,7 +45,7 @@ def sizes(plan: RunPlan) -> list[str]:
         ))
     lines.append(f"tokens per sample: <= {plan.data.max_prompt_length} prompt + {plan.data.max_response_length} response")
     estimator = plan.algorithm.adv_estimator
-    if n < 2 and estimator in ADV_ESTIMATORS and "index" in estimator_inputs(estimator):
+    if n < 2 and estimator in ADV_ESTIMATORS and "index" in ADV_ESTIMATORS.traits(estimator)["requires"]:
         # verl runs this too: a group of one sample has mean 0 and std 1, so its advantage is its score.
         lines.append(
             f"note: algorithm.adv_estimator={estimator!r} compares the samples of each prompt, but rollout.n=1: "

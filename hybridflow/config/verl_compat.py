@@ -16,11 +16,19 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from hybridflow.config.key_surface import ALIAS, LACKS, UNREAD, CompatReport, Rule, Surface, flatten
+from hybridflow.config.key_surface import (
+    ALIAS,
+    LACKS,
+    UNREAD,
+    CompatReport,
+    Rule,
+    Surface,
+    flatten,
+    unread_engine_options,
+)
 from hybridflow.config.key_surface import alias as _alias
 from hybridflow.config.key_surface import lacks as _lacks
 from hybridflow.config.key_surface import unread as _unread
-from hybridflow.config.key_surface import unread_engine_options
 
 __all__ = [
     "ALIAS", "COMPAT_YAML", "LACKS", "PPO_SURFACE", "RULES", "UNREAD", "CompatReport", "Rule", "compat_defaults",

@@ -20,8 +20,8 @@ from hybridflow.config.key_surface import Group, Rule, Surface
 from hybridflow.config.key_surface import alias as _alias
 from hybridflow.config.key_surface import lacks as _lacks
 from hybridflow.config.key_surface import unread as _unread
-from hybridflow.config.verl_compat import KERNELS, PROFILER, SEQUENCE_PARALLEL
 from hybridflow.config.verl_compat import FSDP1_KNOB as FSDP_KNOB
+from hybridflow.config.verl_compat import KERNELS, PROFILER, SEQUENCE_PARALLEL
 
 SFT_COMPAT_YAML = pathlib.Path(__file__).parent / "yaml" / "verl_sft_compat.yaml"
 

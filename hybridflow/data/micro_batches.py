@@ -7,7 +7,7 @@ original order.
 
 Loss scaling, so that accumulating micro-batch gradients gives the full mini-batch gradient: compute
 each micro-batch's loss with the mini-batch's totals as denominators (``loss_denominators`` gives them;
-pass them to ``hybridflow.algos.loss_agg`` as ``global_token_count``/``global_seq_count``) and sum
+pass them to ``hybridflow.algos.masked_stats`` as ``global_token_count``/``global_seq_count``) and sum
 the micro-batch losses without further weights. For a token-mean loss this weighs micro-batch ``i`` by
 its share of loss tokens, ``n_i / N``, so ``sum_i (n_i / N) * mean_i = sum of all token losses / N``.
 """

@@ -44,27 +44,31 @@ class Worker:
     Subclasses call ``super().__init__()`` first, then build their models; their ``@register``-ed methods
     become methods of the group. Several roles fused into one process (``create_colocated_worker_cls``)
     share the one process group: only the first role to start creates it.
+
+    ``rank``, ``world_size``, ``local_rank``, ``local_world_size``, ``master_addr`` and ``master_port`` are read
+    from the environment once; ``device`` is ``cpu`` or this rank's ``cuda:i``, where the worker's models and
+    batches live.
     """
 
     def __init__(self) -> None:
-        self._rank = int(os.environ.get("RANK", "0"))
-        self._world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self._local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self._local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        if self._world_size == 1:
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if self.world_size == 1:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(find_free_port()))
-        self._master_addr = os.environ["MASTER_ADDR"]
-        self._master_port = int(os.environ["MASTER_PORT"])
+        self.master_addr = os.environ["MASTER_ADDR"]
+        self.master_port = int(os.environ["MASTER_PORT"])
         _configure_threads()
-        self._device = self._select_device()
+        self.device = self._select_device()
         self._init_process_group()
 
     def _select_device(self) -> torch.device:
         if not torch.cuda.is_available():
             return torch.device("cpu")
         # Ray shows each actor only its own GPUs, so the local rank wraps around the visible ones.
-        index = self._local_rank % torch.cuda.device_count()
+        index = self.local_rank % torch.cuda.device_count()
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
 
@@ -73,37 +77,8 @@ class Worker:
             return
         dist.init_process_group(
             backend=process_group_backend(),
-            init_method=f"tcp://{self._master_addr}:{self._master_port}",
-            rank=self._rank,
-            world_size=self._world_size,
+            init_method=f"tcp://{self.master_addr}:{self.master_port}",
+            rank=self.rank,
+            world_size=self.world_size,
             timeout=timedelta(seconds=PROCESS_GROUP_TIMEOUT_S),
         )
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
-    @property
-    def local_rank(self) -> int:
-        return self._local_rank
-
-    @property
-    def local_world_size(self) -> int:
-        return self._local_world_size
-
-    @property
-    def master_addr(self) -> str:
-        return self._master_addr
-
-    @property
-    def master_port(self) -> int:
-        return self._master_port
-
-    @property
-    def device(self) -> torch.device:
-        """``cpu``, or this rank's ``cuda:i``: where the worker's models and batches live."""
-        return self._device

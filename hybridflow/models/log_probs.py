@@ -1,25 +1,29 @@
 """Log-probs (and entropy, and the sum of squared probabilities) of the response tokens under a causal LM:
 the one path for actor, reference and rollout log-prob calls.
 
-The model projects to the vocabulary only at the positions that predict response tokens
-(``logits_to_keep``), never at the prompt, and the log-softmax statistics are taken chunk by chunk
-(``hybridflow.models.chunked_softmax``), so no ``[tokens, vocab]`` log-softmax is ever materialised.
-With ``use_remove_padding`` the batch's real tokens run packed, in rows laid out for the model's attention
-kernel (``hybridflow.models.padding.pack_for_model``). With ``share_prompts`` the samples of one prompt run
-it once (``hybridflow.models.shared_prompts``): ``None`` where that is estimated cheaper than the padded or
-packed layout, ``True`` wherever a prompt repeats.
+The batch runs in the layout its pass chose (:mod:`hybridflow.models.layouts`: padded, packed or shared
+prompts). The model projects to the vocabulary only at the positions that predict response tokens
+(``logits_to_keep``), never at the prompt, and computes the last decoder layer's query, output projection and
+MLP only there (:func:`kept_positions_only`). The log-softmax statistics are taken chunk by chunk with a
+hand-written backward (:func:`log_probs_and_entropy`), so no ``[tokens, vocab]`` log-softmax is materialised.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from contextlib import contextmanager
+from typing import Iterator, NamedTuple
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from hybridflow.models.chunked_softmax import log_probs_and_entropy, sum_pi_squared_from_logits
-from hybridflow.models.last_layer import kept_positions_only
-from hybridflow.models.padding import PackedBatch, pack_values
-from hybridflow.models.shared_prompts import SharedPromptBatch, choose_layout
+from hybridflow.models.layouts import Layout, PackedBatch, SharedPromptBatch, choose_layout, pack_values
+
+# 4 MiB of float32 per chunk: on CPU, blocks this small are reused from the heap and stay in cache
+# (64 MiB blocks measured ~2x slower, mostly page faults). On GPU a larger chunk_size is faster.
+DEFAULT_CHUNK_ELEMENTS = 2**20
+
+# The position-wise parts of a decoder layer that only its own position reads (Llama, Qwen2/3, Mistral, Gemma).
+POSITION_WISE = ("self_attn.q_proj", "self_attn.o_proj", "mlp")
 
 
 def response_prediction_mask(attention_mask: torch.Tensor, response_length: int) -> torch.Tensor:
@@ -60,17 +64,18 @@ def forward_log_probs(
     chunk_size: int | None = None,
     share_prompts: bool | None = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropy) of the response tokens under ``model``: ``[B, R]`` float32 each.
+    """Log-probs (and entropy) of the response tokens of one batch under ``model``: ``[B, R]`` float32 each.
 
     ``input_ids``, ``attention_mask``, ``position_ids`` are ``[B, L]`` with the response in the last
-    ``R = response_length`` columns. Entries whose response token is padding are 0. With
-    ``use_remove_padding`` the real tokens are packed (``position_ids`` are then derived from
-    ``attention_mask``) unless ``pack_for_model`` finds the padded rectangle cheaper; otherwise the
-    padded rectangle is run as is. Gradients flow when enabled.
+    ``R = response_length`` columns. Entries whose response token is padding are 0. The batch runs in the
+    layout :func:`~hybridflow.models.layouts.choose_layout` picks for it from ``share_prompts`` and
+    ``use_remove_padding``; a pass of several micro-batches chooses once and calls
+    :func:`forward_token_statistics`. Gradients flow when enabled.
     """
+    layout = choose_layout(model, input_ids, attention_mask, response_length, share_prompts, use_remove_padding)
     statistics = forward_token_statistics(
-        model, input_ids, attention_mask, position_ids, response_length, temperature, use_remove_padding,
-        calculate_entropy=calculate_entropy, chunk_size=chunk_size, share_prompts=share_prompts,
+        model, input_ids, attention_mask, position_ids, response_length, layout, temperature,
+        calculate_entropy=calculate_entropy, chunk_size=chunk_size,
     )
     return statistics.log_probs, statistics.entropy
 
@@ -81,22 +86,22 @@ def forward_token_statistics(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     response_length: int,
+    layout: Layout,
     temperature: float = 1.0,
-    use_remove_padding: bool = True,
     calculate_entropy: bool = False,
     calculate_sum_pi_squared: bool = False,
     chunk_size: int | None = None,
-    share_prompts: bool | None = False,
 ) -> TokenStatistics:
-    """:func:`forward_log_probs`, and with ``calculate_sum_pi_squared`` also ``sum_v pi_v^2`` of each
-    position's next-token distribution (at ``temperature``; no gradient), from the same forward pass."""
+    """:func:`forward_log_probs` of a batch run in ``layout``, and with ``calculate_sum_pi_squared`` also
+    ``sum_v pi_v^2`` of each position's next-token distribution (at ``temperature``; no gradient), from the
+    same forward pass."""
     predicts = response_prediction_mask(attention_mask, response_length)
     statistics = dict(temperature=temperature, calculate_entropy=calculate_entropy, chunk_size=chunk_size)
-    shared, packed = choose_layout(model, input_ids, attention_mask, response_length, share_prompts, use_remove_padding)
-    if shared is not None:
-        logits, labels, place = _shared_logits(model, shared)
-    elif packed is not None:
-        logits, labels, place = _packed_logits(model, packed, input_ids, response_length, predicts)
+    rows = layout.arrange(input_ids, attention_mask, response_length)
+    if isinstance(rows, SharedPromptBatch):
+        logits, labels, place = _shared_logits(model, rows)
+    elif isinstance(rows, PackedBatch):
+        logits, labels, place = _packed_logits(model, rows, input_ids, response_length, predicts)
     else:
         logits, labels, place = _padded_logits(
             model, input_ids, attention_mask, position_ids, response_length, predicts
@@ -174,3 +179,170 @@ def _padded_logits(model, input_ids, attention_mask, position_ids, response_leng
         return torch.where(keep, values[:, :-1], 0.0)
 
     return output.logits, labels, place
+
+
+def default_chunk_size(vocab_size: int) -> int:
+    """Rows per chunk so that one ``[chunk, vocab]`` float32 block stays near 4 MiB."""
+    return max(1, DEFAULT_CHUNK_ELEMENTS // vocab_size)
+
+
+def log_probs_and_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    calculate_entropy: bool = False,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log_softmax(logits / temperature)`` at ``labels`` and, if asked, the entropy, per position.
+
+    ``log_softmax`` over a batch would allocate a second ``[tokens, vocab]`` float32 tensor that autograd keeps
+    for the backward; here only per-row statistics (log-normaliser, log-prob, entropy) are kept, and the forward
+    and the hand-written backward go through the logits ``chunk_size`` rows at a time: the temporary memory is
+    ``[chunk, vocab]``, the only full-size tensor created the logits' gradient.
+
+    ``logits`` ``[..., V]`` (any float dtype; statistics are taken in float32), ``labels`` ``[...]``.
+    Returns float32 tensors shaped like ``labels``; entropy is None unless ``calculate_entropy``.
+    Differentiable with respect to ``logits``; ``chunk_size`` rows at a time (default
+    ``default_chunk_size(V)``).
+    """
+    vocab_size = logits.shape[-1]
+    rows = chunk_size or default_chunk_size(vocab_size)
+    log_probs, entropy = _ChunkedLogSoftmaxStatistics.apply(
+        logits.reshape(-1, vocab_size), labels.reshape(-1), temperature, calculate_entropy, rows
+    )
+    if not calculate_entropy:
+        return log_probs.view(labels.shape), None
+    return log_probs.view(labels.shape), entropy.view(labels.shape)
+
+
+@torch.no_grad()
+def sum_pi_squared_from_logits(
+    logits: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None
+) -> torch.Tensor:
+    """``sum_v softmax(logits / temperature)_v^2`` per position, ``[..., V] -> [...]`` float32, no gradient.
+
+    Computed as ``exp(logsumexp(2 z) - 2 logsumexp(z))`` (verl's ``calculate_sum_pi_squared_from_logits``),
+    which never forms the probabilities; chunk by chunk like the log-probs.
+    """
+    vocab_size = logits.shape[-1]
+    flat = logits.reshape(-1, vocab_size)
+    rows = chunk_size or default_chunk_size(vocab_size)
+    result = flat.new_empty(flat.shape[0], dtype=torch.float32)
+    for start in range(0, flat.shape[0], rows):
+        scaled = _scaled(flat[start : start + rows], temperature)
+        result[start : start + rows] = torch.exp(torch.logsumexp(2 * scaled, -1) - 2 * torch.logsumexp(scaled, -1))
+    return result.view(logits.shape[:-1])
+
+
+class _ChunkedLogSoftmaxStatistics(torch.autograd.Function):
+    """``[N, V]`` logits -> log-prob ``[N]`` and entropy ``[N]`` (empty when not asked for)."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature, calculate_entropy, rows):
+        num_rows = logits.shape[0]
+        log_normalisers = logits.new_empty(num_rows, dtype=torch.float32)
+        log_probs = torch.empty_like(log_normalisers)
+        entropy = torch.empty_like(log_normalisers) if calculate_entropy else log_normalisers.new_empty(0)
+        for start in range(0, num_rows, rows):
+            chunk = slice(start, start + rows)
+            scaled = _scaled(logits[chunk], temperature)
+            log_normaliser = torch.logsumexp(scaled, dim=-1)
+            log_normalisers[chunk] = log_normaliser
+            log_probs[chunk] = scaled.gather(-1, labels[chunk, None]).squeeze(-1) - log_normaliser
+            if calculate_entropy:
+                # H = -sum_v p_v log p_v, from log p directly (no cancellation of two large terms)
+                log_softmax = scaled - log_normaliser[:, None]
+                entropy[chunk] = -(torch.exp(log_softmax) * log_softmax).sum(-1)
+        ctx.save_for_backward(logits, labels, log_normalisers, entropy)
+        ctx.temperature, ctx.rows = temperature, rows
+        ctx.set_materialize_grads(False)
+        return log_probs, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_log_probs, grad_entropy):
+        logits, labels, log_normalisers, entropy = ctx.saved_tensors
+        grad_logits = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.rows):
+            chunk = slice(start, start + ctx.rows)
+            log_softmax = _scaled(logits[chunk], ctx.temperature) - log_normalisers[chunk, None]
+            if grad_entropy is not None and grad_entropy.numel():
+                # dH / dz = -p * (log p + H); then d log p_y / d z = onehot(y) - p
+                probs = torch.exp(log_softmax)
+                grad = log_softmax.add_(entropy[chunk, None]).mul_(-grad_entropy[chunk, None])
+                if grad_log_probs is not None:
+                    grad.sub_(grad_log_probs[chunk, None])
+                grad.mul_(probs)
+            else:
+                grad = log_softmax.exp_().mul_(-grad_log_probs[chunk, None])
+            if grad_log_probs is not None:
+                grad.scatter_add_(-1, labels[chunk, None], grad_log_probs[chunk, None])
+            if ctx.temperature != 1.0:
+                grad.div_(ctx.temperature)
+            grad_logits[chunk] = grad
+        return grad_logits, None, None, None, None
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    scaled = logits.float()
+    return scaled if temperature == 1.0 else scaled / temperature
+
+
+def last_decoder_layer(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The last layer of a transformers causal LM's decoder stack (through peft wrappers), or None."""
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        return None
+    return layers[-1]
+
+
+@contextmanager
+def kept_positions_only(model: torch.nn.Module, keep: torch.Tensor) -> Iterator[None]:
+    """Within the block, the last decoder layer's position-wise parts run at ``keep``'s True positions only.
+
+    The other positions' last-layer outputs are never read, and in that layer a position feeds the others only
+    through its keys and values: its query projection, attention output projection and MLP are work for nothing
+    (with shared prompts, about half the row). Exact: the kept positions compute what they compute without it.
+    The parts run on the kept positions alone and leave zeros elsewhere (a query of zeros attends uniformly; its
+    output is then dropped by ``o_proj``'s zeros).
+
+    ``keep`` ``[rows, seq]`` bool is the ``logits_to_keep`` mask of the forward. Nothing changes for models
+    whose last layer lacks those parts, or under gradient checkpointing (its recomputation in the backward
+    runs after the block).
+    """
+    layer = last_decoder_layer(model)
+    parts = [_submodule(layer, name) for name in POSITION_WISE] if layer is not None else []
+    if not parts or any(part is None for part in parts) or getattr(model, "is_gradient_checkpointing", False):
+        yield
+        return
+    flat_keep = keep.reshape(-1)
+    index = flat_keep.nonzero().squeeze(1)
+    for part in parts:
+        part.forward = _at_positions(part.forward, index, flat_keep.numel())
+    try:
+        yield
+    finally:
+        for part in parts:
+            del part.forward
+
+
+def _submodule(module: torch.nn.Module, dotted: str) -> torch.nn.Module | None:
+    for name in dotted.split("."):
+        module = getattr(module, name, None)
+        if not isinstance(module, torch.nn.Module):
+            return None
+    return module
+
+
+def _at_positions(forward, index: torch.Tensor, positions: int):
+    """``forward`` of a position-wise module applied to ``index``'s rows of its flattened input, zeros elsewhere."""
+
+    def run(hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        flat = hidden.reshape(positions, hidden.shape[-1])
+        kept = forward(flat.index_select(0, index), *args, **kwargs)
+        out = kept.new_zeros(positions, kept.shape[-1]).index_copy(0, index, kept)
+        return out.view(*hidden.shape[:-1], kept.shape[-1])
+
+    return run

@@ -19,14 +19,20 @@ import os
 import torch
 from transformers import AutoModelForTokenClassification, PreTrainedModel
 
+from hybridflow.models.layouts import (
+    Layout,
+    PackedBatch,
+    SharedPromptBatch,
+    choose_packing,
+    packed_outputs,
+    unpack,
+)
 from hybridflow.models.loading import (
     from_pretrained_or_raise,
     load_model_config,
     resolve_dtype,
     resolve_model_path,
 )
-from hybridflow.models.padding import PackedBatch, pack_for_model, packed_outputs, unpack
-from hybridflow.models.shared_prompts import SharedPromptBatch, choose_layout
 
 HEAD_INIT_SEED = 0
 
@@ -78,9 +84,9 @@ def forward_token_scores(
     """The scalar head's output at every position: ``[B, L]`` float32, 0 on padding.
 
     With ``use_remove_padding`` the real tokens run packed unless the padded rectangle is cheaper (see
-    ``hybridflow.models.padding.pack_for_model``).
+    ``hybridflow.models.layouts.choose_packing``).
     """
-    packed = pack_for_model(model, input_ids, attention_mask) if use_remove_padding else None
+    packed = choose_packing(model, attention_mask)[0].pack(input_ids, attention_mask) if use_remove_padding else None
     return _token_scores(model, input_ids, attention_mask, position_ids, packed)
 
 
@@ -101,23 +107,19 @@ def forward_values(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     response_length: int,
-    use_remove_padding: bool = True,
-    share_prompts: bool | None = False,
+    layout: Layout,
 ) -> torch.Tensor:
     """Critic values ``[B, R]``: ``values[:, t]`` is V of the state before response token ``t``.
 
     That state ends at column ``L - R - 1 + t``, the same position whose logits give token ``t``'s
-    log-prob; entries whose response token is padding are 0. ``share_prompts`` as in
-    ``hybridflow.models.log_probs``: the samples of one prompt run it once (``None``: where estimated cheaper
-    than the padded or packed layout; ``True``: wherever a prompt repeats); the value before each first
-    response token is then the prompt's last position's, computed once for the group.
+    log-prob; entries whose response token is padding are 0. The batch runs in ``layout``, its pass's
+    (``hybridflow.models.layouts.choose_layout``); with shared prompts the value before each first response
+    token is the prompt's last position's, computed once for the group.
     """
-    shared, packed = choose_layout(
-        value_model, input_ids, attention_mask, response_length, share_prompts, use_remove_padding
-    )
-    if shared is not None:
-        return _shared_values(value_model, shared)
-    scores = _token_scores(value_model, input_ids, attention_mask, position_ids, packed)
+    rows = layout.arrange(input_ids, attention_mask, response_length)
+    if isinstance(rows, SharedPromptBatch):
+        return _shared_values(value_model, rows)
+    scores = _token_scores(value_model, input_ids, attention_mask, position_ids, rows)
     return scores[:, -response_length - 1 : -1] * attention_mask[:, -response_length:]
 
 

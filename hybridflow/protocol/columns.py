@@ -1,9 +1,33 @@
-"""Non-tensor columns of a DataProto: numpy arrays with one entry per row, and value comparison for union."""
+"""The columns of a DataProto: which batch keys each worker call reads (verl's names), the non-tensor
+columns (numpy arrays with one entry per row), and value comparison for union.
+
+The driver sends each call only the keys it reads, from the lists here, so it imports no worker module.
+"""
 
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, Iterable
+
+# The prompt tensors a rollout reads, [B, P] each.
+PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+# A log-prob pass (actor or reference) over prompt + response, [B, L] each, and the responses [B, R].
+LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+ACTOR_UPDATE_INPUTS = LOG_PROB_INPUTS + ("response_mask", "advantages")
+# Read by the actor's update when present: the loss's old log-probs, its KL term's reference, rollout
+# correction's weights.
+ACTOR_UPDATE_OPTIONAL_INPUTS = ("old_log_probs", "ref_log_prob", "rollout_is_weights")
+VALUE_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+CRITIC_UPDATE_INPUTS = VALUE_INPUTS + ("response_mask", "values", "returns")
+
+
+def actor_update_columns(present: Iterable[str], old_log_probs_from_update: bool) -> list[str]:
+    """The batch keys an actor update reads, of the keys ``present`` (an on-policy update has no old log-probs)."""
+    present = set(present)
+    optional = [key for key in ACTOR_UPDATE_OPTIONAL_INPUTS if key in present]
+    if old_log_probs_from_update:
+        optional = [key for key in optional if key != "old_log_probs"]
+    return list(ACTOR_UPDATE_INPUTS) + optional
 
 import numpy as np
 import torch

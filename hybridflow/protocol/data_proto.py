@@ -24,8 +24,14 @@ from hybridflow.protocol.errors import (
     NotDivisibleError,
     UnionConflictError,
 )
-from hybridflow.protocol.meta_info import merge_meta_info
-from hybridflow.protocol.rows import concat_parts, repeat_rows, require_row_indexable, rows_index, shape_text
+from hybridflow.protocol.rows import (
+    concat_parts,
+    merge_meta_info,
+    repeat_rows,
+    require_row_indexable,
+    rows_index,
+    shape_text,
+)
 from hybridflow.protocol.serialization import tensordict_from_state, tensordict_to_state
 
 Index = int | slice | torch.Tensor | np.ndarray | Sequence[int] | Sequence[bool]
@@ -278,11 +284,11 @@ class DataProto:
 
         ``meta_info['metrics']`` of all parts are gathered into ``{name: [one value per metrics dict]}``; any
         other key must hold the same value in every part that has it, else MetaInfoConflictError (see
-        :func:`hybridflow.protocol.meta_info.merge_meta_info`).
+        :func:`hybridflow.protocol.rows.merge_meta_info`).
         """
         if not parts:
             raise DataProtoError("DataProto.concat needs at least one DataProto, got an empty list")
-        batch, non_tensor_batch = concat_parts(parts)
+        batch, non_tensor_batch = concat_parts([p.batch for p in parts], [p.non_tensor_batch for p in parts])
         meta_info = merge_meta_info([part.meta_info for part in parts])
         return DataProto(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=meta_info)
 
@@ -315,7 +321,8 @@ class DataProto:
             return self, 0
         padding = self[np.arange(pad_size) % len(self)]
         # Rows only: merging meta_info with the padding's copy would turn metrics into lists.
-        batch, non_tensor_batch = concat_parts([self, padding])
+        parts = (self, padding)
+        batch, non_tensor_batch = concat_parts([p.batch for p in parts], [p.non_tensor_batch for p in parts])
         return DataProto(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=dict(self.meta_info)), pad_size
 
     def unpad(self, pad_size: int) -> "DataProto":

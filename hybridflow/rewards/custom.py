@@ -19,7 +19,6 @@ from typing import Any, Callable
 from hybridflow.errors import HybridflowError
 
 
-
 class CustomRewardError(HybridflowError, ValueError):
     """The custom reward file or function named in the config cannot be used."""
 

@@ -34,7 +34,6 @@ from hybridflow.rollout.tool_messages import ToolMessageEncoder
 from hybridflow.rollout.tool_parser import TOOL_PARSERS, ParsedOutput, ToolCall
 from hybridflow.rollout.tools import BaseTool, load_tools
 
-
 # Tools that enforce their own time limit (the python executor) get to report it before the loop's bound cuts in.
 TOOL_TIMEOUT_GRACE_S = 1.0
 

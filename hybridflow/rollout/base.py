@@ -24,11 +24,12 @@ import torch
 
 from hybridflow.errors import HybridflowError
 from hybridflow.protocol import DataProto, Part, join_parts
+from hybridflow.protocol.columns import PROMPT_KEYS
 from hybridflow.registry import Registry
 from hybridflow.rollout.agent_loop import AgentLoop
 from hybridflow.rollout.config import RolloutConfig
 from hybridflow.rollout.requests import GenerationRequest, GenerationResult
-from hybridflow.rollout.sequences import PROMPT_KEYS, build_requests, pack_outputs, prompt_token_lists
+from hybridflow.rollout.sequences import build_requests, pack_outputs, prompt_token_lists
 
 ROLLOUT_ENGINES: Registry[type["RolloutEngine"]] = Registry("rollout engine", "actor_rollout_ref.rollout.name")
 

@@ -9,9 +9,6 @@ import torch
 from hybridflow.rollout.config import SamplingParams
 from hybridflow.rollout.requests import GenerationRequest
 
-# The prompt tensors a rollout reads (verl's names), [B, P] each.
-PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
-
 # One sample's output: response token ids, its loss mask (1 = generated, 0 = tool result), per-token log-probs.
 SampleOutput = tuple[list[int], list[int], list[float]]
 

@@ -14,9 +14,9 @@ import sys
 from typing import Any, Callable
 
 from hybridflow.config.command_line import CONFIG_CHECK_ENV, checked_with, hydra_arguments, print_check_outcome
+from hybridflow.config.key_surface import Surface
 from hybridflow.config.load import ConfigError
 from hybridflow.trainer.error_boundary import error_boundary, found_before_start
-from hybridflow.config.key_surface import Surface
 
 # Set by command_line(): unknown keys, left out of Hydra's arguments and reported with the config's own problems.
 UNKNOWN_KEYS: list[str] = []

@@ -20,9 +20,9 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from hybridflow.config.load import ConfigError
 from hybridflow.distributed.errors import WorkerError
 from hybridflow.errors import HybridflowError, RunInterrupted
-from hybridflow.config.load import ConfigError
 
 FULL_ERROR_ENV = "HYBRIDFLOW_FULL_ERROR"
 T = TypeVar("T")

@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 import hydra
 from omegaconf import DictConfig
 
-from hybridflow.errors import RunInterrupted
-from hybridflow.rewards import build_reward_manager, check_data_sources, load_custom_reward_function
-from hybridflow.config.schema import PPOTrainerConfig
-from hybridflow.trainer.entry_point import checked_run, command_line
-from hybridflow.trainer.error_boundary import WORKERS_STARTING
-from hybridflow.config.resume_checks import check_data_position
-from hybridflow.config.reward_options import reward_manager_options
 from hybridflow.config.load import load_config_with_notes
 from hybridflow.config.plan import RunPlan, build_plan, describe
+from hybridflow.config.resume_checks import check_data_position
+from hybridflow.config.reward_options import reward_manager_options
+from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.verl_compat import PPO_SURFACE
+from hybridflow.errors import RunInterrupted
+from hybridflow.rewards import build_reward_manager, check_data_sources, load_custom_reward_function
+from hybridflow.trainer.entry_point import checked_run, command_line
+from hybridflow.trainer.error_boundary import WORKERS_STARTING
 
 if TYPE_CHECKING:
     from hybridflow.data.rl_dataset import RLDataset

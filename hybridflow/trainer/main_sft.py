@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 import hydra
 from omegaconf import DictConfig
 
+from hybridflow.config.sft import SFTTrainerConfig, load_sft_config_with_notes
+from hybridflow.config.verl_sft_compat import SFT_SURFACE
 from hybridflow.errors import RunInterrupted
 from hybridflow.trainer.entry_point import checked_run, command_line
 from hybridflow.trainer.error_boundary import WORKERS_STARTING
-from hybridflow.config.sft import SFTTrainerConfig, load_sft_config_with_notes
-from hybridflow.config.verl_sft_compat import SFT_SURFACE
 
 if TYPE_CHECKING:
     from hybridflow.trainer.sft_trainer import SFTTrainer

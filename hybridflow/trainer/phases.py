@@ -15,18 +15,17 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from hybridflow.algos.advantage_registry import estimator_inputs, get_adv_estimator_fn
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, get_adv_estimator_fn
 from hybridflow.algos.kl import apply_kl_penalty
 from hybridflow.algos.kl_controllers import get_kl_controller
 from hybridflow.algos.rollout_correction import CorrectionSettings, compute_rollout_correction
 from hybridflow.config.phases import OLD_FROM_UPDATE
 from hybridflow.data.seqlen_balancing import rank_balanced_order
 from hybridflow.protocol import DataProto
+from hybridflow.protocol.columns import CRITIC_UPDATE_INPUTS, LOG_PROB_INPUTS, VALUE_INPUTS, actor_update_columns
 from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.metrics import reduce_worker_metrics, samples_with_signal
-from hybridflow.workers.actor import LOG_PROB_INPUTS, update_columns
-from hybridflow.workers.critic import UPDATE_INPUTS as CRITIC_UPDATE_INPUTS, VALUE_INPUTS
-from hybridflow.workers.batching import local_loss_counts
+from hybridflow.workers.training import local_loss_counts
 
 
 class StepTimer:
@@ -85,7 +84,7 @@ def columns(batch: DataProto, keys: Any) -> DataProto:
 
 def actor_update_input(batch: DataProto, old_log_probs_from_update: bool) -> DataProto:
     """Phase 7's input: the columns the actor's update reads."""
-    return columns(batch, update_columns(batch.batch.keys(), old_log_probs_from_update))
+    return columns(batch, actor_update_columns(batch.batch.keys(), old_log_probs_from_update))
 
 
 class Started:
@@ -255,7 +254,8 @@ class KLInReward:
 
     def __init__(self, algorithm_config: Any):
         self.kind = algorithm_config.kl_penalty
-        self.controller = get_kl_controller(algorithm_config.kl_ctrl)
+        kl_ctrl = algorithm_config.kl_ctrl
+        self.controller = get_kl_controller(kl_ctrl.type, kl_ctrl.kl_coef, kl_ctrl.target_kl, kl_ctrl.horizon)
 
     def __call__(self, batch: DataProto) -> tuple[DataProto, dict[str, float]]:
         tensors = batch.batch
@@ -339,9 +339,16 @@ class AdvantageEstimator:
     given exactly the inputs it declared at registration."""
 
     def __init__(self, algorithm_config: Any):
-        self.config = algorithm_config
+        # The algorithm options an estimator may read (each takes those it knows as typed arguments).
+        self.options = dict(
+            gamma=algorithm_config.gamma,
+            lam=algorithm_config.lam,
+            norm_adv_by_std_in_grpo=algorithm_config.norm_adv_by_std_in_grpo,
+            gdpo_reward_keys=algorithm_config.gdpo_reward_keys,
+            gdpo_reward_weights=algorithm_config.gdpo_reward_weights,
+        )
         self.estimate = get_adv_estimator_fn(algorithm_config.adv_estimator)
-        needed = estimator_inputs(algorithm_config.adv_estimator)
+        needed = ADV_ESTIMATORS.traits(algorithm_config.adv_estimator)["requires"]
         self.readers = {name: _ESTIMATOR_INPUT_READERS[name] for name in needed}
 
     def __call__(self, batch: DataProto) -> DataProto:
@@ -349,7 +356,7 @@ class AdvantageEstimator:
         advantages, returns = self.estimate(
             token_level_rewards=batch.batch["token_level_rewards"],
             response_mask=batch.batch["response_mask"],
-            config=self.config,
+            **self.options,
             **inputs,
         )
         batch.batch["advantages"] = advantages

@@ -19,7 +19,11 @@ from collections import defaultdict
 from typing import Any, Callable
 
 from hybridflow.checkpoints.manager import (
-    ACTOR_DIR, CRITIC_DIR, CheckpointManager, capture_rng_state, restore_rng_state,
+    ACTOR_DIR,
+    CRITIC_DIR,
+    CheckpointManager,
+    capture_rng_state,
+    restore_rng_state,
 )
 from hybridflow.config.plan import RunPlan
 from hybridflow.config.resume_checks import STATE_KEY as RESUME_STATE_KEY
@@ -29,14 +33,25 @@ from hybridflow.tracking import metric_names as names
 from hybridflow.tracking.trackers import RunInfo, Tracking
 from hybridflow.trainer import assembly
 from hybridflow.trainer.metrics import (
-    compute_actor_mfu_metrics, compute_data_metrics, compute_rollout_probs_diff_metrics, compute_throughput_metrics,
+    compute_actor_mfu_metrics,
+    compute_data_metrics,
+    compute_rollout_probs_diff_metrics,
+    compute_throughput_metrics,
     compute_timing_metrics,
 )
 from hybridflow.trainer.nonfinite import NonFiniteGuard
 from hybridflow.trainer.perf import count_parameters, peak_flops_per_process
 from hybridflow.trainer.phases import (
-    AdvantageEstimator, Advantages, KLInReward, NoRolloutCorrection, RolloutCorrection, ScoresAsRewards, StepTimer,
-    balance_batch, join_columns, rows_with_signal,
+    AdvantageEstimator,
+    Advantages,
+    KLInReward,
+    NoRolloutCorrection,
+    RolloutCorrection,
+    ScoresAsRewards,
+    StepTimer,
+    balance_batch,
+    join_columns,
+    rows_with_signal,
 )
 from hybridflow.trainer.rollout_collection import EndOfData, PromptSource, assign_uids, generate_and_score
 from hybridflow.trainer.val_generations import ValidationGenerations

@@ -19,7 +19,7 @@ import torch
 
 from hybridflow.errors import HybridflowError
 from hybridflow.protocol import DataProto
-from hybridflow.rollout.sequences import PROMPT_KEYS
+from hybridflow.protocol.columns import PROMPT_KEYS
 from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.phases import StepTimer, union_columns
 

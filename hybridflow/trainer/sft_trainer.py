@@ -13,16 +13,16 @@ import pathlib
 import time
 from typing import Any, Protocol
 
-from hybridflow.distributed import RayClassWithInitArgs
 from hybridflow.checkpoints.manager import CheckpointManager, capture_rng_state, restore_rng_state
-from hybridflow.trainer.metrics import reduce_worker_metrics
 from hybridflow.config.placement import make_resource_plan
-from hybridflow.trainer.worker_groups import WorkerGroups, create_worker_groups
 from hybridflow.config.sft import SFTTrainerConfig, to_plain_dict
-from hybridflow.workers.sft_worker import SFTWorker
+from hybridflow.distributed import RayClassWithInitArgs
 from hybridflow.tracking.trackers import RunInfo, Tracking
-from hybridflow.workers.batching import MicroBatching
+from hybridflow.trainer.metrics import reduce_worker_metrics
+from hybridflow.trainer.worker_groups import WorkerGroups, create_worker_groups
 from hybridflow.workers.config import ModelConfig, OptimConfig
+from hybridflow.workers.sft_worker import SFTWorker
+from hybridflow.workers.training import MicroBatching
 
 HF_EXPORT_DIR = "huggingface"
 WORKER_STATE_DIR = "model"

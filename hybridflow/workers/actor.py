@@ -17,81 +17,57 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pathlib
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 from peft import LoraConfig
 from torch.distributed.device_mesh import DeviceMesh
 
-from hybridflow.algos import (
-    BypassCorrection,
-    PolicyLossConfig,
-    agg_loss,
-    compute_bypass_policy_loss,
-    get_policy_loss_fn,
-    kl_penalty,
-)
-from hybridflow.models.log_probs import forward_log_probs, forward_token_statistics
-from hybridflow.models.training_options import compile_model
+from hybridflow.algos import KL_ESTIMATORS, BypassCorrection, compute_bypass_policy_loss, get_policy_loss_fn
+from hybridflow.models.layouts import Layout, choose_layout
+from hybridflow.models.log_probs import TokenStatistics, forward_token_statistics
 from hybridflow.models.lora import is_lora_model, lora_config
+from hybridflow.models.training_options import compile_model
 from hybridflow.protocol import DataProto
+from hybridflow.protocol.columns import LOG_PROB_INPUTS, actor_update_columns
 from hybridflow.workers import checkpoint
-from hybridflow.workers.batching import (
+from hybridflow.workers.config import ActorConfig, PolicyModelConfig, RefConfig, micro_batch_size_per_rank
+from hybridflow.workers.fsdp import iter_hf_weights, iter_lora_weights
+from hybridflow.workers.model_setup import load_policy_model, shard_for_training
+from hybridflow.workers.training import (
     LossCounts,
     MicroBatching,
+    ShardedTrainer,
+    UpdateBatchError,
     loss_counts,
     mini_batch_size_per_rank,
     run_in_micro_batches,
 )
-from hybridflow.workers.config import ActorConfig, PolicyModelConfig, RefConfig, micro_batch_size_per_rank
-from hybridflow.workers.fsdp import iter_hf_weights, iter_lora_weights
-from hybridflow.workers.model_setup import load_policy_model, shard_for_training
-from hybridflow.workers.training import ShardedTrainer, UpdateBatchError
-
-LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
-UPDATE_INPUTS = LOG_PROB_INPUTS + ("response_mask", "advantages")
-# Read when present: the loss's old log-probs, its KL term's reference, rollout correction's weights.
-UPDATE_OPTIONAL_INPUTS = ("old_log_probs", "ref_log_prob", "rollout_is_weights")
 
 
-def update_columns(present: Iterable[str], old_log_probs_from_update: bool) -> list[str]:
-    """The batch keys an update reads, of the keys ``present`` (an on-policy update has no old log-probs)."""
-    present = set(present)
-    optional = [key for key in UPDATE_OPTIONAL_INPUTS if key in present]
-    return list(UPDATE_INPUTS) + [key for key in optional if not (old_log_probs_from_update and key == "old_log_probs")]
-
-def policy_loss_config(config: ActorConfig) -> PolicyLossConfig:
-    """What the policy loss reads: the ``policy_loss`` section (mode and its own options) plus the actor's
-    clip settings, an unset ``clip_ratio_low``/``clip_ratio_high`` meaning ``clip_ratio`` (as in verl)."""
-    return PolicyLossConfig(
-        **dataclasses.asdict(config.policy_loss),
-        clip_ratio=config.clip_ratio,
-        clip_ratio_low=config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low,
-        clip_ratio_high=config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high,
-        clip_ratio_c=config.clip_ratio_c,
-        loss_agg_mode=config.loss_agg_mode,
-        loss_scale_factor=config.loss_scale_factor,
+def pass_layout(
+    model: torch.nn.Module, data: DataProto, share_prompts: bool | None, use_remove_padding: bool
+) -> Layout:
+    """The layout every micro-batch of a pass over ``data`` (this rank's whole batch) runs, chosen once."""
+    batch = data.batch
+    response_length = batch["responses"].shape[1]
+    return choose_layout(
+        model, batch["input_ids"], batch["attention_mask"], response_length, share_prompts, use_remove_padding
     )
 
 
 def log_prob_forward(
-    model: torch.nn.Module, data: DataProto, temperature: float, use_remove_padding: bool, calculate_entropy: bool,
-    chunk_size: int | None = None, share_prompts: bool | None = False,
-):
-    """``forward_log_probs`` on a batch's ``input_ids``/``attention_mask``/``position_ids``: ``[B, R]`` each."""
+    model: torch.nn.Module, data: DataProto, layout: Layout, temperature: float, calculate_entropy: bool = False,
+    calculate_sum_pi_squared: bool = False, chunk_size: int | None = None,
+) -> TokenStatistics:
+    """``forward_token_statistics`` of a micro-batch (``input_ids``/``attention_mask``/``position_ids``,
+    ``responses``) in its pass's ``layout``: ``[B, R]`` each."""
     batch = data.batch
-    return forward_log_probs(
-        model,
-        batch["input_ids"],
-        batch["attention_mask"],
-        batch["position_ids"],
-        response_length=batch["responses"].shape[1],
-        temperature=temperature,
-        use_remove_padding=use_remove_padding,
-        calculate_entropy=calculate_entropy,
+    return forward_token_statistics(
+        model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"].shape[1],
+        layout, temperature, calculate_entropy=calculate_entropy, calculate_sum_pi_squared=calculate_sum_pi_squared,
         chunk_size=chunk_size,
-        share_prompts=share_prompts,
     )
 
 
@@ -144,8 +120,10 @@ class ActorPart:
             "actor_rollout_ref.actor.ppo_micro_batch_size",
         )
         self.update_batching = MicroBatching(micro_batch_size, config.use_dynamic_bsz, config.ppo_max_token_len_per_gpu)
-        self.policy_loss_config = policy_loss_config(config)
+        # Resolved once: the loss, its options and aggregation, the KL loss's estimator.
+        self.policy_loss_config = config.policy_loss_config()
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+        self.kl_estimator = KL_ESTIMATORS.get(config.kl_loss_type) if config.use_kl_loss else None
         self.bypass = bypass
         self.weights_version = 0
 
@@ -158,15 +136,12 @@ class ActorPart:
         asked = {"old_log_probs": True, "entropys": calculate_entropy, "sum_pi_squared": sum_pi_squared}
         names = [name for name, wanted in asked.items() if wanted]
         self.module.eval()
+        layout = self._layout(inputs)
 
         def forward(micro: DataProto) -> tuple[torch.Tensor, ...]:
-            batch = micro.batch
-            statistics = forward_token_statistics(
-                self.module, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
-                response_length=batch["responses"].shape[1], temperature=temperature,
-                use_remove_padding=self.model_config.use_remove_padding, calculate_entropy=calculate_entropy,
-                calculate_sum_pi_squared=sum_pi_squared, chunk_size=entropy_chunk_size(self.config),
-                share_prompts=self.config.use_prefix_grouper,
+            statistics = log_prob_forward(
+                self.module, micro, layout, temperature, calculate_entropy, sum_pi_squared,
+                entropy_chunk_size(self.config),
             )
             return tuple(value for value in statistics if value is not None)
 
@@ -188,12 +163,13 @@ class ActorPart:
         rows reports ``pg_loss`` 0 (every left-out row has advantage 0) and no entropy.
         """
         on_policy = old_log_probs_from_update
-        keys = self._update_inputs(data, on_policy)
+        data = data.select(batch_keys=self._update_inputs(data, on_policy))
+        layout = self._layout(data)
         # Diagnostics describe the rows present; the loss is normalised by the whole batch.
         rows_present = None if whole_batch_counts is None else loss_counts(data.batch["response_mask"].to(self.device))
         metrics = self.trainer.update(
-            data.select(batch_keys=keys),
-            lambda micro, counts: self._loss(micro, counts, temperature, on_policy, rows_present),
+            data,
+            lambda micro, counts: self._loss(micro, counts, layout, temperature, on_policy, rows_present),
             mini_batch_size=self.mini_batch_size,
             epochs=self.config.ppo_epochs,
             batching=self.update_batching,
@@ -207,6 +183,10 @@ class ActorPart:
         if self.config.use_kl_loss:
             metrics["kl_coef"] = self.config.kl_loss_coef
         return metrics
+
+    def _layout(self, data: DataProto) -> Layout:
+        """The layout of every micro-batch of a pass over ``data``, chosen once for the pass."""
+        return pass_layout(self.module, data, self.config.use_prefix_grouper, self.model_config.use_remove_padding)
 
     def _update_inputs(self, data: DataProto, on_policy: bool) -> list[str]:
         """The batch keys the update reads; raises when ``data`` lacks one or cannot be trained as it asks."""
@@ -223,36 +203,35 @@ class ActorPart:
             raise KeyError(
                 "update_actor needs 'old_log_probs' (run compute_log_prob first) or old_log_probs_from_update=True"
             )
-        return update_columns(present, on_policy)
+        return actor_update_columns(present, on_policy)
 
     def _loss(
-        self, micro: DataProto, counts: LossCounts, temperature: float, on_policy: bool, rows_present: LossCounts | None
+        self, micro: DataProto, counts: LossCounts, layout: Layout, temperature: float, on_policy: bool,
+        rows_present: LossCounts | None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Policy loss - entropy bonus + KL loss of one micro-batch, and its additive metrics.
-
-        ``counts`` normalise the loss; ``rows_present`` (default ``counts``) normalise the diagnostics.
+        """Policy loss - entropy bonus + KL loss of one micro-batch run in its update's ``layout``, and its
+        additive metrics. ``counts`` normalise the loss; ``rows_present`` (default ``counts``) the diagnostics.
         """
         batch, config = micro.batch, self.config
-        log_prob, entropy = log_prob_forward(
-            self.module, micro, temperature, self.model_config.use_remove_padding, True, entropy_chunk_size(self.config),
-            share_prompts=config.use_prefix_grouper,
+        log_prob, entropy, _ = log_prob_forward(
+            self.module, micro, layout, temperature, calculate_entropy=True, chunk_size=entropy_chunk_size(config)
         )
         response_mask = batch["response_mask"]
         counts_kwargs = dataclasses.asdict(counts)
         pg_loss, pg_metrics = self._policy_loss(batch, log_prob, on_policy, counts_kwargs)
-        entropy_loss = agg_loss(entropy, response_mask, config.loss_agg_mode, **counts_kwargs)
+        aggregate = self.policy_loss_config.aggregate
+        entropy_loss = aggregate(entropy, response_mask, **counts_kwargs)
         loss = pg_loss - config.entropy_coeff * entropy_loss
         rows_present = rows_present or counts
         if rows_present != counts:
-            entropy_loss = agg_loss(entropy, response_mask, config.loss_agg_mode, **dataclasses.asdict(rows_present))
+            entropy_loss = aggregate(entropy, response_mask, **dataclasses.asdict(rows_present))
         # The losses above are this micro-batch's share of the mini-batch value; the loss's own metrics
         # are means over the micro-batch's tokens, so weigh them by its share of the tokens.
         token_share = float(response_mask.sum()) / max(rows_present.global_token_count, 1.0)
         metrics = {key: value * token_share for key, value in pg_metrics.items()}
         metrics.update(pg_loss=float(pg_loss.detach()), entropy=float(entropy_loss.detach()))
-        if config.use_kl_loss:
-            kl = kl_penalty(log_prob, batch["ref_log_prob"], config.kl_loss_type)
-            kl_loss = agg_loss(kl, response_mask, config.loss_agg_mode, **counts_kwargs)
+        if self.kl_estimator is not None:
+            kl_loss = aggregate(self.kl_estimator(log_prob, batch["ref_log_prob"]), response_mask, **counts_kwargs)
             loss = loss + config.kl_loss_coef * kl_loss
             metrics["kl_loss"] = float(kl_loss.detach())
         return loss, metrics
@@ -263,7 +242,7 @@ class ActorPart:
         """The configured policy loss, or bypass mode's (whose ``old_log_probs`` are the rollout's)."""
         common = dict(
             log_prob=log_prob, advantages=batch["advantages"], response_mask=batch["response_mask"],
-            loss_agg_mode=self.config.loss_agg_mode, config=self.policy_loss_config, **counts_kwargs,
+            config=self.policy_loss_config, **counts_kwargs,
         )
         if self.bypass is not None:
             return compute_bypass_policy_loss(rollout_log_prob=batch["old_log_probs"], bypass=self.bypass, **common)

@@ -18,7 +18,6 @@ from hybridflow.models.loading import load_tokenizer
 from hybridflow.protocol import DataProto, Part
 from hybridflow.rollout.weight_loading import weight_buckets
 from hybridflow.workers.actor import ActorPart
-from hybridflow.workers.batching import LossCounts, MicroBatching
 from hybridflow.workers.config import (
     ActorRolloutRefConfig,
     WorkerConfigError,
@@ -28,7 +27,7 @@ from hybridflow.workers.config import (
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.ref import RefPart
 from hybridflow.workers.rollout_part import RolloutPart
-from hybridflow.workers.training import metrics_output
+from hybridflow.workers.training import LossCounts, MicroBatching, metrics_output
 
 if TYPE_CHECKING:
     from hybridflow.distributed import SharedObject

@@ -14,7 +14,7 @@ from typing import Any, Optional, TypeVar
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hybridflow.algos.policy_loss_config import PolicyLossModeConfig
+from hybridflow.algos.policy_losses import PolicyLossConfig, PolicyLossModeConfig
 from hybridflow.help_fields import option, section
 from hybridflow.rollout.config import LORA_ADAPTER_ENGINES, RolloutConfig
 
@@ -154,7 +154,7 @@ class ActorConfig:
     clip_ratio_low: Optional[float] = option(None, "Lower clip epsilon; None means clip_ratio.")
     clip_ratio_high: Optional[float] = option(None, "Upper clip epsilon (DAPO clip-higher); None means clip_ratio.")
     clip_ratio_c: float = option(3.0, "Dual-clip bound for negative advantages (arXiv:1912.09729).")
-    loss_agg_mode: str = option("token-mean", "How the per-token loss becomes a scalar (algos.loss_agg).")
+    loss_agg_mode: str = option("token-mean", "How the per-token loss becomes a scalar (algos.agg_loss).")
     loss_scale_factor: Optional[float] = option(None, "Constant divisor of seq-mean-token-sum-norm.")
     entropy_coeff: float = option(0.0, "Weight of the entropy bonus subtracted from the loss.")
     calculate_sum_pi_squared: bool = option(
@@ -193,6 +193,14 @@ class ActorConfig:
     optim: OptimConfig = section(OptimConfig, "Optimizer and learning-rate schedule.")
     fsdp_config: FSDPConfig = section(FSDPConfig, "FSDP2 sharding, offload and mixed precision.")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "What checkpoints hold.")
+
+    def policy_loss_config(self) -> PolicyLossConfig:
+        """What the policy loss reads, resolved and checked (raises ``PolicyLossConfigError`` listing every
+        problem): the ``policy_loss`` section plus the clip and aggregation keys beside it."""
+        return PolicyLossConfig.resolve(
+            self.policy_loss, self.clip_ratio, self.clip_ratio_low, self.clip_ratio_high, self.clip_ratio_c,
+            self.loss_agg_mode, self.loss_scale_factor,
+        )
 
 
 @dataclass

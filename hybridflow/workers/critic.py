@@ -15,22 +15,22 @@ import torch.distributed as dist
 from hybridflow.algos import masked_mean
 from hybridflow.algos.value_loss import compute_value_loss
 from hybridflow.distributed import Dispatch, Worker, register
+from hybridflow.models.layouts import Layout, choose_layout
 from hybridflow.models.value_model import forward_values, load_value_model
 from hybridflow.protocol import DataProto
+from hybridflow.protocol.columns import CRITIC_UPDATE_INPUTS, VALUE_INPUTS
 from hybridflow.workers import checkpoint
-from hybridflow.workers.batching import (
-    LossCounts,
-    MicroBatching,
-    mini_batch_size_per_rank,
-    run_in_micro_batches,
-)
 from hybridflow.workers.config import CriticConfig, WorkerConfigError, as_config, micro_batch_size_per_rank
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.model_setup import shard_for_training
-from hybridflow.workers.training import ShardedTrainer, metrics_output
-
-VALUE_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
-UPDATE_INPUTS = VALUE_INPUTS + ("response_mask", "values", "returns")
+from hybridflow.workers.training import (
+    LossCounts,
+    MicroBatching,
+    ShardedTrainer,
+    metrics_output,
+    mini_batch_size_per_rank,
+    run_in_micro_batches,
+)
 
 
 class CriticPart:
@@ -65,32 +65,39 @@ class CriticPart:
         self.forward_batching = MicroBatching(forward_size, dynamic, config.forward_max_token_len_per_gpu)
         self.update_batching = MicroBatching(update_size, dynamic, config.ppo_max_token_len_per_gpu)
 
-    def _values(self, micro: DataProto) -> torch.Tensor:
+    def _layout(self, data: DataProto) -> Layout:
+        """The layout of every micro-batch of a pass over ``data``, chosen once for the pass."""
+        batch = data.batch
+        return choose_layout(
+            self.module, batch["input_ids"], batch["attention_mask"], batch["responses"].shape[1],
+            self.config.use_prefix_grouper, self.config.model.use_remove_padding,
+        )
+
+    def _values(self, micro: DataProto, layout: Layout) -> torch.Tensor:
         batch = micro.batch
         return forward_values(
-            self.module,
-            batch["input_ids"],
-            batch["attention_mask"],
-            batch["position_ids"],
-            response_length=batch["responses"].shape[1],
-            use_remove_padding=self.config.model.use_remove_padding,
-            share_prompts=self.config.use_prefix_grouper,
+            self.module, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+            batch["responses"].shape[1], layout,
         )
 
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """Values ``[B, R]`` (0 where the response is padding), on CPU."""
         self.module.eval()
+        inputs = data.select(batch_keys=list(VALUE_INPUTS))
+        layout = self._layout(inputs)
         with self.trainer.on_device():
             (values,) = run_in_micro_batches(
-                data.select(batch_keys=list(VALUE_INPUTS)), self.forward_batching, self.device, self._values
+                inputs, self.forward_batching, self.device, lambda micro: self._values(micro, layout)
             )
         return values.cpu()
 
     def update(self, data: DataProto) -> dict[str, Any]:
         """PPO value epochs over ``data``; metrics vf_loss, vf_clipfrac, vpred_mean, grad_norm (per step), lr."""
+        data = data.select(batch_keys=list(CRITIC_UPDATE_INPUTS))
+        layout = self._layout(data)
         return self.trainer.update(
-            data.select(batch_keys=list(UPDATE_INPUTS)),
-            self._loss,
+            data,
+            lambda micro, counts: self._loss(micro, counts, layout),
             mini_batch_size=self.mini_batch_size,
             epochs=self.config.ppo_epochs,
             batching=self.update_batching,
@@ -99,10 +106,10 @@ class CriticPart:
             seed=self.config.seed,
         )
 
-    def _loss(self, micro: DataProto, counts: LossCounts) -> tuple[torch.Tensor, dict[str, float]]:
+    def _loss(self, micro: DataProto, counts: LossCounts, layout: Layout) -> tuple[torch.Tensor, dict[str, float]]:
         batch = micro.batch
         response_mask = batch["response_mask"]
-        vpreds = self._values(micro)
+        vpreds = self._values(micro, layout)
         vf_loss, vf_clipfrac = compute_value_loss(
             vpreds,
             batch["returns"],

@@ -21,8 +21,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from hybridflow.models.lora import is_lora_model, is_lora_weight
 from hybridflow.models.loading import resolve_dtype
+from hybridflow.models.lora import is_lora_model, is_lora_weight
 from hybridflow.workers.config import FSDPConfig, WorkerConfigError
 
 

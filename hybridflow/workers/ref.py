@@ -16,13 +16,14 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from hybridflow.models.lora import adapter_disabled
-from hybridflow.protocol import DataProto
 from hybridflow.models.training_options import compile_model
-from hybridflow.workers.actor import LOG_PROB_INPUTS, ActorPart, entropy_chunk_size, log_prob_forward
-from hybridflow.workers.batching import MicroBatching, run_in_micro_batches
+from hybridflow.protocol import DataProto
+from hybridflow.protocol.columns import LOG_PROB_INPUTS
+from hybridflow.workers.actor import ActorPart, entropy_chunk_size, log_prob_forward, pass_layout
 from hybridflow.workers.config import ModelConfig, RefConfig, micro_batch_size_per_rank
 from hybridflow.workers.fsdp import move_model, parameters_on
 from hybridflow.workers.model_setup import load_policy_model, shard_frozen
+from hybridflow.workers.training import MicroBatching, run_in_micro_batches
 
 CPU = torch.device("cpu")
 
@@ -93,6 +94,7 @@ class RefPart:
     def compute_ref_log_prob(self, data: DataProto, temperature: float) -> torch.Tensor:
         """Reference log-probs ``[B, R]`` of the responses, on CPU."""
         inputs = data.select(batch_keys=list(LOG_PROB_INPUTS))
+        layout = pass_layout(self.module, inputs, self.share_prompts, self.use_remove_padding)
         was_training = self.module.training
         self.module.eval()
         with self.scope():
@@ -100,9 +102,7 @@ class RefPart:
                 inputs,
                 self.batching,
                 self.device,
-                lambda micro: log_prob_forward(
-                    self.module, micro, temperature, self.use_remove_padding, False, self.chunk_size, self.share_prompts
-                )[0],
+                lambda micro: log_prob_forward(self.module, micro, layout, temperature, chunk_size=self.chunk_size)[0],
             )
         self.module.train(was_training)
         return log_probs.cpu()

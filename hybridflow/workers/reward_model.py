@@ -13,10 +13,10 @@ import torch
 from hybridflow.distributed import Dispatch, Worker, register
 from hybridflow.models.value_model import forward_reward_scores, load_reward_model
 from hybridflow.protocol import DataProto
-from hybridflow.workers.batching import MicroBatching, run_in_micro_batches
 from hybridflow.workers.config import RewardModelConfig, WorkerConfigError, as_config
 from hybridflow.workers.fsdp import build_device_mesh, move_model, parameters_on
 from hybridflow.workers.model_setup import shard_frozen
+from hybridflow.workers.training import MicroBatching, run_in_micro_batches
 
 SCORE_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 

@@ -22,11 +22,10 @@ from hybridflow.models.loading import load_tokenizer
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.protocol import DataProto
 from hybridflow.workers import checkpoint
-from hybridflow.workers.batching import LossCounts, MicroBatching, run_in_micro_batches
 from hybridflow.workers.config import CheckpointConfig, FSDPConfig, ModelConfig, OptimConfig
 from hybridflow.workers.fsdp import build_device_mesh, iter_hf_weights
 from hybridflow.workers.model_setup import load_policy_model, shard_for_training
-from hybridflow.workers.training import ShardedTrainer, metrics_output
+from hybridflow.workers.training import LossCounts, MicroBatching, ShardedTrainer, metrics_output, run_in_micro_batches
 
 SFT_INPUTS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 

@@ -7,9 +7,7 @@ import torch
 import hybridflow.algos  # noqa: F401  (registers the built-in estimators)
 from hybridflow.algos.advantage_registry import (
     ADV_ESTIMATORS,
-    estimator_inputs,
     get_adv_estimator_fn,
-    needs_critic,
     register_adv_est,
 )
 from hybridflow.registry import UnknownNameError
@@ -46,15 +44,16 @@ def test_unknown_estimator_lists_known_names_and_config_key():
     assert all(name in message for name in BUILT_IN)
 
 
-def test_required_inputs_per_estimator():
-    assert needs_critic("gae") and estimator_inputs("gae") == {"values"}
-    assert estimator_inputs("remax") == {"reward_baselines"}
-    assert estimator_inputs("reinforce_plus_plus") == frozenset()
+def test_required_inputs_per_estimator_are_traits_of_the_entry():
+    traits = ADV_ESTIMATORS.traits
+    assert traits("gae")["needs_critic"] and traits("gae")["requires"] == {"values"}
+    assert traits("remax")["requires"] == {"reward_baselines"}
+    assert traits("reinforce_plus_plus")["requires"] == frozenset()
     for name in ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
                  "reinforce_plus_plus_baseline"):
-        assert estimator_inputs(name) == {"index"} and not needs_critic(name)
+        assert traits(name)["requires"] == {"index"} and not traits(name)["needs_critic"]
     with pytest.raises(UnknownNameError):
-        needs_critic("nope")
+        traits("nope")
 
 
 def test_enum_names_are_accepted_like_verl():
@@ -82,11 +81,12 @@ def test_every_estimator_accepts_the_generic_keyword_call():
         "rollout_is_weights": torch.full((4, 2), 1.5),
         "non_tensor_batch": {"score": np.array([1.0, 0.0, 1.0, 2.0], dtype=object)},
     }
-    config = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": ["score"]}
+    options = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": ["score"],
+               "gdpo_reward_weights": None}
     for name in BUILT_IN:
-        inputs = {key: batch_inputs[key] for key in estimator_inputs(name)}
+        inputs = {key: batch_inputs[key] for key in ADV_ESTIMATORS.traits(name)["requires"]}
         advantages, returns = get_adv_estimator_fn(name)(
-            token_level_rewards=rewards, response_mask=mask, config=config, **inputs
+            token_level_rewards=rewards, response_mask=mask, **options, **inputs
         )
         assert advantages.shape == returns.shape == (4, 2), name
         assert torch.isfinite(advantages).all() and torch.isfinite(returns).all(), name

@@ -22,12 +22,10 @@ def test_gae_gamma_lam_one_hand_case():
     assert advantages.tolist() == [pytest.approx([-1.0, 0.0, 1.0], abs=1e-6)]
 
 
-def test_gae_discounted_hand_case_reads_gamma_lam_from_config():
+def test_gae_discounted_hand_case():
     rewards = torch.tensor([[0.0, 0.0, 1.0]])
     values = torch.tensor([[0.5, 0.25, 0.0]])
-    advantages, returns = compute_gae_advantage_return(
-        rewards, values, torch.ones(1, 3), config={"gamma": 0.5, "lam": 0.5}
-    )
+    advantages, returns = compute_gae_advantage_return(rewards, values, torch.ones(1, 3), gamma=0.5, lam=0.5)
     # delta_2 = 1, A_2 = 1; delta_1 = -0.25, A_1 = -0.25 + 0.25 * 1 = 0; delta_0 = 0.125 - 0.5, A_0 = -0.375
     assert returns.tolist() == [pytest.approx([0.125, 0.25, 1.0])]
     assert advantages.tolist() == [pytest.approx([-0.820695, -0.293105, 1.1138], abs=1e-5)]
@@ -46,7 +44,7 @@ def test_gae_skips_masked_tool_tokens():
 def test_reinforce_plus_plus_skips_masked_positions_hand_case():
     rewards = torch.tensor([[1.0, 0.0, 7.0, 2.0]])
     mask = torch.tensor([[1, 1, 0, 1]])
-    advantages, returns = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config={"gamma": 0.5})
+    advantages, returns = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.5)
     # G_3 = 2; position 2 is masked: its 7 is skipped and G_3 carried; G_1 = 0 + 0.5 * 2 = 1; G_0 = 1 + 0.5 = 1.5
     assert returns.tolist() == [[1.5, 1.0, 0.0, 2.0]]
     # whitened over [1.5, 1, 2]: mean 1.5, unbiased std sqrt((0 + 0.25 + 0.25) / 2) = 0.5

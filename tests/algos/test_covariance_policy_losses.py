@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hybridflow.algos.covariance_policy_losses import compute_policy_loss_clip_cov, compute_policy_loss_kl_cov
-from hybridflow.algos.policy_loss_config import PolicyLossConfig
+from hybridflow.algos.policy_losses import PolicyLossConfig
 
 # covariance (A - mean A) * (log_prob - mean log_prob) with mean A = 0, mean log_prob = -2.5: [3, 0, 0, 1]
 ADVANTAGES = torch.tensor([[2.0, 0.0, 0.0, -2.0]])
@@ -22,15 +22,15 @@ def test_clip_cov_cuts_the_gradient_of_the_token_inside_the_covariance_window():
     assert log_prob.grad.tolist() == [pytest.approx([0.0, 0.0, 0.0, 0.5])]
 
 
-def test_clip_cov_reads_nested_policy_loss_section_like_verl_actor_config():
-    config = {"clip_ratio": 0.2, "policy_loss": {"clip_cov_lb": 5.0, "clip_cov_ub": 6.0}}
+def test_clip_cov_drops_nothing_outside_its_covariance_window():
+    config = PolicyLossConfig(clip_cov_lb=5.0, clip_cov_ub=6.0)
     loss, metrics = compute_policy_loss_clip_cov(LOG_PROB, LOG_PROB, ADVANTAGES, MASK, config=config)
     assert loss.item() == pytest.approx(0.0) and metrics["pg_clipfrac"] == 0.0
 
 
 def test_kl_cov_penalises_the_top_covariance_token():
     log_ratio = torch.tensor([[0.5, 0.0, 0.0, 0.2]])
-    loss, metrics = compute_policy_loss_kl_cov(LOG_PROB - log_ratio, LOG_PROB, ADVANTAGES, MASK, config={})
+    loss, metrics = compute_policy_loss_kl_cov(LOG_PROB - log_ratio, LOG_PROB, ADVANTAGES, MASK)
     # -A exp(log r) on every token, plus 0.1 * |log r| on token 0 (largest covariance, 1 of 4 tokens)
     expected = (-2 * math.exp(0.5) + 0.1 * 0.5 + 2 * math.exp(0.2)) / 4
     assert loss.item() == pytest.approx(expected, abs=1e-6)

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from hybridflow.algos.divergence_policy_losses import compute_policy_loss_dppo_kl, compute_policy_loss_dppo_tv
-from hybridflow.algos.policy_loss_config import PolicyLossConfig
-from hybridflow.algos.policy_loss_registry import get_policy_loss_fn, zero_at_zero_advantage
+from hybridflow.algos.policy_losses import POLICY_LOSSES, PolicyLossConfig, get_policy_loss_fn
 
 LN = math.log
 
@@ -36,7 +35,7 @@ def test_dppo_tv_hand_case():
 
 def test_dppo_kl_hand_case():
     old_log_prob, log_prob, advantages, mask = _tokens([0.5, 0.5, 0.5, 0.5], [0.6, 0.8, 0.2, 0.2], [1, 1, 1, -1])
-    config = {"clip_ratio": 0.05}
+    config = PolicyLossConfig(clip_ratio_low=0.05, clip_ratio_high=0.05)
     loss, metrics = compute_policy_loss_dppo_kl(old_log_prob, log_prob, advantages, mask, config=config)
     # binary KL from 0.5 to p: 0.5 ln(0.5/p) + 0.5 ln(0.5/(1-p))
     #   p=0.6: 0.5 (ln(5/6) + ln(5/4)) = 0.0204 <= 0.05: kept
@@ -53,4 +52,4 @@ def test_dppo_kl_hand_case():
 def test_dppo_is_registered_under_verls_names_and_zero_at_zero_advantage():
     assert get_policy_loss_fn("dppo_tv") is compute_policy_loss_dppo_tv
     assert get_policy_loss_fn("dppo_kl") is compute_policy_loss_dppo_kl
-    assert zero_at_zero_advantage("dppo_tv") and zero_at_zero_advantage("dppo_kl")
+    assert all(POLICY_LOSSES.traits(name)["zero_at_zero_advantage"] for name in ("dppo_tv", "dppo_kl"))

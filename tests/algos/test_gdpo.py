@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.algos.advantage_registry import estimator_inputs, get_adv_estimator_fn
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, get_adv_estimator_fn
 from hybridflow.algos.gdpo import GDPOInputError, compute_gdpo_outcome_advantage
 from hybridflow.algos.group_advantages import compute_grpo_outcome_advantage
 from hybridflow.algos.masked_stats import masked_whiten
@@ -17,9 +17,9 @@ COLUMNS = {
 
 
 def test_gdpo_normalises_each_component_in_its_group_then_whitens_the_weighted_sum():
-    config = {"gdpo_reward_keys": ["format_reward", "accuracy_reward"], "gdpo_reward_weights": [1.0, 2.0]}
+    options = {"gdpo_reward_keys": ["format_reward", "accuracy_reward"], "gdpo_reward_weights": [1.0, 2.0]}
     rewards = torch.zeros(4, 3)  # not read: the components come from the batch's columns
-    advantages, returns = compute_gdpo_outcome_advantage(rewards, MASK, UIDS, config=config, non_tensor_batch=COLUMNS)
+    advantages, returns = compute_gdpo_outcome_advantage(rewards, MASK, UIDS, **options, non_tensor_batch=COLUMNS)
     # Each 2-sample group with scores {0, 1} normalises to -h, +h with h = 0.5 / (sqrt(0.5) + 1e-6);
     # a group with equal scores to 0. format: a -> [h, -h], b -> [0, 0]; accuracy: a -> [h, -h], b -> [-h, h].
     # 1 * format + 2 * accuracy = [3h, -3h, -2h, 2h], on 2 + 1 + 3 + 2 = 8 tokens:
@@ -38,8 +38,7 @@ def test_one_component_is_grpo_whitened():
     columns = {"score": np.array([0.2, 0.9, 0.4, 0.4], dtype=object)}
     rewards = torch.zeros(4, 3)
     rewards[:, 0] = torch.tensor([0.2, 0.9, 0.4, 0.4])
-    gdpo, _ = compute_gdpo_outcome_advantage(rewards, MASK, UIDS, config={"gdpo_reward_keys": ["score"]},
-                                             non_tensor_batch=columns)
+    gdpo, _ = compute_gdpo_outcome_advantage(rewards, MASK, UIDS, gdpo_reward_keys=["score"], non_tensor_batch=columns)
     grpo, _ = compute_grpo_outcome_advantage(rewards, MASK, UIDS)
     torch.testing.assert_close(gdpo, masked_whiten(grpo, MASK) * MASK)
     # Called without a batch or keys (as verl allows), the summed token rewards are the one component.
@@ -48,9 +47,10 @@ def test_one_component_is_grpo_whitened():
 
 
 def test_norm_adv_by_std_in_grpo_false_only_centres_each_component():
-    config = {"gdpo_reward_keys": ["format_reward", "accuracy_reward"], "norm_adv_by_std_in_grpo": False}
-    advantages, _ = compute_gdpo_outcome_advantage(torch.zeros(4, 3), MASK, UIDS, config=config,
-                                                   non_tensor_batch=COLUMNS)
+    advantages, _ = compute_gdpo_outcome_advantage(
+        torch.zeros(4, 3), MASK, UIDS, norm_adv_by_std_in_grpo=False,
+        gdpo_reward_keys=["format_reward", "accuracy_reward"], non_tensor_batch=COLUMNS,
+    )
     # format centred: [0.5, -0.5, 0, 0]; accuracy: [0.5, -0.5, -0.5, 0.5]; sum [1, -1, -0.5, 0.5]: the same
     # ratios as [2, -2, -1, 1], so whitening gives what the unnormalised sum [2, -2, -1, 1] would.
     unnormalised = torch.tensor([2.0, -2.0, -1.0, 1.0]).unsqueeze(-1) * MASK
@@ -60,16 +60,16 @@ def test_norm_adv_by_std_in_grpo_false_only_centres_each_component():
 def test_missing_keys_columns_or_weights_are_one_line_errors():
     rewards = torch.zeros(4, 3)
     with pytest.raises(GDPOInputError, match="needs algorithm.gdpo_reward_keys"):
-        compute_gdpo_outcome_advantage(rewards, MASK, UIDS, config={}, non_tensor_batch=COLUMNS)
+        compute_gdpo_outcome_advantage(rewards, MASK, UIDS, non_tensor_batch=COLUMNS)
     with pytest.raises(GDPOInputError, match=r"\['length_reward'\] are not columns of the batch"):
         compute_gdpo_outcome_advantage(
-            rewards, MASK, UIDS, config={"gdpo_reward_keys": ["length_reward"]}, non_tensor_batch=COLUMNS
+            rewards, MASK, UIDS, gdpo_reward_keys=["length_reward"], non_tensor_batch=COLUMNS
         )
     with pytest.raises(GDPOInputError, match="has 1 entries for 2 gdpo_reward_keys"):
-        config = {"gdpo_reward_keys": ["format_reward", "accuracy_reward"], "gdpo_reward_weights": [1.0]}
-        compute_gdpo_outcome_advantage(rewards, MASK, UIDS, config=config, non_tensor_batch=COLUMNS)
+        options = {"gdpo_reward_keys": ["format_reward", "accuracy_reward"], "gdpo_reward_weights": [1.0]}
+        compute_gdpo_outcome_advantage(rewards, MASK, UIDS, **options, non_tensor_batch=COLUMNS)
 
 
 def test_gdpo_asks_for_the_batch_columns():
-    assert estimator_inputs("gdpo") == {"index", "non_tensor_batch"}
+    assert ADV_ESTIMATORS.traits("gdpo")["requires"] == {"index", "non_tensor_batch"}
     assert get_adv_estimator_fn("gdpo") is compute_gdpo_outcome_advantage

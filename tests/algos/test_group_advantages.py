@@ -4,6 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, get_adv_estimator_fn
 from hybridflow.algos.group_advantages import (
     compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
@@ -13,7 +14,6 @@ from hybridflow.algos.group_advantages import (
     compute_rloo_outcome_advantage,
     compute_rloo_vectorized_outcome_advantage,
 )
-from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, get_adv_estimator_fn
 
 
 def _outcome_batch(scores: list[float], lengths: list[int], width: int | None = None):
@@ -45,16 +45,8 @@ def test_grpo_hand_case_and_dr_grpo():
     assert torch.equal(advantages, returns)
     assert (advantages[mask == 0] == 0).all()
     assert advantages[1].tolist() == pytest.approx([-1.154700] * 3, abs=1e-5)
-    dr_grpo, _ = compute_grpo_outcome_advantage(rewards, mask, index, config={"norm_adv_by_std_in_grpo": False})
+    dr_grpo, _ = compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=False)
     assert _per_sample(dr_grpo) == pytest.approx([1 / 3, -2 / 3, 1 / 3, -1.0, 1.0, 7.0], abs=1e-6)
-
-
-def test_grpo_explicit_flag_overrides_config():
-    rewards, mask = _outcome_batch([1, 3], [1, 1])
-    advantages, _ = compute_grpo_outcome_advantage(
-        rewards, mask, _uids("a", "a"), norm_adv_by_std_in_grpo=False, config={"norm_adv_by_std_in_grpo": True}
-    )
-    assert _per_sample(advantages) == [-1.0, 1.0]
 
 
 def test_grpo_rejects_index_of_wrong_length():
@@ -69,9 +61,7 @@ def test_grpo_passk_hand_case():
     advantages, _ = compute_grpo_passk_outcome_advantage(rewards, mask, index)
     # a: best 4, runner-up 2, margin 2 over std sqrt(21/9); b: tie, margin 0
     assert _per_sample(advantages) == pytest.approx([0.0, 1.309307, 0.0, 0.0, 0.0], abs=1e-5)
-    unnormalised, _ = compute_grpo_passk_outcome_advantage(
-        rewards, mask, index, config={"norm_adv_by_std_in_grpo": False}
-    )
+    unnormalised, _ = compute_grpo_passk_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=False)
     assert _per_sample(unnormalised) == [0.0, 2.0, 0.0, 0.0, 0.0]
 
 
@@ -102,7 +92,7 @@ def test_grpo_vectorized_is_an_alias_of_grpo():
     rewards, mask = _outcome_batch([1, 0, 2, 4, 7], [2, 1, 1, 3, 2])
     uids = _uids("a", "a", "b", "b", "c")
     alias = get_adv_estimator_fn("grpo_vectorized")(
-        token_level_rewards=rewards, response_mask=mask, index=uids, config={"norm_adv_by_std_in_grpo": True}
+        token_level_rewards=rewards, response_mask=mask, index=uids, norm_adv_by_std_in_grpo=True
     )
     original = compute_grpo_outcome_advantage(rewards, mask, uids)
     # a: mean 0.5, std sqrt(0.5); b: mean 3, std sqrt(2); c alone: mean 0, std 1

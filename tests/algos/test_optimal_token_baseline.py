@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.algos.advantage_registry import estimator_inputs, get_adv_estimator_fn, needs_critic
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, get_adv_estimator_fn
 from hybridflow.algos.optimal_token_baseline import (
     compute_multi_turn_optimal_token_baseline_advantage,
     compute_optimal_token_baseline_advantage,
@@ -100,7 +100,8 @@ def test_tir_rows_without_tokens_take_no_part():
 def test_otb_estimators_ask_for_the_log_prob_pass_outputs_and_the_rollout_weights():
     for name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
         inputs = {"index", "old_log_probs", "sum_pi_squared", "rollout_is_weights"}
-        assert estimator_inputs(name) == inputs and not needs_critic(name)
+        traits = ADV_ESTIMATORS.traits(name)
+        assert traits["requires"] == inputs and not traits["needs_critic"]
     assert get_adv_estimator_fn("tir_optimal_token_baseline") is compute_multi_turn_optimal_token_baseline_advantage
 
 

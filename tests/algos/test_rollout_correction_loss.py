@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from hybridflow.algos.policy_loss_config import PolicyLossConfig
+from hybridflow.algos.policy_losses import PolicyLossConfig
 from hybridflow.algos.rollout_correction import CorrectionSettings, RolloutCorrectionError
 from hybridflow.algos.rollout_correction_loss import BypassCorrection, compute_bypass_policy_loss
 

@@ -3,7 +3,6 @@
 from hybridflow.config.batch_sizes import micro_batch_sizes
 from hybridflow.config.load import load_config
 from hybridflow.config.plan import describe
-
 from tests.trainer.helpers import compose_config, config_errors, plan_of
 
 ROLLOUT = "actor_rollout_ref.rollout"

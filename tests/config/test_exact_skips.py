@@ -11,7 +11,6 @@ from hybridflow.config.exact_skips import (
 from hybridflow.config.load import load_config
 from hybridflow.config.phases import OLD_FROM_UPDATE
 from hybridflow.config.plan import build_plan
-
 from tests.trainer.helpers import compose_config, config_errors
 
 ONE_MINI_BATCH = "actor_rollout_ref.actor.ppo_mini_batch_size=4"  # = data.train_batch_size of the base run

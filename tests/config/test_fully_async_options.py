@@ -4,13 +4,15 @@ refused before anything starts."""
 import subprocess
 import sys
 
-from hybridflow.experimental.fully_async_policy.fully_async_main import CONFIG_NAME
 from hybridflow.config.fully_async_options import (
-    max_required_samples, partial_rollout, required_samples, training_steps,
+    max_required_samples,
+    partial_rollout,
+    required_samples,
+    training_steps,
 )
 from hybridflow.config.load import load_config, load_config_with_notes
 from hybridflow.config.plan import build_plan, describe
-
+from hybridflow.experimental.fully_async_policy.fully_async_main import CONFIG_NAME
 from tests.trainer.cli import cli_env
 from tests.trainer.helpers import compose_config, config_errors, tiny_run_overrides
 

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.input_checks import model_folder_errors, parquet_errors, run_folder_errors
 from hybridflow.config.range_checks import SFT_RANGES, range_errors
+from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.sft import SFTTrainerConfig, _sft_columns
 
 KEY = "actor_rollout_ref.model.path"

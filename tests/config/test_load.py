@@ -7,15 +7,13 @@ import sys
 
 from omegaconf import OmegaConf
 
-from hybridflow.config.schema import PPOTrainerConfig
-from hybridflow.config.environment import cpu_has_native_bf16, slow_dtype_notes
 from hybridflow.config.command_line import override_errors as unknown_override_errors
+from hybridflow.config.environment import cpu_has_native_bf16, slow_dtype_notes
 from hybridflow.config.load import load_config
 from hybridflow.config.phases import uses_critic
 from hybridflow.config.plan import describe
+from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.verl_compat import split_compat
-from hybridflow.workers.actor import policy_loss_config
-
 from tests.trainer.helpers import compose_config, config_errors, plan_of
 
 
@@ -52,7 +50,7 @@ def test_clip_keys_are_set_on_the_actor_and_reach_the_policy_loss(base):
     )
 
     def bounds(*overrides):
-        loss_config = policy_loss_config(load_config(compose_config(base + list(overrides))).actor_rollout_ref.actor)
+        loss_config = load_config(compose_config(base + list(overrides))).actor_rollout_ref.actor.policy_loss_config()
         return loss_config.clip_ratio_low, loss_config.clip_ratio_high
 
     assert bounds() == (0.2, 0.2)

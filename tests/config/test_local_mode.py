@@ -2,9 +2,8 @@
 
 import os
 
-from hybridflow.trainer.main_ppo import apply_runtime_env
 from hybridflow.config.load import load_config
-
+from hybridflow.trainer.main_ppo import apply_runtime_env
 from tests.trainer.helpers import compose_config, config_errors, plan_of
 
 LOCAL = "trainer.local_mode=true"

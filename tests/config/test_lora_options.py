@@ -3,7 +3,6 @@
 import pytest
 
 from hybridflow.config.load import load_config
-
 from tests.trainer.helpers import compose_config, config_errors
 
 MODEL = "actor_rollout_ref.model"

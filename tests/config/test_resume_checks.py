@@ -8,10 +8,9 @@ import shutil
 import pytest
 
 from hybridflow.checkpoints.manager import CheckpointManager
-from hybridflow.trainer.main_ppo import build_trainer
-from hybridflow.config.resume_checks import STATE_KEY, WORLD_SIZE, ResumeMismatchError
 from hybridflow.config.load import load_config
-
+from hybridflow.config.resume_checks import STATE_KEY, WORLD_SIZE, ResumeMismatchError
+from hybridflow.trainer.main_ppo import build_trainer
 from tests.trainer.fake_workers import FakeWorkers
 from tests.trainer.helpers import compose_config, config_errors, tiny_run_overrides
 

@@ -1,11 +1,10 @@
 """The reward manager's options come from the config: reward_model.reward_kwargs, data.max_response_length and
 reward_model.overlong_buffer (verl's DAPO layout); wrong ones are refused before anything starts."""
 
+from hybridflow.config.load import load_config
+from hybridflow.config.reward_options import reward_manager_options
 from hybridflow.rewards import DAPORewardManager, NaiveRewardManager
 from hybridflow.trainer.main_ppo import build_trainer
-from hybridflow.config.reward_options import reward_manager_options
-from hybridflow.config.load import load_config
-
 from tests.trainer.helpers import compose_config, config_errors
 
 DAPO = ["reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true"]

@@ -5,10 +5,9 @@ import pytest
 
 from hybridflow.algos import BypassCorrection, CorrectionSettings, RejectionBound, WeightBounds
 from hybridflow.config.exact_skips import skips_old_log_prob, skips_zero_signal_samples
-from hybridflow.config.rollout_correction_options import bypass_correction, correction_settings
 from hybridflow.config.load import load_config
 from hybridflow.config.plan import build_plan
-
+from hybridflow.config.rollout_correction_options import bypass_correction, correction_settings
 from tests.trainer.helpers import compose_config, config_errors
 
 KEY = "algorithm.rollout_correction"

@@ -4,11 +4,10 @@ before anything starts."""
 import subprocess
 import sys
 
-from hybridflow.experimental.one_step_off_policy.main_ppo import CONFIG_NAME
-from hybridflow.config.placement import make_resource_plan
 from hybridflow.config.load import load_config, load_config_with_notes
+from hybridflow.config.placement import make_resource_plan
 from hybridflow.config.plan import build_plan
-
+from hybridflow.experimental.one_step_off_policy.main_ppo import CONFIG_NAME
 from tests.trainer.cli import cli_env
 from tests.trainer.helpers import compose_config, config_errors, tiny_run_overrides
 

@@ -8,13 +8,12 @@ import sys
 import pytest
 import yaml
 
+from hybridflow.config.command_line import override_errors, without_redundant_plus
+from hybridflow.config.load import ConfigError, load_config_with_notes
+from hybridflow.config.verl_compat import ALIAS, COMPAT_YAML, LACKS, compat_defaults, rule_for, schema_yaml_defaults
 from hybridflow.models.loading import load_model_config
 from hybridflow.rollout import vllm_memory
 from hybridflow.rollout.vllm_memory import GIB
-from hybridflow.config.command_line import override_errors, without_redundant_plus
-from hybridflow.config.verl_compat import ALIAS, COMPAT_YAML, LACKS, compat_defaults, rule_for, schema_yaml_defaults
-from hybridflow.config.load import ConfigError, load_config_with_notes
-
 from tests.trainer.helpers import compose_config
 
 

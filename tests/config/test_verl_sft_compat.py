@@ -12,8 +12,8 @@ from hydra import compose, initialize_config_module
 
 from hybridflow.config.command_line import override_errors, without_redundant_plus, without_served_groups
 from hybridflow.config.key_surface import ALIAS, LACKS, UNREAD
-from hybridflow.config.sft import SFTTrainerConfig, load_sft_config_with_notes
 from hybridflow.config.load import ConfigError
+from hybridflow.config.sft import SFTTrainerConfig, load_sft_config_with_notes
 from hybridflow.config.verl_sft_compat import SFT_COMPAT_YAML, SFT_SURFACE
 
 BASE = ["data.train_files=/data/train.parquet", "model.partial_pretrain=/models/base"]

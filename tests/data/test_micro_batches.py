@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.algos.loss_agg import seq_mean_token_mean, token_mean
+from hybridflow.algos.masked_stats import seq_mean_token_mean, token_mean
 from hybridflow.data.micro_batches import (
     TokenBudgetError,
     balanced_partition,

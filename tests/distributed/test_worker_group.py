@@ -5,7 +5,13 @@ import pytest
 import torch
 
 from hybridflow.distributed import (
-    GroupFuture, PartStream, RayClassWithInitArgs, RayWorkerGroup, ResourcePool, WorkerError, WorkerTimeoutError,
+    GroupFuture,
+    PartStream,
+    RayClassWithInitArgs,
+    RayWorkerGroup,
+    ResourcePool,
+    WorkerError,
+    WorkerTimeoutError,
 )
 from hybridflow.protocol import DataProto
 

@@ -9,6 +9,7 @@ import time
 
 import ray
 from ray.cluster_utils import Cluster
+from sample_workers import CollectiveWorker
 
 from hybridflow.distributed import (
     InsufficientResourcesError,
@@ -17,7 +18,6 @@ from hybridflow.distributed import (
     ResourcePool,
     init_local_ray,
 )
-from sample_workers import CollectiveWorker
 
 
 def main() -> None:

@@ -4,9 +4,8 @@ packing (the unpadded reference log-probs are in packing_checks.py)."""
 import pytest
 import torch
 
-from hybridflow.models import shared_prompts as layout_module  # where the layout is chosen
+from hybridflow.models import layouts
 from hybridflow.models.loading import load_causal_lm
-from hybridflow.models.padding import pack_padded
 
 
 @pytest.fixture(autouse=True)
@@ -50,13 +49,11 @@ def make_padded_batch(prompt_lengths, response_lengths, prompt_width, response_w
 
 @pytest.fixture
 def packed_rows(monkeypatch):
-    """``packed_rows(n)``: make forward_log_probs pack every batch into ``n`` balanced rows."""
+    """``packed_rows(n)``: make the packing chosen for a batch its ``n`` balanced rows."""
 
     def use(num_rows):
         monkeypatch.setattr(
-            layout_module,
-            "pack_for_model",
-            lambda model, input_ids, attention_mask: pack_padded(input_ids, attention_mask, num_rows=num_rows),
+            layouts, "cheapest_rows", lambda lengths, width, pair_cost: layouts.balanced_rows(lengths, num_rows)
         )
 
     return use

@@ -9,14 +9,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hybridflow.models import shared_prompts
+from hybridflow.models import layouts
+from hybridflow.models.layouts import choose_layout, sliding_window
 from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
-from hybridflow.models.shared_prompts import choose_layout, sliding_window
 from hybridflow.models.tiny import build_tiny_model
 from tests.float_bounds import longest_reduction, model_output_bound
 from tests.models.packing_checks import (
-    assert_packed_equals_padded_and_unpadded, assert_packed_gradients_equal_padded,
+    assert_packed_equals_padded_and_unpadded,
+    assert_packed_gradients_equal_padded,
 )
 
 # Per family: its model class, whether the LM head is the embedding, head_dim, sliding window.
@@ -85,10 +86,10 @@ def test_shared_prompts_run_where_exact_and_otherwise_fall_back_saying_so(
     input_ids[1, :5], input_ids[3, :5] = input_ids[0, :5], input_ids[2, :5]  # two prompts, two samples each
     window = TRAITS[model_family][3]
     shares = window is None or int(attention_mask.sum(dim=1).max()) <= window
-    monkeypatch.setattr(shared_prompts, "_TOLD_WINDOW_TOO_SHORT", set())
-    with caplog.at_level(logging.WARNING, logger=shared_prompts.__name__):
-        layouts = [choose_layout(family_model, input_ids, attention_mask, 6, True, False) for _ in range(2)]
-    assert all((shared is not None) is shares for shared, _ in layouts)
+    monkeypatch.setattr(layouts, "_TOLD_WINDOW_TOO_SHORT", set())
+    with caplog.at_level(logging.WARNING, logger=layouts.__name__):
+        chosen = [choose_layout(family_model, input_ids, attention_mask, 6, True, False) for _ in range(2)]
+    assert all(layout.share_prompts is shares for layout in chosen)
     told = [record.getMessage() for record in caplog.records]
     assert told == ([] if shares else [
         f"{family_model.config.model_type}: samples longer than its sliding window (8 tokens; this batch has one of "

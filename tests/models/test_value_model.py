@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
-from hybridflow.models import shared_prompts as layout_module  # where the layout is chosen
-from hybridflow.models.padding import pack_padded
+from hybridflow.models import layouts
+from hybridflow.models.layouts import PADDED, choose_layout
 from hybridflow.models.value_model import (
     forward_reward_scores,
     forward_values,
@@ -50,8 +50,9 @@ def test_values_zero_on_padding_and_packed_equals_padded(tiny_model_dir, padded_
     critic = load_value_model(tiny_model_dir).eval()
     input_ids, attention_mask, position_ids, response_mask = padded_batch([5, 2, 4], [3, 1, 0], 5, 3)
     with torch.no_grad():
-        packed = forward_values(critic, input_ids, attention_mask, position_ids, 3, use_remove_padding=True)
-        padded = forward_values(critic, input_ids, attention_mask, position_ids, 3, use_remove_padding=False)
+        layout = choose_layout(critic, input_ids, attention_mask, 3, False, True)
+        packed = forward_values(critic, input_ids, attention_mask, position_ids, 3, layout)
+        padded = forward_values(critic, input_ids, attention_mask, position_ids, 3, PADDED)
         alone = critic(input_ids[:1, :7]).logits[0, 4:7, 0]
     # The same sums over rows of other lengths (tests/float_bounds.py).
     bound = score_head_bound(critic, longest_reduction(critic.config))
@@ -63,15 +64,15 @@ def test_values_zero_on_padding_and_packed_equals_padded(tiny_model_dir, padded_
 @pytest.mark.parametrize("num_rows", [1, 2, 4])
 def test_values_packed_in_rows_equal_padded(tiny_model_dir, padded_batch, monkeypatch, num_rows):
     monkeypatch.setattr(
-        layout_module,
-        "pack_for_model",
-        lambda model, input_ids, attention_mask: pack_padded(input_ids, attention_mask, num_rows=num_rows),
+        layouts, "cheapest_rows", lambda lengths, width, pair_cost: layouts.balanced_rows(lengths, num_rows)
     )
     critic = load_value_model(tiny_model_dir).eval()
     batch = padded_batch([5, 2, 4, 1], [3, 1, 0, 3], 5, 3)
     with torch.no_grad():
-        packed = forward_values(critic, *batch[:3], 3, use_remove_padding=True)
-        padded = forward_values(critic, *batch[:3], 3, use_remove_padding=False)
+        layout = choose_layout(critic, *batch[:2], 3, False, True)
+        assert layout.rows_per_sample is not None
+        packed = forward_values(critic, *batch[:3], 3, layout)
+        padded = forward_values(critic, *batch[:3], 3, PADDED)
     torch.testing.assert_close(packed, padded, atol=score_head_bound(critic, longest_reduction(critic.config)), rtol=0)
 
 

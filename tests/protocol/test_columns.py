@@ -1,10 +1,17 @@
-"""Non-tensor columns: list conversion and the equality used by union."""
+"""The batch keys of each worker call, non-tensor columns: list conversion and the equality used by union."""
 
 import numpy as np
 import pytest
 import torch
 
-from hybridflow.protocol.columns import columns_equal, tensors_equal, to_column, values_equal
+from hybridflow.protocol.columns import (
+    ACTOR_UPDATE_INPUTS,
+    actor_update_columns,
+    columns_equal,
+    tensors_equal,
+    to_column,
+    values_equal,
+)
 
 
 def test_to_column_types():
@@ -64,3 +71,12 @@ def test_nested_tensors_compare_row_by_row():
     assert not tensors_equal(jagged, torch.nested.as_nested_tensor([rows[0], rows[1] + 1], layout=torch.jagged))
     assert not tensors_equal(jagged, torch.nested.as_nested_tensor(rows[:1], layout=torch.jagged))
     assert not tensors_equal(jagged, torch.zeros(2, 2))
+
+
+def test_an_actor_update_reads_its_keys_and_the_optional_ones_present():
+    present = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages",
+               "old_log_probs", "rollout_is_weights", "token_level_scores"]
+    assert actor_update_columns(present, old_log_probs_from_update=False) == [
+        *ACTOR_UPDATE_INPUTS, "old_log_probs", "rollout_is_weights"
+    ]
+    assert actor_update_columns(present, old_log_probs_from_update=True) == [*ACTOR_UPDATE_INPUTS, "rollout_is_weights"]

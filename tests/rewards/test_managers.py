@@ -8,10 +8,10 @@ import torch
 
 from hybridflow.registry import UnknownNameError
 from hybridflow.rewards.managers import (
+    FAILED_SHARE_METRIC,
     REWARD_MANAGERS,
     SCORE_ERRORS_METRIC,
     SCORE_TIMEOUTS_METRIC,
-    FAILED_SHARE_METRIC,
     BatchRewardManager,
     DAPORewardManager,
     NaiveRewardManager,

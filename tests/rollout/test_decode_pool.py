@@ -6,8 +6,7 @@ import threading
 import pytest
 import torch
 
-from hybridflow.rollout import GenerationRequest, SamplingParams
-from hybridflow.rollout import hf_engine
+from hybridflow.rollout import GenerationRequest, SamplingParams, hf_engine
 from tests.float_bounds import longest_reduction, model_output_bound
 
 

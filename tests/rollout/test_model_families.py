@@ -8,8 +8,8 @@ import torch
 from hybridflow.models.loading import load_tokenizer
 from hybridflow.models.log_probs import forward_log_probs
 from tests.float_bounds import longest_reduction, model_output_bound
-from tests.rollout.prompts import TOOL_QUESTION, left_padded
 from tests.rollout.moved_weights import moved_model
+from tests.rollout.prompts import TOOL_QUESTION, left_padded
 
 # Chat-templated, each prompt is longer than the tiny models' sliding window of 8 tokens.
 PROMPTS = ["hi", "a longer prompt", TOOL_QUESTION]

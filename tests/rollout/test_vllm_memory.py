@@ -6,7 +6,13 @@ import pytest
 from hybridflow.models.loading import load_causal_lm, load_model_config
 from hybridflow.rollout import RolloutConfig
 from hybridflow.rollout.vllm_memory import (
-    GIB, KV_BYTES_KEY, NodeMemory, cpu_kv_cache_error, kv_bytes_per_token, kv_cache_bytes, weight_bytes,
+    GIB,
+    KV_BYTES_KEY,
+    NodeMemory,
+    cpu_kv_cache_error,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    weight_bytes,
 )
 
 # keys and values x 2 layers x 2 KV heads x 32 dimensions x 4 bytes

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from hybridflow.distributed.errors import WorkerError
 from hybridflow.checkpoints.integrity import checkpoint_damage, free_space
 from hybridflow.checkpoints.manager import CheckpointError, CheckpointManager
+from hybridflow.distributed.errors import WorkerError
 
 # Every write to /dev/full fails with ENOSPC: a real full disk, one file at a time.
 FULL = "/dev/full"

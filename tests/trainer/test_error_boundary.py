@@ -4,10 +4,10 @@ import tempfile
 
 import pytest
 
+from hybridflow.config.load import ConfigError
 from hybridflow.distributed.errors import WorkerError
 from hybridflow.errors import HybridflowError, RunInterrupted
 from hybridflow.trainer.error_boundary import FULL_ERROR_ENV, error_boundary
-from hybridflow.config.load import ConfigError
 
 
 def _stopped(error, capsys):

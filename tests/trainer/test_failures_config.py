@@ -6,8 +6,8 @@ their config check in this process; the verdict is read off stderr as the user s
 
 import pytest
 
-from .test_sft import sft_overrides
 from .failure_harness import assert_refused, check_in_process
+from .test_sft import sft_overrides
 
 PPO_CASES = {
     "misspelled key": (["trainer.devise=cpu"], ["trainer.devise", "did you mean trainer.device"]),

@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from hybridflow.algos import CorrectionSettings, compute_optimal_token_baseline_advantage
+from hybridflow.config.schema import AlgorithmConfig
 from hybridflow.protocol import DataProto
 from hybridflow.tracking import metric_names as names
-from hybridflow.config.schema import AlgorithmConfig
 from hybridflow.trainer.phases import (
     AdvantageEstimator,
     Advantages,
     KLInReward,
     RolloutCorrection,
+    RolloutLogProbsAsOld,
     StepTimer,
     balance_batch,
-    RolloutLogProbsAsOld,
     rows_with_signal,
 )
 

@@ -7,12 +7,12 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
-from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, needs_critic
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS
+from hybridflow.config.load import load_config
 from hybridflow.tracking import metric_names as names
+from hybridflow.tracking.trackers import read_metrics
 from hybridflow.trainer.main_ppo import build_trainer
 from hybridflow.trainer.worker_groups import WorkerGroups, create_worker_groups
-from hybridflow.tracking.trackers import read_metrics
-from hybridflow.config.load import load_config
 from tests.float_bounds import longest_reduction, reordered_sum_bound
 from tests.workers.helpers import assert_same_adamw_steps, gradient_bound
 
@@ -79,7 +79,7 @@ def test_every_estimator_runs_a_step(estimator, start_shared_workers, tiny_model
         trainer.shutdown()
     (record,) = read_metrics(tmp_path / "run")
     assert record["step"] == 1
-    assert (names.timing("values") in record) == needs_critic(estimator)
+    assert (names.timing("values") in record) == ADV_ESTIMATORS.traits(estimator)["needs_critic"]
     assert record["actor/grad_norm"] > 0, "no policy gradient: the advantages were all zero"
     for name in ESTIMATOR_METRICS.get(estimator, []):
         assert math.isfinite(record[name]), name

@@ -8,15 +8,15 @@ import shutil
 import pytest
 import torch
 
+from hybridflow.config.load import load_config
+from hybridflow.protocol.columns import ACTOR_UPDATE_INPUTS
 from hybridflow.rewards import SampleScoring
 from hybridflow.rewards.failures import RewardFunctionError
 from hybridflow.tracking import metric_names as names
+from hybridflow.tracking.trackers import read_metrics
 from hybridflow.trainer.main_ppo import build_trainer
 from hybridflow.trainer.nonfinite import NonFiniteError
 from hybridflow.trainer.rollout_collection import DynamicSamplingError
-from hybridflow.tracking.trackers import read_metrics
-from hybridflow.config.load import load_config
-from hybridflow.workers.actor import UPDATE_INPUTS
 
 from .cli import DENSE_REWARD
 from .fake_workers import FakeActorRollout, FakePartStream, FakeWorkers, rollout_log_ratio
@@ -250,7 +250,7 @@ def test_an_on_policy_grpo_step_skips_the_old_log_prob_pass_and_the_samples_with
         counts = arguments["loss_counts"]
         assert counts["global_seq_count"] == 8 and counts["global_token_count"] > batch.batch["response_mask"].sum()
         # Only what the update reads travels: no scores, uids or prompts' other columns.
-        assert sorted(batch.batch.keys()) == sorted(UPDATE_INPUTS) and not batch.non_tensor_batch
+        assert sorted(batch.batch.keys()) == sorted(ACTOR_UPDATE_INPUTS) and not batch.non_tensor_batch
     record = read_metrics(tmp_path / "run")[0]
     assert record[names.ZERO_SIGNAL_FRAC] == 0.5
     assert names.timing("old_log_prob") not in record and names.timing("adv") in record

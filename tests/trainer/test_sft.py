@@ -7,11 +7,11 @@ import torch
 from hydra import compose, initialize_config_module
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hybridflow.trainer import main_sft
-from hybridflow.config.sft import SFTTrainerConfig, load_sft_config
-from hybridflow.trainer.sft_trainer import worker_optim_config
-from hybridflow.tracking.trackers import read_metrics
 from hybridflow.config.load import ConfigError
+from hybridflow.config.sft import SFTTrainerConfig, load_sft_config
+from hybridflow.tracking.trackers import read_metrics
+from hybridflow.trainer import main_sft
+from hybridflow.trainer.sft_trainer import worker_optim_config
 
 
 def sft_overrides(model_dir, parquet, run_dir, steps):

@@ -10,16 +10,13 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from hybridflow.algos import BypassCorrection, CorrectionSettings, PolicyLossConfig, PolicyLossModeConfig
+from hybridflow.algos import BypassCorrection, CorrectionSettings
 from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.workers import ActorRolloutRefWorker, MissingPartError
 from hybridflow.workers import actor as actor_module
-from hybridflow.workers.actor import policy_loss_config
-from hybridflow.workers.batching import local_loss_counts
-from hybridflow.workers.config import ActorConfig
-from hybridflow.workers.training import UpdateBatchError
-
+from hybridflow.workers import ref as ref_module
+from hybridflow.workers.training import UpdateBatchError, local_loss_counts
 from tests.float_bounds import longest_reduction, model_output_bound
 
 from .helpers import (
@@ -214,18 +211,6 @@ def test_a_method_outside_the_role_names_the_missing_part(tiny_model_dir):
         worker.compute_ref_log_prob(rollout_batch(2))
 
 
-def test_policy_loss_config_takes_the_clip_settings_from_the_actor():
-    both = policy_loss_config(ActorConfig(clip_ratio=0.3))
-    assert (both.clip_ratio_low, both.clip_ratio_high) == (0.3, 0.3)
-    upper = policy_loss_config(ActorConfig(clip_ratio_high=0.28))
-    assert (upper.clip_ratio_low, upper.clip_ratio_high) == (0.2, 0.28)
-    sapo = PolicyLossModeConfig(loss_mode="sapo", tau_neg=2.0)
-    config = policy_loss_config(ActorConfig(clip_ratio_c=5.0, loss_agg_mode="seq-mean-token-mean", policy_loss=sapo))
-    assert isinstance(config, PolicyLossConfig)
-    assert (config.loss_mode, config.tau_neg, config.tau_pos) == ("sapo", 2.0, 1.0)
-    assert (config.clip_ratio_c, config.loss_agg_mode) == (5.0, "seq-mean-token-mean")
-
-
 def assert_same_weights(params: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
     """Equal to 1e-6 relative: both updates ran the same float operations (their gradients are all zero)."""
     assert params.keys() == expected.keys()
@@ -352,6 +337,25 @@ def test_old_log_probs_take_the_rollout_micro_batching_and_do_not_depend_on_it(
         assert [count for count, _ in calls] == rows
     for key in ("old_log_probs", "entropys"):
         torch.testing.assert_close(output.batch[key], expected.batch[key], rtol=0, atol=LOG_PROB_ATOL, msg=key)
+
+
+def test_each_pass_chooses_its_layout_once_and_runs_every_micro_batch_in_it(tiny_model_dir, monkeypatch):
+    """The old-log-prob pass, the reference pass and the update choose one layout for the rank's whole batch."""
+    chosen, used = [], []
+    choose, forward = actor_module.choose_layout, actor_module.log_prob_forward
+    monkeypatch.setattr(actor_module, "choose_layout", lambda *args: chosen.append(choose(*args)) or chosen[-1])
+    for module in (actor_module, ref_module):
+        monkeypatch.setattr(
+            module, "log_prob_forward", lambda model, micro, layout, *args, **kwargs: used.append(layout)
+            or forward(model, micro, layout, *args, **kwargs),
+        )
+    worker = make_worker(tiny_model_dir, role="actor_ref", actor={"ppo_micro_batch_size_per_gpu": 2, "ppo_epochs": 2})
+    batch = rollout_batch(8, seed=0)
+    batch = batch.union(worker.compute_log_prob(batch)).union(worker.compute_ref_log_prob(batch))
+    assert len(chosen) == 2 and used == [chosen[0]] * 4 + [chosen[1]] * 2  # micro-batches of 2, then of 4
+    chosen.clear(), used.clear()
+    worker.update_actor(batch)
+    assert len(chosen) == 1 and used == [chosen[0]] * 8  # 2 epochs of 4 micro-batches
 
 
 def bypass_worker(model_dir, settings, loss_type="ppo_clip"):

@@ -13,8 +13,7 @@ from hybridflow.distributed import RayClassWithInitArgs, RayWorkerGroup, Resourc
 from hybridflow.distributed.errors import WorkerError
 from hybridflow.protocol import DataProto
 from hybridflow.workers import ActorRolloutRefWorker
-from hybridflow.workers.batching import local_loss_counts
-
+from hybridflow.workers.training import local_loss_counts
 from tests.float_bounds import longest_reduction, model_output_bound
 
 from .helpers import (

@@ -10,17 +10,16 @@ import pickle
 
 import pytest
 import torch
-from torch.distributed.checkpoint.filesystem import FileSystem
 from safetensors.torch import load_file
+from torch.distributed.checkpoint.filesystem import FileSystem
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from hybridflow.checkpoints.manager import CheckpointError, CheckpointManager
 from hybridflow.distributed.worker_host import WorkerHost
 from hybridflow.models.log_probs import forward_log_probs
-from hybridflow.checkpoints.manager import CheckpointError, CheckpointManager
 from hybridflow.workers import ActorRolloutRefWorker
 from hybridflow.workers import checkpoint as checkpoint_module
 from hybridflow.workers.checkpoint import CheckpointContentError, read_manifest
-
 from tests.float_bounds import longest_reduction, model_output_bound
 
 from .helpers import actor_rollout_ref_config, full_parameters, rollout_batch

@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
+from hybridflow.algos import PolicyLossConfig, PolicyLossModeConfig
 from hybridflow.workers import config as worker_config
-from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, WorkerConfigError, as_config
+from hybridflow.workers.config import ActorConfig, ActorRolloutRefConfig, CriticConfig, WorkerConfigError, as_config
 
 
 def test_a_nested_dict_config_becomes_typed_sections():
@@ -54,3 +55,15 @@ def test_a_global_micro_batch_size_is_shared_out_over_the_ranks_as_verl_did():
         worker_config.micro_batch_size_per_rank(2, 8, 4, key)
     with pytest.raises(WorkerConfigError, match=rf"{key}=3 gives each of the 4 ranks less than one sample"):
         worker_config.micro_batch_size_per_rank(None, 3, 4, key)
+
+
+def test_policy_loss_config_takes_the_clip_settings_from_the_actor():
+    both = ActorConfig(clip_ratio=0.3).policy_loss_config()
+    assert (both.clip_ratio_low, both.clip_ratio_high) == (0.3, 0.3)
+    upper = ActorConfig(clip_ratio_high=0.28).policy_loss_config()
+    assert (upper.clip_ratio_low, upper.clip_ratio_high) == (0.2, 0.28)
+    sapo = PolicyLossModeConfig(loss_mode="sapo", tau_neg=2.0)
+    config = ActorConfig(clip_ratio_c=5.0, loss_agg_mode="seq-mean-token-mean", policy_loss=sapo).policy_loss_config()
+    assert isinstance(config, PolicyLossConfig)
+    assert (config.loss_mode, config.tau_neg, config.tau_pos) == ("sapo", 2.0, 1.0)
+    assert (config.clip_ratio_c, config.loss_agg_mode) == (5.0, "seq-mean-token-mean")

@@ -8,7 +8,6 @@ import torch
 from hybridflow.models.value_model import load_reward_model
 from hybridflow.workers import RewardModelWorker, WorkerConfigError
 from hybridflow.workers.reward_model import place_on_last_response_token
-
 from tests.float_bounds import longest_reduction, score_head_bound
 
 from .helpers import rollout_batch

@@ -12,7 +12,6 @@ from transformers import AutoConfig
 from hybridflow.protocol import DataProto
 from hybridflow.workers import ActorRolloutRefWorker
 from hybridflow.workers.rollout_part import StaleRolloutError
-
 from tests.float_bounds import longest_reduction, model_output_bound
 
 from .helpers import actor_rollout_ref_config, rollout_batch

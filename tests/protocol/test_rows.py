@@ -5,7 +5,7 @@ import math
 import pytest
 
 from hybridflow.protocol import MetaInfoConflictError
-from hybridflow.protocol.meta_info import merge_meta_info
+from hybridflow.protocol.rows import merge_meta_info
 
 
 def test_metrics_of_every_part_become_lists_and_shared_keys_are_kept_once():
