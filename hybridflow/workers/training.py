@@ -306,19 +306,7 @@ class ShardedTrainer:
         and ``nonfinite_skip_frac`` (1.0 for a step skipped because its gradient norm was NaN or inf); and the
         ``lr`` the steps used.
         """
-        # A shuffle stream per (seed, update call, rank): a resumed run draws the same permutations.
-        stream = np.random.SeedSequence([seed, self.update_count, dist.get_rank()]).generate_state(1)[0]
-        generator = torch.Generator().manual_seed(int(stream))
-        if whole_batch_counts is None:
-            mini_batches = iter_mini_batches(data, mini_batch_size, epochs, shuffle, generator)
-            steps = ((mini_batch, None) for mini_batch in mini_batches)
-        elif len(data) <= mini_batch_size:
-            steps = ((data, whole_batch_counts) for _ in range(epochs))
-        else:
-            raise UpdateBatchError(
-                f"an update with the whole batch's loss counts must be one mini-batch, but this rank got {len(data)} "
-                f"rows for mini-batches of {mini_batch_size}; send every row or raise the mini-batch size"
-            )
+        steps = self._steps(data, mini_batch_size, epochs, shuffle, seed, whole_batch_counts)
         metrics: dict[str, list[float]] = defaultdict(list)
         lr = self.lr_scheduler.get_last_lr()[0]
         self.model.train()
@@ -329,6 +317,26 @@ class ShardedTrainer:
                     metrics[key].append(value)
         self.lr_scheduler.step()
         return {**metrics, "lr": lr}
+
+    def _steps(
+        self, data: DataProto, mini_batch_size: int, epochs: int, shuffle: bool, seed: int,
+        whole_batch_counts: LossCounts | None,
+    ) -> Iterator[tuple[DataProto, LossCounts | None]]:
+        """The optimizer steps of an update: each step's mini-batch and the counts its loss is normalised by
+        (None: the mini-batch's own)."""
+        if whole_batch_counts is not None:
+            if len(data) > mini_batch_size:
+                raise UpdateBatchError(
+                    f"an update with the whole batch's loss counts must be one mini-batch, but this rank got "
+                    f"{len(data)} rows for mini-batches of {mini_batch_size}; send every row or raise the mini-batch "
+                    "size"
+                )
+            return ((data, whole_batch_counts) for _ in range(epochs))
+        # A shuffle stream per (seed, update call, rank): a resumed run draws the same permutations.
+        stream = np.random.SeedSequence([seed, self.update_count, dist.get_rank()]).generate_state(1)[0]
+        generator = torch.Generator().manual_seed(int(stream))
+        mini_batches = iter_mini_batches(data, mini_batch_size, epochs, shuffle, generator)
+        return ((mini_batch, None) for mini_batch in mini_batches)
 
     def _mini_batch_step(
         self, mini_batch: DataProto, counts: LossCounts | None, loss_fn: LossFn, batching: MicroBatching,
