@@ -77,8 +77,8 @@ def greedy_baseline(config: PPOTrainerConfig) -> bool:
 def streamed_reward(config: PPOTrainerConfig) -> bool:
     """Phase 2 scores each sample as the rollout hands it over: a manager that scores samples one by one, and no
     reward model."""
-    manager = REWARD_MANAGERS.get(config.reward_model.reward_manager)
-    return not config.reward_model.enable and getattr(manager, "SCORES_EACH_SAMPLE", False)
+    traits = REWARD_MANAGERS.traits(config.reward_model.reward_manager)
+    return not config.reward_model.enable and traits["scores_each_sample"]
 
 
 def phases(config: PPOTrainerConfig) -> dict[str, Phase]:

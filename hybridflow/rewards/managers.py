@@ -54,7 +54,11 @@ if TYPE_CHECKING:  # DataProto loads tensordict (~2 s): not needed to check a co
     from hybridflow.protocol import DataProto
 
 
-REWARD_MANAGERS: Registry[type] = Registry("reward manager", config_key="reward_model.reward_manager")
+# scores_each_sample: each sample is scored alone, so a batch can be scored in parts while the rest of it is generated
+# (start_batch); a manager that scores whole batches does not.
+REWARD_MANAGERS: Registry[type] = Registry(
+    "reward manager", config_key="reward_model.reward_manager", traits={"scores_each_sample": True}
+)
 
 
 class RewardCallError(HybridflowError, TypeError):
@@ -112,8 +116,6 @@ class NaiveRewardManager:
     CALL = ((None,) * 4, {})
     # Where: on threads (a call past its limit is abandoned, not killed).
     RUNNER: type = TimedCallRunner
-    # Each sample is scored alone, so a batch can be scored in parts while the rest is generated (start_batch).
-    SCORES_EACH_SAMPLE = True
 
     def __call__(self, data: DataProto) -> RewardResult:
         if "rm_scores" in data.batch.keys():
@@ -220,8 +222,6 @@ class BatchRewardManager(NaiveRewardManager):
 
     registered_compute_score = staticmethod(registered_batch_compute_score)
     CALL = ((), dict.fromkeys(("data_sources", "solution_strs", "ground_truths", "extra_infos")))
-
-    SCORES_EACH_SAMPLE = False
 
     def outcomes(self, responses: ResponseBatch) -> list[CallOutcome]:
         call = functools.partial(
@@ -372,7 +372,7 @@ class SampleScoring:
 
 REWARD_MANAGERS.add("naive", NaiveRewardManager)
 REWARD_MANAGERS.add("prime", PrimeRewardManager)
-REWARD_MANAGERS.add("batch", BatchRewardManager)
+REWARD_MANAGERS.add("batch", BatchRewardManager, scores_each_sample=False)
 REWARD_MANAGERS.add("dapo", DAPORewardManager)
 # verl's "gdpo" manager scores like "naive" and keeps every key of the scorer's dict, which GDPO's
 # algorithm.gdpo_reward_keys then read; naive keeps them too.

@@ -56,11 +56,10 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     )
     check_vocabulary(tokenizer, model.tokenizer_dir, model.path, model.trust_remote_code)
     train_dataset, val_dataset = _datasets(config, tokenizer)
+    reward_manager = _reward_manager(config, tokenizer, train_dataset, val_dataset)
+    # From here on, the plan is what the run reads.
     plan = build_plan(config, len(train_dataset))
-    custom = config.custom_reward_function
-    compute_score = load_custom_reward_function(custom.path, custom.name, custom.reward_kwargs) if custom.path else None
-    if compute_score is None and not config.reward_model.enable:
-        check_data_sources(train_dataset.data_sources() + (val_dataset.data_sources() if val_dataset else []))
+    data = plan.data
     train_loader = StatefulDataLoader(
         train_dataset, plan.prompts_per_generation, shuffle=data.shuffle, seed=data.seed, drop_last=True
     )
@@ -70,14 +69,22 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
         val_loader = StatefulDataLoader(
             val_dataset, val_batch_size, shuffle=data.validation_shuffle, seed=data.seed, drop_last=False
         )
-    reward_manager = build_reward_manager(
-        config.reward_model.reward_manager, tokenizer, compute_score, **reward_manager_options(config)
-    )
     trainer = RayPPOTrainer(
         plan, tokenizer=tokenizer, train_loader=train_loader, val_loader=val_loader, reward_manager=reward_manager
     )
     check_data_position(trainer.checkpoints, train_loader)
     return trainer
+
+
+def _reward_manager(config: PPOTrainerConfig, tokenizer: Any, train_dataset: Any, val_dataset: Any) -> Any:
+    """The reward manager with the user's scoring function, or the registry's, which must know every data_source."""
+    custom = config.custom_reward_function
+    compute_score = load_custom_reward_function(custom.path, custom.name, custom.reward_kwargs) if custom.path else None
+    if compute_score is None and not config.reward_model.enable:
+        check_data_sources(train_dataset.data_sources() + (val_dataset.data_sources() if val_dataset else []))
+    return build_reward_manager(
+        config.reward_model.reward_manager, tokenizer, compute_score, **reward_manager_options(config)
+    )
 
 
 def _datasets(config: PPOTrainerConfig, tokenizer: Any) -> tuple[RLDataset, RLDataset | None]:

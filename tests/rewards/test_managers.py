@@ -358,5 +358,5 @@ def test_parts_share_one_failure_count_and_must_cover_the_batch(tokenizer, manag
 
 
 def test_only_managers_that_score_each_sample_alone_stream(tokenizer, managers):
-    streaming = {name: REWARD_MANAGERS.get(name).SCORES_EACH_SAMPLE for name in ("naive", "prime", "dapo", "batch")}
+    streaming = {name: REWARD_MANAGERS.traits(name)["scores_each_sample"] for name in ("naive", "prime", "dapo", "batch")}
     assert streaming == {"naive": True, "prime": True, "dapo": True, "batch": False}
