@@ -8,7 +8,7 @@ export RAY_AUTH_MODE := disabled
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-fast test-vllm test-gpu bench install clean
+.PHONY: demo test test-fast lint test-vllm test-gpu bench install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,10 +24,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m hybridflow.demo
 
-test: $(STAMP)
+# The formatter and linter first (ruff, configured in pyproject.toml): a style slip fails in seconds.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
 	$(PY) -m pytest -q -rs --durations=25
 
-test-fast: $(STAMP)
+test-fast: lint
 	$(PY) -m pytest -q -m "not slow" -x
 
 # vLLM's CPU build in an environment of its own (.venv-vllm), for the tests marked vllm.

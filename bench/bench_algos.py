@@ -142,8 +142,12 @@ def main() -> None:
         print_row(f"adv_estimator={name}", wall, cpu, load)
     rows = {
         "apply_kl_penalty(kind=low_var_kl)": lambda: apply_kl_penalty(
-            batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_prob"], batch["response_mask"],
-            kl_coef=0.001, kind="low_var_kl",
+            batch["token_level_scores"],
+            batch["old_log_probs"],
+            batch["ref_log_prob"],
+            batch["response_mask"],
+            kl_coef=0.001,
+            kind="low_var_kl",
         ),
         "policy_loss=vanilla forward+backward": policy_loss_step(batch),
         "value loss (clipped)": lambda: compute_value_loss(
@@ -160,11 +164,15 @@ def main() -> None:
     print_row(f"REFERENCE tiny model step, [{MICRO_BATCH}, {MICRO_LENGTH}]", wall, cpu, load)
     # A training step passes every token of the batch through at least one forward and backward.
     micro_batches = BATCH * LENGTH // (MICRO_BATCH * MICRO_LENGTH)
-    print(f"reference model: {reference.parameters / 1e6:.2f}M parameters; one training step on the same "
-          f"[{BATCH}, {LENGTH}] batch is at least {micro_batches} such micro-batch steps = "
-          f"{micro_batches * wall:.0f} s wall, {micro_batches * cpu:.0f} CPU-s")
-    print(f"all {len(ESTIMATORS)} estimators together: {estimator_total:.2f} s wall, {estimator_cpu:.2f} CPU-s "
-          f"= {100 * estimator_cpu / (micro_batches * cpu):.3f}% of that step's CPU-s")
+    print(
+        f"reference model: {reference.parameters / 1e6:.2f}M parameters; one training step on the same "
+        f"[{BATCH}, {LENGTH}] batch is at least {micro_batches} such micro-batch steps = "
+        f"{micro_batches * wall:.0f} s wall, {micro_batches * cpu:.0f} CPU-s"
+    )
+    print(
+        f"all {len(ESTIMATORS)} estimators together: {estimator_total:.2f} s wall, {estimator_cpu:.2f} CPU-s "
+        f"= {100 * estimator_cpu / (micro_batches * cpu):.3f}% of that step's CPU-s"
+    )
 
 
 if __name__ == "__main__":

@@ -42,13 +42,19 @@ from bench.bench_vs_trl import child_env, cpu_seconds
 from hybridflow.demo import ensure_base_model
 
 ONE_STEP_OFF = [
-    "trainer.local_mode=false", "trainer.cpus_per_worker=2", "ray_init.num_cpus=4",
-    "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.calculate_log_probs=true",
+    "trainer.local_mode=false",
+    "trainer.cpus_per_worker=2",
+    "ray_init.num_cpus=4",
+    "actor_rollout_ref.hybrid_engine=false",
+    "actor_rollout_ref.rollout.calculate_log_probs=true",
     "algorithm.rollout_correction.bypass_mode=true",
 ]
 FULLY_ASYNC = ONE_STEP_OFF + [
-    "async_training.enable=true", "async_training.partial_rollout=false", "data.gen_batch_size=1",
-    "async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0.5",
+    "async_training.enable=true",
+    "async_training.partial_rollout=false",
+    "data.gen_batch_size=1",
+    "async_training.trigger_parameter_sync_step=1",
+    "async_training.staleness_threshold=0.5",
     "async_training.concurrent_samples_per_replica=16",
 ]
 SYSTEMS = {"sync": [], "one_step_off": ONE_STEP_OFF, "fully_async": FULLY_ASYNC}
@@ -76,14 +82,32 @@ def run_process(command: list[str], log_path: pathlib.Path) -> dict[str, float]:
                     pass
             time.sleep(POLL_S)
     if process.returncode != 0:
-        sys.exit(f"{command[2]} failed (exit {process.returncode}); its output: {log_path}\n{log_path.read_text()[-4000:]}")
-    return {"wall_s": time.perf_counter() - wall_start, "cpu_s": sum(last_cpu.values()), "load_start": load_start,
-            "load_end": os.getloadavg()[0]}
+        sys.exit(
+            f"{command[2]} failed (exit {process.returncode}); its output: {log_path}\n{log_path.read_text()[-4000:]}"
+        )
+    return {
+        "wall_s": time.perf_counter() - wall_start,
+        "cpu_s": sum(last_cpu.values()),
+        "load_start": load_start,
+        "load_end": os.getloadavg()[0],
+    }
 
 
 def run_demo(system: str, seed: int, args: argparse.Namespace, run_dir: pathlib.Path) -> dict[str, Any]:
-    command = [sys.executable, "-m", "hybridflow.demo", "--seed", str(seed), "--steps", str(args.steps),
-               "--test_freq", str(args.test_freq), "--run_dir", str(run_dir / system), *SYSTEMS[system]]
+    command = [
+        sys.executable,
+        "-m",
+        "hybridflow.demo",
+        "--seed",
+        str(seed),
+        "--steps",
+        str(args.steps),
+        "--test_freq",
+        str(args.test_freq),
+        "--run_dir",
+        str(run_dir / system),
+        *SYSTEMS[system],
+    ]
     usage = run_process(command, run_dir / f"{system}.log")
     return {"points": validation_points(run_dir / system / "metrics.jsonl"), **usage}
 
@@ -101,9 +125,11 @@ def print_comparison(system: str, comparison: dict[str, Any], within: float) -> 
     if reached is None:
         print(f"  {system} never reached the synchronous final accuracy {target}")
     else:
-        print(f"  {system} reached the synchronous final accuracy {target} at step {reached['step']}, after "
-              f"{reached['training_s']:.0f} training s: {comparison['ratio']:.2f}x the synchronous run's "
-              f"{comparison['sync_s']:.0f} s")
+        print(
+            f"  {system} reached the synchronous final accuracy {target} at step {reached['step']}, after "
+            f"{reached['training_s']:.0f} training s: {comparison['ratio']:.2f}x the synchronous run's "
+            f"{comparison['sync_s']:.0f} s"
+        )
 
 
 def main() -> None:
@@ -126,7 +152,9 @@ def main() -> None:
             run_dir.mkdir()
             results = {}
             for system in systems:
-                print(f"running {system}, seed {seed}, {args.steps} steps, load1 {os.getloadavg()[0]:.2f} ...", flush=True)
+                print(
+                    f"running {system}, seed {seed}, {args.steps} steps, load1 {os.getloadavg()[0]:.2f} ...", flush=True
+                )
                 results[system] = run_demo(system, seed, args, run_dir)
             print_runs(seed, results, width=12)
             for system in systems[1:]:
@@ -134,9 +162,11 @@ def main() -> None:
                 print_comparison(system, comparison, args.within)
                 ratios[system].append(comparison["ratio"])
         for system, values in ratios.items():
-            print(f"\n== {system} training time to the synchronous final accuracy, over the synchronous run's: median "
-                  f"{statistics.median(values):.2f}x over {len(values)} seed(s) "
-                  f"({', '.join(f'{r:.2f}x' for r in values)}; target <= 0.7x)")
+            print(
+                f"\n== {system} training time to the synchronous final accuracy, over the synchronous run's: median "
+                f"{statistics.median(values):.2f}x over {len(values)} seed(s) "
+                f"({', '.join(f'{r:.2f}x' for r in values)}; target <= 0.7x)"
+            )
 
 
 if __name__ == "__main__":

@@ -74,13 +74,13 @@ def bench_pickle(dp: DataProto) -> None:
         ours_size = len(pickle.dumps(dp, protocol=protocol))
         measure(
             f"pickle p{protocol} dumps+loads, naive",
-            lambda: pickle.loads(pickle.dumps(naive, protocol=protocol)),
+            lambda protocol=protocol: pickle.loads(pickle.dumps(naive, protocol=protocol)),
             repeats,
             f"{naive_size / 2**20:.3f} MiB",
         )
         measure(
             f"pickle p{protocol} dumps+loads, DataProto",
-            lambda: pickle.loads(pickle.dumps(dp, protocol=protocol)),
+            lambda protocol=protocol: pickle.loads(pickle.dumps(dp, protocol=protocol)),
             repeats,
             f"{ours_size / 2**20:.3f} MiB",
         )

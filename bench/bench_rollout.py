@@ -48,8 +48,15 @@ def build_model() -> torch.nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True, attn_implementation="sdpa",
+        vocab_size=VOCAB_SIZE,
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
     )
     torch.manual_seed(0)
     return Qwen2ForCausalLM(config).eval()
@@ -83,12 +90,19 @@ def run_generate(model, prompts, stop_ids) -> int:
     input_ids = torch.full((len(prompts), width), PAD_ID)
     attention_mask = torch.zeros(len(prompts), width, dtype=torch.long)
     for row, ids in enumerate(prompts):
-        input_ids[row, width - len(ids):] = torch.tensor(ids)
-        attention_mask[row, width - len(ids):] = 1
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[row, width - len(ids) :] = 1
     with torch.no_grad():
         out = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-            max_new_tokens=MAX_NEW_TOKENS, eos_token_id=stop_ids or None, pad_token_id=PAD_ID,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=MAX_NEW_TOKENS,
+            eos_token_id=stop_ids or None,
+            pad_token_id=PAD_ID,
         )
     return useful_tokens(out[:, width:].tolist(), stop_ids)
 
@@ -98,13 +112,21 @@ def run_cb(model, prompts, stop_ids) -> int:
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     generation_config = GenerationConfig(
-        do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=MAX_NEW_TOKENS,
-        eos_token_id=stop_ids or -1, pad_token_id=PAD_ID,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=MAX_NEW_TOKENS,
+        eos_token_id=stop_ids or -1,
+        pad_token_id=PAD_ID,
     )
     longest = max(map(len, prompts)) + MAX_NEW_TOKENS
     cb_config = ContinuousBatchingConfig(
-        page_size=PAGE_SIZE, num_blocks=len(prompts) * math.ceil(longest / PAGE_SIZE), max_batch_tokens=2048,
-        auto_switch_to_flash=False, seed=0,
+        page_size=PAGE_SIZE,
+        num_blocks=len(prompts) * math.ceil(longest / PAGE_SIZE),
+        max_batch_tokens=2048,
+        auto_switch_to_flash=False,
+        seed=0,
     )
     results = model.generate_batch(prompts, generation_config=generation_config, continuous_batching_config=cb_config)
     return sum(len(result.generated_tokens) for result in results.values())
@@ -121,7 +143,9 @@ def run_hybridflow(model, prompts, stop_ids) -> int:
     engine = HFRolloutEngine(model, Tokenizer(), RolloutConfig(max_batch_tokens=2048))
     try:
         requests = [
-            GenerationRequest(ids, SamplingParams(max_new_tokens=MAX_NEW_TOKENS, stop_token_ids=stop_ids, seed=sample_seed(0, i)))
+            GenerationRequest(
+                ids, SamplingParams(max_new_tokens=MAX_NEW_TOKENS, stop_token_ids=stop_ids, seed=sample_seed(0, i))
+            )
             for i, ids in enumerate(prompts)
         ]
         return sum(len(result.token_ids) for result in engine.generate_batch(requests))
@@ -154,8 +178,14 @@ def child(method: str, workload: str) -> dict:
     wall = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline
     return {
-        "method": method, "workload": workload, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-        "cpu_s": _cpu_seconds() - cpu, "peak_mib": peak / 2**20, "load1": os.getloadavg()[0],
+        "method": method,
+        "workload": workload,
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "cpu_s": _cpu_seconds() - cpu,
+        "peak_mib": peak / 2**20,
+        "load1": os.getloadavg()[0],
     }
 
 
@@ -175,15 +205,19 @@ def main() -> None:
     for workload in WORKLOADS:
         for method in args.methods:
             command = [sys.executable, "-m", "bench.bench_rollout", "--child", method, workload]
-            proc = subprocess.run(command, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)) or ".")
+            proc = subprocess.run(
+                command, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)) or "."
+            )
             if proc.returncode != 0:
                 print(f"| {workload} | {method} | failed: {proc.stderr.strip().splitlines()[-1]} |||||")
                 continue
             r = json.loads(proc.stdout.strip().splitlines()[-1])
             per_cpu_second[workload, method] = r["tokens"] / r["cpu_s"]
-            print(f"| {workload} | {method} | {r['tokens']} | {r['wall_s']:.2f} | {r['tokens_per_s']:.0f} | "
-                  f"{r['cpu_s']:.2f} | {r['tokens'] / r['cpu_s']:.0f} | {r['peak_mib']:.1f} | {r['load1']:.2f} |",
-                  flush=True)
+            print(
+                f"| {workload} | {method} | {r['tokens']} | {r['wall_s']:.2f} | {r['tokens_per_s']:.0f} | "
+                f"{r['cpu_s']:.2f} | {r['tokens'] / r['cpu_s']:.0f} | {r['peak_mib']:.1f} | {r['load1']:.2f} |",
+                flush=True,
+            )
     for workload in WORKLOADS:
         if (workload, "hybridflow") in per_cpu_second and (workload, "generate") in per_cpu_second:
             ratio = per_cpu_second[workload, "hybridflow"] / per_cpu_second[workload, "generate"]

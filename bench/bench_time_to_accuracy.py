@@ -12,8 +12,9 @@ timed by a callback that stops its clock while validating), so neither side pays
 checkpoints. Per seed: TRL's final accuracy and its training seconds, the training seconds at which
 hybridflow's validation first reaches that accuracy, and their ratio (target <= 0.5); with several seeds,
 the median ratio. ``--hybridflow_steps`` gives hybridflow a different run length with the same recipe
-(its cosine schedule then spans its own run). Each side's whole process (start-up, validation, checkpoints included) is reported too:
-wall seconds, CPU seconds of its process tree, and the 1-minute load average at its start and end.
+(its cosine schedule then spans its own run). Each side's whole process (start-up, validation, checkpoints
+included) is reported too: wall seconds, CPU seconds of its process tree, and the 1-minute load average at its
+start and end.
 Run: ``.venv/bin/python -m bench.bench_time_to_accuracy [--seeds 0,1,2] [--steps 150]`` (TRL takes about
 4 s a step here, so about 12 minutes per seed; needs ``pip install -c constraints.txt 'hybridflow[bench]'``).
 """
@@ -65,18 +66,36 @@ def run_process(command: list[str], threads: int, log_path: pathlib.Path) -> dic
     load_start, cpu_start, wall_start = os.getloadavg()[0], children_cpu_seconds(), time.perf_counter()
     with log_path.open("w") as log:
         completed = subprocess.run(command, cwd=REPO_DIR, env=child_env(threads), stdout=log, stderr=subprocess.STDOUT)
-    usage = {"wall_s": time.perf_counter() - wall_start, "cpu_s": children_cpu_seconds() - cpu_start,
-             "load_start": load_start, "load_end": os.getloadavg()[0]}
+    usage = {
+        "wall_s": time.perf_counter() - wall_start,
+        "cpu_s": children_cpu_seconds() - cpu_start,
+        "load_start": load_start,
+        "load_end": os.getloadavg()[0],
+    }
     if completed.returncode != 0:
-        sys.exit(f"{command[2]} failed (exit {completed.returncode}); its output: {log_path}\n{log_path.read_text()[-4000:]}")
+        sys.exit(
+            f"{command[2]} failed (exit {completed.returncode}); its output: {log_path}\n{log_path.read_text()[-4000:]}"
+        )
     return usage
 
 
 def run_hybridflow(seed: int, args: argparse.Namespace, run_dir: pathlib.Path) -> dict[str, Any]:
     steps = args.hybridflow_steps or args.steps
     epochs = -(-steps // (NUM_TRAIN // 32))  # the demo's 5,000 prompts make 156 steps of 32
-    command = [sys.executable, "-m", "hybridflow.demo", "--seed", str(seed), "--steps", str(steps),
-               "--test_freq", str(args.test_freq), "--run_dir", str(run_dir / "demo"), f"trainer.total_epochs={epochs}"]
+    command = [
+        sys.executable,
+        "-m",
+        "hybridflow.demo",
+        "--seed",
+        str(seed),
+        "--steps",
+        str(steps),
+        "--test_freq",
+        str(args.test_freq),
+        "--run_dir",
+        str(run_dir / "demo"),
+        f"trainer.total_epochs={epochs}",
+    ]
     usage = run_process(command, args.threads, run_dir / "hybridflow.log")
     return {"points": validation_points(run_dir / "demo" / "metrics.jsonl"), **usage}
 
@@ -93,13 +112,26 @@ def validation_points(metrics_path: pathlib.Path) -> list[dict[str, float]]:
 
 
 def run_trl(seed: int, args: argparse.Namespace, run_dir: pathlib.Path, data: dict[str, str]) -> dict[str, Any]:
-    spec = {**data, "model_dir": str(BASE_MODEL), "seed": seed, "steps": args.steps, "test_freq": args.test_freq,
-            "threads": args.threads, "prompts_per_step": 32, "samples_per_prompt": 8, "max_new_tokens": 16,
-            "lr": 3e-4, "lr_warmup_steps": 10, "min_lr_ratio": 0.1, "trl_output_dir": str(run_dir / "trl")}
+    spec = {
+        **data,
+        "model_dir": str(BASE_MODEL),
+        "seed": seed,
+        "steps": args.steps,
+        "test_freq": args.test_freq,
+        "threads": args.threads,
+        "prompts_per_step": 32,
+        "samples_per_prompt": 8,
+        "max_new_tokens": 16,
+        "lr": 3e-4,
+        "lr_warmup_steps": 10,
+        "min_lr_ratio": 0.1,
+        "trl_output_dir": str(run_dir / "trl"),
+    }
     spec_path, out_path = run_dir / "trl_spec.json", run_dir / "trl_result.json"
     spec_path.write_text(json.dumps(spec))
-    usage = run_process([sys.executable, "-m", "bench.trl_demo_side", str(spec_path), str(out_path)], args.threads,
-                        run_dir / "trl.log")
+    usage = run_process(
+        [sys.executable, "-m", "bench.trl_demo_side", str(spec_path), str(out_path)], args.threads, run_dir / "trl.log"
+    )
     return {**json.loads(out_path.read_text()), **usage}
 
 
@@ -113,8 +145,11 @@ def compare(trl: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
     target = final["acc"]
     reached = first_reaching(ours["points"], target)
     return {
-        "target": target, "trl_s": final["training_s"], "trl_first": first_reaching(trl["points"], target),
-        "ours": reached, "ratio": reached["training_s"] / final["training_s"] if reached else float("inf"),
+        "target": target,
+        "trl_s": final["training_s"],
+        "trl_first": first_reaching(trl["points"], target),
+        "ours": reached,
+        "ratio": reached["training_s"] / final["training_s"] if reached else float("inf"),
     }
 
 
@@ -125,30 +160,40 @@ def print_runs(seed: int, results: dict[str, dict[str, Any]], width: int = 10) -
         curve = " ".join(f"{point['step']}:{100 * point['acc']:.1f}" for point in result["points"])
         last = result["points"][-1]
         print(f"  {system:<{width}} accuracy % by step: {curve}")
-        print(f"  {'':<{width}} {last['training_s']:.0f} training s for {last['step']} steps "
-              f"({last['training_s'] / max(last['step'], 1):.2f} s/step); whole process {result['wall_s']:.0f} s wall, "
-              f"{result['cpu_s']:.0f} CPU s, load1 {result['load_start']:.2f} -> {result['load_end']:.2f}")
+        print(
+            f"  {'':<{width}} {last['training_s']:.0f} training s for {last['step']} steps "
+            f"({last['training_s'] / max(last['step'], 1):.2f} s/step); whole process {result['wall_s']:.0f} s wall, "
+            f"{result['cpu_s']:.0f} CPU s, load1 {result['load_start']:.2f} -> {result['load_end']:.2f}"
+        )
 
 
 def print_seed(seed: int, results: dict[str, dict[str, Any]], comparison: dict[str, Any]) -> None:
     print_runs(seed, results)
     trl_first, ours = comparison["trl_first"], comparison["ours"]
-    print(f"  TRL's final accuracy {100 * comparison['target']:.1f}% after {comparison['trl_s']:.0f} training s "
-          f"(first reached at step {trl_first['step']}, {trl_first['training_s']:.0f} s)")
+    print(
+        f"  TRL's final accuracy {100 * comparison['target']:.1f}% after {comparison['trl_s']:.0f} training s "
+        f"(first reached at step {trl_first['step']}, {trl_first['training_s']:.0f} s)"
+    )
     if ours is None:
         print("  hybridflow never reached it")
     else:
-        print(f"  hybridflow first reached it at step {ours['step']}, after {ours['training_s']:.0f} training s: "
-              f"{comparison['ratio']:.2f}x TRL's training time (target <= 0.5x)")
+        print(
+            f"  hybridflow first reached it at step {ours['step']}, after {ours['training_s']:.0f} training s: "
+            f"{comparison['ratio']:.2f}x TRL's training time (target <= 0.5x)"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0", help="comma-separated seeds; each trains both systems once")
     parser.add_argument("--steps", type=int, default=150, help="training steps of each run (the demo's default)")
-    parser.add_argument("--hybridflow_steps", type=int, default=None,
-                        help="hybridflow's run length (default --steps): the same recipe, its lr schedule spanning "
-                             "its own run, for a time budget rather than a step count")
+    parser.add_argument(
+        "--hybridflow_steps",
+        type=int,
+        default=None,
+        help="hybridflow's run length (default --steps): the same recipe, its lr schedule spanning "
+        "its own run, for a time budget rather than a step count",
+    )
     parser.add_argument("--test_freq", type=int, default=10, help="validate every N steps")
     parser.add_argument("--threads", type=int, default=2, help="OMP/torch threads of each system's process")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, metrics)")
@@ -169,13 +214,17 @@ def main() -> None:
             for system in ("trl", "hybridflow"):
                 steps = args.steps if system == "trl" else args.hybridflow_steps or args.steps
                 print(f"running {system}, seed {seed}, {steps} steps, load1 {os.getloadavg()[0]:.2f} ...", flush=True)
-                results[system] = (run_trl(seed, args, run_dir, data) if system == "trl"
-                                   else run_hybridflow(seed, args, run_dir))
+                results[system] = (
+                    run_trl(seed, args, run_dir, data) if system == "trl" else run_hybridflow(seed, args, run_dir)
+                )
             comparison = compare(results["trl"], results["hybridflow"])
             print_seed(seed, results, comparison)
             ratios.append(comparison["ratio"])
-        print(f"\n== hybridflow's training time to TRL's final accuracy, over TRL's: median {statistics.median(ratios):.2f}x "
-              f"over {len(ratios)} seed(s) ({', '.join(f'{ratio:.2f}x' for ratio in ratios)}; target <= 0.5x)")
+        print(
+            "\n== hybridflow's training time to TRL's final accuracy, over TRL's: "
+            f"median {statistics.median(ratios):.2f}x "
+            f"over {len(ratios)} seed(s) ({', '.join(f'{ratio:.2f}x' for ratio in ratios)}; target <= 0.5x)"
+        )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,13 @@ from hybridflow.protocol import DataProto  # noqa: E402
 
 SIZES = {
     "tiny": {},
-    "small": {"hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 4,
-              "intermediate_size": 1536},
+    "small": {
+        "hidden_size": 512,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "intermediate_size": 1536,
+    },
 }
 SAMPLES, PROMPT_LENGTH, RESPONSE_LENGTH = 16, 32, 96
 
@@ -57,7 +62,7 @@ def build_batch(seed: int = 0) -> DataProto:
             "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp_min(0),
             "response_mask": response_mask,
             "advantages": torch.randn(SAMPLES, 1, generator=generator) * response_mask,
-        },
+        }
     )
 
 
@@ -111,7 +116,9 @@ def two_ranks(model_dir: str, steps: int) -> dict[str, tuple[float, float]]:
         group.init_model()
         batch = build_batch()
         batch = batch.union(group.compute_log_prob(batch))
-        prompt_columns = {key: batch.batch[key][:2, :PROMPT_LENGTH] for key in ("input_ids", "attention_mask", "position_ids")}
+        prompt_columns = {
+            key: batch.batch[key][:2, :PROMPT_LENGTH] for key in ("input_ids", "attention_mask", "position_ids")
+        }
         prompts = DataProto.from_dict(prompt_columns)
         syncs = []
 

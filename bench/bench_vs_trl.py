@@ -23,9 +23,10 @@ Per system: the median wall seconds of a step over the steps after ``--warmup`` 
 init and model loading is never inside a step), samples/s and generated tokens/s over those steps, CPU
 seconds per step of the whole process tree (with ``--ray``: driver, Ray worker and Ray's own daemons;
 the main process's share on its own line), the share of zero-signal prompt groups (all samples scored
-the same, so their advantages are 0), and the 1-minute load average when the measured steps start and end. Phase times come from TRL
-(``model.generate``; generate + score) and from hybridflow's ``timing_s/*`` metrics. With ``--repeats``,
-the systems alternate within each row, and the median ratios over the repeats are printed per row.
+the same, so their advantages are 0), and the 1-minute load average when the measured steps start and end.
+Phase times come from TRL (``model.generate``; generate + score) and from hybridflow's ``timing_s/*`` metrics.
+With ``--repeats``, the systems alternate within each row, and the median ratios over the repeats are printed per
+row.
 Run: ``.venv/bin/python -m bench.bench_vs_trl [--steps 12] [--repeats 3] [--precisions fp32,bf16] [--ray]``
 (needs ``pip install -c constraints.txt 'hybridflow[bench]'`` for TRL).
 """
@@ -49,7 +50,10 @@ import psutil
 
 REPO_DIR = pathlib.Path(__file__).resolve().parent.parent
 MODEL_SIZE = {
-    "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
     "intermediate_size": 1024,
 }
 PROMPTS_PER_STEP, SAMPLES_PER_PROMPT, MAX_NEW_TOKENS = 16, 4, 16
@@ -61,10 +65,14 @@ REWARDS = ("dense", "task")
 def precision_overrides(precision: str) -> list[str]:
     """hybridflow's keys for a row: fp32 throughout, or bf16 compute over fp32 weights and a bf16 rollout."""
     if precision == "fp32":
-        return ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=float32",
-                "actor_rollout_ref.rollout.dtype=float32"]
-    return ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16",
-            "actor_rollout_ref.rollout.dtype=bfloat16"]
+        return [
+            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=float32",
+            "actor_rollout_ref.rollout.dtype=float32",
+        ]
+    return [
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16",
+        "actor_rollout_ref.rollout.dtype=bfloat16",
+    ]
 
 
 def placement_overrides(spec: dict[str, Any]) -> list[str]:
@@ -150,7 +158,11 @@ def hybridflow_overrides(spec: dict[str, Any]) -> list[str]:
         f"trainer.cpus_per_worker={spec['threads']}",
         f"trainer.default_local_dir={spec['hybridflow_run_dir']}",
         *placement_overrides(spec),
-        *([f"custom_reward_function.path={REPO_DIR / 'bench' / 'dense_reward.py'}"] if spec["reward"] == "dense" else []),
+        *(
+            [f"custom_reward_function.path={REPO_DIR / 'bench' / 'dense_reward.py'}"]
+            if spec["reward"] == "dense"
+            else []
+        ),
         *spec["hybridflow_extra_overrides"],
     ]
 
@@ -163,7 +175,9 @@ class StepEndHook:
 
     def after_step(self, global_step: int, batch: Any, metrics: dict[str, float]) -> None:
         phases = {key.removeprefix("timing_s/"): value for key, value in metrics.items() if key.startswith("timing_s/")}
-        self.recorder.mark(tokens=int(batch.batch["response_mask"].sum()), phases=phases, zero_signal=zero_signal_share(batch))
+        self.recorder.mark(
+            tokens=int(batch.batch["response_mask"].sum()), phases=phases, zero_signal=zero_signal_share(batch)
+        )
 
 
 def zero_signal_share(batch: Any) -> float:
@@ -193,7 +207,9 @@ def run_hybridflow(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["ray"]:
         ray_config = config.ray_init
         init_local_ray(
-            num_cpus=ray_config.num_cpus, object_store_memory=ray_config.object_store_memory, temp_dir=ray_config.temp_dir
+            num_cpus=ray_config.num_cpus,
+            object_store_memory=ray_config.object_store_memory,
+            temp_dir=ray_config.temp_dir,
         )
     recorder = StepRecorder()
     try:
@@ -207,7 +223,9 @@ def run_hybridflow(spec: dict[str, Any]) -> dict[str, Any]:
         if spec["ray"]:
             ray.shutdown()
     return {
-        "setup_s": setup_s, "start": recorder.start_mark, "steps": recorder.marks,
+        "setup_s": setup_s,
+        "start": recorder.start_mark,
+        "steps": recorder.marks,
         "settings": {
             "overrides": hybridflow_overrides(spec),
             # Each worker's group sets OMP_NUM_THREADS=int(cpus_per_worker); the worker sets torch's from it.
@@ -228,25 +246,45 @@ def prepare_inputs(work_dir: pathlib.Path, args: argparse.Namespace) -> dict[str
 
     total_steps = args.warmup + args.steps
     model_dir = build_tiny_model(work_dir / "model", seed=0, **MODEL_SIZE)
-    rows = to_verl_rows(arithmetic_problems(PROMPTS_PER_STEP * total_steps, seed=args.seed), "arithmetic", "math", "train")
+    rows = to_verl_rows(
+        arithmetic_problems(PROMPTS_PER_STEP * total_steps, seed=args.seed), "arithmetic", "math", "train"
+    )
     train_file = write_parquet_rows(rows, work_dir / "train.parquet")
     tokenizer = load_tokenizer(model_dir)
     texts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False) for row in rows]
     prompt_lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     return {
-        "model_dir": str(model_dir), "train_file": str(train_file), "max_prompt_length": max(prompt_lengths),
-        "mean_prompt_length": statistics.mean(prompt_lengths), "total_steps": total_steps,
-        "prompts_per_step": PROMPTS_PER_STEP, "samples_per_prompt": SAMPLES_PER_PROMPT, "max_new_tokens": MAX_NEW_TOKENS,
-        "temperature": 1.0, "lr": 1e-6, "clip_ratio": 0.2, "grad_clip": 1.0, "seed": args.seed, "threads": args.threads,
-        "hybridflow_extra_overrides": args.override, "num_parameters": count_parameters(model_dir),
-        "reward": args.reward, "ray": args.ray,
+        "model_dir": str(model_dir),
+        "train_file": str(train_file),
+        "max_prompt_length": max(prompt_lengths),
+        "mean_prompt_length": statistics.mean(prompt_lengths),
+        "total_steps": total_steps,
+        "prompts_per_step": PROMPTS_PER_STEP,
+        "samples_per_prompt": SAMPLES_PER_PROMPT,
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "temperature": 1.0,
+        "lr": 1e-6,
+        "clip_ratio": 0.2,
+        "grad_clip": 1.0,
+        "seed": args.seed,
+        "threads": args.threads,
+        "hybridflow_extra_overrides": args.override,
+        "num_parameters": count_parameters(model_dir),
+        "reward": args.reward,
+        "ray": args.ray,
     }
 
 
 def child_env(threads: int) -> dict[str, str]:
     return {
-        **os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE",
-        "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "RAY_AUTH_MODE": "disabled",
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "RAY_AUTH_MODE": "disabled",
         "PYTHONPATH": str(REPO_DIR),
     }
 
@@ -255,20 +293,31 @@ def launch(system: str, spec: dict[str, Any], run_dir: pathlib.Path) -> dict[str
     """Run one system in a fresh process; returns what it wrote (step marks, settings)."""
     run_dir.mkdir(parents=True)
     ray_temp_dir = tempfile.mkdtemp(prefix="hfbench", dir="/tmp")  # Ray's socket paths must stay short
-    spec = {**spec, "trl_output_dir": str(run_dir / "trl"), "hybridflow_run_dir": str(run_dir / "hybridflow"),
-            "ray_temp_dir": ray_temp_dir}
+    spec = {
+        **spec,
+        "trl_output_dir": str(run_dir / "trl"),
+        "hybridflow_run_dir": str(run_dir / "hybridflow"),
+        "ray_temp_dir": ray_temp_dir,
+    }
     spec_path, out_path = run_dir / "spec.json", run_dir / "result.json"
     spec_path.write_text(json.dumps(spec))
     module = ["bench.trl_side"] if system == "trl" else ["bench.bench_vs_trl", "--child", "hybridflow"]
     try:
         completed = subprocess.run(
-            [sys.executable, "-m", *module, str(spec_path), str(out_path)], cwd=REPO_DIR, env=child_env(spec["threads"]),
-            capture_output=True, text=True, timeout=1800,
+            [sys.executable, "-m", *module, str(spec_path), str(out_path)],
+            cwd=REPO_DIR,
+            env=child_env(spec["threads"]),
+            capture_output=True,
+            text=True,
+            timeout=1800,
         )
     finally:
         shutil.rmtree(ray_temp_dir, ignore_errors=True)
     if completed.returncode != 0:
-        sys.exit(f"{system} run failed (exit {completed.returncode}):\n{completed.stdout[-3000:]}\n{completed.stderr[-6000:]}")
+        sys.exit(
+            f"{system} run failed (exit {completed.returncode}):\n"
+            f"{completed.stdout[-3000:]}\n{completed.stderr[-6000:]}"
+        )
     return json.loads(out_path.read_text())
 
 
@@ -289,9 +338,14 @@ def summarize(result: dict[str, Any], warmup: int) -> dict[str, Any]:
     """Per-step deltas between consecutive marks, reduced over the steps after ``warmup``."""
     marks = [result["start"], *result["steps"]]
     steps = [
-        {"wall": after["wall"] - before["wall"], "cpu": after["cpu"] - before["cpu"],
-         "own_cpu": after["own_cpu"] - before["own_cpu"], "tokens": after["tokens"],
-         "phases": with_remainder(after["phases"], after["wall"] - before["wall"]), "zero_signal": after["zero_signal"]}
+        {
+            "wall": after["wall"] - before["wall"],
+            "cpu": after["cpu"] - before["cpu"],
+            "own_cpu": after["own_cpu"] - before["own_cpu"],
+            "tokens": after["tokens"],
+            "phases": with_remainder(after["phases"], after["wall"] - before["wall"]),
+            "zero_signal": after["zero_signal"],
+        }
         for before, after in zip(marks, marks[1:])
     ]
     measured = steps[warmup:]
@@ -353,14 +407,34 @@ def print_table(summaries: dict[str, dict[str, Any]]) -> None:
 
 def print_settings(spec: dict[str, Any], results: dict[str, dict[str, Any]]) -> None:
     print("== Settings (shared)")
-    shared = {key: spec[key] for key in (
-        "num_parameters", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "temperature", "lr", "clip_ratio",
-        "grad_clip", "seed", "threads", "max_prompt_length", "mean_prompt_length", "total_steps")}
+    shared = {
+        key: spec[key]
+        for key in (
+            "num_parameters",
+            "prompts_per_step",
+            "samples_per_prompt",
+            "max_new_tokens",
+            "temperature",
+            "lr",
+            "clip_ratio",
+            "grad_clip",
+            "seed",
+            "threads",
+            "max_prompt_length",
+            "mean_prompt_length",
+            "total_steps",
+        )
+    }
     print("  " + json.dumps(shared))
     reward = "bench/dense_reward.py" if spec["reward"] == "dense" else "default_compute_score"
     print(f"  model: Qwen2 {json.dumps(MODEL_SIZE)}, vocab 263, fp32 weights, sdpa; task: arithmetic, reward: {reward}")
-    print(f"  hybridflow's workers: {'one Ray worker process' if spec['ray'] else 'in its driver process (local mode)'}")
-    print(f"  env of both processes: OMP_NUM_THREADS={spec['threads']} OMP_WAIT_POLICY=PASSIVE; machine: {os.cpu_count()} CPUs")
+    print(
+        f"  hybridflow's workers: {'one Ray worker process' if spec['ray'] else 'in its driver process (local mode)'}"
+    )
+    print(
+        f"  env of both processes: OMP_NUM_THREADS={spec['threads']} OMP_WAIT_POLICY=PASSIVE; "
+        f"machine: {os.cpu_count()} CPUs"
+    )
     for system, result in results.items():
         print(f"== Settings ({system})")
         for key, value in result["settings"].items():
@@ -376,11 +450,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="alternate the systems this many times (busy machines)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--precisions", default="fp32,bf16", help="rows to measure, comma-separated: fp32, bf16")
-    parser.add_argument("--reward", choices=REWARDS, default="dense",
-                        help="dense: every group carries signal (default); task: the arithmetic task's 0/1 score")
+    parser.add_argument(
+        "--reward",
+        choices=REWARDS,
+        default="dense",
+        help="dense: every group carries signal (default); task: the arithmetic task's 0/1 score",
+    )
     parser.add_argument("--ray", action="store_true", help="hybridflow's workers on Ray, not in its driver process")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra main_ppo override for the hybridflow side, applied last (repeatable; for profiling)")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra main_ppo override for the hybridflow side, applied last (repeatable; for profiling)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (model, parquet, run outputs)")
     parser.add_argument("--child", choices=["hybridflow"], help=argparse.SUPPRESS)
     parser.add_argument("child_args", nargs="*", help=argparse.SUPPRESS)
@@ -416,8 +499,11 @@ def run_all(args: argparse.Namespace, work_dir: pathlib.Path) -> None:
         for precision in precisions:
             summaries = {}
             for system in systems:
-                print(f"running {system} {precision} (repeat {repeat + 1}/{args.repeats}), "
-                      f"load1 {os.getloadavg()[0]:.2f} ...", flush=True)
+                print(
+                    f"running {system} {precision} (repeat {repeat + 1}/{args.repeats}), "
+                    f"load1 {os.getloadavg()[0]:.2f} ...",
+                    flush=True,
+                )
                 run_dir = work_dir / f"run{repeat}_{precision}_{system}"
                 results[system] = launch(system, {**spec, "precision": precision}, run_dir)
                 summaries[system] = summarize(results[system], args.warmup)
@@ -435,7 +521,12 @@ def run_all(args: argparse.Namespace, work_dir: pathlib.Path) -> None:
             for label, key in (("wall", "s_per_step"), ("CPU-seconds", "cpu_s_per_step")):
                 ratios = [summaries["trl"][key] / summaries["hybridflow"][key] for summaries in repeats]
                 cells.append(f"{label} {statistics.median(ratios):.2f}x ({min(ratios):.2f}x..{max(ratios):.2f}x)")
-            loads = [summaries[system][mark] for summaries in repeats for system in systems for mark in ("load_start", "load_end")]
+            loads = [
+                summaries[system][mark]
+                for summaries in repeats
+                for system in systems
+                for mark in ("load_start", "load_end")
+            ]
             print(f"  {precision}: " + ", ".join(cells) + f"; load1 {min(loads):.2f}..{max(loads):.2f}")
 
 

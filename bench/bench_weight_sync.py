@@ -50,17 +50,27 @@ def run_variant(path: str, bucket_megabytes: float, engine: str) -> dict:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
     model_dir = build_tiny_model(
-        tempfile.mkdtemp(), hidden_size=768, num_hidden_layers=6, num_attention_heads=12, num_key_value_heads=4,
+        tempfile.mkdtemp(),
+        hidden_size=768,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        num_key_value_heads=4,
         intermediate_size=2048,
     )
     rollout = {"name": engine, "prompt_length": 8, "response_length": 8, "free_cache_engine": False}
     if engine == "vllm":
         # A cache for one full batch of sequences, whatever the machine's memory (vllm_memory says why).
         kv_cache = kv_cache_bytes(load_model_config(model_dir), "float32", RolloutConfig().max_num_seqs, 16)
-        rollout.update(enforce_eager=True, enable_chunked_prefill=False,
-                       engine_kwargs={"vllm": {"kv_cache_memory_bytes": kv_cache}})
-    config = {"model": {"path": str(model_dir)}, "actor": {"ppo_mini_batch_size": 1, "ppo_micro_batch_size_per_gpu": 1},
-              "rollout": rollout}
+        rollout.update(
+            enforce_eager=True,
+            enable_chunked_prefill=False,
+            engine_kwargs={"vllm": {"kv_cache_memory_bytes": kv_cache}},
+        )
+    config = {
+        "model": {"path": str(model_dir)},
+        "actor": {"ppo_mini_batch_size": 1, "ppo_micro_batch_size_per_gpu": 1},
+        "rollout": rollout,
+    }
     worker = ActorRolloutRefWorker(config, "actor_rollout")
     worker.init_model()
     actor, part = worker.parts["actor"], worker.parts["rollout"]
@@ -84,9 +94,14 @@ def run_variant(path: str, bucket_megabytes: float, engine: str) -> dict:
         seconds.append(time.perf_counter() - start)
         extra.append(_status_mib("VmHWM") - before)
     return {
-        "path": path, "bucket_mib": bucket_megabytes if path == "buckets" else None, "engine": engine,
-        "seconds": statistics.median(seconds[1:]), "extra_mib": max(extra[1:]), "model_mib": model_mib,
-        "largest_parameter_mib": largest_mib, "load1": os.getloadavg()[0],
+        "path": path,
+        "bucket_mib": bucket_megabytes if path == "buckets" else None,
+        "engine": engine,
+        "seconds": statistics.median(seconds[1:]),
+        "extra_mib": max(extra[1:]),
+        "model_mib": model_mib,
+        "largest_parameter_mib": largest_mib,
+        "load1": os.getloadavg()[0],
     }
 
 
@@ -108,16 +123,27 @@ def main() -> None:
     print(f"engine {args.engine}")
     print("{:8} {:>10} {:>8} {:>9} {:>9} {:>17} {:>5}".format(*header))
     for path, megabytes in itertools.chain([("hybrid", 0)], (("buckets", mb) for mb in BUCKET_MEGABYTES)):
-        command = [sys.executable, "-m", "bench.bench_weight_sync", "--engine", args.engine,
-                   "--variant", path, str(megabytes)]
+        command = [
+            sys.executable,
+            "-m",
+            "bench.bench_weight_sync",
+            "--engine",
+            args.engine,
+            "--variant",
+            path,
+            str(megabytes),
+        ]
         # Large allocations straight from mmap and back on free: otherwise glibc keeps a freed bucket's memory for
         # the next, and a later sync's peak would not show what it allocates.
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
         result = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
         row = json.loads(result.stdout.splitlines()[-1])
         bucket = "-" if row["bucket_mib"] is None else f"{row['bucket_mib']:.0f}"
-        print(f"{row['path']:8} {bucket:>10} {row['seconds']:8.3f} {row['extra_mib']:9.1f} {row['model_mib']:9.1f} "
-              f"{row['largest_parameter_mib']:17.1f} {row['load1']:5.2f}", flush=True)
+        print(
+            f"{row['path']:8} {bucket:>10} {row['seconds']:8.3f} {row['extra_mib']:9.1f} {row['model_mib']:9.1f} "
+            f"{row['largest_parameter_mib']:17.1f} {row['load1']:5.2f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

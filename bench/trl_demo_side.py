@@ -64,7 +64,10 @@ class GreedyValidation:
         self.rows = pq.read_table(val_file).to_pylist()
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
-        texts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False) for row in self.rows]
+        texts = [
+            tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+            for row in self.rows
+        ]
         self.inputs = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
 
     @torch.no_grad()
@@ -95,7 +98,10 @@ class TrainingClock(TrainerCallback):
 
     def _validate(self, step: int, model: Any) -> None:
         self.points.append({"step": step, "training_s": self.training_s, "acc": self.validation.accuracy(model)})
-        print(f"step {step}: {self.training_s:.1f} s of training, validation accuracy {self.points[-1]['acc']:.3f}", flush=True)
+        print(
+            f"step {step}: {self.training_s:.1f} s of training, validation accuracy {self.points[-1]['acc']:.3f}",
+            flush=True,
+        )
         self.resumed = time.perf_counter()
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -114,7 +120,9 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(spec["threads"])
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32, attn_implementation="sdpa")
-    clock = TrainingClock(GreedyValidation(spec["val_file"], tokenizer, spec["max_new_tokens"]), spec["test_freq"], spec["steps"])
+    clock = TrainingClock(
+        GreedyValidation(spec["val_file"], tokenizer, spec["max_new_tokens"]), spec["test_freq"], spec["steps"]
+    )
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=sorting_reward,

@@ -28,11 +28,33 @@ from hybridflow.rewards.scoring import default_compute_score
 
 # GRPOConfig fields echoed in the benchmark's settings block (read back from the live config).
 SHOWN_SETTINGS = (
-    "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "num_iterations",
-    "steps_per_generation", "generation_batch_size", "max_completion_length", "temperature", "top_p", "top_k", "beta",
-    "loss_type", "scale_rewards", "epsilon", "learning_rate", "lr_scheduler_type", "weight_decay", "max_grad_norm",
-    "bf16", "gradient_checkpointing", "use_cpu", "use_vllm", "use_transformers_continuous_batching",
-    "cache_implementation", "report_to", "logging_strategy", "save_strategy",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_generations",
+    "num_iterations",
+    "steps_per_generation",
+    "generation_batch_size",
+    "max_completion_length",
+    "temperature",
+    "top_p",
+    "top_k",
+    "beta",
+    "loss_type",
+    "scale_rewards",
+    "epsilon",
+    "learning_rate",
+    "lr_scheduler_type",
+    "weight_decay",
+    "max_grad_norm",
+    "bf16",
+    "gradient_checkpointing",
+    "use_cpu",
+    "use_vllm",
+    "use_transformers_continuous_batching",
+    "cache_implementation",
+    "report_to",
+    "logging_strategy",
+    "save_strategy",
 )
 
 
@@ -171,7 +193,9 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
     for mark, phases, tokens, zero_signal in per_step:
         mark.update(tokens=tokens, phases=phases, zero_signal=zero_signal)
     settings = {key: getattr(trainer.args, key) for key in SHOWN_SETTINGS}
-    settings.update(torch_threads=torch.get_num_threads(), dtype=str(model.dtype), attn=model.config._attn_implementation)
+    settings.update(
+        torch_threads=torch.get_num_threads(), dtype=str(model.dtype), attn=model.config._attn_implementation
+    )
     return {"setup_s": setup_s, "start": recorder.start_mark, "steps": recorder.marks, "settings": settings}
 
 

@@ -97,7 +97,7 @@ class ReferenceBuilder:
 
     def _add_schema_only(self, section: Section, prefix: str) -> None:
         """Keys the schema accepts under ``section`` that the YAML does not write out."""
-        for key, (default, help_text) in self.schema.items():
+        for key, (default, _) in self.schema.items():
             direct = key.startswith(prefix) and "." not in key[len(prefix) :]
             if direct and key not in self.seen and default != "section":
                 section.rows.append((key, default, f"{self._help(key, None)} (not in {YAML_PATH.name})"))
@@ -167,8 +167,11 @@ def _verl_only_keys() -> list[str]:
     counts: dict = {}
     for key in compat_defaults():
         counts[rule_for(key)] = counts.get(rule_for(key), 0) + 1
-    meaning = {"alias": "another name of `{what}`", "lacks": "refused unless at verl's default: needs {what}",
-               "unread": "accepted; listed at start-up when set: {what}"}
+    meaning = {
+        "alias": "another name of `{what}`",
+        "lacks": "refused unless at verl's default: needs {what}",
+        "unread": "accepted; listed at start-up when set: {what}",
+    }
     lines = [
         "## verl's other keys",
         "",
@@ -182,7 +185,9 @@ def _verl_only_keys() -> list[str]:
     ]
     for rule in RULES:
         if counts.get(rule):
-            lines.append(f"| `{_cell(rule.pattern)}` | {_cell(meaning[rule.kind].format(what=rule.what))} | {counts[rule]} |")
+            lines.append(
+                f"| `{_cell(rule.pattern)}` | {_cell(meaning[rule.kind].format(what=rule.what))} | {counts[rule]} |"
+            )
     return lines + [""]
 
 

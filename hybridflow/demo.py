@@ -5,8 +5,9 @@
 1. The base model: a tiny Qwen2 SFT-ed to answer sorting prompts in the right format but often wrongly
    (``examples/tiny_base_model/model``, built by ``examples/tiny_base_model/build.py`` when missing).
 2. The task: "sort four digits", written as verl-schema parquet (``examples/data_preprocess/sorting.py``).
-3. GRPO (or, with ``--algo ppo``, PPO with a critic and GAE) through the same entry point a user runs, ``python -m hybridflow.trainer.main_ppo`` with the
-   overrides printed at start-up, validating greedily every ``--test_freq`` steps.
+3. GRPO (or, with ``--algo ppo``, PPO with a critic and GAE) through the same entry point a user runs,
+   ``python -m hybridflow.trainer.main_ppo`` with the overrides printed at start-up, validating greedily every
+   ``--test_freq`` steps.
 4. A summary (validation accuracy before and after, time, tokens/s) and a PNG plot in the run folder.
 
 The run resumes from its last checkpoint when started again (``trainer.resume_mode=auto``).
@@ -84,37 +85,44 @@ def overrides(args: argparse.Namespace, model: pathlib.Path, train: pathlib.Path
     critic = [f"critic.model.path={model}"] if args.algo == "ppo" else []
     prompts, samples = BATCHES[args.algo]
     batch = [f"data.train_batch_size={prompts}", f"actor_rollout_ref.rollout.n={samples}"]
-    return ALGORITHMS[args.algo] + critic + batch + [
-        f"data.train_files={train}",
-        f"data.val_files={val}",
-        f"data.max_prompt_length={PROMPT_TOKENS}",
-        f"data.max_response_length={RESPONSE_TOKENS}",
-        f"data.seed={args.seed}",
-        f"actor_rollout_ref.model.path={model}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
-        "actor_rollout_ref.actor.optim.lr=3e-4",
-        "actor_rollout_ref.actor.optim.lr_warmup_steps=10",
-        # Decay to a tenth by the last step: the accuracy reached holds instead of swinging.
-        "actor_rollout_ref.actor.optim.warmup_style=cosine",
-        "actor_rollout_ref.actor.optim.min_lr_ratio=0.1",
-        "actor_rollout_ref.actor.optim.weight_decay=0.0",
-        "actor_rollout_ref.actor.optim.betas=[0.9,0.99]",
-        "actor_rollout_ref.actor.use_kl_loss=false",
-        "actor_rollout_ref.rollout.temperature=1.0",
-        f"actor_rollout_ref.rollout.seed={args.seed}",
-        f"trainer.total_training_steps={args.steps}",
-        f"trainer.test_freq={args.test_freq}",
-        f"trainer.save_freq={args.test_freq}",
-        "trainer.n_gpus_per_node=1",
-        "trainer.cpus_per_worker=2",
-        # One process: its workers in the driver's process, no Ray cluster to start.
-        "trainer.local_mode=true",
-        f"trainer.default_local_dir={args.run_dir}",
-        "trainer.logger=[console,jsonl]",
-        "trainer.resume_mode=auto",
-        f"trainer.experiment_name=demo-{args.algo}-seed{args.seed}",
-        f"hydra.run.dir={args.run_dir / 'hydra'}",
-    ] + vllm_kv_cache(args, model) + args.overrides
+    return (
+        ALGORITHMS[args.algo]
+        + critic
+        + batch
+        + [
+            f"data.train_files={train}",
+            f"data.val_files={val}",
+            f"data.max_prompt_length={PROMPT_TOKENS}",
+            f"data.max_response_length={RESPONSE_TOKENS}",
+            f"data.seed={args.seed}",
+            f"actor_rollout_ref.model.path={model}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
+            "actor_rollout_ref.actor.optim.lr=3e-4",
+            "actor_rollout_ref.actor.optim.lr_warmup_steps=10",
+            # Decay to a tenth by the last step: the accuracy reached holds instead of swinging.
+            "actor_rollout_ref.actor.optim.warmup_style=cosine",
+            "actor_rollout_ref.actor.optim.min_lr_ratio=0.1",
+            "actor_rollout_ref.actor.optim.weight_decay=0.0",
+            "actor_rollout_ref.actor.optim.betas=[0.9,0.99]",
+            "actor_rollout_ref.actor.use_kl_loss=false",
+            "actor_rollout_ref.rollout.temperature=1.0",
+            f"actor_rollout_ref.rollout.seed={args.seed}",
+            f"trainer.total_training_steps={args.steps}",
+            f"trainer.test_freq={args.test_freq}",
+            f"trainer.save_freq={args.test_freq}",
+            "trainer.n_gpus_per_node=1",
+            "trainer.cpus_per_worker=2",
+            # One process: its workers in the driver's process, no Ray cluster to start.
+            "trainer.local_mode=true",
+            f"trainer.default_local_dir={args.run_dir}",
+            "trainer.logger=[console,jsonl]",
+            "trainer.resume_mode=auto",
+            f"trainer.experiment_name=demo-{args.algo}-seed{args.seed}",
+            f"hydra.run.dir={args.run_dir / 'hydra'}",
+        ]
+        + vllm_kv_cache(args, model)
+        + args.overrides
+    )
 
 
 def summarize(run_dir: pathlib.Path, seconds: float, algo: str, seed: int) -> str:
@@ -128,14 +136,16 @@ def summarize(run_dir: pathlib.Path, seconds: float, algo: str, seed: int) -> st
     _, throughput = series(rows, names.PERF_THROUGHPUT)
     png = plot_run(metrics, run_dir / "demo.png", title=f"hybridflow demo: {algo.upper()} on sorting, seed {seed}")
     tokens_per_s = sum(throughput) / max(len(throughput), 1)
-    return "\n".join([
-        f"validation accuracy ({val_key}): {100 * accuracy[0]:.1f}% at step {steps[0]} -> "
-        f"{100 * accuracy[-1]:.1f}% at step {steps[-1]} ({100 * (accuracy[-1] - accuracy[0]):+.1f} points)",
-        f"wall time {seconds:.0f} s this invocation, {len(throughput)} training steps logged, "
-        f"{tokens_per_s:.0f} tokens/s on average",
-        f"metrics: {metrics}",
-        f"plot:    {png}",
-    ])
+    return "\n".join(
+        [
+            f"validation accuracy ({val_key}): {100 * accuracy[0]:.1f}% at step {steps[0]} -> "
+            f"{100 * accuracy[-1]:.1f}% at step {steps[-1]} ({100 * (accuracy[-1] - accuracy[0]):+.1f} points)",
+            f"wall time {seconds:.0f} s this invocation, {len(throughput)} training steps logged, "
+            f"{tokens_per_s:.0f} tokens/s on average",
+            f"metrics: {metrics}",
+            f"plot:    {png}",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -158,8 +168,11 @@ def main(argv: list[str] | None = None) -> None:
     run = subprocess.run(command, env=env, cwd=args.run_dir.parent)
     if run.returncode != 0:
         # main_ppo has printed its own one-line error; the demo adds where to look and ends with its code.
-        print(f"hybridflow: error: the demo's training run stopped (exit {run.returncode}); see the line above. "
-              f"The same command resumes from {args.run_dir}", file=sys.stderr)
+        print(
+            f"hybridflow: error: the demo's training run stopped (exit {run.returncode}); see the line above. "
+            f"The same command resumes from {args.run_dir}",
+            file=sys.stderr,
+        )
         sys.exit(run.returncode)
     print(summarize(args.run_dir, time.perf_counter() - start, args.algo, args.seed), flush=True)
 

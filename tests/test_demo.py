@@ -12,7 +12,9 @@ def test_short_demo_learns_and_writes_its_plot(tmp_path):
     run_dir = tmp_path / "demo"
     completed = subprocess.run(
         [sys.executable, "-m", "hybridflow.demo", "--steps", "12", "--test_freq", "12", "--run_dir", str(run_dir)],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -62,9 +62,13 @@ def test_reference_adds_schema_keys_missing_from_the_yaml_and_refuses_keys_witho
         generator.generate(undocumented)
 
 
-@pytest.mark.parametrize("config_name, schema_path", [
-    ("ppo_trainer", "hybridflow.config.schema:PPOTrainerConfig"), ("sft_trainer", "hybridflow.config.sft:SFTTrainerConfig"),
-])
+@pytest.mark.parametrize(
+    "config_name, schema_path",
+    [
+        ("ppo_trainer", "hybridflow.config.schema:PPOTrainerConfig"),
+        ("sft_trainer", "hybridflow.config.sft:SFTTrainerConfig"),
+    ],
+)
 def test_each_yaml_comment_is_its_keys_schema_help(config_name, schema_path):
     """One text per key: the YAML's inline comment (what a reader of the YAML sees) is the schema field's help
     (what errors and the reference quote), in both trainers' YAMLs, so the two cannot drift apart."""
@@ -85,7 +89,7 @@ def test_each_yaml_comment_is_its_keys_schema_help(config_name, schema_path):
             if isinstance(value_node, yaml.MappingNode) and value_node.value:
                 walk(value_node, f"{key}.")
                 continue
-            comment = generator._comment(lines[value_node.end_mark.line][value_node.end_mark.column:])
+            comment = generator._comment(lines[value_node.end_mark.line][value_node.end_mark.column :])
             help_text = schema.get(key, ("", None))[1]
             if comment and help_text and comment != help_text:
                 drifted.append(f"{key}: yaml {comment!r} != help {help_text!r}")
@@ -162,7 +166,9 @@ def test_single_clip_policy_loss_hand_computed():
 @pytest.mark.usefixtures("registered_examples")
 def test_reverse_word_scoring():
     assert default_compute_score("reverse_word", "hello reversed is #### olleh", "olleh") == {
-        "score": 1.0, "acc": 1.0, "pred": "olleh"
+        "score": 1.0,
+        "acc": 1.0,
+        "pred": "olleh",
     }
     assert default_compute_score("reverse_word", "olleh", "olleh")["score"] == 0.0  # no '####'
     check_data_sources(["reverse_word"])  # what main_ppo checks before it starts
@@ -222,7 +228,10 @@ def _run_in_sandbox(blocks: list[str], tmp_path: pathlib.Path, home: pathlib.Pat
         (work / name).symlink_to(REPO / name)
     ray_tmp = tempfile.mkdtemp(prefix="hd", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     env = {
-        **os.environ, "HOME": str(home), "TMPDIR": ray_tmp, "OMP_NUM_THREADS": "1",
+        **os.environ,
+        "HOME": str(home),
+        "TMPDIR": ray_tmp,
+        "OMP_NUM_THREADS": "1",
         "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
     env.pop("RAY_ADDRESS", None)

@@ -30,12 +30,22 @@ GSM8K_RECORDS = [
 def run_script(script, env_vars, overrides, timeout=240):
     """Run an example script with a short Ray temp dir and one torch thread; return its output (raises on failure)."""
     ray_temp_dir = tempfile.mkdtemp(prefix="hfray", dir="/tmp")  # Ray's socket paths must stay short
-    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
-           "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", **env_vars}
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "OMP_NUM_THREADS": "1",
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "RAY_AUTH_MODE": "disabled",
+        "HF_HUB_OFFLINE": "1",
+        **env_vars,
+    }
     try:
         result = subprocess.run(
             ["bash", str(script), *overrides, "ray_init.num_cpus=2", f"ray_init.temp_dir={ray_temp_dir}"],
-            env=env, capture_output=True, text=True, timeout=timeout,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     finally:
         shutil.rmtree(ray_temp_dir, ignore_errors=True)
@@ -67,13 +77,21 @@ def test_gsm8k_grpo_script_keys_run_on_the_tiny_model(tmp_path, tiny_model_dir):
         (source / f"{split}.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
     run_dir = tmp_path / "run"
     small = [
-        "data.train_batch_size=4", "data.max_prompt_length=256", "data.max_response_length=16",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=2",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=256",
+        "data.max_response_length=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1", "trainer.save_freq=-1",
-        f"trainer.default_local_dir={run_dir}", f"hydra.run.dir={run_dir / 'hydra'}",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "trainer.n_gpus_per_node=1",
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=-1",
+        f"trainer.default_local_dir={run_dir}",
+        f"hydra.run.dir={run_dir / 'hydra'}",
     ]
     env_vars = {"MODEL_PATH": str(tiny_model_dir), "GSM8K_DIR": str(source), "DATA_DIR": str(tmp_path / "data")}
     stdout = run_script(EXAMPLES / "gsm8k_grpo_qwen2_5.sh", env_vars, small)
@@ -88,9 +106,13 @@ def test_gsm8k_grpo_script_keys_run_on_the_tiny_model(tmp_path, tiny_model_dir):
 def test_multi_turn_calculator_script_runs_two_steps(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
     small = [
-        "trainer.total_training_steps=2", "trainer.test_freq=-1", "data.val_files=null",
-        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.rollout.n=2", "data.max_response_length=32",
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=-1",
+        "data.val_files=null",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.rollout.n=2",
+        "data.max_response_length=32",
     ]
     env_vars = {"MODEL_PATH": str(tiny_model_dir), "RUN_DIR": str(run_dir)}
     run_script(EXAMPLES / "multiturn_calculator" / "run.sh", env_vars, small)

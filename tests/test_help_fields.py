@@ -19,7 +19,9 @@ class _Actor:
 
 def test_every_field_carries_its_help():
     assert {f.name: f.metadata["help"] for f in fields(_Optim)} == {
-        "lr": "Peak learning rate.", "betas": "AdamW betas.", "override": "Keys to override.",
+        "lr": "Peak learning rate.",
+        "betas": "AdamW betas.",
+        "override": "Keys to override.",
     }
     assert fields(_Actor)[0].metadata["help"] == "Optimizer."
 

@@ -2,13 +2,13 @@
 
 Needs a checkout (or bare mirror) of verl; nothing here is imported by hybridflow or its tests.
 
-    python tools/verl_surface.py compat-yaml --verl /path/to/verl      # rewrite hybridflow/config/yaml/verl_compat.yaml
-    python tools/verl_surface.py sft-compat-yaml --verl /path/to/verl  # rewrite hybridflow/config/yaml/verl_sft_compat.yaml
+    python tools/verl_surface.py compat-yaml --verl /path/to/verl      # rewrite config/yaml/verl_compat.yaml
+    python tools/verl_surface.py sft-compat-yaml --verl /path/to/verl  # rewrite config/yaml/verl_sft_compat.yaml
     python tools/verl_surface.py scripts --verl /path/to/verl [--only ppo|sft|async]  # run verl's scripts
 
 ``compat-yaml`` writes every key of verl's generated ppo_trainer config that hybridflow's schema lacks, with
-verl's default, plus ``model_engine`` (a Hydra group in verl), ``reward.reward_kwargs`` (which verl's scripts add with ``+``),
-FSDP1's ``mixed_precision.buffer_dtype`` and hybridflow's own older ``ray_init.*``.
+verl's default, plus ``model_engine`` (a Hydra group in verl), ``reward.reward_kwargs`` (which verl's scripts add
+with ``+``), FSDP1's ``mixed_precision.buffer_dtype`` and hybridflow's own older ``ray_init.*``.
 ``sft-compat-yaml`` does the same for the SFT trainer from verl's ``sft_trainer_engine.yaml`` composed with its
 default groups, and from the older ``sft_trainer.yaml`` of the last commit that had it; an alias gets its schema
 key's default. ``scripts`` runs each of verl's example scripts that starts ``verl.trainer.main_ppo`` or one of
@@ -17,8 +17,9 @@ fully async trainer, in bash, with ``python``/``python3``/``torchrun`` on PATH r
 hybridflow's trainer of the same name instead (torchrun's process count becomes
 ``trainer.nnodes`` / ``trainer.n_gpus_per_node``) and stops after the config check
 (``HYBRIDFLOW_CONFIG_CHECK=surface``: the keys and values, not the machine's files or GPUs); ``ray job
-submit ... -- python3 ...`` runs the command after ``--``; every other command a script runs is a no-op. A script that wants positional arguments (``<nproc_per_node> <save_path>``)
-gets 8 processes and a folder. It prints one line per script and the counts.
+submit ... -- python3 ...`` runs the command after ``--``; every other command a script runs is a no-op. A
+script that wants positional arguments (``<nproc_per_node> <save_path>``) gets 8 processes and a folder. It prints
+one line per script and the counts.
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ EXTRA_KEYS = {
     **{f"ray_init.{key}": None for key in ("address", "num_cpus", "num_gpus", "temp_dir")},
     "ray_init.object_store_memory": 1 << 30,
     # FSDP1's MixedPrecision field, which verl's scripts add with '+'.
-    **{f"{role}.fsdp_config.mixed_precision.buffer_dtype": "fp32"
-       for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model")},
+    **{
+        f"{role}.fsdp_config.mixed_precision.buffer_dtype": "fp32"
+        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model")
+    },
 }
 HEADER = """\
 # verl's config keys that hybridflow's schema (config_schema.py) has no field for, with verl's defaults.
@@ -65,13 +68,15 @@ HEADER = """\
 def _git_show(verl: pathlib.Path, path: str, ref: str = "HEAD") -> str:
     if ref == "HEAD" and (verl / path).is_file():
         return (verl / path).read_text()
-    return subprocess.run(["git", "-C", str(verl), "show", f"{ref}:{path}"], check=True, capture_output=True,
-                          text=True).stdout
+    return subprocess.run(
+        ["git", "-C", str(verl), "show", f"{ref}:{path}"], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def _git_files(verl: pathlib.Path, pattern: str, where: tuple[str, ...] = ("examples/*.sh",)) -> list[str]:
-    out = subprocess.run(["git", "-C", str(verl), "grep", "-l", "-E", pattern, "HEAD", "--", *where],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["git", "-C", str(verl), "grep", "-l", "-E", pattern, "HEAD", "--", *where], capture_output=True, text=True
+    ).stdout
     return sorted(line.split(":", 1)[1] for line in out.splitlines())
 
 
@@ -106,8 +111,7 @@ def _unflatten(flat: dict) -> dict:
 def compat_yaml(verl: pathlib.Path, allow_missing: bool) -> None:
     verl_keys = flatten(yaml.safe_load(_git_show(verl, GENERATED)))
     schema = schema_keys()
-    compat = {key: (None if value == "???" else value) for key, value in verl_keys.items()
-              if not _covered(key, schema)}
+    compat = {key: (None if value == "???" else value) for key, value in verl_keys.items() if not _covered(key, schema)}
     compat.update(EXTRA_KEYS)
     missing = [key for key in compat if rule_for(key) is None]
     if missing and not allow_missing:
@@ -115,8 +119,10 @@ def compat_yaml(verl: pathlib.Path, allow_missing: bool) -> None:
     compat = {key: value for key, value in compat.items() if key not in missing}
     COMPAT_YAML.write_text(HEADER + yaml.safe_dump(_unflatten(compat), sort_keys=False, width=120))
     from_verl = [key for key in compat if key in verl_keys]
-    print(f"{COMPAT_YAML.relative_to(REPO)}: {len(compat)} keys; of verl's {len(verl_keys)}, "
-          f"{len(verl_keys) - len(from_verl)} are schema keys and {len(from_verl)} are here")
+    print(
+        f"{COMPAT_YAML.relative_to(REPO)}: {len(compat)} keys; of verl's {len(verl_keys)}, "
+        f"{len(verl_keys) - len(from_verl)} are schema keys and {len(from_verl)} are here"
+    )
 
 
 SFT_ENTRY = "sft_trainer_engine"
@@ -159,8 +165,9 @@ def _last_ref_with(verl: pathlib.Path, path: str) -> str:
     present = subprocess.run(["git", "-C", str(verl), "cat-file", "-e", f"HEAD:{path}"], capture_output=True)
     if present.returncode == 0:
         return "HEAD"
-    last = subprocess.run(["git", "-C", str(verl), "log", "-1", "--format=%H", "--", path], check=True,
-                          capture_output=True, text=True).stdout.strip()
+    last = subprocess.run(
+        ["git", "-C", str(verl), "log", "-1", "--format=%H", "--", path], check=True, capture_output=True, text=True
+    ).stdout.strip()
     if not last:
         sys.exit(f"{path} is in no commit of {verl}; give a verl checkout with its history")
     return f"{last}^"
@@ -171,8 +178,9 @@ def sft_compat_yaml(verl: pathlib.Path, allow_missing: bool) -> None:
     old = flatten(_composed(verl, OLD_SFT_ENTRY, old_ref))
     new = flatten(_composed(verl, SFT_ENTRY))
     schema = schema_keys(SFTTrainerConfig)
-    compat = {key: (None if value == "???" else value) for key, value in {**old, **new}.items()
-              if not _covered(key, schema)}
+    compat = {
+        key: (None if value == "???" else value) for key, value in {**old, **new}.items() if not _covered(key, schema)
+    }
     missing = [key for key in compat if SFT_SURFACE.rule_for(key) is None]
     if missing and not allow_missing:
         sys.exit("no rule in hybridflow/config/verl_sft_compat.py for: " + ", ".join(missing))
@@ -182,14 +190,18 @@ def sft_compat_yaml(verl: pathlib.Path, allow_missing: bool) -> None:
         if rule.kind == "alias":
             compat[key] = SFT_SURFACE.schema_defaults[rule.target(key)]
     SFT_COMPAT_YAML.write_text(SFT_HEADER + yaml.safe_dump(_unflatten(compat), sort_keys=False, width=120))
-    print(f"{SFT_COMPAT_YAML.relative_to(REPO)}: {len(compat)} keys ({len(new)} in verl's {SFT_ENTRY}, "
-          f"{len(old)} in its older {OLD_SFT_ENTRY} at {old_ref[:12]})")
+    print(
+        f"{SFT_COMPAT_YAML.relative_to(REPO)}: {len(compat)} keys ({len(new)} in verl's {SFT_ENTRY}, "
+        f"{len(old)} in its older {OLD_SFT_ENTRY} at {old_ref[:12]})"
+    )
 
 
 PPO_MODULES = {"verl.trainer.main_ppo": "hybridflow.trainer.main_ppo"}
 ASYNC_MODULES = {
     "verl.experimental.one_step_off_policy.main_ppo": "hybridflow.experimental.one_step_off_policy.main_ppo",
-    "verl.experimental.fully_async_policy.fully_async_main": "hybridflow.experimental.fully_async_policy.fully_async_main",
+    "verl.experimental.fully_async_policy.fully_async_main": (
+        "hybridflow.experimental.fully_async_policy.fully_async_main"
+    ),
 }
 SFT_MODULES = dict.fromkeys(
     ("verl.trainer.sft_trainer", "verl.trainer.sft_trainer_ray", "verl.trainer.fsdp_sft_trainer"),
@@ -232,7 +244,7 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do shift; done
 exit 0
 """
 # A container may not raise limits; the scripts' 'ulimit -n' is not what is being measured.
-ULIMIT = "ulimit() { builtin ulimit \"$@\" 2>/dev/null || true; }\n"
+ULIMIT = 'ulimit() { builtin ulimit "$@" 2>/dev/null || true; }\n'
 NO_OPS = ("huggingface-cli", "hf", "wget", "pip", "pip3", "nvidia-smi", "modelscope", "curl")
 GIT_SHIM = """#!/usr/bin/env bash
 # Stands in for git: 'git clone URL [dir]' makes the folder that a script enters next; anything else does nothing.
@@ -294,7 +306,8 @@ def _positional_args(text: str, work: pathlib.Path) -> list[str]:
 
 
 def _run_script(text: str, script: str, work: pathlib.Path, env: dict) -> subprocess.CompletedProcess:
-    """Run ``script``; a variable it requires from the user's environment (``set -u``, ``${VAR:?}``) gets a dummy path."""
+    """Run ``script``; a variable it requires from the user's environment (``set -u``, ``${VAR:?}``) gets a dummy
+    path."""
     env = dict(env)
     command = ["bash", "-c", ULIMIT + text, script, *_positional_args(text, work)]
     for _ in range(8):
@@ -324,8 +337,11 @@ def main() -> None:
     parser.add_argument("--verl", type=pathlib.Path, required=True, help="verl checkout or bare git mirror")
     parser.add_argument("--allow-missing", action="store_true", help="compat-yaml: leave out keys with no rule")
     parser.add_argument("--show", action="store_true", help="scripts: print the output tail of failed ones")
-    parser.add_argument("--only", choices=["ppo", "sft", "async"],
-                        help="scripts: only the PPO, the SFT, or the one-step-off and fully async scripts")
+    parser.add_argument(
+        "--only",
+        choices=["ppo", "sft", "async"],
+        help="scripts: only the PPO, the SFT, or the one-step-off and fully async scripts",
+    )
     args = parser.parse_args()
     if args.command == "compat-yaml":
         compat_yaml(args.verl, args.allow_missing)

@@ -11,9 +11,7 @@ from hybridflow.algos import register_adv_est
 @register_adv_est("batch_mean")  # add requires=("values",) / ("index",) / ("reward_baselines",) for those inputs
 @torch.no_grad()
 def compute_batch_mean_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    **kwargs: Any,
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, **kwargs: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``A_i = s_i - mean_j s_j`` on every response token of sample ``i``, where ``s_i`` is the sum of its
     ``token_level_rewards`` row [B, T]. Returns ``(advantages [B, T], returns [B, T])``, equal, 0 where

@@ -1,6 +1,6 @@
 """Write "reverse this word" prompts as verl-schema parquet (data_source ``reverse_word``).
 
-    python docs/examples/reverse_word_data.py --local_dir ~/data/reverse_word --num_train 256 --num_test 32
+python docs/examples/reverse_word_data.py --local_dir ~/data/reverse_word --num_train 256 --num_test 32
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """Write synthetic arithmetic prompts (``7+3*12``, answer after ``####``) as verl-schema parquet files.
 
-    python examples/data_preprocess/arithmetic.py --local_dir ~/data/arithmetic --num_train 1000 --num_test 100
+python examples/data_preprocess/arithmetic.py --local_dir ~/data/arithmetic --num_train 1000 --num_test 100
 """
 
 from __future__ import annotations

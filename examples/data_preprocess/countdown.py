@@ -1,6 +1,6 @@
 """Write synthetic countdown prompts (reach a target from a few numbers with + - * /) as verl-schema parquet.
 
-    python examples/data_preprocess/countdown.py --local_dir ~/data/countdown --num_train 1000 --num_test 100
+python examples/data_preprocess/countdown.py --local_dir ~/data/countdown --num_train 1000 --num_test 100
 """
 
 from __future__ import annotations

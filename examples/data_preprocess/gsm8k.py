@@ -27,9 +27,7 @@ _SUFFIXES = (".parquet", ".jsonl", ".json")
 
 def find_split_file(local_path: pathlib.Path, split: str) -> pathlib.Path:
     """The one data file under ``local_path`` whose name starts with ``split`` (``train``/``test``)."""
-    matches = sorted(
-        path for path in local_path.rglob(f"{split}*") if path.is_file() and path.suffix in _SUFFIXES
-    )
+    matches = sorted(path for path in local_path.rglob(f"{split}*") if path.is_file() and path.suffix in _SUFFIXES)
     if len(matches) != 1:
         found = [str(path) for path in matches] or "none"
         raise FileNotFoundError(
@@ -61,12 +59,7 @@ def to_rows(records: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
             "prompt": [{"role": "user", "content": f"{record['question']} {INSTRUCTION}"}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": final_answer(record["answer"])},
-            "extra_info": {
-                "split": split,
-                "index": index,
-                "question": record["question"],
-                "answer": record["answer"],
-            },
+            "extra_info": {"split": split, "index": index, "question": record["question"], "answer": record["answer"]},
         }
         for index, record in enumerate(records)
     ]

@@ -1,6 +1,6 @@
 """Write synthetic sorting prompts (sort a few numbers or letters ascending) as verl-schema parquet files.
 
-    python examples/data_preprocess/sorting.py --local_dir ~/data/sorting --num_train 1000 --num_test 100
+python examples/data_preprocess/sorting.py --local_dir ~/data/sorting --num_train 1000 --num_test 100
 """
 
 from __future__ import annotations

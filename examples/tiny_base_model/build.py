@@ -31,6 +31,7 @@ import tempfile
 import torch
 from hydra import compose, initialize_config_module
 
+from hybridflow.config.sft import load_sft_config
 from hybridflow.data.parquet_io import write_parquet_rows
 from hybridflow.data.synthetic import Problem, sorting_problems
 from hybridflow.distributed import init_local_ray
@@ -38,7 +39,6 @@ from hybridflow.models.loading import load_causal_lm, load_tokenizer
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.rewards.scoring import default_compute_score
 from hybridflow.trainer.main_sft import build_sft_trainer
-from hybridflow.config.sft import load_sft_config
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -114,7 +114,10 @@ def build(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="tiny_base_") as scratch_name:
         scratch = pathlib.Path(scratch_name)
         model_dir = build_tiny_model(
-            scratch / "random_init", seed=args.seed, hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
+            scratch / "random_init",
+            seed=args.seed,
+            hidden_size=args.hidden_size,
+            num_hidden_layers=args.num_layers,
             intermediate_size=2 * args.hidden_size,
         )
         rows = sft_rows(args.num_sft, seed=args.seed + 1, excluded={p.question for p in val_problems})
@@ -135,8 +138,12 @@ def build(args: argparse.Namespace) -> dict:
         shutil.rmtree(out, ignore_errors=True)
         shutil.copytree(exported, out)
     info = {
-        "seed": args.seed, "sft_steps": trainer.global_step, "sft_examples": args.num_sft, "num_val": args.num_val,
-        "greedy_val_accuracy": greedy_accuracy(out, val_problems), "target_accuracy": args.target_accuracy,
+        "seed": args.seed,
+        "sft_steps": trainer.global_step,
+        "sft_examples": args.num_sft,
+        "num_val": args.num_val,
+        "greedy_val_accuracy": greedy_accuracy(out, val_problems),
+        "target_accuracy": args.target_accuracy,
     }
     (out / "build_info.json").write_text(json.dumps(info, indent=1) + "\n")
     return info

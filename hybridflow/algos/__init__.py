@@ -16,12 +16,7 @@ from hybridflow.algos import (  # noqa: F401
     optimal_token_baseline,
     policy_losses,
 )
-from hybridflow.algos.advantage_registry import (
-    ADV_ESTIMATORS,
-    ESTIMATOR_INPUTS,
-    get_adv_estimator_fn,
-    register_adv_est,
-)
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, ESTIMATOR_INPUTS, get_adv_estimator_fn, register_adv_est
 from hybridflow.algos.advantages import (
     compute_gae_advantage_return,
     compute_reinforce_plus_plus_outcome_advantage,

@@ -20,7 +20,13 @@ from hybridflow.registry import Registry
 AdvantageEstimatorFn = Callable[..., tuple]
 
 ESTIMATOR_INPUTS = (
-    "values", "index", "reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights", "non_tensor_batch"
+    "values",
+    "index",
+    "reward_baselines",
+    "old_log_probs",
+    "sum_pi_squared",
+    "rollout_is_weights",
+    "non_tensor_batch",
 )
 """Batch inputs an estimator may ask for: critic ``values [B,T]``, the per-sample ``uid`` array as
 ``index [B]``, ReMax's greedy-response reward ``reward_baselines [B]``, the actor's log-prob pass outputs
@@ -59,4 +65,3 @@ def register_adv_est(
 def get_adv_estimator_fn(name_or_enum: str | Enum) -> AdvantageEstimatorFn:
     """The estimator registered as ``name``; an unknown name raises listing every registered one."""
     return ADV_ESTIMATORS.get(_as_name(name_or_enum))
-

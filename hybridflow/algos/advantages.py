@@ -64,10 +64,7 @@ def compute_gae_advantage_return(
 @register_adv_est("reinforce_plus_plus")
 @torch.no_grad()
 def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float = 1.0,
-    **kwargs: Any,
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0, **kwargs: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu, arXiv:2501.03262): discounted reward-to-go, whitened over the batch.
 
@@ -100,10 +97,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
 @register_adv_est("remax", requires=("reward_baselines",))
 @torch.no_grad()
 def compute_remax_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    reward_baselines: torch.Tensor,
-    response_mask: torch.Tensor,
-    **kwargs: Any,
+    token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor, response_mask: torch.Tensor, **kwargs: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax (Li et al., arXiv:2310.10505): reward-to-go minus the greedy response's reward.
 

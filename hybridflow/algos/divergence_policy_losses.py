@@ -79,7 +79,14 @@ def compute_policy_loss_dppo_tv(
     change = torch.exp(log_prob) - torch.exp(old_log_prob)
     trusted = torch.where(advantages > 0, change <= high, change >= -low)
     return _truncated_is_loss(
-        old_log_prob, log_prob, advantages, response_mask, trusted, config, rollout_is_weights, global_token_count,
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        trusted,
+        config,
+        rollout_is_weights,
+        global_token_count,
         global_seq_count,
     )
 
@@ -107,6 +114,13 @@ def compute_policy_loss_dppo_kl(
         advantages > 0, (binary_kl <= high) | (prob <= old_prob), (binary_kl <= low) | (prob >= old_prob)
     )
     return _truncated_is_loss(
-        old_log_prob, log_prob, advantages, response_mask, trusted, config, rollout_is_weights, global_token_count,
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        trusted,
+        config,
+        rollout_is_weights,
+        global_token_count,
         global_seq_count,
     )

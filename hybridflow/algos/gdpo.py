@@ -60,7 +60,11 @@ def reward_components(
 
 
 def _normalised_sum(
-    components: list[torch.Tensor], weights: list[float], group_ids: torch.Tensor, num_groups: int, epsilon: float,
+    components: list[torch.Tensor],
+    weights: list[float],
+    group_ids: torch.Tensor,
+    num_groups: int,
+    epsilon: float,
     divide_by_std: bool,
 ) -> torch.Tensor:
     """``sum_k w_k (r_k - mean_g(r_k)) / (std_g(r_k) + epsilon)`` per sample ``[B]`` (no division unless

@@ -100,8 +100,7 @@ def compute_grpo_passk_outcome_advantage(
         small_group = int(torch.nonzero(counts < 2)[0].item())
         uid = np.asarray(index, dtype=object).reshape(-1)[(group_ids == small_group).nonzero()[0].item()]
         raise ValueError(
-            f"grpo_passk needs at least 2 samples per group, uid {uid!r} has 1; "
-            "set actor_rollout_ref.rollout.n >= 2"
+            f"grpo_passk needs at least 2 samples per group, uid {uid!r} has 1; set actor_rollout_ref.rollout.n >= 2"
         )
     best_score = group_max(scores, group_ids, num_groups)
     positions = torch.arange(scores.numel(), device=scores.device)
@@ -128,11 +127,7 @@ def _leave_one_out(scores: torch.Tensor, group_ids: torch.Tensor, num_groups: in
 @register_adv_est("rloo", requires=("index",))
 @torch.no_grad()
 def compute_rloo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: Any,
-    epsilon: float = 1e-6,
-    **kwargs: Any,
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, epsilon: float = 1e-6, **kwargs: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (Ahmadian et al., arXiv:2402.14740): score minus the mean of the group's other scores.
 
@@ -152,11 +147,7 @@ def compute_rloo_outcome_advantage(
 @register_adv_est("rloo_vectorized", requires=("index",))
 @torch.no_grad()
 def compute_rloo_vectorized_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: Any,
-    epsilon: float = 1e-6,
-    **kwargs: Any,
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, epsilon: float = 1e-6, **kwargs: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO as verl's ``rloo_vectorized`` computes it: :func:`compute_rloo_outcome_advantage`'s
     leave-one-out advantage, except that a group of one gets 0 instead of its raw score.
@@ -174,11 +165,7 @@ def compute_rloo_vectorized_outcome_advantage(
 @register_adv_est("reinforce_plus_plus_baseline", requires=("index",))
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: Any,
-    epsilon: float = 1e-6,
-    **kwargs: Any,
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, epsilon: float = 1e-6, **kwargs: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline (Hu, arXiv:2501.03262): group-mean baseline, then batch whitening.
 
@@ -199,11 +186,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
 @register_adv_est("opo", requires=("index",))
 @torch.no_grad()
 def compute_opo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: Any,
-    epsilon: float = 1e-6,
-    **kwargs: Any,
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, epsilon: float = 1e-6, **kwargs: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO (Hao et al., arXiv:2505.23585): baseline is the length-weighted mean of group scores.
 

@@ -106,8 +106,14 @@ class PolicyLossConfig:
 
     @classmethod
     def resolve(
-        cls, policy_loss: PolicyLossModeConfig, clip_ratio: float, clip_ratio_low: float | None,
-        clip_ratio_high: float | None, clip_ratio_c: float, loss_agg_mode: str, loss_scale_factor: float | None,
+        cls,
+        policy_loss: PolicyLossModeConfig,
+        clip_ratio: float,
+        clip_ratio_low: float | None,
+        clip_ratio_high: float | None,
+        clip_ratio_c: float,
+        loss_agg_mode: str,
+        loss_scale_factor: float | None,
     ) -> "PolicyLossConfig":
         """The actor's keys (verl's two levels: ``policy_loss`` and the clip keys beside it) as one config; an
         unset ``clip_ratio_low`` / ``clip_ratio_high`` means ``clip_ratio``."""
@@ -162,8 +168,12 @@ def get_policy_loss_fn(name: str) -> PolicyLossFn:
 
 
 def aggregate_policy_loss(
-    pg_losses: torch.Tensor, response_mask: torch.Tensor, config: PolicyLossConfig,
-    rollout_is_weights: torch.Tensor | None, global_token_count: Count, global_seq_count: Count,
+    pg_losses: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: PolicyLossConfig,
+    rollout_is_weights: torch.Tensor | None,
+    global_token_count: Count,
+    global_seq_count: Count,
     aggregate: Aggregation | None = None,
 ) -> torch.Tensor:
     """Apply the optional importance-sampling weights, then ``config.aggregate`` (or ``aggregate``, for a loss
@@ -171,7 +181,10 @@ def aggregate_policy_loss(
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
     return (aggregate or config.aggregate)(
-        pg_losses, response_mask, global_token_count=global_token_count, global_seq_count=global_seq_count,
+        pg_losses,
+        response_mask,
+        global_token_count=global_token_count,
+        global_seq_count=global_seq_count,
         loss_scale_factor=config.loss_scale_factor,
     )
 
@@ -270,7 +283,12 @@ def compute_policy_loss_gspo(
     clipped = -advantages * torch.clamp(seq_ratio, 1 - low, 1 + high)
     pg_losses = torch.maximum(unclipped, clipped)
     loss = aggregate_policy_loss(
-        pg_losses, response_mask, config, rollout_is_weights, global_token_count, global_seq_count,
+        pg_losses,
+        response_mask,
+        config,
+        rollout_is_weights,
+        global_token_count,
+        global_seq_count,
         aggregate=seq_mean_token_mean,
     )
     return loss, loss_metrics(fraction(clipped > unclipped, response_mask), ppo_kl(log_ratio, response_mask), 0.0)
@@ -341,7 +359,12 @@ def compute_policy_loss_sapo(
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
     pg_losses = -gate * advantages
     loss = aggregate_policy_loss(
-        pg_losses, response_mask, config, rollout_is_weights, global_token_count, global_seq_count,
+        pg_losses,
+        response_mask,
+        config,
+        rollout_is_weights,
+        global_token_count,
+        global_seq_count,
         aggregate=seq_mean_token_mean,
     )
     return loss, loss_metrics(0.0, ppo_kl(log_ratio, response_mask), 0.0)

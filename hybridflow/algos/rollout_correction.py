@@ -40,10 +40,17 @@ SAFETY_BOUND = 20.0
 
 IS_LEVELS = ("token", "sequence")
 RS_OPTIONS = (
-    "token_k1", "token_k2", "token_k3",
-    "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3",
-    "seq_max_k2", "seq_max_k3",
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
 )
 
 
@@ -80,8 +87,12 @@ class CorrectionSettings:
 
     @classmethod
     def from_keys(
-        cls, rollout_is: str | None = None, rollout_is_threshold: Any = 2.0, rollout_is_batch_normalize: bool = False,
-        rollout_rs: str | None = None, rollout_rs_threshold: Any = None,
+        cls,
+        rollout_is: str | None = None,
+        rollout_is_threshold: Any = 2.0,
+        rollout_is_batch_normalize: bool = False,
+        rollout_rs: str | None = None,
+        rollout_rs_threshold: Any = None,
     ) -> "CorrectionSettings":
         """Parse verl's keys; raises :class:`RolloutCorrectionError` naming the key at fault."""
         if rollout_is is not None and rollout_is not in IS_LEVELS:
@@ -126,7 +137,8 @@ def parse_rejection_bounds(rollout_rs: str, spec: Any) -> tuple[RejectionBound, 
     unknown = [option for option in options if option not in RS_OPTIONS]
     if not options or unknown:
         raise RolloutCorrectionError(
-            f"rollout_rs={rollout_rs!r} has unknown option(s) {unknown}; use comma-separated options of {list(RS_OPTIONS)}"
+            f"rollout_rs={rollout_rs!r} has unknown option(s) {unknown}; "
+            f"use comma-separated options of {list(RS_OPTIONS)}"
         )
     if spec is None or isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
         raise RolloutCorrectionError(
@@ -166,7 +178,11 @@ def _check_mask(response_mask: torch.Tensor) -> None:
 
 
 def compute_importance_weights(
-    log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str, bounds: WeightBounds, batch_normalize: bool = False
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    level: str,
+    bounds: WeightBounds,
+    batch_normalize: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``rollout_is_weights`` [B, T] (0 on padding) and their metrics (un-prefixed, before normalisation).
 
@@ -265,7 +281,9 @@ def compute_rejection_mask(
 
 
 def compute_rollout_correction(
-    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
     settings: CorrectionSettings,
 ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
     """``(rollout_is_weights or None, response_mask after rejection, metrics)`` for one batch, [B, T] each.

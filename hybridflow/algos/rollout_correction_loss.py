@@ -37,8 +37,7 @@ BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")
 # Correction metrics that are means over the micro-batch's response tokens: weighted by each micro-batch's
 # share of tokens they add up to the mini-batch's value. The others (max, min, std, per-sequence) do not.
 TOKEN_MEAN_METRICS = tuple(
-    f"{METRIC_PREFIX}{name}"
-    for name in ("kl", "k3_kl", "chi2_token", "rollout_is_mean", "rollout_rs_masked_fraction")
+    f"{METRIC_PREFIX}{name}" for name in ("kl", "k3_kl", "chi2_token", "rollout_is_mean", "rollout_rs_masked_fraction")
 )
 
 
@@ -76,8 +75,13 @@ def compute_bypass_policy_loss(
             log_prob.detach(), rollout_log_prob, response_mask, bypass.settings
         )
     common = dict(
-        old_log_prob=rollout_log_prob, log_prob=log_prob, advantages=advantages, response_mask=kept_mask,
-        config=config, global_token_count=global_token_count, global_seq_count=global_seq_count,
+        old_log_prob=rollout_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=kept_mask,
+        config=config,
+        global_token_count=global_token_count,
+        global_seq_count=global_seq_count,
     )
     if bypass.loss_type == "reinforce":
         loss, metrics = compute_policy_loss_reinforce(**common, rollout_is_weights=weights)

@@ -33,8 +33,13 @@ def _masked_extremes(values: torch.Tensor, response_mask: torch.Tensor) -> tuple
 
 
 def importance_weight_metrics(
-    weights: torch.Tensor, raw_weights: torch.Tensor, log_ratio: torch.Tensor, response_mask: torch.Tensor,
-    level: str, upper: float, lower: float | None,
+    weights: torch.Tensor,
+    raw_weights: torch.Tensor,
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    level: str,
+    upper: float,
+    lower: float | None,
 ) -> dict[str, float]:
     """``rollout_is_*``: mean, max, min, std, effective sample size and the shares beyond the bounds.
 
@@ -54,28 +59,37 @@ def importance_weight_metrics(
     else:
         metrics["rollout_is_max"], metrics["rollout_is_min"] = _masked_extremes(weights, response_mask)
         metrics["rollout_is_ratio_fraction_high"] = masked_mean((raw_weights > upper).float(), response_mask).item()
-        metrics["rollout_is_ratio_fraction_low"] = masked_mean((raw_weights < lower_bound).float(), response_mask).item()
+        metrics["rollout_is_ratio_fraction_low"] = masked_mean(
+            (raw_weights < lower_bound).float(), response_mask
+        ).item()
     metrics["rollout_is_std"] = _clamped_std(weights, response_mask, 0.0, upper)
     bounded = weights.clamp(min=0.0, max=upper)
     normalised = bounded / (masked_mean(bounded, response_mask) + 1e-8)
     second_moment = masked_mean(normalised.square(), response_mask).item()
     # Every weight zeroed (IcePop rejected all): no effective sample (verl divides by zero here).
     metrics["rollout_is_eff_sample_size"] = 1.0 / second_moment if second_moment > 0 else 0.0
-    per_sequence = masked_mean(weights, response_mask, dim=-1)
-    raw_per_sequence = masked_mean(raw_weights, response_mask, dim=-1)
-    metrics.update(
-        rollout_is_seq_mean=per_sequence.mean().item(),
-        rollout_is_seq_std=per_sequence.std().item() if per_sequence.numel() > 1 else 0.0,
-        rollout_is_seq_max=per_sequence.max().item(),
-        rollout_is_seq_min=per_sequence.min().item(),
-        rollout_is_seq_max_deviation=(per_sequence - 1.0).abs().max().item(),
-        rollout_is_seq_fraction_high=(raw_per_sequence > upper).float().mean().item(),
-        rollout_is_seq_fraction_low=(raw_per_sequence < lower_bound).float().mean().item(),
-    )
+    metrics.update(_per_sequence_metrics(weights, raw_weights, response_mask, upper, lower_bound))
     if lower is not None:
         outside = (raw_weights < lower) | (raw_weights > upper)
         metrics["rollout_is_oob_ratio"] = masked_mean(outside.float(), response_mask).item()
     return metrics
+
+
+def _per_sequence_metrics(
+    weights: torch.Tensor, raw_weights: torch.Tensor, response_mask: torch.Tensor, upper: float, lower_bound: float
+) -> dict[str, float]:
+    """``rollout_is_seq_*``: the statistics of each sequence's mean weight, and the shares beyond the bounds."""
+    per_sequence = masked_mean(weights, response_mask, dim=-1)
+    raw_per_sequence = masked_mean(raw_weights, response_mask, dim=-1)
+    return {
+        "rollout_is_seq_mean": per_sequence.mean().item(),
+        "rollout_is_seq_std": per_sequence.std().item() if per_sequence.numel() > 1 else 0.0,
+        "rollout_is_seq_max": per_sequence.max().item(),
+        "rollout_is_seq_min": per_sequence.min().item(),
+        "rollout_is_seq_max_deviation": (per_sequence - 1.0).abs().max().item(),
+        "rollout_is_seq_fraction_high": (raw_per_sequence > upper).float().mean().item(),
+        "rollout_is_seq_fraction_low": (raw_per_sequence < lower_bound).float().mean().item(),
+    }
 
 
 def rejection_option_metrics(
@@ -105,16 +119,20 @@ def rejection_option_metrics(
     else:
         metrics[f"{prefix}_max"], metrics[f"{prefix}_min"] = _masked_extremes(statistic, response_mask)
         metrics[f"{prefix}_fraction_high"] = masked_mean((statistic > upper).float(), response_mask).item()
-        metrics[f"{prefix}_fraction_low"] = masked_mean((statistic < lower).float(), response_mask).item() if k1 else 0.0
+        metrics[f"{prefix}_fraction_low"] = (
+            masked_mean((statistic < lower).float(), response_mask).item() if k1 else 0.0
+        )
     metrics[f"{prefix}_std"] = _clamped_std(per_token, response_mask, lower, upper)
-    metrics.update({
-        f"{prefix}_seq_mean": per_sequence.mean().item(),
-        f"{prefix}_seq_std": per_sequence.std().item() if per_sequence.numel() > 1 else 0.0,
-        f"{prefix}_seq_max": per_sequence.max().item(),
-        f"{prefix}_seq_min": per_sequence.min().item(),
-        f"{prefix}_seq_max_deviation": per_sequence.abs().max().item(),
-        f"{prefix}_seq_fraction_high": (per_sequence > upper).float().mean().item(),
-    })
+    metrics.update(
+        {
+            f"{prefix}_seq_mean": per_sequence.mean().item(),
+            f"{prefix}_seq_std": per_sequence.std().item() if per_sequence.numel() > 1 else 0.0,
+            f"{prefix}_seq_max": per_sequence.max().item(),
+            f"{prefix}_seq_min": per_sequence.min().item(),
+            f"{prefix}_seq_max_deviation": per_sequence.abs().max().item(),
+            f"{prefix}_seq_fraction_high": (per_sequence > upper).float().mean().item(),
+        }
+    )
     if k1:
         metrics[f"{prefix}_seq_fraction_low"] = (per_sequence < lower).float().mean().item()
     return metrics

@@ -42,8 +42,12 @@ def compute_value_loss(
     squared_error_clipped = (vpreds_clipped - returns) ** 2
     per_token = torch.maximum(squared_error, squared_error_clipped)
     vf_loss = 0.5 * agg_loss(
-        per_token, response_mask, loss_agg_mode, global_token_count=global_token_count,
-        global_seq_count=global_seq_count, loss_scale_factor=loss_scale_factor,
+        per_token,
+        response_mask,
+        loss_agg_mode,
+        global_token_count=global_token_count,
+        global_seq_count=global_seq_count,
+        loss_scale_factor=loss_scale_factor,
     )
     vf_clipfrac = masked_mean((squared_error_clipped > squared_error).float(), response_mask).detach()
     return vf_loss, vf_clipfrac
@@ -68,6 +72,9 @@ def compute_entropy_loss(
     already has per-token entropy ``[B, T]`` (e.g. from chunked computation) calls ``agg_loss`` on it.
     """
     return agg_loss(
-        entropy_from_logits(logits), response_mask, loss_agg_mode, global_token_count=global_token_count,
+        entropy_from_logits(logits),
+        response_mask,
+        loss_agg_mode,
+        global_token_count=global_token_count,
         global_seq_count=global_seq_count,
     )

@@ -12,12 +12,7 @@ from typing import Any
 
 from hybridflow.config.fully_async_options import fully_async, step_prompts
 from hybridflow.config.schema import PPOTrainerConfig
-from hybridflow.workers.config import (
-    ActorRolloutRefConfig,
-    CriticConfig,
-    WorkerConfigError,
-    micro_batch_size_per_rank,
-)
+from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, WorkerConfigError, micro_batch_size_per_rank
 
 ACTOR = "actor_rollout_ref.actor"
 
@@ -65,10 +60,12 @@ def micro_batch_sizes(
     pairs = {
         f"{ACTOR}.ppo_micro_batch_size": (arr.actor.ppo_micro_batch_size_per_gpu, arr.actor.ppo_micro_batch_size),
         "actor_rollout_ref.rollout.log_prob_micro_batch_size": (
-            arr.rollout.log_prob_micro_batch_size_per_gpu, arr.rollout.log_prob_micro_batch_size,
+            arr.rollout.log_prob_micro_batch_size_per_gpu,
+            arr.rollout.log_prob_micro_batch_size,
         ),
         "actor_rollout_ref.ref.log_prob_micro_batch_size": (
-            arr.ref.log_prob_micro_batch_size_per_gpu, arr.ref.log_prob_micro_batch_size,
+            arr.ref.log_prob_micro_batch_size_per_gpu,
+            arr.ref.log_prob_micro_batch_size,
         ),
         "critic.ppo_micro_batch_size": (critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size),
         "critic.forward_micro_batch_size": (critic.forward_micro_batch_size_per_gpu, critic.forward_micro_batch_size),
@@ -102,14 +99,24 @@ def batch_size_errors(config: PPOTrainerConfig, world: int, with_critic: bool) -
         return errors
     micro, errors = micro_batch_sizes(config.actor_rollout_ref, config.critic, world)
     errors += minibatch_errors(
-        "actor_rollout_ref.actor", step_prompts(config), actor.ppo_mini_batch_size,
-        micro.get(f"{ACTOR}.ppo_micro_batch_size"), actor.use_dynamic_bsz, n, world,
+        "actor_rollout_ref.actor",
+        step_prompts(config),
+        actor.ppo_mini_batch_size,
+        micro.get(f"{ACTOR}.ppo_micro_batch_size"),
+        actor.use_dynamic_bsz,
+        n,
+        world,
     )
     if with_critic:
         critic = config.critic
         errors += minibatch_errors(
-            "critic", step_prompts(config), critic.ppo_mini_batch_size,
-            micro.get("critic.ppo_micro_batch_size"), critic.use_dynamic_bsz, critic.rollout_n, world,
+            "critic",
+            step_prompts(config),
+            critic.ppo_mini_batch_size,
+            micro.get("critic.ppo_micro_batch_size"),
+            critic.use_dynamic_bsz,
+            critic.rollout_n,
+            world,
         )
         if critic.rollout_n != n:
             errors.append(

@@ -32,8 +32,9 @@ T = TypeVar("T")
 def without_redundant_plus(args: list[str], surface: Surface = PPO_SURFACE) -> list[str]:
     """``+key=value`` as ``key=value`` where ``key`` already exists in the config (verl scripts add it)."""
     known = set(surface.schema_defaults) | set(surface.compat_defaults)
-    return [arg[1:] if arg.startswith("+") and not arg.startswith("++") and _key(arg[1:]) in known else arg
-            for arg in args]
+    return [
+        arg[1:] if arg.startswith("+") and not arg.startswith("++") and _key(arg[1:]) in known else arg for arg in args
+    ]
 
 
 def without_served_groups(args: list[str], surface: Surface) -> list[str]:
@@ -41,9 +42,7 @@ def without_served_groups(args: list[str], surface: Surface) -> list[str]:
     return [arg for arg in args if _group_choice(arg, surface) is None]
 
 
-def override_errors(
-    args: list[str], surface: Surface = PPO_SURFACE, schema: type = PPOTrainerConfig
-) -> list[str]:
+def override_errors(args: list[str], surface: Surface = PPO_SURFACE, schema: type = PPOTrainerConfig) -> list[str]:
     """What is wrong with the overrides before Hydra: the decisive errors alone if any, else the unknown keys."""
     return decisive_override_errors(args, surface) or unknown_override_errors(args, surface, schema)
 
@@ -81,8 +80,11 @@ def without_unknown_keys(args: list[str], surface: Surface = PPO_SURFACE, schema
 def _plain_overrides(args: list[str], surface: Surface) -> list[str]:
     """``key=value`` arguments for keys of the schema (not Hydra options, ``+`` additions, groups or verl's keys)."""
     return [
-        arg for arg in args
-        if "=" in arg and not arg.startswith(("+", *HYDRA_OPTION_PREFIXES)) and not _group_choice(arg, surface)
+        arg
+        for arg in args
+        if "=" in arg
+        and not arg.startswith(("+", *HYDRA_OPTION_PREFIXES))
+        and not _group_choice(arg, surface)
         and surface.compat_key(_key(arg)) is None
     ]
 
@@ -104,7 +106,9 @@ def hydra_syntax_errors(args: list[str]) -> list[str]:
     return errors
 
 
-def hydra_arguments(argv: list[str], surface: Surface = PPO_SURFACE, schema: type = PPOTrainerConfig) -> tuple[list[str], list[str]]:
+def hydra_arguments(
+    argv: list[str], surface: Surface = PPO_SURFACE, schema: type = PPOTrainerConfig
+) -> tuple[list[str], list[str]]:
     """``(arguments for Hydra, one line per unknown key)``; raises :class:`ConfigError` for a decisive mistake.
 
     Unknown keys are left out of Hydra's arguments (it would refuse them alone) and reported together with the

@@ -98,7 +98,10 @@ def model_errors(key: str, path: str) -> list[str]:
     if (folder / "config.json").is_file():
         return []
     if folder.exists() or not HUB_ID.match(path):
-        return [f"{key}={path!r} is not a Hugging Face model folder (no {folder / 'config.json'}); point it at a local model folder"]
+        return [
+            f"{key}={path!r} is not a Hugging Face model folder (no {folder / 'config.json'}); "
+            "point it at a local model folder"
+        ]
     from huggingface_hub import try_to_load_from_cache
 
     if isinstance(try_to_load_from_cache(path, "config.json"), str):
@@ -151,7 +154,9 @@ def _device_errors(config: PPOTrainerConfig) -> list[str]:
     device, engine = config.trainer.device, config.actor_rollout_ref.rollout.name
     if importlib.util.find_spec("torch_npu") is not None:
         # verl finds Ascend NPUs without trainer.device=npu; here they would be passed over for the CPU.
-        return ["this machine has Ascend NPUs (torch_npu), which hybridflow does not support; it runs on CUDA GPUs or CPU"]
+        return [
+            "this machine has Ascend NPUs (torch_npu), which hybridflow does not support; it runs on CUDA GPUs or CPU"
+        ]
     if device == "cuda" and detected_device() != "cuda":
         return ["trainer.device=cuda but torch sees no GPU on this machine; use trainer.device=cpu (or leave it null)"]
     if device == "cuda" and not config.ray_kwargs.ray_init.address:
@@ -222,7 +227,9 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
             cpuinfo = pathlib.Path("/proc/cpuinfo").read_text()
         except OSError:
             return None
-    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    flags = {
+        flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()
+    }
     return any(flag in flags for flag in NATIVE_BF16_FLAGS)
 
 
@@ -231,7 +238,9 @@ def bf16_compute_keys(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
     actor = config.actor_rollout_ref
     keys = {
         "actor_rollout_ref.model.dtype": actor.model.dtype,
-        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": actor.actor.fsdp_config.mixed_precision.param_dtype,
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": (
+            actor.actor.fsdp_config.mixed_precision.param_dtype
+        ),
         "actor_rollout_ref.rollout.dtype": actor.rollout.dtype,
     }
     if uses_critic:

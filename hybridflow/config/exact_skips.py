@@ -32,8 +32,10 @@ def _several_optimizer_steps(config: PPOTrainerConfig) -> list[str]:
     if actor.ppo_mini_batch_size >= step_prompts(config):
         return []
     if fully_async(config):
-        return [f"async_training.require_batches={config.async_training.require_batches} takes several optimizer "
-                "steps per batch"]
+        return [
+            f"async_training.require_batches={config.async_training.require_batches} takes several optimizer "
+            "steps per batch"
+        ]
     return [
         f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} < "
         f"data.train_batch_size={config.data.train_batch_size} takes several optimizer steps per batch"
@@ -53,7 +55,9 @@ def _log_prob_pass_readers(config: PPOTrainerConfig) -> list[str]:
             "actor_rollout_ref.actor.calculate_sum_pi_squared=true takes sum_pi_squared of every sample from that pass"
         )
     if corrects_in_driver(config):
-        readers.append(f"{ROLLOUT_CORRECTION_KEY} (rollout_is/rollout_rs) weighs and masks every sample by old_log_probs")
+        readers.append(
+            f"{ROLLOUT_CORRECTION_KEY} (rollout_is/rollout_rs) weighs and masks every sample by old_log_probs"
+        )
     return readers
 
 

@@ -14,6 +14,8 @@ refused here, before anything starts.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hybridflow.config.rollout_pool_options import one_step_off, rollout_pool_processes
 from hybridflow.config.schema import PPOTrainerConfig
 
@@ -75,38 +77,59 @@ def fully_async_errors(config: PPOTrainerConfig) -> list[str]:
     settings = config.async_training
     errors = []
     if not one_step_off(config):
-        errors.append(f"{KEY} generates on a rollout pool of its own; set actor_rollout_ref.hybrid_engine=false "
-                      "(and size the pool with rollout.nnodes / rollout.n_gpus_per_node)")
+        errors.append(
+            f"{KEY} generates on a rollout pool of its own; set actor_rollout_ref.hybrid_engine=false "
+            "(and size the pool with rollout.nnodes / rollout.n_gpus_per_node)"
+        )
     if settings.staleness_threshold < 0:
-        errors.append(f"async_training.staleness_threshold={settings.staleness_threshold} must be >= 0 "
-                      "(0: every sample from the newest weights)")
+        errors.append(
+            f"async_training.staleness_threshold={settings.staleness_threshold} must be >= 0 "
+            "(0: every sample from the newest weights)"
+        )
     for key in ("trigger_parameter_sync_step", "require_batches", "concurrent_samples_per_replica"):
         if getattr(settings, key) < 1:
             errors.append(f"async_training.{key}={getattr(settings, key)} must be >= 1")
-    rollout = config.actor_rollout_ref.rollout
-    if partial_rollout(config) and rollout.name != "hf":
-        errors.append(f"async_training.partial_rollout=true with actor_rollout_ref.rollout.name={rollout.name} needs "
-                      "new weights loaded into its running generation, which hybridflow does not have (the hf engine "
-                      "does it); use rollout.name=hf, or set async_training.partial_rollout=false (a sync then waits "
-                      "for the samples in flight)")
-    if partial_rollout(config) and rollout.multi_turn.enable:
-        errors.append("async_training.partial_rollout=true tags each token with the weights that drew it in "
-                      "single-turn rollouts only; set actor_rollout_ref.rollout.multi_turn.enable=false or "
-                      "async_training.partial_rollout=false")
-    if settings.use_trainer_do_validate:
-        errors.append("async_training.use_trainer_do_validate=true needs validation on the training pool, which "
-                      "hybridflow does not have; set it to false (the rollout pool validates with synced weights)")
-    if settings.use_dynamic_resource_scheduling:
-        errors.append("async_training.use_dynamic_resource_scheduling=true needs training GPUs lent to the rollout, "
-                      "which hybridflow does not have; set it to false")
     if config.data.gen_batch_size not in (None, 1):
-        errors.append(f"data.gen_batch_size={config.data.gen_batch_size}: {KEY} feeds the rollout one prompt at a "
-                      "time (verl supports only 1); set data.gen_batch_size=1")
+        errors.append(
+            f"data.gen_batch_size={config.data.gen_batch_size}: {KEY} feeds the rollout one prompt at a "
+            "time (verl supports only 1); set data.gen_batch_size=1"
+        )
     total = config.rollout.total_rollout_steps
     if total is not None and total < required_samples(config):
-        errors.append(f"rollout.total_rollout_steps={total} prompts make no training step of "
-                      f"async_training.require_batches x actor_rollout_ref.actor.ppo_mini_batch_size = "
-                      f"{required_samples(config)} prompts; raise it or lower those")
+        errors.append(
+            f"rollout.total_rollout_steps={total} prompts make no training step of "
+            f"async_training.require_batches x actor_rollout_ref.actor.ppo_mini_batch_size = "
+            f"{required_samples(config)} prompts; raise it or lower those"
+        )
+    return errors + _lacking_errors(config)
+
+
+def _lacking_errors(config: PPOTrainerConfig) -> list[str]:
+    """What of verl's fully async policy this config asks for and hybridflow does not have."""
+    settings, rollout, errors = config.async_training, config.actor_rollout_ref.rollout, []
+    if partial_rollout(config) and rollout.name != "hf":
+        errors.append(
+            f"async_training.partial_rollout=true with actor_rollout_ref.rollout.name={rollout.name} needs "
+            "new weights loaded into its running generation, which hybridflow does not have (the hf engine "
+            "does it); use rollout.name=hf, or set async_training.partial_rollout=false (a sync then waits "
+            "for the samples in flight)"
+        )
+    if partial_rollout(config) and rollout.multi_turn.enable:
+        errors.append(
+            "async_training.partial_rollout=true tags each token with the weights that drew it in "
+            "single-turn rollouts only; set actor_rollout_ref.rollout.multi_turn.enable=false or "
+            "async_training.partial_rollout=false"
+        )
+    if settings.use_trainer_do_validate:
+        errors.append(
+            "async_training.use_trainer_do_validate=true needs validation on the training pool, which "
+            "hybridflow does not have; set it to false (the rollout pool validates with synced weights)"
+        )
+    if settings.use_dynamic_resource_scheduling:
+        errors.append(
+            "async_training.use_dynamic_resource_scheduling=true needs training GPUs lent to the rollout, "
+            "which hybridflow does not have; set it to false"
+        )
     return errors
 
 
@@ -115,31 +138,45 @@ def unread_async_options(config: PPOTrainerConfig) -> list[str]:
     defaults = PPOTrainerConfig()
     settings, default_settings = config.async_training, defaults.async_training
     # verl's fully async config sets it, and verl's workers read it nowhere
-    flag = [
-        "actor_rollout_ref.actor.use_rollout_log_probs=True (algorithm.rollout_correction.bypass_mode decides whether "
-        "the rollout's log-probs are the old ones)"
-    ] if config.actor_rollout_ref.actor.use_rollout_log_probs else []
+    unread = (
+        [
+            "actor_rollout_ref.actor.use_rollout_log_probs=True (algorithm.rollout_correction.bypass_mode decides "
+            "whether the rollout's log-probs are the old ones)"
+        ]
+        if config.actor_rollout_ref.actor.use_rollout_log_probs
+        else []
+    )
     if not fully_async(config):
         changed = {
-            f"async_training.{key}": value for key, value in vars(settings).items()
+            f"async_training.{key}": value
+            for key, value in vars(settings).items()
             if value != getattr(default_settings, key)
         }
         if config.rollout.total_rollout_steps is not None:
             changed["rollout.total_rollout_steps"] = config.rollout.total_rollout_steps
-        return flag + [f"{key}={value} (read only with {KEY})" for key, value in changed.items()]
-    unread = flag
+        return unread + [f"{key}={value} (read only with {KEY})" for key, value in changed.items()]
     if settings.partial_rollout and not partial_rollout(config):
-        unread.append("async_training.partial_rollout=True (takes effect only with staleness_threshold > 0: at 0 "
-                      "nothing is in flight at a sync)")
-    if not settings.use_dynamic_resource_scheduling:
-        unread += [
-            f"async_training.{key}={getattr(settings, key)} (read only with "
-            "async_training.use_dynamic_resource_scheduling=true)"
-            for key in ("dynamic_schedule_policy", "dynamic_schedule_deactivate_ratio", "dynamic_schedule_enable_rebalance")
-            if getattr(settings, key) != getattr(default_settings, key)
-        ]
+        unread.append(
+            "async_training.partial_rollout=True (takes effect only with staleness_threshold > 0: at 0 "
+            "nothing is in flight at a sync)"
+        )
     if config.data.train_batch_size not in (0, defaults.data.train_batch_size):
-        unread.append(f"data.train_batch_size={config.data.train_batch_size} ({KEY} trains on async_training."
-                      f"require_batches x actor_rollout_ref.actor.ppo_mini_batch_size = {required_samples(config)} "
-                      "prompts a step)")
-    return unread
+        unread.append(
+            f"data.train_batch_size={config.data.train_batch_size} ({KEY} trains on async_training."
+            f"require_batches x actor_rollout_ref.actor.ppo_mini_batch_size = {required_samples(config)} "
+            "prompts a step)"
+        )
+    return unread + _unread_scheduling(settings, default_settings)
+
+
+def _unread_scheduling(settings: Any, default_settings: Any) -> list[str]:
+    """Dynamic scheduling's knobs set without dynamic scheduling (refused in ``_lacking_errors``)."""
+    if settings.use_dynamic_resource_scheduling:
+        return []
+    keys = ("dynamic_schedule_policy", "dynamic_schedule_deactivate_ratio", "dynamic_schedule_enable_rebalance")
+    return [
+        f"async_training.{key}={getattr(settings, key)} (read only with "
+        "async_training.use_dynamic_resource_scheduling=true)"
+        for key in keys
+        if getattr(settings, key) != getattr(default_settings, key)
+    ]

@@ -13,7 +13,14 @@ import pathlib
 import struct
 from typing import Any, Callable
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 ROWS_LOOKED_AT = 8
 
 
@@ -33,7 +40,8 @@ def model_folder_errors(key: str, path: str) -> list[str]:
 
 
 def weight_errors(key: str, folder: pathlib.Path) -> list[str]:
-    """The weight files: present, every shard an index names present, each safetensors file as long as its header says."""
+    """The weight files: present, every shard an index names present, each safetensors file as long as its header
+    says."""
     safetensors = sorted(folder.glob("*.safetensors"))
     if not safetensors and not list(folder.glob("pytorch_model*.bin")):
         return [
@@ -47,8 +55,11 @@ def weight_errors(key: str, folder: pathlib.Path) -> list[str]:
             shards = set(json.loads(index.read_text())["weight_map"].values())
         except (OSError, ValueError, KeyError, AttributeError) as error:
             return [f"{key}: {index} is not a valid safetensors index ({error}); restore it from the model"]
-        errors += [f"{key}: {folder / shard} is missing (named in {index.name}); copy it there" for shard in sorted(shards)
-                   if not (folder / shard).is_file()]
+        errors += [
+            f"{key}: {folder / shard} is missing (named in {index.name}); copy it there"
+            for shard in sorted(shards)
+            if not (folder / shard).is_file()
+        ]
     return errors + [error for file in safetensors if (error := _safetensors_error(key, file))]
 
 
@@ -76,10 +87,14 @@ def tokenizer_file_errors(key: str, folder: pathlib.Path) -> list[str]:
         return []
     if (folder / "tokenizer_config.json").is_file():
         return [
-            f"{key}: {folder} has tokenizer_config.json but no vocabulary file ({', '.join(TOKENIZER_FILES[:2])}, ...): "
+            f"{key}: {folder} has tokenizer_config.json but no vocabulary file "
+            f"({', '.join(TOKENIZER_FILES[:2])}, ...): "
             "the tokenizer would load nearly empty; copy the model's tokenizer.json there"
         ]
-    return [f"{key}: {folder} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); copy the model's tokenizer there"]
+    return [
+        f"{key}: {folder} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); "
+        "copy the model's tokenizer there"
+    ]
 
 
 Columns = Callable[[list[str]], dict[str, str]]
@@ -95,8 +110,12 @@ def parquet_errors(key: str, files: Any, columns: Columns, chat_key: str | None 
     if files is None or files == "":
         return []
     names = [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
-    return [error for name in names if pathlib.Path(name).expanduser().is_file()
-            for error in _parquet_file_errors(key, pathlib.Path(name).expanduser(), columns, chat_key)]
+    return [
+        error
+        for name in names
+        if pathlib.Path(name).expanduser().is_file()
+        for error in _parquet_file_errors(key, pathlib.Path(name).expanduser(), columns, chat_key)
+    ]
 
 
 def _parquet_file_errors(key: str, path: pathlib.Path, columns: Columns, chat_key: str | None) -> list[str]:
@@ -106,13 +125,19 @@ def _parquet_file_errors(key: str, path: pathlib.Path, columns: Columns, chat_ke
     try:
         parquet = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as error:
-        return [f"{key}: {path} is not a readable parquet file ({error}); regenerate it (verl's preprocessing scripts write parquet)"]
+        return [
+            f"{key}: {path} is not a readable parquet file ({error}); "
+            "regenerate it (verl's preprocessing scripts write parquet)"
+        ]
     if parquet.metadata.num_rows == 0:
         return [f"{key}: {path} has no rows; regenerate it"]
     names = parquet.schema_arrow.names
     missing = [(option, column) for option, column in columns(names).items() if column not in names]
     if missing:
-        return [f"{option}={column!r} is not a column of {path} (columns: {names}); set {option}" for option, column in missing]
+        return [
+            f"{option}={column!r} is not a column of {path} (columns: {names}); set {option}"
+            for option, column in missing
+        ]
     if chat_key is None:
         return []
     try:
@@ -131,9 +156,13 @@ def _parquet_file_errors(key: str, path: pathlib.Path, columns: Columns, chat_ke
 
 def _is_chat(prompt: Any) -> bool:
     # parquet gives every struct in a column the same fields, so a missing role or content reads as None.
-    return isinstance(prompt, list) and bool(prompt) and all(
-        isinstance(message, dict) and isinstance(message.get("role"), str) and message.get("content") is not None
-        for message in prompt
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(
+            isinstance(message, dict) and isinstance(message.get("role"), str) and message.get("content") is not None
+            for message in prompt
+        )
     )
 
 

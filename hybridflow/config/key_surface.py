@@ -48,7 +48,7 @@ class Rule:
         if "*" not in self.what:
             return self.what
         prefix = self.pattern.split("*", 1)[0]
-        return self.what.replace("*", key[len(prefix):])
+        return self.what.replace("*", key[len(prefix) :])
 
 
 def lacks(pattern: str, what: str, *allowed: Any, decisive: bool = False) -> Rule:

@@ -25,7 +25,10 @@ def local_mode_errors(config: PPOTrainerConfig) -> list[str]:
             f"{trainer.n_gpus_per_node}; set both to 1, or {KEY}=false for several processes"
         )
     if ray_config.address:
-        errors.append(f"{KEY}=true starts no Ray, but ray_kwargs.ray_init.address={ray_config.address!r} joins a cluster; drop one")
+        errors.append(
+            f"{KEY}=true starts no Ray, but ray_kwargs.ray_init.address={ray_config.address!r} joins a cluster; "
+            "drop one"
+        )
     if config.ray_kwargs.timeline_json_file:
         errors.append(f"{KEY}=true has no Ray tasks for ray_kwargs.timeline_json_file to trace; drop one")
     ray_only = sorted(
@@ -37,4 +40,3 @@ def local_mode_errors(config: PPOTrainerConfig) -> list[str]:
             f"(to this process)"
         )
     return errors
-

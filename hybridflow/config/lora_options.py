@@ -29,7 +29,9 @@ def lora_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
     if not model.uses_lora:
         without = {"exclude_modules": model.exclude_modules is not None, "lora.merge": model.lora.merge is not None}
         errors += [
-            f"{MODEL}.{key} is set but LoRA is off; {_LORA_ON} or remove it" for key, is_set in without.items() if is_set
+            f"{MODEL}.{key} is set but LoRA is off; {_LORA_ON} or remove it"
+            for key, is_set in without.items()
+            if is_set
         ]
     if uses_critic:
         critic = config.critic.model
@@ -37,7 +39,6 @@ def lora_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
         if critic.lora_rank <= 0 and critic.exclude_modules is not None:
             errors.append("critic.model.exclude_modules is set but critic.model.lora_rank=0; set a rank or remove it")
     return errors
-
 
 
 def _rank_errors(prefix: str, model: ModelConfig) -> list[str]:

@@ -104,18 +104,24 @@ def _generation(config: PPOTrainerConfig) -> str:
     rollout, algorithm = config.actor_rollout_ref.rollout, config.algorithm
     engine = f"engine {rollout.name!r}, {rollout.n} sample(s) per prompt"
     if fully_async(config):
-        where = (f"on a rollout pool of its own ({rollout_pool_processes(config)} process(es)) generating fully async "
-                 f"into a queue: at most {max_required_samples(config)} prompts per weight version, "
-                 f"{concurrent_samples(config)} at once")
+        where = (
+            f"on a rollout pool of its own ({rollout_pool_processes(config)} process(es)) generating fully async "
+            f"into a queue: at most {max_required_samples(config)} prompts per weight version, "
+            f"{concurrent_samples(config)} at once"
+        )
     elif one_step_off(config):
-        where = (f"on a rollout pool of its own ({rollout_pool_processes(config)} process(es)) one step ahead: each "
-                 "step trains on samples of the weights before its previous update")
+        where = (
+            f"on a rollout pool of its own ({rollout_pool_processes(config)} process(es)) one step ahead: each "
+            "step trains on samples of the weights before its previous update"
+        )
     else:
         where = "in the actor's processes (hybrid engine)"
     extras = []
     if algorithm.filter_groups.enable:
-        extras.append(f"DAPO dynamic sampling: batches until {config.data.train_batch_size} prompt groups vary in "
-                      f"{algorithm.filter_groups.metric!r}, at most {algorithm.filter_groups.max_num_gen_batches}")
+        extras.append(
+            f"DAPO dynamic sampling: batches until {config.data.train_batch_size} prompt groups vary in "
+            f"{algorithm.filter_groups.metric!r}, at most {algorithm.filter_groups.max_num_gen_batches}"
+        )
     if greedy_baseline(config):
         extras.append("a greedy response per prompt for the ReMax baseline")
     return "; ".join([f"{engine} {where}", *extras])
@@ -143,9 +149,17 @@ def _old_log_prob(config: PPOTrainerConfig) -> Phase:
 def _reference(config: PPOTrainerConfig, reference: bool) -> str:
     if not reference:
         return "no KL term (actor.use_kl_loss and algorithm.use_kl_in_reward are false)"
-    terms = [name for name, on in (("the KL loss (actor.use_kl_loss)", config.actor_rollout_ref.actor.use_kl_loss),
-                                   ("the KL penalty in the reward", config.algorithm.use_kl_in_reward)) if on]
-    model = "the actor's model with its LoRA adapter off" if config.actor_rollout_ref.model.uses_lora else "a frozen copy"
+    terms = [
+        name
+        for name, on in (
+            ("the KL loss (actor.use_kl_loss)", config.actor_rollout_ref.actor.use_kl_loss),
+            ("the KL penalty in the reward", config.algorithm.use_kl_in_reward),
+        )
+        if on
+    ]
+    model = (
+        "the actor's model with its LoRA adapter off" if config.actor_rollout_ref.model.uses_lora else "a frozen copy"
+    )
     return f"{' and '.join(terms)}, from {model}"
 
 
@@ -164,8 +178,10 @@ def _advantages(config: PPOTrainerConfig) -> str:
         weighs = corrects_in_driver(config)
         parts.append("after the rollout correction" + (" (weights, rejection)" if weighs else " (its metrics)"))
     if skips_zero_signal_samples(config):
-        parts.append("first, on the scores alone: the samples whose advantages are all 0 skip 3 to 7 (exact here: "
-                     "they count only in the loss's denominator)")
+        parts.append(
+            "first, on the scores alone: the samples whose advantages are all 0 skip 3 to 7 (exact here: "
+            "they count only in the loss's denominator)"
+        )
     return ", ".join(parts)
 
 

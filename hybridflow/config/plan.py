@@ -27,9 +27,7 @@ from hybridflow.config.fully_async_options import (
     required_samples,
     steps_per_version,
 )
-from hybridflow.config.fully_async_options import (
-    training_steps as fully_async_training_steps,
-)
+from hybridflow.config.fully_async_options import training_steps as fully_async_training_steps
 from hybridflow.config.phases import Phase
 from hybridflow.config.placement import ROLLOUT_ROLE, ResourcePlan, make_resource_plan
 from hybridflow.config.resume_checks import resume_keys
@@ -47,6 +45,7 @@ from hybridflow.config.sizes import sizes
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
 
 SYNC, ONE_STEP_OFF, FULLY_ASYNC = "synchronous", "one-step-off", "fully async"
+
 
 @dataclass(frozen=True)
 class AsyncPlan:
@@ -130,8 +129,12 @@ def _layout(config: PPOTrainerConfig) -> dict[str, Any]:
     trainer = config.trainer
     worker_roles = _worker_roles(config, phase_rules.uses_critic(config), phase_rules.uses_reference(config))
     resources = make_resource_plan(
-        trainer.placement, list(worker_roles), nnodes=trainer.nnodes, processes_per_node=trainer.n_gpus_per_node,
-        use_gpu=trainer.device == "cuda", cpus_per_process=trainer.cpus_per_worker,
+        trainer.placement,
+        list(worker_roles),
+        nnodes=trainer.nnodes,
+        processes_per_node=trainer.n_gpus_per_node,
+        use_gpu=trainer.device == "cuda",
+        cpus_per_process=trainer.cpus_per_worker,
         rollout_pool_shape=(config.rollout.nnodes, config.rollout.n_gpus_per_node),
     )
     critic_pool = resources.role_pool.get("critic")
@@ -143,7 +146,8 @@ def _layout(config: PPOTrainerConfig) -> dict[str, Any]:
         "world_size": trainer.nnodes * trainer.n_gpus_per_node,
         # On a pool of its own the critic computes and trains while the actor does; in local mode every pool is
         # this process, so its calls run one after another
-        "overlap_critic": critic_pool not in (None, resources.role_pool["actor_rollout_ref"]) and not trainer.local_mode,
+        "overlap_critic": critic_pool not in (None, resources.role_pool["actor_rollout_ref"])
+        and not trainer.local_mode,
     }
 
 
@@ -202,8 +206,10 @@ def _worker_roles(config: PPOTrainerConfig, uses_critic: bool, uses_reference: b
 
 def _async_plan(config: PPOTrainerConfig) -> AsyncPlan:
     return AsyncPlan(
-        required=required_samples(config), max_required=max_required_samples(config),
-        concurrent=concurrent_samples(config), steps_per_sync=steps_per_version(config),
+        required=required_samples(config),
+        max_required=max_required_samples(config),
+        concurrent=concurrent_samples(config),
+        steps_per_sync=steps_per_version(config),
         partial_rollout=partial_rollout(config),
     )
 
@@ -223,7 +229,9 @@ def describe(plan: RunPlan) -> list[str]:
     lines = [f"mode: {plan.mode}, in {where}; {plan.total_training_steps} training steps"]
     for pool_name, pool in plan.resources.pools.items():
         roles = ", ".join(f"{role} ({plan.worker_roles[role]})" for role in plan.resources.roles_in(pool_name))
-        lines.append(f"pool {pool_name}: {pool.world_size} process(es) on {len(pool.process_on_nodes)} node(s): {roles}")
+        lines.append(
+            f"pool {pool_name}: {pool.world_size} process(es) on {len(pool.process_on_nodes)} node(s): {roles}"
+        )
     lines.append("phases of a step:")
     width = max(len(name) for name in plan.phases)
     for name, phase in plan.phases.items():

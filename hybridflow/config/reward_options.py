@@ -54,7 +54,8 @@ def reward_manager_errors(config: PPOTrainerConfig) -> list[str]:
     for option, parameter in parameters.items():
         if parameter.default is parameter.empty and option not in options:
             errors.append(
-                f"reward_model.reward_manager={name!r} needs its option {option}; set +reward_model.reward_kwargs.{option}"
+                f"reward_model.reward_manager={name!r} needs its option {option}; "
+                f"set +reward_model.reward_kwargs.{option}"
             )
     if "overlong_buffer_len" in options and "max_resp_len" in options:
         error = overlong_buffer_error(options["max_resp_len"], options["overlong_buffer_len"])

@@ -28,8 +28,11 @@ def correction_settings(config: PPOTrainerConfig) -> CorrectionSettings:
     """The parsed settings; raises ``RolloutCorrectionError`` (see :func:`rollout_correction_errors`)."""
     section = config.algorithm.rollout_correction
     return CorrectionSettings.from_keys(
-        section.rollout_is, section.rollout_is_threshold, section.rollout_is_batch_normalize,
-        section.rollout_rs, section.rollout_rs_threshold,
+        section.rollout_is,
+        section.rollout_is_threshold,
+        section.rollout_is_batch_normalize,
+        section.rollout_rs,
+        section.rollout_rs_threshold,
     )
 
 
@@ -56,7 +59,8 @@ def _unread_setting_errors(config: PPOTrainerConfig) -> list[str]:
     errors = []
     if section.loss_type != "ppo_clip" and not section.bypass_mode:
         errors.append(
-            f"{KEY}.loss_type={section.loss_type!r} is read only in bypass mode; set {KEY}.bypass_mode=true or remove it"
+            f"{KEY}.loss_type={section.loss_type!r} is read only in bypass mode; "
+            f"set {KEY}.bypass_mode=true or remove it"
         )
     if section.rollout_is is None and section.rollout_is_threshold not in (None, DEFAULT_IS_THRESHOLD):
         errors.append(f"{KEY}.rollout_is_threshold is read only with {KEY}.rollout_is; set rollout_is or remove it")

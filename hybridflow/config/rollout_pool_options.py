@@ -31,18 +31,25 @@ def rollout_pool_errors(config: PPOTrainerConfig) -> list[str]:
         return []
     errors = [
         f"rollout.{key}={getattr(config.rollout, key)} must be >= 1 (the rollout pool of {KEY})"
-        for key in ("nnodes", "n_gpus_per_node") if getattr(config.rollout, key) < 1
+        for key in ("nnodes", "n_gpus_per_node")
+        if getattr(config.rollout, key) < 1
     ]
     if config.trainer.local_mode:
-        errors.append(f"{KEY} runs the rollout in processes of its own, which trainer.local_mode=true does not "
-                      "start; set trainer.local_mode=false or hybrid_engine=true")
+        errors.append(
+            f"{KEY} runs the rollout in processes of its own, which trainer.local_mode=true does not "
+            "start; set trainer.local_mode=false or hybrid_engine=true"
+        )
     if config.algorithm.filter_groups.enable:
-        errors.append(f"{KEY} generates one batch ahead, but dynamic sampling (algorithm.filter_groups.enable=true) "
-                      "decides how many batches a step needs after scoring them; turn one of them off")
+        errors.append(
+            f"{KEY} generates one batch ahead, but dynamic sampling (algorithm.filter_groups.enable=true) "
+            "decides how many batches a step needs after scoring them; turn one of them off"
+        )
     estimator = config.algorithm.adv_estimator
     if estimator in ADV_ESTIMATORS and "reward_baselines" in ADV_ESTIMATORS.traits(estimator)["requires"]:
-        errors.append(f"{KEY} generates one batch ahead, but algorithm.adv_estimator={estimator} needs a greedy "
-                      "response from the current policy each step; use hybrid_engine=true with it")
+        errors.append(
+            f"{KEY} generates one batch ahead, but algorithm.adv_estimator={estimator} needs a greedy "
+            "response from the current policy each step; use hybrid_engine=true with it"
+        )
     return errors
 
 
@@ -61,5 +68,6 @@ def unread_pool_options(config: PPOTrainerConfig) -> list[str]:
     }
     return [
         f"{key}={value} (read only with {KEY}; the hybrid engine copies the weights in place, tensor by tensor)"
-        for key, (value, default) in values.items() if value != default
+        for key, (value, default) in values.items()
+        if value != default
     ]

@@ -81,8 +81,11 @@ def _registry_errors(config: PPOTrainerConfig) -> list[str]:
         ("trainer.placement", config.trainer.placement, PLACEMENTS),
         ("data.truncation", config.data.truncation, TRUNCATION_MODES),
         ("actor_rollout_ref.rollout.name", config.actor_rollout_ref.rollout.name, ENGINE_NAMES),
-        ("actor_rollout_ref.rollout.multi_turn.format", config.actor_rollout_ref.rollout.multi_turn.format,
-         TOOL_PARSERS.names()),
+        (
+            "actor_rollout_ref.rollout.multi_turn.format",
+            config.actor_rollout_ref.rollout.multi_turn.format,
+            TOOL_PARSERS.names(),
+        ),
     ]
     errors = [_not_in(key, value, list(allowed)) for key, value, allowed in checks if value not in allowed]
     if config.trainer.device is not None and config.trainer.device not in DEVICES:
@@ -144,26 +147,7 @@ def _algorithm_errors(config: PPOTrainerConfig) -> list[str]:
             f"critic.enable=false but algorithm.adv_estimator={estimator!r} reads critic values; "
             "remove critic.enable or choose an estimator without a critic"
         )
-    gen_batch_size = config.data.gen_batch_size
-    # Fully async reads it too (fully_async_options)
-    dynamic_sampling_only = not fully_async(config)
-    if dynamic_sampling_only and gen_batch_size is not None and (gen_batch_size < 1 or not algorithm.filter_groups.enable):
-        errors.append(
-            f"data.gen_batch_size={gen_batch_size} sizes the generation batches of dynamic sampling: it needs "
-            "algorithm.filter_groups.enable=true and a value >= 1 (each step trains on data.train_batch_size "
-            "prompts); remove it otherwise"
-        )
-    if algorithm.filter_groups.enable:
-        if rollout.n < 2:
-            errors.append(
-                "algorithm.filter_groups.enable=true drops groups whose samples all score the same, "
-                "which needs actor_rollout_ref.rollout.n>=2"
-            )
-        if algorithm.filter_groups.max_num_gen_batches < 1:
-            errors.append(
-                f"algorithm.filter_groups.max_num_gen_batches={algorithm.filter_groups.max_num_gen_batches} "
-                "must be >= 1 (dynamic sampling is bounded)"
-            )
+    errors += _dynamic_sampling_errors(config)
     if algorithm.kl_ctrl.type == "adaptive" and (algorithm.kl_ctrl.horizon <= 0 or algorithm.kl_ctrl.target_kl <= 0):
         errors.append("algorithm.kl_ctrl.type=adaptive needs kl_ctrl.horizon > 0 and kl_ctrl.target_kl > 0")
     lengths = {"response_length": config.data.max_response_length, "prompt_length": config.data.max_prompt_length}
@@ -175,6 +159,31 @@ def _algorithm_errors(config: PPOTrainerConfig) -> list[str]:
                 f"actor_rollout_ref.rollout.{key}={value} differs from {data_key}={configured}; "
                 f"set {data_key} instead (the rollout follows it)"
             )
+    return errors
+
+
+def _dynamic_sampling_errors(config: PPOTrainerConfig) -> list[str]:
+    """DAPO's dynamic sampling: its generation batch size, several samples per prompt, a bounded budget."""
+    filter_groups, gen_batch_size, errors = config.algorithm.filter_groups, config.data.gen_batch_size, []
+    # Fully async reads data.gen_batch_size too (fully_async_options)
+    if not fully_async(config) and gen_batch_size is not None and (gen_batch_size < 1 or not filter_groups.enable):
+        errors.append(
+            f"data.gen_batch_size={gen_batch_size} sizes the generation batches of dynamic sampling: it needs "
+            "algorithm.filter_groups.enable=true and a value >= 1 (each step trains on data.train_batch_size "
+            "prompts); remove it otherwise"
+        )
+    if not filter_groups.enable:
+        return errors
+    if config.actor_rollout_ref.rollout.n < 2:
+        errors.append(
+            "algorithm.filter_groups.enable=true drops groups whose samples all score the same, "
+            "which needs actor_rollout_ref.rollout.n>=2"
+        )
+    if filter_groups.max_num_gen_batches < 1:
+        errors.append(
+            f"algorithm.filter_groups.max_num_gen_batches={filter_groups.max_num_gen_batches} "
+            "must be >= 1 (dynamic sampling is bounded)"
+        )
     return errors
 
 

@@ -42,7 +42,9 @@ class DataConfig(DataFiles):
     filter_overlong_prompts: bool = option(False, "Drop prompts longer than max_prompt_length when loading.")
     truncation: str = option("error", "Overlong prompts: error, filter (drop), left, right or middle (cut).")
     return_raw_chat: bool = option(True, "Keep each prompt's messages as the raw_prompt column (agent loop, rewards).")
-    train_max_samples: int = option(-1, "Use at most this many training prompts (-1: all); random with data.seed if shuffle.")
+    train_max_samples: int = option(
+        -1, "Use at most this many training prompts (-1: all); random with data.seed if shuffle."
+    )
     val_max_samples: int = option(-1, "Use at most this many validation prompts (-1: all); the first ones.")
     validation_shuffle: bool = option(False, "Shuffle the validation prompts (with data.seed).")
     trust_remote_code: bool = option(False, "Allow tokenizer code from the model folder for the prompts.")
@@ -74,7 +76,9 @@ class RolloutCorrectionConfig:
     ``actor_rollout_ref.rollout.calculate_log_probs=true``."""
 
     rollout_is: Optional[str] = option(
-        None, "Importance weights pi_train/pi_rollout on the policy loss: token, sequence (product), or null (none); bypass ppo_clip only measures them."
+        None,
+        "Importance weights pi_train/pi_rollout on the policy loss: token, sequence (product), or null (none); "
+        "bypass ppo_clip only measures them.",
     )
     rollout_is_threshold: Any = option(
         2.0, "Weight bound: a number truncates the weights there (TIS); 'lower_upper' zeroes weights outside (IcePop)."
@@ -105,9 +109,7 @@ class AlgorithmConfig:
     adv_estimator: str = option("gae", "Registered advantage estimator: gae, grpo, rloo, remax, ...")
     gamma: float = option(1.0, "Discount factor.")
     lam: float = option(1.0, "GAE lambda (arXiv 1506.02438).")
-    norm_adv_by_std_in_grpo: bool = option(
-        True, "GRPO: divide by the group's std (False: Dr. GRPO, arXiv 2503.20783)."
-    )
+    norm_adv_by_std_in_grpo: bool = option(True, "GRPO: divide by the group's std (False: Dr. GRPO, arXiv 2503.20783).")
     use_kl_in_reward: bool = option(False, "Subtract kl_ctrl coefficient * KL(actor || ref) from the token rewards.")
     kl_penalty: str = option("kl", "KL estimator of the reward penalty: kl, abs, mse, low_var_kl, full.")
     kl_ctrl: KLControlConfig = section(KLControlConfig, "KL-in-reward coefficient controller.")
@@ -162,7 +164,9 @@ class TrainerConfig(RunConfig):
     )
     placement: str = option("colocated", "colocated: every role in one process per device; split: one pool per role.")
     local_mode: bool = option(
-        False, "Run every role in this process without Ray (one process: nnodes=1, n_gpus_per_node=1): breakpoints stop inside workers and a run starts in seconds."
+        False,
+        "Run every role in this process without Ray (one process: nnodes=1, n_gpus_per_node=1): breakpoints stop "
+        "inside workers and a run starts in seconds.",
     )
     save_freq: int = option(-1, "Save a checkpoint every N steps (and at the end); -1 never.")
     test_freq: int = option(-1, "Validate every N steps (and at the end); -1 never.")
@@ -170,7 +174,9 @@ class TrainerConfig(RunConfig):
     val_only: bool = option(False, "Validate once and exit.")
     critic_warmup: int = option(0, "Train only the critic for the first N steps; the actor's update starts at N+1.")
     max_nonfinite_steps: int = option(
-        3, "Steps whose scores, loss or gradient norm are NaN/inf are skipped and never checkpointed; more than this many stop the run (0: the first)."
+        3,
+        "Steps whose scores, loss or gradient norm are NaN/inf are skipped and never checkpointed; more than this "
+        "many stop the run (0: the first).",
     )
     default_local_dir: str = option("checkpoints/hybridflow/ppo", "The run folder: checkpoints, metrics.jsonl, dumps.")
     max_actor_ckpt_to_keep: Optional[int] = option(
@@ -194,9 +200,12 @@ class RolloutPoolConfig:
     """The rollout's own pool when ``actor_rollout_ref.hybrid_engine=false`` (``rollout``, verl's one-step-off keys)."""
 
     nnodes: int = option(1, "Nodes of the rollout pool.")
-    n_gpus_per_node: int = option(1, "Rollout worker processes per node (one per GPU; on CPU, processes sharing the cores).")
+    n_gpus_per_node: int = option(
+        1, "Rollout worker processes per node (one per GPU; on CPU, processes sharing the cores)."
+    )
     total_rollout_steps: Optional[int] = option(
-        None, "Fully async: prompts the rollout generates in all (None: every epoch's); steps = this / required samples."
+        None,
+        "Fully async: prompts the rollout generates in all (None: every epoch's); steps = this / required samples.",
     )
 
 
@@ -216,8 +225,12 @@ class AsyncTrainingConfig:
     use_trainer_do_validate: bool = option(False, "Validate on the training pool instead of the rollout pool.")
     use_dynamic_resource_scheduling: bool = option(False, "Lend training GPUs to the rollout between updates.")
     dynamic_schedule_policy: str = option("default", "Dynamic scheduling: the policy's registered name.")
-    dynamic_schedule_deactivate_ratio: float = option(0.3, "Dynamic scheduling: share of a step's samples before lending back.")
-    dynamic_schedule_enable_rebalance: bool = option(True, "Dynamic scheduling: move in-flight requests to lent replicas.")
+    dynamic_schedule_deactivate_ratio: float = option(
+        0.3, "Dynamic scheduling: share of a step's samples before lending back."
+    )
+    dynamic_schedule_enable_rebalance: bool = option(
+        True, "Dynamic scheduling: move in-flight requests to lent replicas."
+    )
     concurrent_samples_per_replica: int = option(16, "Prompts one rollout replica generates at once, at most.")
 
 
@@ -240,7 +253,9 @@ class RayKwargsConfig:
     """Ray settings (``ray_kwargs``), verl 0.9's layout."""
 
     ray_init: RayInitConfig = section(RayInitConfig, "Arguments of ray.init.")
-    timeline_json_file: Optional[str] = option(None, "Write Ray's task timeline (chrome://tracing JSON) here at the end.")
+    timeline_json_file: Optional[str] = option(
+        None, "Write Ray's task timeline (chrome://tracing JSON) here at the end."
+    )
 
 
 @dataclass
@@ -263,6 +278,10 @@ class PPOTrainerConfig:
     custom_reward_function: CustomRewardFunctionConfig = section(CustomRewardFunctionConfig, "User scoring function.")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "Advantage estimator and KL in reward.")
     trainer: TrainerConfig = section(TrainerConfig, "Run length, placement, logging, checkpoints.")
-    rollout: RolloutPoolConfig = section(RolloutPoolConfig, "The rollout's own pool (actor_rollout_ref.hybrid_engine=false).")
-    async_training: AsyncTrainingConfig = section(AsyncTrainingConfig, "Fully async training (async_training.enable=true).")
+    rollout: RolloutPoolConfig = section(
+        RolloutPoolConfig, "The rollout's own pool (actor_rollout_ref.hybrid_engine=false)."
+    )
+    async_training: AsyncTrainingConfig = section(
+        AsyncTrainingConfig, "Fully async training (async_training.enable=true)."
+    )
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "Ray cluster.")

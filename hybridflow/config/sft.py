@@ -176,7 +176,8 @@ def sft_config_errors(config: SFTTrainerConfig) -> list[str]:
         ("data.micro_batch_size_per_gpu", data.micro_batch_size_per_gpu),
         ("data.max_length", data.max_length),
         ("data.max_token_len_per_gpu", data.max_token_len_per_gpu),
-        ("trainer.total_epochs", run.total_epochs), ("trainer.nnodes", run.nnodes),
+        ("trainer.total_epochs", run.total_epochs),
+        ("trainer.nnodes", run.nnodes),
         ("trainer.n_gpus_per_node", run.n_gpus_per_node),
     ]:
         if value < 1:
@@ -220,7 +221,9 @@ def _choice_errors(config: SFTTrainerConfig) -> list[str]:
         if unknown:
             errors.append(f"checkpoint.{key} has {unknown}; choose parts from {list(CONTENTS)}")
     backends = LOGGER_BACKENDS.names()
-    return errors + [f"trainer.logger has {name!r}, not one of {backends}" for name in run.logger if name not in backends]
+    return errors + [
+        f"trainer.logger has {name!r}, not one of {backends}" for name in run.logger if name not in backends
+    ]
 
 
 def _choice(key: str, value: Any, allowed: Any) -> list[str]:
@@ -236,7 +239,9 @@ def sft_environment_errors(config: SFTTrainerConfig) -> list[str]:
         errors.append(f"model.tokenizer_path={model.tokenizer_path!r} does not exist; point it at a tokenizer folder")
     for key in ("train_files", "val_files"):
         files = getattr(config.data, key)
-        errors += data_file_errors(f"data.{key}", files) + parquet_errors(f"data.{key}", files, _sft_columns(config.data))
+        errors += data_file_errors(f"data.{key}", files) + parquet_errors(
+            f"data.{key}", files, _sft_columns(config.data)
+        )
     errors += run_folder_errors("trainer.default_local_dir", config.trainer.default_local_dir)
     errors += logger_package_errors(config.trainer.logger)
     if config.trainer.device == "cuda" and detected_device() != "cuda":

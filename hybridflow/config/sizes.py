@@ -32,24 +32,31 @@ def sizes(plan: RunPlan) -> list[str]:
         lines.append(f"actor micro-batches: by token budget {actor.ppo_max_token_len_per_gpu} per rank")
     elif actor_micro:
         lines.append(f"actor micro-batches per mini-batch per rank: {per_rank // actor_micro} of {actor_micro} samples")
-    rollout, ref = plan.actor_rollout_ref.rollout, plan.actor_rollout_ref.ref
-    if plan.old_log_probs == OLD_FROM_PASS:
-        lines.append(_forward_batching(
-            "old-log-prob", rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu,
-            micro.get("actor_rollout_ref.rollout.log_prob_micro_batch_size"),
-        ))
-    if plan.uses_reference:
-        lines.append(_forward_batching(
-            "reference", ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu,
-            micro.get("actor_rollout_ref.ref.log_prob_micro_batch_size"),
-        ))
-    lines.append(f"tokens per sample: <= {plan.data.max_prompt_length} prompt + {plan.data.max_response_length} response")
+    lines += _log_prob_passes(plan, micro)
+    lines.append(
+        f"tokens per sample: <= {plan.data.max_prompt_length} prompt + {plan.data.max_response_length} response"
+    )
     estimator = plan.algorithm.adv_estimator
     if n < 2 and estimator in ADV_ESTIMATORS and "index" in ADV_ESTIMATORS.traits(estimator)["requires"]:
         # verl runs this too: a group of one sample has mean 0 and std 1, so its advantage is its score.
         lines.append(
             f"note: algorithm.adv_estimator={estimator!r} compares the samples of each prompt, but rollout.n=1: "
             "each group is one sample and its advantage is its raw score (set rollout.n>=2 for group baselines)"
+        )
+    return lines
+
+
+def _log_prob_passes(plan: RunPlan, micro: dict[str, int | None]) -> list[str]:
+    """How the old-log-prob and reference passes cut a rank's batch, where they run."""
+    rollout, ref, lines = plan.actor_rollout_ref.rollout, plan.actor_rollout_ref.ref, []
+    if plan.old_log_probs == OLD_FROM_PASS:
+        micro_size = micro.get("actor_rollout_ref.rollout.log_prob_micro_batch_size")
+        dynamic, budget = rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu
+        lines.append(_forward_batching("old-log-prob", dynamic, budget, micro_size))
+    if plan.uses_reference:
+        micro_size = micro.get("actor_rollout_ref.ref.log_prob_micro_batch_size")
+        lines.append(
+            _forward_batching("reference", ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu, micro_size)
         )
     return lines
 

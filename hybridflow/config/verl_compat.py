@@ -31,8 +31,21 @@ from hybridflow.config.key_surface import lacks as _lacks
 from hybridflow.config.key_surface import unread as _unread
 
 __all__ = [
-    "ALIAS", "COMPAT_YAML", "LACKS", "PPO_SURFACE", "RULES", "UNREAD", "CompatReport", "Rule", "compat_defaults",
-    "compat_key", "flatten", "lacks_lines", "rule_for", "schema_yaml_defaults", "split_compat",
+    "ALIAS",
+    "COMPAT_YAML",
+    "LACKS",
+    "PPO_SURFACE",
+    "RULES",
+    "UNREAD",
+    "CompatReport",
+    "Rule",
+    "compat_defaults",
+    "compat_key",
+    "flatten",
+    "lacks_lines",
+    "rule_for",
+    "schema_yaml_defaults",
+    "split_compat",
     "unread_engine_options",
 ]
 
@@ -46,8 +59,12 @@ VLLM_SERVER = "verl's async rollout-server infrastructure; hybridflow's engines 
 VISION = "vision/audio inputs: hybridflow trains text-only models"
 
 RULES: tuple[Rule, ...] = (
-    _lacks("model_engine", "the Megatron, VeOmni and TorchTitan training engines (model_engine=dp is FSDP2)", "dp",
-           decisive=True),
+    _lacks(
+        "model_engine",
+        "the Megatron, VeOmni and TorchTitan training engines (model_engine=dp is FSDP2)",
+        "dp",
+        decisive=True,
+    ),
     # Other names of schema keys.
     _alias("ray_init.*", "ray_kwargs.ray_init.*"),
     _alias("reward.reward_manager.name", "reward_model.reward_manager"),
@@ -72,16 +89,26 @@ RULES: tuple[Rule, ...] = (
     _alias("critic.fsdp.fsdp_size", "critic.model.fsdp_config.fsdp_size"),
     # Capabilities hybridflow does not have: refused when chosen.
     _lacks("*._target_", "verl's class targets (_target_): hybridflow picks implementations by registered name"),
-    _lacks("*strategy", "a training engine other than FSDP (Megatron, VeOmni, TorchTitan, fsdp_turbo; "
-           "strategy=fsdp or fsdp2 is FSDP2)", "fsdp", "fsdp2", decisive=True),
+    _lacks(
+        "*strategy",
+        "a training engine other than FSDP (Megatron, VeOmni, TorchTitan, fsdp_turbo; strategy=fsdp or fsdp2 is FSDP2)",
+        "fsdp",
+        "fsdp2",
+        decisive=True,
+    ),
     _lacks("*.optim.optimizer", "optimizers other than AdamW"),
     _lacks("*.optim.optimizer_impl", "optimizers other than torch.optim's AdamW"),
-    _lacks("*.optim.override_optimizer_config", "optimizer config overrides (AdamW takes lr, betas, eps, weight_decay)"),
+    _lacks(
+        "*.optim.override_optimizer_config", "optimizer config overrides (AdamW takes lr, betas, eps, weight_decay)"
+    ),
     _lacks("*qat.enable", "quantization-aware training (QAT)"),
     _lacks("*mtp.enable*", "multi-token prediction (MTP) heads"),
     _lacks("*router_replay.mode", "MoE router replay"),
-    _lacks("actor_rollout_ref.rollout.nnodes", "verl's standalone rollout inside the synchronous trainer (nnodes > 0); "
-           "a rollout pool of its own is actor_rollout_ref.hybrid_engine=false with the top-level rollout.nnodes"),
+    _lacks(
+        "actor_rollout_ref.rollout.nnodes",
+        "verl's standalone rollout inside the synchronous trainer (nnodes > 0); "
+        "a rollout pool of its own is actor_rollout_ref.hybrid_engine=false with the top-level rollout.nnodes",
+    ),
     _lacks("actor_rollout_ref.rollout.over_sample_rate", "over-sampled rollouts that abort the slowest samples"),
     _lacks("actor_rollout_ref.rollout.disaggregation.enabled", "prefill/decode disaggregation"),
     _lacks("actor_rollout_ref.rollout.agent.agent_loop_config_path", "agent loops defined in a config file"),
@@ -145,16 +172,24 @@ RULES: tuple[Rule, ...] = (
     _unread("actor_rollout_ref.rollout.multi_stage_wake_up", "weights are synced tensor by tensor already"),
     _unread("actor_rollout_ref.rollout.enable_rollout_routing_replay", "MoE router replay is off"),
     _unread("actor_rollout_ref.rollout.quantization_config_file", "rollout quantization is vLLM's quantization key"),
-    _unread("*entropy_checkpointing", "the chunked entropy's own backward keeps only per-row statistics, which is "
-            "what entropy checkpointing saves"),
+    _unread(
+        "*entropy_checkpointing",
+        "the chunked entropy's own backward keeps only per-row statistics, which is what entropy checkpointing saves",
+    ),
     _unread("actor_rollout_ref.rollout.agent.*", VLLM_SERVER),
-    _unread("actor_rollout_ref.rollout.checkpoint_engine.*", "weights reach a rollout pool of its own through Ray's "
-            "object store, in buckets of checkpoint_engine.update_weights_bucket_megabytes"),
+    _unread(
+        "actor_rollout_ref.rollout.checkpoint_engine.*",
+        "weights reach a rollout pool of its own through Ray's "
+        "object store, in buckets of checkpoint_engine.update_weights_bucket_megabytes",
+    ),
     _unread("actor_rollout_ref.rollout.trace.*", "rollout tracing is off"),
     _unread("actor_rollout_ref.rollout.prometheus.*", VLLM_SERVER),
     _unread("actor_rollout_ref.rollout.disaggregation.*", "prefill/decode disaggregation is off"),
-    _unread("actor_rollout_ref.rollout.n_gpus_per_node", "the rollout runs in the actor's processes, or with "
-            "actor_rollout_ref.hybrid_engine=false on a pool sized by the top-level rollout.nnodes/n_gpus_per_node"),
+    _unread(
+        "actor_rollout_ref.rollout.n_gpus_per_node",
+        "the rollout runs in the actor's processes, or with "
+        "actor_rollout_ref.hybrid_engine=false on a pool sized by the top-level rollout.nnodes/n_gpus_per_node",
+    ),
     _unread("actor_rollout_ref.rollout.moe_load_balance_metrics_interval", VLLM_SERVER),
     _unread("actor_rollout_ref.rollout.multi_turn.*", "an sglang multi-turn option hybridflow's agent loop lacks"),
     _unread("actor_rollout_ref.rollout.qat", "quantization-aware training is off"),
@@ -200,9 +235,7 @@ UNAVAILABLE_CHOICES = {
 }
 
 
-PPO_SURFACE = Surface(
-    COMPAT_YAML, COMPAT_YAML.with_name("ppo_trainer.yaml"), RULES, tuple(UNAVAILABLE_CHOICES.items())
-)
+PPO_SURFACE = Surface(COMPAT_YAML, COMPAT_YAML.with_name("ppo_trainer.yaml"), RULES, tuple(UNAVAILABLE_CHOICES.items()))
 
 
 def rule_for(key: str) -> Rule | None:

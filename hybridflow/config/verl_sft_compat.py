@@ -58,7 +58,9 @@ SFT_RULES: tuple[Rule, ...] = (
     _lacks("optim.override_optimizer_config", "optimizer config overrides (AdamW takes lr, betas, weight_decay)"),
     _lacks("engine.qat.enable", "quantization-aware training (QAT)"),
     _lacks("model.mtp.enable*", "multi-token prediction (MTP) heads"),
-    _lacks("model.lora.rank", "verl's model.lora block (Megatron LoRA); set model.lora_rank, lora_alpha, target_modules"),
+    _lacks(
+        "model.lora.rank", "verl's model.lora block (Megatron LoRA); set model.lora_rank, lora_alpha, target_modules"
+    ),
     _lacks("model.exclude_modules", "LoRA exclude_modules (adapters go on every target_modules match)"),
     _lacks("model.lora_adapter_path", "starting LoRA from a saved adapter (lora_adapter_path)"),
     _lacks("model.external_lib", "importing extra model-code modules (external_lib)"),
@@ -72,8 +74,10 @@ SFT_RULES: tuple[Rule, ...] = (
     _unread("model.tiled_mlp.*", KERNELS),
     _unread("model.enable_activation_offload", "activation offload is not implemented (GPU memory knob)"),
     _unread("model.hf_config_path", "the model's config.json is read from model.partial_pretrain"),
-    _unread("model.fsdp_config.cpu_offload", "FSDP1's switch for offload_params; FSDP2 offload is "
-            "model.fsdp_config.param_offload"),
+    _unread(
+        "model.fsdp_config.cpu_offload",
+        "FSDP1's switch for offload_params; FSDP2 offload is model.fsdp_config.param_offload",
+    ),
     _unread("model.fsdp_config.wrap_policy.*", FSDP_KNOB),
     _unread("model.mtp.*", "multi-token prediction is off"),
     _unread("model.lora.*", "verl's model.lora block is Megatron's; hybridflow reads model.lora_rank and friends"),
@@ -92,11 +96,16 @@ SFT_RULES: tuple[Rule, ...] = (
     _unread("engine.turbo_config.*", FSDP_KNOB),
     _unread("optim.total_training_steps", "the schedule spans trainer.total_training_steps (or the epochs' steps)"),
     _unread("optim.zero_indexed_step", "the lr schedule counts from step 0"),
-    _unread("data.micro_batch_size", "verl's deprecated global micro-batch size; data.micro_batch_size_per_gpu is read"),
+    _unread(
+        "data.micro_batch_size", "verl's deprecated global micro-batch size; data.micro_batch_size_per_gpu is read"
+    ),
     _unread("data.num_workers", "examples are tokenized once at load time; batches need no loader workers"),
     _unread("data.balance_dp_token", "each rank gets an equal number of examples, not of tokens (same math)"),
-    _unread("data.ignore_input_ids_mismatch", "each conversation's prefixes are rendered whole, so there is no "
-            "per-turn mismatch to ignore; a template whose prefixes are unstable is refused at load"),
+    _unread(
+        "data.ignore_input_ids_mismatch",
+        "each conversation's prefixes are rendered whole, so there is no "
+        "per-turn mismatch to ignore; a template whose prefixes are unstable is refused at load",
+    ),
     _unread("data.custom_cls.*", "custom dataset classes are off"),
     _unread("profiler.*", PROFILER),
     _unread("trainer.profile_interval", PROFILER),
@@ -115,6 +124,9 @@ SFT_GROUPS = (
 )
 
 SFT_SURFACE = Surface(
-    SFT_COMPAT_YAML, SFT_COMPAT_YAML.with_name("sft_trainer.yaml"), SFT_RULES, tuple(SFT_UNAVAILABLE_CHOICES.items()),
+    SFT_COMPAT_YAML,
+    SFT_COMPAT_YAML.with_name("sft_trainer.yaml"),
+    SFT_RULES,
+    tuple(SFT_UNAVAILABLE_CHOICES.items()),
     SFT_GROUPS,
 )

@@ -9,9 +9,7 @@ import torch
 from hybridflow.protocol import DataProto
 
 
-def collate_to_dataproto(
-    items: list[dict[str, Any]], pad_token_id: int, pad_to_length: int | None = None
-) -> DataProto:
+def collate_to_dataproto(items: list[dict[str, Any]], pad_token_id: int, pad_to_length: int | None = None) -> DataProto:
     """Stack B items into ``input_ids``, ``attention_mask``, ``position_ids`` [B, P] plus numpy columns.
 
     Each item has ``input_ids`` (1-D tensor of its prompt tokens) and any non-tensor values, which become

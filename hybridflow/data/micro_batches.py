@@ -54,10 +54,7 @@ def balanced_partition(lengths: Sequence[int], num_parts: int) -> list[list[int]
 
 
 def split_by_token_budget(
-    batch: DataProto,
-    max_token_len: int,
-    min_num_micro_batches: int = 1,
-    mask_key: str = "attention_mask",
+    batch: DataProto, max_token_len: int, min_num_micro_batches: int = 1, mask_key: str = "attention_mask"
 ) -> tuple[list[DataProto], list[list[int]]]:
     """Split ``batch`` into balanced micro-batches of at most ``max_token_len`` real tokens each.
 
@@ -97,7 +94,4 @@ def restore_order(
 def loss_denominators(batch: DataProto, mask_key: str = "response_mask") -> dict[str, int]:
     """The mini-batch's loss tokens and sequences (with at least one loss token), as agg_loss takes them."""
     mask = batch.batch[mask_key]
-    return {
-        "global_token_count": int(mask.sum().item()),
-        "global_seq_count": int((mask.sum(dim=-1) > 0).sum().item()),
-    }
+    return {"global_token_count": int(mask.sum().item()), "global_seq_count": int((mask.sum(dim=-1) > 0).sum().item())}

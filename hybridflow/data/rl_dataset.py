@@ -75,9 +75,7 @@ class RLDataset:
         rows, origins = _sample(*self._read_rows(), max_samples, shuffle, seed)
         self.num_rows_read = len(rows)
         token_ids = self._tokenize([row[prompt_key] for row in rows])
-        self.rows, self.token_ids, self.num_filtered, self.num_truncated = self._fit_to_length(
-            rows, origins, token_ids
-        )
+        self.rows, self.token_ids, self.num_filtered, self.num_truncated = self._fit_to_length(rows, origins, token_ids)
         logger.log(logging.WARNING if self.num_filtered or self.num_truncated else logging.INFO, self.summary())
         if not self.rows:
             raise DatasetError(f"no prompts left in {[str(f) for f in self.files]}: {self.summary()}")
@@ -124,9 +122,7 @@ class RLDataset:
     def _tokenize(self, conversations: list[list[dict]]) -> list[list[int]]:
         template_options = {**self.apply_chat_template_kwargs, **({"tools": self.tools} if self.tools else {})}
         texts = [
-            self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False, **template_options
-            )
+            self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template_options)
             for messages in conversations
         ]
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []

@@ -203,7 +203,9 @@ def conversation_tokens(
     return input_ids, loss_mask
 
 
-def _template_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: bool, **template_kwargs: Any) -> list[int]:
+def _template_ids(
+    tokenizer: Any, messages: list[dict], add_generation_prompt: bool, **template_kwargs: Any
+) -> list[int]:
     if not messages:
         return []
     text = tokenizer.apply_chat_template(

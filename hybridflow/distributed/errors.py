@@ -15,8 +15,15 @@ class WorkerError(RuntimeError):
     """
 
     def __init__(
-        self, group: str, rank: int, method: str, remote_traceback: str, cause_type: str = "",
-        cause_message: str = "", user_facing: bool = False, process_died: bool = False,
+        self,
+        group: str,
+        rank: int,
+        method: str,
+        remote_traceback: str,
+        cause_type: str = "",
+        cause_message: str = "",
+        user_facing: bool = False,
+        process_died: bool = False,
     ):
         self.group = group
         self.rank = rank
@@ -37,10 +44,19 @@ class WorkerError(RuntimeError):
 
     def __reduce__(self):
         # Ray pickles exceptions between processes; the default reduce would pass only the message.
-        return (type(self), (
-            self.group, self.rank, self.method, self.remote_traceback, self.cause_type, self.cause_message,
-            self.user_facing, self.process_died,
-        ))
+        return (
+            type(self),
+            (
+                self.group,
+                self.rank,
+                self.method,
+                self.remote_traceback,
+                self.cause_type,
+                self.cause_message,
+                self.user_facing,
+                self.process_died,
+            ),
+        )
 
 
 class WorkerTimeoutError(HybridflowError, TimeoutError):

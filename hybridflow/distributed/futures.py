@@ -27,9 +27,7 @@ def worker_error(group: str, rank: int, method: str, error: RayError) -> WorkerE
     return WorkerError(group, rank, method, str(error), type(error).__name__)
 
 
-def wait_for_ranks(
-    group: str, method: str, refs: dict[int, ray.ObjectRef], timeout: float | None
-) -> dict[int, Any]:
+def wait_for_ranks(group: str, method: str, refs: dict[int, ray.ObjectRef], timeout: float | None) -> dict[int, Any]:
     """Every rank's result, by rank; raises the first rank's failure as soon as it happens."""
     deadline = None if timeout is None else time.monotonic() + timeout
     rank_of = {ref: rank for rank, ref in refs.items()}
@@ -54,9 +52,7 @@ def wait_for_ranks(
 class GroupFuture:
     """Result of a ``blocking=False`` group method; ``get()`` waits and applies the method's collect mode."""
 
-    def __init__(
-        self, group: str, method: str, refs: dict[int, ray.ObjectRef], collect: Callable[[list[Any]], Any]
-    ):
+    def __init__(self, group: str, method: str, refs: dict[int, ray.ObjectRef], collect: Callable[[list[Any]], Any]):
         self.group = group
         self.method = method
         self._refs = refs

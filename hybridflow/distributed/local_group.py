@@ -67,7 +67,7 @@ class LocalWorkerGroup(WorkerGroupBase):
             raise RuntimeError(f"group {self.name!r} was killed; create a new LocalWorkerGroup to call {public_name!r}")
         bound = getattr(self._instances[role], method)
         if plan.stream:
-            (args, kwargs), = plan.calls
+            ((args, kwargs),) = plan.calls
             return LocalPartStream(self.name, public_name, bound(*args, **kwargs), plan.collect)
         return CompletedCall(plan.collect([bound(*args, **kwargs) for args, kwargs in plan.calls]))
 

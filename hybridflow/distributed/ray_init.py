@@ -21,11 +21,7 @@ DEFAULT_OBJECT_STORE_BYTES = 1 << 30
 
 # Set in the driver before Ray starts (so the raylet and its workers inherit them) and in the job's
 # runtime_env (so workers on a joined cluster get them too).
-WORKER_ENV_VARS = {
-    "OMP_WAIT_POLICY": "PASSIVE",
-    "RAY_AUTH_MODE": "disabled",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+WORKER_ENV_VARS = {"OMP_WAIT_POLICY": "PASSIVE", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def init_local_ray(

@@ -28,8 +28,12 @@ def start_reaper() -> str:
     # The reaper itself is not marked: it is not one of the cluster's processes.
     environment = {key: value for key, value in os.environ.items() if key != MARKER_ENV}
     subprocess.Popen(
-        [sys.executable, str(pathlib.Path(__file__)), str(os.getpid()), marker], env=environment,
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [sys.executable, str(pathlib.Path(__file__)), str(os.getpid()), marker],
+        env=environment,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     os.environ[MARKER_ENV] = marker
     return marker

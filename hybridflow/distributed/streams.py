@@ -62,9 +62,7 @@ class PartStream(ABC):
 class RayPartStream(PartStream):
     """Reads every rank's Ray streaming generator (``num_returns="streaming"``), whichever has a part ready."""
 
-    def __init__(
-        self, group: str, method: str, generators: dict[int, Any], collect: Callable[[list[Any]], Any]
-    ):
+    def __init__(self, group: str, method: str, generators: dict[int, Any], collect: Callable[[list[Any]], Any]):
         self._generators = generators
         super().__init__(group, method, len(generators), collect)
 

@@ -26,6 +26,7 @@ from hybridflow.distributed.worker_host import CONCURRENT_GROUP, ConcurrentWorke
 _RemoteWorkerHost = ray.remote(WorkerHost)
 _RemoteConcurrentWorkerHost = ray.remote(concurrency_groups={CONCURRENT_GROUP: 1})(ConcurrentWorkerHost)
 
+
 def _local_ranks(node_ids: list[str]) -> list[tuple[int, int]]:
     """(LOCAL_RANK, LOCAL_WORLD_SIZE) of each rank, from the node each one actually landed on."""
     seen: dict[str, int] = {}
@@ -111,9 +112,7 @@ class RayWorkerGroup(WorkerGroupBase):
 
     def _run(self, role: str, method: str, public_name: str, plan: DispatchedCall) -> GroupFuture:
         if not self._hosts:
-            raise RuntimeError(
-                f"group {self.name!r} was killed; create a new RayWorkerGroup to call {public_name!r}"
-            )
+            raise RuntimeError(f"group {self.name!r} was killed; create a new RayWorkerGroup to call {public_name!r}")
         call_ids = [id(call) for call in plan.calls]
         shared: dict[int, Any] = {}
         refs = {}
@@ -124,8 +123,10 @@ class RayWorkerGroup(WorkerGroupBase):
                     shared[id(call)] = (ray.put(call[0]), ray.put(call[1]))
                 call = shared[id(call)]
             if plan.stream:
-                refs[rank] = self._hosts[rank].execute_stream.options(num_returns="streaming").remote(
-                    role, method, call[0], call[1]
+                refs[rank] = (
+                    self._hosts[rank]
+                    .execute_stream.options(num_returns="streaming")
+                    .remote(role, method, call[0], call[1])
                 )
             elif plan.concurrent and self._concurrent_calls:
                 refs[rank] = self._hosts[rank].execute_concurrently.remote(role, method, call[0], call[1])

@@ -66,7 +66,12 @@ class WorkerHost:
 
     def _error(self, method: str, error: BaseException) -> WorkerError:
         return WorkerError(
-            self._group_name, self._rank, method, traceback.format_exc(), type(error).__name__, str(error),
+            self._group_name,
+            self._rank,
+            method,
+            traceback.format_exc(),
+            type(error).__name__,
+            str(error),
             user_facing=isinstance(error, HybridflowError),
         )
 

@@ -377,7 +377,9 @@ def fits_sliding_window(model: torch.nn.Module, attention_mask: torch.Tensor) ->
         logger.warning(
             "%s: samples longer than its sliding window (%d tokens; this batch has one of %d) do not share prompts "
             "(use_prefix_grouper): one mask for all layers cannot hold the window; they run packed or padded",
-            model_type, window, longest,
+            model_type,
+            window,
+            longest,
         )
     return False
 
@@ -415,17 +417,30 @@ def _build(input_ids, real, groups, prompt_lengths, response_lengths, width, res
             rows += [sample] * length
             cols += list(range(length))
             start = end
+    laid_out = (ids, positions, segment, keep)
+    return _shared_batch(laid_out, predictor_slots, labels, rows, cols, input_ids.shape[0], response_length)
+
+
+def _shared_batch(laid_out, predictor_slots, labels, rows, cols, batch_size, response_length) -> SharedPromptBatch:
+    """The rows laid out by ``_build`` (ids, positions, segments, keep) as the forward's inputs and index maps."""
+    ids, positions, segment, keep = laid_out
+    device = ids.device
     flat_keep = keep.view(-1)
     slots = torch.tensor(predictor_slots, dtype=torch.long, device=device)
     flat_keep[slots] = True
     # The model returns the kept positions' logits in row-major order: their rank among the kept slots.
     logit_row = (torch.cumsum(flat_keep.long(), dim=0) - 1)[slots]
     return SharedPromptBatch(
-        input_ids=ids, position_ids=positions, attention_mask=_segment_mask(segment), keep=keep,
-        logit_row=logit_row, labels=torch.cat(labels) if labels else ids.new_zeros(0),
+        input_ids=ids,
+        position_ids=positions,
+        attention_mask=_segment_mask(segment),
+        keep=keep,
+        logit_row=logit_row,
+        labels=torch.cat(labels) if labels else ids.new_zeros(0),
         rows=torch.tensor(rows, dtype=torch.long, device=device),
         cols=torch.tensor(cols, dtype=torch.long, device=device),
-        batch_size=input_ids.shape[0], response_length=response_length,
+        batch_size=batch_size,
+        response_length=response_length,
     )
 
 

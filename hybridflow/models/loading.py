@@ -68,7 +68,9 @@ def load_model_config(path: str | os.PathLike, trust_remote_code: bool = False) 
 
 
 def load_tokenizer(
-    path: str | os.PathLike, trust_remote_code: bool = False, padding_side: str | None = None,
+    path: str | os.PathLike,
+    trust_remote_code: bool = False,
+    padding_side: str | None = None,
     chat_template: str | None = None,
 ):
     """The tokenizer saved with the model. A tokenizer without a pad token pads with its EOS token;

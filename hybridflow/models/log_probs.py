@@ -74,8 +74,15 @@ def forward_log_probs(
     """
     layout = choose_layout(model, input_ids, attention_mask, response_length, share_prompts, use_remove_padding)
     statistics = forward_token_statistics(
-        model, input_ids, attention_mask, position_ids, response_length, layout, temperature,
-        calculate_entropy=calculate_entropy, chunk_size=chunk_size,
+        model,
+        input_ids,
+        attention_mask,
+        position_ids,
+        response_length,
+        layout,
+        temperature,
+        calculate_entropy=calculate_entropy,
+        chunk_size=chunk_size,
     )
     return statistics.log_probs, statistics.entropy
 

@@ -161,8 +161,11 @@ def _family_options(family: str, head_dim: int, num_layers: int, sliding_window:
         # between full ones (Gemma 3 1B: window 512, five sliding to one full; here every other layer).
         layer_types = ["full_attention" if layer % 2 else "sliding_attention" for layer in range(num_layers)]
         return {
-            "tie_word_embeddings": True, "head_dim": head_dim, "query_pre_attn_scalar": head_dim,
-            "sliding_window": sliding_window, "layer_types": layer_types,
+            "tie_word_embeddings": True,
+            "head_dim": head_dim,
+            "query_pre_attn_scalar": head_dim,
+            "sliding_window": sliding_window,
+            "layer_types": layer_types,
         }
     # mistral: every layer slides (Mistral 7B v0.1: window 4096).
     return {"tie_word_embeddings": False, "sliding_window": sliding_window}

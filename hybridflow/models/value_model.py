@@ -19,20 +19,8 @@ import os
 import torch
 from transformers import AutoModelForTokenClassification, PreTrainedModel
 
-from hybridflow.models.layouts import (
-    Layout,
-    PackedBatch,
-    SharedPromptBatch,
-    choose_packing,
-    packed_outputs,
-    unpack,
-)
-from hybridflow.models.loading import (
-    from_pretrained_or_raise,
-    load_model_config,
-    resolve_dtype,
-    resolve_model_path,
-)
+from hybridflow.models.layouts import Layout, PackedBatch, SharedPromptBatch, choose_packing, packed_outputs, unpack
+from hybridflow.models.loading import from_pretrained_or_raise, load_model_config, resolve_dtype, resolve_model_path
 
 HEAD_INIT_SEED = 0
 

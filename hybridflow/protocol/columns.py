@@ -9,6 +9,9 @@ from __future__ import annotations
 import numbers
 from typing import Any, Iterable
 
+import numpy as np
+import torch
+
 # The prompt tensors a rollout reads, [B, P] each.
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 # A log-prob pass (actor or reference) over prompt + response, [B, L] each, and the responses [B, R].
@@ -28,9 +31,6 @@ def actor_update_columns(present: Iterable[str], old_log_probs_from_update: bool
     if old_log_probs_from_update:
         optional = [key for key in optional if key != "old_log_probs"]
     return list(ACTOR_UPDATE_INPUTS) + optional
-
-import numpy as np
-import torch
 
 
 def to_column(key: str, values: Any) -> np.ndarray:
@@ -79,8 +79,12 @@ def tensors_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same shape, dtype and values (NaN equal to NaN); nested tensors compare row by row."""
     if a.is_nested or b.is_nested:
         return (
-            a.is_nested and b.is_nested and a.layout == b.layout and a.dtype == b.dtype
-            and a.size(0) == b.size(0) and all(map(tensors_equal, a.unbind(), b.unbind()))
+            a.is_nested
+            and b.is_nested
+            and a.layout == b.layout
+            and a.dtype == b.dtype
+            and a.size(0) == b.size(0)
+            and all(map(tensors_equal, a.unbind(), b.unbind()))
         )
     if a.shape != b.shape or a.dtype != b.dtype:
         return False

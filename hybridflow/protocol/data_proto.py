@@ -71,9 +71,7 @@ class DataProto:
     def check_consistency(self) -> None:
         """Raise LengthMismatchError unless every tensor and non-tensor column has the same N rows."""
         if not isinstance(self.batch, TensorDict) or self.batch.batch_dims != 1:
-            raise DataProtoError(
-                f"DataProto.batch must be a TensorDict with one batch dimension, got {self.batch!r}"
-            )
+            raise DataProtoError(f"DataProto.batch must be a TensorDict with one batch dimension, got {self.batch!r}")
         rows = self.batch.batch_size[0]
         first_tensor = next(iter(self.batch.keys(include_nested=True, leaves_only=True)), None)
         first_column = next(iter(self.non_tensor_batch), None)
@@ -225,8 +223,7 @@ class DataProto:
         """
         if self._has_columns() and other._has_columns() and len(self) != len(other):
             raise LengthMismatchError(
-                f"cannot union DataProtos of {len(self)} and {len(other)} rows; union joins columns of the "
-                f"same rows"
+                f"cannot union DataProtos of {len(self)} and {len(other)} rows; union joins columns of the same rows"
             )
         self._check_union_conflicts(other)
         if not self._has_columns():
@@ -341,9 +338,7 @@ class DataProto:
         self.batch = self.batch.to(device)
         return self
 
-    def make_iterator(
-        self, mini_batch_size: int, epochs: int, seed: int | None = None
-    ) -> Iterator["DataProto"]:
+    def make_iterator(self, mini_batch_size: int, epochs: int, seed: int | None = None) -> Iterator["DataProto"]:
         """Yield shuffled mini-batches of ``mini_batch_size`` rows, ``epochs`` passes over the data.
 
         With ``seed`` the order comes from a seeded torch.Generator (reproducible); without it, from

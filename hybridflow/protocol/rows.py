@@ -39,9 +39,7 @@ def rows_index(index: Any, rows: int) -> tuple[torch.Tensor, np.ndarray]:
         raise IndexError(f"a DataProto row index must be 1-D, got shape {positions.shape}")
     if positions.dtype == bool:
         if len(positions) != rows:
-            raise LengthMismatchError(
-                f"boolean mask has {len(positions)} entries but the DataProto has {rows} rows"
-            )
+            raise LengthMismatchError(f"boolean mask has {len(positions)} entries but the DataProto has {rows} rows")
         positions = np.flatnonzero(positions)
     elif positions.size == 0:
         positions = positions.astype(np.int64)
@@ -49,9 +47,7 @@ def rows_index(index: Any, rows: int) -> tuple[torch.Tensor, np.ndarray]:
         raise IndexError(f"a DataProto row index must hold ints or bools, got dtype {positions.dtype}")
     out_of_range = (positions >= rows) | (positions < -rows)
     if out_of_range.any():
-        raise IndexError(
-            f"row {int(positions[out_of_range][0])} is out of range for a DataProto of {rows} rows"
-        )
+        raise IndexError(f"row {int(positions[out_of_range][0])} is out of range for a DataProto of {rows} rows")
     positions = np.where(positions < 0, positions + rows, positions).astype(np.int64)
     return torch.from_numpy(positions), positions
 

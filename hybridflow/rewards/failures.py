@@ -74,8 +74,9 @@ def results_from_outcomes(
         first = first or Failure(str(source), outcome)
         results.append({"score": 0.0})
     if first:
-        logger.warning("scoring failed for %d of %d samples (they score 0); first: %s", errors + timeouts,
-                       len(outcomes), first)
+        logger.warning(
+            "scoring failed for %d of %d samples (they score 0); first: %s", errors + timeouts, len(outcomes), first
+        )
     metrics = {
         SCORE_ERRORS_METRIC: float(errors),
         SCORE_TIMEOUTS_METRIC: float(timeouts),
@@ -96,8 +97,7 @@ def function_name(function: Callable[..., Any]) -> str:
 
 
 def failure_message(
-    scorer: str, custom: bool, first: Failure, failed: int, total: int, max_failed_share: float,
-    timeout_s: float | None,
+    scorer: str, custom: bool, first: Failure, failed: int, total: int, max_failed_share: float, timeout_s: float | None
 ) -> str:
     """The line that stops the run: which function failed how often, the first failure, and the key to change.
     ``custom``: the function is the user's (``custom_reward_function``), not one registered for a data_source."""

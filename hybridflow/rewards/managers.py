@@ -154,19 +154,23 @@ class NaiveRewardManager:
         token_level_scores = scores_on_last_token(scores, responses.valid_response_lengths, responses.response_width)
         return RewardResult(token_level_scores, collect_extra(results), metrics)
 
-    def score(self, responses: ResponseBatch, outcomes: list[CallOutcome]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    def score(
+        self, responses: ResponseBatch, outcomes: list[CallOutcome]
+    ) -> tuple[list[dict[str, Any]], dict[str, float]]:
         """Each sample's result dict and the batch's metrics; stops the run when too many samples failed."""
         return self._results(outcomes, responses.data_sources)
 
-    def _results(self, outcomes: list[CallOutcome], data_sources: list[str]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    def _results(
+        self, outcomes: list[CallOutcome], data_sources: list[str]
+    ) -> tuple[list[dict[str, Any]], dict[str, float]]:
         results, metrics, first = results_from_outcomes(outcomes, data_sources)
         if first and metrics[FAILED_SHARE_METRIC] >= self.max_failed_share:
             custom = not self.uses_registered_scoring
             scorer = function_name(self.compute_score if custom else resolve_scoring_function(first.data_source))
             failed = int(metrics[SCORE_ERRORS_METRIC] + metrics[SCORE_TIMEOUTS_METRIC])
-            raise RewardFunctionError(failure_message(
-                scorer, custom, first, failed, len(outcomes), self.max_failed_share, self.timeout_s
-            ))
+            raise RewardFunctionError(
+                failure_message(scorer, custom, first, failed, len(outcomes), self.max_failed_share, self.timeout_s)
+            )
         return results, metrics
 
     def close(self) -> None:
@@ -244,9 +248,7 @@ def _is_sequence_of_length(value: Any, length: int) -> bool:
     return isinstance(value, (list, tuple)) and len(value) == length
 
 
-def overlong_penalty(
-    response_length: int, max_resp_len: int, overlong_buffer_len: int, penalty_factor: float
-) -> float:
+def overlong_penalty(response_length: int, max_resp_len: int, overlong_buffer_len: int, penalty_factor: float) -> float:
     """DAPO's soft overlong punishment (arXiv 2503.14476, section 3.4, eq. 13).
 
     0 while ``response_length <= max_resp_len - overlong_buffer_len``; then falls linearly to
@@ -303,7 +305,9 @@ class DAPORewardManager(NaiveRewardManager):
         self.overlong_buffer_len = overlong_buffer_len
         self.overlong_penalty_factor = overlong_penalty_factor
 
-    def score(self, responses: ResponseBatch, outcomes: list[CallOutcome]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    def score(
+        self, responses: ResponseBatch, outcomes: list[CallOutcome]
+    ) -> tuple[list[dict[str, Any]], dict[str, float]]:
         results, metrics = super().score(responses, outcomes)
         if self.overlong_buffer_len is None:
             return results, metrics

@@ -35,7 +35,7 @@ class _Child:
         # The parent's import path, so a function pickled by reference imports in the child as it does here.
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
         self.process = subprocess.Popen(
-            [sys.executable, str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, env=env,
+            [sys.executable, str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, env=env
         )
         self.index: int | None = None
         self.started = 0.0
@@ -110,7 +110,9 @@ class ProcessCallRunner:
         now = time.monotonic()
         for child in list(busy.values()):
             if child.index is not None and self.timeout_s is not None and now - child.started >= self.timeout_s:
-                outcomes[child.index] = CallOutcome("timeout", error=f"still running after {self.timeout_s:g} s; killed")
+                outcomes[child.index] = CallOutcome(
+                    "timeout", error=f"still running after {self.timeout_s:g} s; killed"
+                )
                 self.num_killed += 1
                 self._replace(child)
 

@@ -33,6 +33,7 @@ class ResponseBatch:
 
 def join_response_batches(batches: list[ResponseBatch], order: np.ndarray) -> ResponseBatch:
     """The samples of ``batches`` one after another, then taken in ``order``."""
+
     def joined(field: str) -> list:
         values = [value for batch in batches for value in getattr(batch, field)]
         return [values[i] for i in order]

@@ -1,9 +1,9 @@
 """The scoring process of :class:`hybridflow.rewards.process_calls.ProcessCallRunner`, run by its file path.
 
 Run as a script (not imported through ``hybridflow.rewards``, which loads torch), it says it is ready (an
-empty frame), then answers calls until its stdin closes: each request is a length-prefixed cloudpickled zero-argument call; each answer a length-prefixed
-pickle of ``(status, value, error)``. The protocol keeps the original stdout; ``print`` in a scoring function goes
-to stderr.
+empty frame), then answers calls until its stdin closes: each request is a length-prefixed cloudpickled
+zero-argument call; each answer a length-prefixed pickle of ``(status, value, error)``. The protocol keeps the
+original stdout; ``print`` in a scoring function goes to stderr.
 """
 
 import os

@@ -50,9 +50,7 @@ def process_validation_metrics(
     return metrics
 
 
-def _source_metrics(
-    prompts: Any, values: Sequence[float], preds: Sequence[Any] | None, seed: int
-) -> dict[str, float]:
+def _source_metrics(prompts: Any, values: Sequence[float], preds: Sequence[Any] | None, seed: int) -> dict[str, float]:
     """One variable's metrics for one data_source: each prompt's metrics, averaged over the prompts."""
     collected: dict[str, list[float]] = defaultdict(list)
     for indices in prompts:

@@ -161,7 +161,9 @@ class AgentLoop:
 
     def _turn_limit_reached(self, trajectory: Trajectory) -> bool:
         limits = self.multi_turn
-        assistant_done = limits.max_assistant_turns is not None and trajectory.assistant_turns >= limits.max_assistant_turns
+        assistant_done = (
+            limits.max_assistant_turns is not None and trajectory.assistant_turns >= limits.max_assistant_turns
+        )
         user_done = limits.max_user_turns is not None and trajectory.user_turns >= limits.max_user_turns
         return assistant_done or user_done
 
@@ -183,7 +185,9 @@ class AgentLoop:
         try:
             bound = tool.timeout + TOOL_TIMEOUT_GRACE_S
             # On a thread of its own: a tool that blocks (time.sleep, a blocking client) cannot stall the rollout.
-            result = await run_off_loop(tool.execute(trajectory.instance_id, call.arguments), bound, f"tool-{call.name}")
+            result = await run_off_loop(
+                tool.execute(trajectory.instance_id, call.arguments), bound, f"tool-{call.name}"
+            )
         except asyncio.TimeoutError:
             return f"Error: tool {call.name!r} did not answer within {tool.timeout:g} s"
         except Exception as error:  # noqa: BLE001 - a failing tool must not crash the rollout

@@ -1,7 +1,8 @@
 """The rollout engine interface and the registry that picks an engine by ``actor_rollout_ref.rollout.name``.
 
 An engine owns one generation model. The hybrid-engine cycle (arXiv 2409.19256 §5) is:
-``wake()`` -> ``generate_sequences(prompts)`` -> ``sleep()`` -> [actor trains] -> ``load_weights(stream)`` -> ``wake()``.
+``wake()`` -> ``generate_sequences(prompts)`` -> ``sleep()`` -> [actor trains] -> ``load_weights(stream)``
+-> ``wake()``.
 
 ``generate_sequences`` is implemented here once for every engine, as the join of ``generate_sequences_stream``
 (its rows in parts, as the engine finishes them): single-turn prompts go through ``generate_batch_stream``;
@@ -121,10 +122,11 @@ class RolloutEngine(ABC):
 
         Input ``batch``: ``input_ids``, ``attention_mask``, ``position_ids`` [B, P]. ``meta_info`` may set
         ``validate`` (use ``val_kwargs``: its n, temperature, top_p, top_k, do_sample), ``do_sample`` (False =
-        greedy), ``eos_token_id`` and ``pad_token_id``, ``seed`` (this call's sampling seed; default ``seed`` + the call count)
-        and ``first_prompt_index`` (the global index of the first prompt, so row seeds do not depend on sharding). Output ``batch``: ``prompts`` [B*n, P], ``responses``
-        and ``response_mask`` [B*n, R] (R = ``response_length``; mask 1 on generated tokens including the EOS,
-        0 on padding and tool-result tokens), ``input_ids``, ``attention_mask``, ``position_ids`` [B*n, P+R],
+        greedy), ``eos_token_id`` and ``pad_token_id``, ``seed`` (this call's sampling seed; default ``seed`` + the
+        call count) and ``first_prompt_index`` (the global index of the first prompt, so row seeds do not depend on
+        sharding). Output ``batch``: ``prompts`` [B*n, P], ``responses`` and ``response_mask`` [B*n, R]
+        (R = ``response_length``; mask 1 on generated tokens including the EOS, 0 on padding and tool-result
+        tokens), ``input_ids``, ``attention_mask``, ``position_ids`` [B*n, P+R],
         and ``rollout_log_probs`` [B*n, R] when ``calculate_log_probs`` (or ``meta_info['calculate_log_probs']``);
         ``rollout_weight_versions`` [B*n, R] (the weights that drew each token, ``loading_weights``) when
         ``meta_info['record_weight_versions']``, from a single-turn rollout of an engine that tags them.

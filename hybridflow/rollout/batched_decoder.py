@@ -192,8 +192,10 @@ class BatchedDecoder:
                     torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)]),
                 )
             self._attention_mask = torch.cat(
-                [F.pad(self._attention_mask, (width - self._attention_mask.shape[1], 0)),
-                 F.pad(attention_mask, (width - attention_mask.shape[1], 0))]
+                [
+                    F.pad(self._attention_mask, (width - self._attention_mask.shape[1], 0)),
+                    F.pad(attention_mask, (width - attention_mask.shape[1], 0)),
+                ]
             )
             self._sampling = RowSampling.concat([self._sampling, sampling])
         self.sequences += chunk

@@ -23,7 +23,10 @@ ENGINE_NAMES = ("hf", *VLLM)
 LORA_ADAPTER_ENGINES = frozenset({"hf", "vllm"})
 # vLLM's parallel sizes; the vllm engine runs one in-process replica per actor rank, so each must be 1.
 VLLM_REPLICA_SIZES = (
-    "tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size", "expert_parallel_size"
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "data_parallel_size",
+    "expert_parallel_size",
 )
 
 
@@ -104,13 +107,15 @@ class RolloutConfig:
     max_num_seqs: int = option(256, "'hf' engine: most sequences decoding together in one batched forward.")
     max_batch_tokens: int = option(8192, "'hf' engine: most (padded) prompt tokens prefilled in one forward.")
     decode_threads: int = option(
-        0, "'hf' engine: decode on this many threads, each with its own batch and share of the torch threads; 0 = "
-        "one per torch thread (up to 4) on a CPU for models up to 50M parameters, else 1."
+        0,
+        "'hf' engine: decode on this many threads, each with its own batch and share of the torch threads; 0 = "
+        "one per torch thread (up to 4) on a CPU for models up to 50M parameters, else 1.",
     )
     free_cache_engine: bool = option(True, "Call sleep() after each rollout so training gets the memory back.")
     gpu_memory_utilization: float = option(
-        0.5, "'vllm' engine: share of GPU memory it may take (on CPU: of its NUMA node's, for its KV cache; "
-        "engine_kwargs.vllm.kv_cache_memory_bytes gives a size that does not depend on the machine)."
+        0.5,
+        "'vllm' engine: share of GPU memory it may take (on CPU: of its NUMA node's, for its KV cache; "
+        "engine_kwargs.vllm.kv_cache_memory_bytes gives a size that does not depend on the machine).",
     )
     tensor_model_parallel_size: int = option(1, "'vllm' engine: must be 1 (a replica per actor rank).")
     ignore_eos: bool = option(False, "Keep generating past the EOS token until response_length (benchmarking).")
@@ -123,7 +128,8 @@ class RolloutConfig:
     enable_chunked_prefill: bool = option(True, "'vllm' engine: split long prefills across steps (false on CPU).", VLLM)
     enable_prefix_caching: bool = option(True, "'vllm' engine: reuse the KV cache of shared prefixes.", VLLM)
     load_format: str = option(
-        "dummy", "'vllm' engine: vLLM's load_format; 'dummy' (verl's) loads the model folder's, the actor's first weights.",
+        "dummy",
+        "'vllm' engine: vLLM's load_format; 'dummy' (verl's) loads the model folder's, the actor's first weights.",
         VLLM,
     )
     disable_log_stats: bool = option(True, "'vllm' engine: no periodic throughput logs.", VLLM)
@@ -134,7 +140,8 @@ class RolloutConfig:
     expert_parallel_size: int = option(1, "'vllm' engine: must be 1 (a replica per actor rank).", VLLM)
     pipeline_model_parallel_size: int = option(1, "'vllm' engine: must be 1 (a replica per actor rank).", VLLM)
     engine_kwargs: dict = option(
-        {"vllm": {}, "sglang": {}, "trtllm": {}}, "Further engine arguments by engine name (vllm: passed to vllm.LLM).",
+        {"vllm": {}, "sglang": {}, "trtllm": {}},
+        "Further engine arguments by engine name (vllm: passed to vllm.LLM).",
         VLLM,
     )
     # verl keeps the old-log-prob pass's micro-batching here, though the actor runs that pass.
@@ -148,7 +155,9 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = option(16384, "Token budget of an old-log-prob micro-batch when dynamic.")
     val_kwargs: ValKwargs = section(ValKwargs, "Sampling overrides for validation.")
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "Agent loop: multi-turn generation with tools.")
-    checkpoint_engine: CheckpointEngineConfig = section(CheckpointEngineConfig, "Weight sync into a rollout pool of its own.")
+    checkpoint_engine: CheckpointEngineConfig = section(
+        CheckpointEngineConfig, "Weight sync into a rollout pool of its own."
+    )
 
     @classmethod
     def from_dict(cls, values: Mapping | None) -> "RolloutConfig":
@@ -159,8 +168,8 @@ class RolloutConfig:
         """Check every value; raise ``RolloutConfigError`` listing all problems at once."""
         errors = []
         p = CONFIG_PREFIX
-        for key in ("n", "response_length", "prompt_length", "max_num_seqs", "max_batch_tokens",
-                    "log_prob_max_token_len_per_gpu"):
+        sizes = ("n", "response_length", "prompt_length", "max_num_seqs", "max_batch_tokens")
+        for key in (*sizes, "log_prob_max_token_len_per_gpu"):
             if getattr(self, key) < 1:
                 errors.append(f"{p}.{key}={getattr(self, key)} must be >= 1")
         for key in ("log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu"):
@@ -185,16 +194,20 @@ class RolloutConfig:
                     )
         if self.dtype not in ("float32", "bfloat16", "float16"):
             errors.append(f"{p}.dtype={self.dtype!r}; choose float32, bfloat16 or float16")
-        turns = self.multi_turn
-        for key in ("max_assistant_turns", "max_user_turns"):
-            value = getattr(turns, key)
-            if value is not None and value < 1:
-                errors.append(f"{p}.multi_turn.{key}={value} must be >= 1 or null")
-        if turns.max_parallel_calls < 1:
-            errors.append(f"{p}.multi_turn.max_parallel_calls={turns.max_parallel_calls} must be >= 1")
+        errors += self._multi_turn_errors()
         if errors:
             raise RolloutConfigError("invalid rollout config:\n  " + "\n  ".join(errors))
         return self
+
+    def _multi_turn_errors(self) -> list[str]:
+        turns, errors = self.multi_turn, []
+        for key in ("max_assistant_turns", "max_user_turns"):
+            value = getattr(turns, key)
+            if value is not None and value < 1:
+                errors.append(f"{CONFIG_PREFIX}.multi_turn.{key}={value} must be >= 1 or null")
+        if turns.max_parallel_calls < 1:
+            errors.append(f"{CONFIG_PREFIX}.multi_turn.max_parallel_calls={turns.max_parallel_calls} must be >= 1")
+        return errors
 
     def sampling(self, max_new_tokens: int | None = None, validate: bool = False) -> SamplingParams:
         """Sampling parameters for training (``validate=False``) or validation rollouts."""
@@ -214,9 +227,7 @@ def _build(cls: type, values: dict, scope: str) -> Any:
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(values) - set(known))
     if unknown:
-        raise RolloutConfigError(
-            f"unknown key(s) {[f'{scope}.{k}' for k in unknown]}; valid keys are {sorted(known)}"
-        )
+        raise RolloutConfigError(f"unknown key(s) {[f'{scope}.{k}' for k in unknown]}; valid keys are {sorted(known)}")
     kwargs = {}
     for name, value in values.items():
         default = known[name].default_factory() if callable(known[name].default_factory) else None

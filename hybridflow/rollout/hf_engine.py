@@ -48,14 +48,16 @@ class HFRolloutEngine(RolloutEngine):
         stop_ids = set() if config.ignore_eos else self._eos_token_ids
         decoders = decode_threads(config, model, self.device)
         threads_each = max(1, torch.get_num_threads() // decoders) if decoders > 1 else None
-        self._scheduler = DecodePool([
-            DecodeScheduler(
-                BatchedDecoder(model, stop_ids, config.max_batch_tokens, decode_text=self._decode),
-                -(-config.max_num_seqs // decoders),
-                torch_threads=threads_each,
-            )
-            for _ in range(decoders)
-        ])
+        self._scheduler = DecodePool(
+            [
+                DecodeScheduler(
+                    BatchedDecoder(model, stop_ids, config.max_batch_tokens, decode_text=self._decode),
+                    -(-config.max_num_seqs // decoders),
+                    torch_threads=threads_each,
+                )
+                for _ in range(decoders)
+            ]
+        )
         self._scheduler.start()
 
     @classmethod

@@ -1,9 +1,9 @@
 """A KV cache whose layers keep room for the next tokens, so a decode step writes one column in place.
 
 transformers' ``DynamicLayer`` appends by ``torch.cat``, copying the whole cache on every decode step (the
-largest op after the matmuls in a profile of bench_vs_trl's decode steps; its wall-time share is smaller). ``RoomyLayer`` holds each layer's keys and values in buffers
-with ``headroom`` spare columns; ``keys``/``values`` are views of the filled part, so the model's attention
-reads them as it reads a ``DynamicLayer``'s.
+largest op after the matmuls in a profile of bench_vs_trl's decode steps; its wall-time share is smaller).
+``RoomyLayer`` holds each layer's keys and values in buffers with ``headroom`` spare columns; ``keys``/``values``
+are views of the filled part, so the model's attention reads them as it reads a ``DynamicLayer``'s.
 """
 
 from __future__ import annotations
@@ -84,7 +84,9 @@ def cache_bytes(cache: DynamicCache) -> int:
     tensors = [
         tensor
         for layer in cache.layers
-        for tensor in ((layer._key_buffer, layer._value_buffer) if isinstance(layer, RoomyLayer) else (layer.keys, layer.values))
+        for tensor in (
+            (layer._key_buffer, layer._value_buffer) if isinstance(layer, RoomyLayer) else (layer.keys, layer.values)
+        )
         if tensor is not None
     ]
     return sum(t.numel() * t.element_size() for t in tensors)

@@ -35,11 +35,15 @@ class RowSampling:
         return RowSampling(self.temperature[rows], self.top_k[rows], self.top_p[rows], self.greedy[rows])
 
     def to(self, device: torch.device) -> "RowSampling":
-        return RowSampling(self.temperature.to(device), self.top_k.to(device), self.top_p.to(device), self.greedy.to(device))
+        return RowSampling(
+            self.temperature.to(device), self.top_k.to(device), self.top_p.to(device), self.greedy.to(device)
+        )
 
     @staticmethod
     def concat(parts: list["RowSampling"]) -> "RowSampling":
-        return RowSampling(*(torch.cat([getattr(p, k) for p in parts]) for k in ("temperature", "top_k", "top_p", "greedy")))
+        return RowSampling(
+            *(torch.cat([getattr(p, k) for p in parts]) for k in ("temperature", "top_k", "top_p", "greedy"))
+        )
 
 
 def sample_next_tokens(

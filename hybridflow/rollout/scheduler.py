@@ -57,7 +57,9 @@ class DecodeScheduler:
             return
         self._stopping = False
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(ready,), name="hybridflow-rollout-decoder", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, args=(ready,), name="hybridflow-rollout-decoder", daemon=True
+        )
         self._thread.start()
         ready.wait()
 

@@ -110,15 +110,21 @@ class VLLMRolloutEngine(RolloutEngine):
         (it would say so from inside the worker, after loading)."""
         held = vllm_memory.resident_bytes() + vllm_memory.weight_bytes(self.model_path, self.config.dtype)
         error = vllm_memory.cpu_kv_cache_error(
-            self.config, load_model_config(self.model_path), vllm_memory.cpu_node_memory(), held,
-            self.config.max_num_seqs, self._whose_sequences(),
+            self.config,
+            load_model_config(self.model_path),
+            vllm_memory.cpu_node_memory(),
+            held,
+            self.config.max_num_seqs,
+            self._whose_sequences(),
         )
         if error is not None:
             raise VLLMMemoryError(error)
 
     def _whose_sequences(self) -> str:
-        return (f"room for rollout.max_num_seqs={self.config.max_num_seqs} sequences of "
-                f"{vllm_memory.max_model_len(self.config)} tokens")
+        return (
+            f"room for rollout.max_num_seqs={self.config.max_num_seqs} sequences of "
+            f"{vllm_memory.max_model_len(self.config)} tokens"
+        )
 
     def _cpu_kv_cache_fix(self) -> str:
         """The explicit cache size that holds every sequence vLLM schedules at once (``max_num_seqs``)."""

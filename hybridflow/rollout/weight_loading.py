@@ -51,7 +51,9 @@ def canonical_name(name: str, targets: dict[str, torch.Tensor]) -> str:
         if candidate in targets:
             return candidate
     examples = ", ".join(sorted(targets)[:4])
-    raise WeightNameError(f"weight {name!r} matches no parameter of the rollout model (names look like {examples}, ...)")
+    raise WeightNameError(
+        f"weight {name!r} matches no parameter of the rollout model (names look like {examples}, ...)"
+    )
 
 
 @torch.no_grad()

@@ -58,7 +58,9 @@ class TrackingBackend(Protocol):
 LOGGER_BACKENDS: Registry[type] = Registry("logger backend", "trainer.logger")
 # Backends whose package is an optional extra of hybridflow: module to import, extra to install.
 OPTIONAL_BACKEND_PACKAGES = {
-    "mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb"), "swanlab": ("swanlab", "swanlab"),
+    "mlflow": ("mlflow", "mlflow"),
+    "wandb": ("wandb", "wandb"),
+    "swanlab": ("swanlab", "swanlab"),
 }
 
 

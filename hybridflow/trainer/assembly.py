@@ -106,9 +106,14 @@ def collector(plan: RunPlan, groups: dict[str, Any], tokenizer: Any, reward_mana
     if plan.mode == FULLY_ASYNC:
         settings = plan.fully_async
         return FullyAsyncCollector(
-            generate, score, RolloutWeightSync(actor, rollout_group, plan.bucket_megabytes),
-            required=settings.required, max_required=settings.max_required, concurrent=settings.concurrent,
-            steps_per_sync=settings.steps_per_sync, total_steps=plan.total_training_steps,
+            generate,
+            score,
+            RolloutWeightSync(actor, rollout_group, plan.bucket_megabytes),
+            required=settings.required,
+            max_required=settings.max_required,
+            concurrent=settings.concurrent,
+            steps_per_sync=settings.steps_per_sync,
+            total_steps=plan.total_training_steps,
             partial_rollout=settings.partial_rollout,
         )
     if plan.mode == ONE_STEP_OFF:
@@ -119,8 +124,12 @@ def collector(plan: RunPlan, groups: dict[str, Any], tokenizer: Any, reward_mana
         return RolloutCollector(generate, score, baseline)
     filter_groups = plan.algorithm.filter_groups
     return DynamicSamplingCollector(
-        generate, score, baseline, train_batch_size=plan.data.train_batch_size,
-        metric=filter_groups.metric, max_num_gen_batches=filter_groups.max_num_gen_batches,
+        generate,
+        score,
+        baseline,
+        train_batch_size=plan.data.train_batch_size,
+        metric=filter_groups.metric,
+        max_num_gen_batches=filter_groups.max_num_gen_batches,
     )
 
 

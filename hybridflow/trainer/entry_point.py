@@ -36,8 +36,11 @@ def command_line(entry: str, argv: list[str], surface: Surface, schema: type, hy
 
 
 def checked_run(
-    entry: str, load: Callable[[bool], tuple[Any, list[str]]], build: Callable[[Any], Any],
-    run: Callable[[Any, Any], Any], describe: Callable[[Any], list[str]] | None = None,
+    entry: str,
+    load: Callable[[bool], tuple[Any, list[str]]],
+    build: Callable[[Any], Any],
+    run: Callable[[Any, Any], Any],
+    describe: Callable[[Any], list[str]] | None = None,
 ) -> None:
     """Check the config (``load(check_environment)``), ``build`` what is read before Ray, then ``run`` it;
     ``describe`` gives the lines of the built trainer's run plan (``--plan``)."""

@@ -74,7 +74,10 @@ class VarianceProxyMetrics:
         grad_norm = metrics.get(f"{names.ACTOR_PREFIX}grad_norm")
         metrics.update(
             variance_proxy_metrics(
-                tensors["advantages"], tensors["response_mask"], tensors["old_log_probs"], tensors["sum_pi_squared"],
+                tensors["advantages"],
+                tensors["response_mask"],
+                tensors["old_log_probs"],
+                tensors["sum_pi_squared"],
                 grad_norm,
             )
         )

@@ -1,13 +1,15 @@
-"""Phases 1, 2 and 8 of fully async training: a bounded queue of finished prompt groups the rollout pool keeps filling.
+"""Phases 1, 2 and 8 of fully async training: a bounded queue of finished prompt groups the rollout pool keeps
+filling.
 
 verl's fully async policy (``async_training``; see :mod:`hybridflow.config.fully_async_options` for the keys)
 on the single controller: the rollout pool runs one generation call at a time, of at most ``concurrent``
 prompts, and the driver starts the next as soon as one finishes and the staleness budget allows, so the pool
 generates while the actor trains. A training step takes the oldest ``required`` prompt groups from the queue;
 its phase 8, every ``steps_per_sync`` steps, puts the actor's weights into the pool, and the budget of the new
-weight version is ``max_required`` prompts less those already queued or in flight. Without partial rollout the call in flight
-is waited for first (its samples join the queue); with it (verl's ``partial_rollout``) the weights land between
-its decode steps, its samples go on with them, and each token's ``rollout_weight_versions`` says which drew it.
+weight version is ``max_required`` prompts less those already queued or in flight. Without partial rollout the
+call in flight is waited for first (its samples join the queue); with it (verl's ``partial_rollout``) the weights
+land between its decode steps, its samples go on with them, and each token's ``rollout_weight_versions`` says
+which drew it.
 
 Kill -9: checkpoints fall on weight syncs (the trainer saves every ``save_freq`` versions) and first wait for the
 call in flight; they hold the queue, the budget and the counters, so a resumed run trains on exactly the samples
@@ -39,16 +41,21 @@ from hybridflow.trainer.rollout_collection import (
 class FullyAsyncCollector:
     """The queue, the staleness budget and the weight syncs of fully async training.
 
-    ``required``: prompt groups per step; ``max_required``: prompts the pool may start per weight version, those
-    queued or in flight at its sync included; ``concurrent``: prompts per generation call, at most;
-    ``steps_per_sync``: steps between syncs; ``total_steps``: the run's steps, each of ``required`` prompts (no more
-are generated, and no sync follows the last step);
-    ``partial_rollout``: syncs land in the call in flight instead of waiting for it.
+        ``required``: prompt groups per step; ``max_required``: prompts the pool may start per weight version, those
+        queued or in flight at its sync included; ``concurrent``: prompts per generation call, at most;
+        ``steps_per_sync``: steps between syncs; ``total_steps``: the run's steps, each of ``required`` prompts (no more
+    are generated, and no sync follows the last step);
+        ``partial_rollout``: syncs land in the call in flight instead of waiting for it.
     """
 
     # What a checkpoint keeps: the queue and each group's weight version, the budget and the counters.
     STATE = (
-        "queued", "queued_versions", "param_version", "staleness_samples", "started_prompts", "stale_prompts_trained",
+        "queued",
+        "queued_versions",
+        "param_version",
+        "staleness_samples",
+        "started_prompts",
+        "stale_prompts_trained",
         "chunks",
     )
 
@@ -102,13 +109,15 @@ are generated, and no sync follows the last step);
         with timer(names.PHASE_REWARD):
             batch, _, metrics = self.score(batch)
         samples_per_prompt = len(batch) // self.required
-        metrics.update({
-            names.FULLY_ASYNC_STALE_SAMPLES: float(self.stale_prompts_trained),
-            names.FULLY_ASYNC_STALE_TRAJECTORIES: float(self.stale_prompts_trained * samples_per_prompt),
-            names.FULLY_ASYNC_PARAM_VERSION: float(self.param_version),
-            names.FULLY_ASYNC_GENERATED_SAMPLES: float(self.started_prompts),
-            **partial_metrics(batch),
-        })
+        metrics.update(
+            {
+                names.FULLY_ASYNC_STALE_SAMPLES: float(self.stale_prompts_trained),
+                names.FULLY_ASYNC_STALE_TRAJECTORIES: float(self.stale_prompts_trained * samples_per_prompt),
+                names.FULLY_ASYNC_PARAM_VERSION: float(self.param_version),
+                names.FULLY_ASYNC_GENERATED_SAMPLES: float(self.started_prompts),
+                **partial_metrics(batch),
+            }
+        )
         return batch, metrics
 
     def sync_weights(self, step: int, timer: StepTimer) -> None:
@@ -219,4 +228,6 @@ class TrainerIdleRatio:
     def after_step(self, global_step: int, batch: DataProto, metrics: dict[str, float]) -> None:
         step_seconds = metrics.get(names.timing(names.PHASE_STEP), 0.0)
         if step_seconds > 0:
-            metrics[names.FULLY_ASYNC_TRAINER_IDLE_RATIO] = metrics.get(names.timing(names.PHASE_GEN), 0.0) / step_seconds
+            metrics[names.FULLY_ASYNC_TRAINER_IDLE_RATIO] = (
+                metrics.get(names.timing(names.PHASE_GEN), 0.0) / step_seconds
+            )

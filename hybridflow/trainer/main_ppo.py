@@ -51,7 +51,8 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
 
     data, model = config.data, config.actor_rollout_ref.model
     tokenizer = load_tokenizer(
-        model.tokenizer_dir, trust_remote_code=data.trust_remote_code or model.trust_remote_code,
+        model.tokenizer_dir,
+        trust_remote_code=data.trust_remote_code or model.trust_remote_code,
         chat_template=model.custom_chat_template,
     )
     check_vocabulary(tokenizer, model.tokenizer_dir, model.path, model.trust_remote_code)
@@ -95,10 +96,18 @@ def _datasets(config: PPOTrainerConfig, tokenizer: Any) -> tuple[RLDataset, RLDa
 
     def dataset(files: object, max_samples: int, shuffle: bool) -> RLDataset:
         return RLDataset(
-            files, tokenizer, data.max_prompt_length, prompt_key=data.prompt_key,
-            truncation=data.truncation, filter_overlong_prompts=data.filter_overlong_prompts, tools=tool_schemas,
-            return_raw_chat=data.return_raw_chat, apply_chat_template_kwargs=data.apply_chat_template_kwargs,
-            max_samples=max_samples, shuffle=shuffle, seed=data.seed,
+            files,
+            tokenizer,
+            data.max_prompt_length,
+            prompt_key=data.prompt_key,
+            truncation=data.truncation,
+            filter_overlong_prompts=data.filter_overlong_prompts,
+            tools=tool_schemas,
+            return_raw_chat=data.return_raw_chat,
+            apply_chat_template_kwargs=data.apply_chat_template_kwargs,
+            max_samples=max_samples,
+            shuffle=shuffle,
+            seed=data.seed,
         )
 
     val = dataset(data.val_files, data.val_max_samples, False) if data.val_files else None
@@ -128,8 +137,11 @@ def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> N
         apply_runtime_env(plan)
     else:
         init_local_ray(
-            num_cpus=ray_init.num_cpus, num_gpus=ray_init.num_gpus, object_store_memory=ray_init.object_store_memory,
-            temp_dir=ray_init.temp_dir, address=ray_init.address,
+            num_cpus=ray_init.num_cpus,
+            num_gpus=ray_init.num_gpus,
+            object_store_memory=ray_init.object_store_memory,
+            temp_dir=ray_init.temp_dir,
+            address=ray_init.address,
             runtime_env={key: value for key, value in ray_init.runtime_env.items() if value is not None},
         )
     try:
@@ -148,7 +160,10 @@ def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> N
 @hydra.main(config_path="../config/yaml", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
     checked_run(
-        "main_ppo", lambda check_environment: load_config_with_notes(cfg, check_environment), build_trainer, run_ppo,
+        "main_ppo",
+        lambda check_environment: load_config_with_notes(cfg, check_environment),
+        build_trainer,
+        run_ppo,
         describe=lambda trainer: describe(trainer.plan),
     )
 

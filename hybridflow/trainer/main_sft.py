@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pathlib
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from omegaconf import DictConfig
@@ -33,6 +33,7 @@ from hybridflow.trainer.entry_point import checked_run, command_line
 from hybridflow.trainer.error_boundary import WORKERS_STARTING
 
 if TYPE_CHECKING:
+    from hybridflow.data.sft_dataset import SFTDataset
     from hybridflow.trainer.sft_trainer import SFTTrainer
 
 
@@ -40,7 +41,6 @@ def build_sft_trainer(config: SFTTrainerConfig) -> SFTTrainer:
     """Tokenizer, datasets and loaders for ``config`` (no Ray needed yet)."""
     # Imported once the config is known to be good: they load torch, transformers and Ray (seconds).
     from hybridflow.data.sampler import StatefulDataLoader
-    from hybridflow.data.sft_dataset import SFTDataset
     from hybridflow.models.loading import check_vocabulary, load_tokenizer
     from hybridflow.trainer.sft_trainer import SFTTrainer
 
@@ -50,18 +50,9 @@ def build_sft_trainer(config: SFTTrainerConfig) -> SFTTrainer:
         tokenizer_dir, trust_remote_code=model.trust_remote_code, chat_template=model.custom_chat_template
     )
     check_vocabulary(tokenizer, tokenizer_dir, model.partial_pretrain, model.trust_remote_code)
-    multiturn = data.multiturn
 
     def dataset(files: object, max_samples: int) -> SFTDataset:
-        return SFTDataset(
-            files, tokenizer, data.max_length, prompt_key=data.prompt_key, response_key=data.response_key,
-            prompt_dict_keys=data.prompt_dict_keys, response_dict_keys=data.response_dict_keys,
-            multiturn=multiturn.enable, messages_key=multiturn.messages_key, truncation=data.truncation,
-            tools_key=multiturn.tools_key, enable_thinking_key=multiturn.enable_thinking_key,
-            enable_thinking_default=multiturn.enable_thinking_default,
-            apply_chat_template_kwargs=data.apply_chat_template_kwargs, max_samples=max_samples,
-            pad_mode=data.pad_mode,
-        )
+        return _sft_dataset(config, tokenizer, files, max_samples)
 
     train_dataset = dataset(data.train_files, data.train_max_samples)
     train_loader = StatefulDataLoader(
@@ -81,6 +72,30 @@ def build_sft_trainer(config: SFTTrainerConfig) -> SFTTrainer:
     return trainer
 
 
+def _sft_dataset(config: SFTTrainerConfig, tokenizer: Any, files: object, max_samples: int) -> SFTDataset:
+    from hybridflow.data.sft_dataset import SFTDataset
+
+    data, multiturn = config.data, config.data.multiturn
+    return SFTDataset(
+        files,
+        tokenizer,
+        data.max_length,
+        prompt_key=data.prompt_key,
+        response_key=data.response_key,
+        prompt_dict_keys=data.prompt_dict_keys,
+        response_dict_keys=data.response_dict_keys,
+        multiturn=multiturn.enable,
+        messages_key=multiturn.messages_key,
+        truncation=data.truncation,
+        tools_key=multiturn.tools_key,
+        enable_thinking_key=multiturn.enable_thinking_key,
+        enable_thinking_default=multiturn.enable_thinking_default,
+        apply_chat_template_kwargs=data.apply_chat_template_kwargs,
+        max_samples=max_samples,
+        pad_mode=data.pad_mode,
+    )
+
+
 def run_sft(config: SFTTrainerConfig, trainer: SFTTrainer | None = None) -> pathlib.Path:
     """Train and export; returns the Hugging Face folder of the fine-tuned model (``trainer``: already built)."""
     from hybridflow.distributed import init_local_ray
@@ -89,8 +104,11 @@ def run_sft(config: SFTTrainerConfig, trainer: SFTTrainer | None = None) -> path
     ray_config = config.ray_init
     print(WORKERS_STARTING, flush=True)
     init_local_ray(
-        num_cpus=ray_config.num_cpus, num_gpus=ray_config.num_gpus, object_store_memory=ray_config.object_store_memory,
-        temp_dir=ray_config.temp_dir, address=ray_config.address,
+        num_cpus=ray_config.num_cpus,
+        num_gpus=ray_config.num_gpus,
+        object_store_memory=ray_config.object_store_memory,
+        temp_dir=ray_config.temp_dir,
+        address=ray_config.address,
     )
     try:
         trainer.init_workers()
@@ -108,7 +126,9 @@ def run_sft(config: SFTTrainerConfig, trainer: SFTTrainer | None = None) -> path
 @hydra.main(config_path="../config/yaml", config_name="sft_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
     checked_run(
-        "main_sft", lambda check_environment: load_sft_config_with_notes(cfg, check_environment), build_sft_trainer,
+        "main_sft",
+        lambda check_environment: load_sft_config_with_notes(cfg, check_environment),
+        build_sft_trainer,
         run_sft,
     )
 

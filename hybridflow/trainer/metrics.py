@@ -107,7 +107,9 @@ def compute_rollout_probs_diff_metrics(batch: DataProto) -> dict[str, float]:
     diff_name = names.ROLLOUT_PROBS_DIFF
     mask = tensors["response_mask"].bool()
     if not mask.any():
-        undefined = [f"{diff_name}_{stat}" for stat in ("max", "mean", "std")] + [names.ROLLOUT_ACTOR_PROBS_PEARSON_CORR]
+        undefined = [f"{diff_name}_{stat}" for stat in ("max", "mean", "std")] + [
+            names.ROLLOUT_ACTOR_PROBS_PEARSON_CORR
+        ]
         return {f"{diff_name}_valid": 0.0, **dict.fromkeys(undefined, math.nan)}
     actor = torch.masked_select(tensors["old_log_probs"].float().exp(), mask)
     rollout = torch.masked_select(tensors["rollout_log_probs"].float().exp(), mask)

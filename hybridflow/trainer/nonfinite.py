@@ -46,7 +46,8 @@ class NonFiniteGuard:
         first = int(bad.nonzero()[0])
         source = batch.non_tensor_batch["data_source"][first] if "data_source" in batch.non_tensor_batch else "?"
         self._count(
-            step, f"the reward of {int(bad.sum())} of {len(batch)} samples is not finite (first: sample {first}, "
+            step,
+            f"the reward of {int(bad.sum())} of {len(batch)} samples is not finite (first: sample {first}, "
             f"data_source {source!r}), so the step trained nothing",
             "make the reward function return finite numbers",
         )
@@ -66,7 +67,8 @@ class NonFiniteGuard:
                 fixes.append(f"{lr_key}{'' if lr is None else f'={lr:g}'}")
         if found:
             self._count(
-                step, f"the update was not finite, {'; '.join(found)}",
+                step,
+                f"the update was not finite, {'; '.join(found)}",
                 f"lower the learning rate ({', '.join(fixes)}) or keep grad_clip on",
             )
         return not found

@@ -187,7 +187,9 @@ class Critic:
         self.calls = calls
 
     def start_values(self, batch: DataProto, timer: StepTimer) -> Started:
-        return self.calls.start(timer, names.PHASE_VALUES, self.worker_group.compute_values, columns(batch, VALUE_INPUTS))
+        return self.calls.start(
+            timer, names.PHASE_VALUES, self.worker_group.compute_values, columns(batch, VALUE_INPUTS)
+        )
 
     def start_update(self, batch: DataProto, timer: StepTimer) -> Started:
         return self.calls.start(
@@ -241,8 +243,11 @@ class ActorUpdate:
         if step <= self.warmup_steps:
             return {}
         update = self.calls.start(
-            timer, names.PHASE_UPDATE_ACTOR, self.worker_group.update_actor,
-            actor_update_input(batch, self.from_update), old_log_probs_from_update=self.from_update,
+            timer,
+            names.PHASE_UPDATE_ACTOR,
+            self.worker_group.update_actor,
+            actor_update_input(batch, self.from_update),
+            old_log_probs_from_update=self.from_update,
             loss_counts=loss_counts,
         )
         return worker_metrics(update.join(timer), names.ACTOR_PREFIX)

@@ -76,7 +76,9 @@ class RayPPOTrainer:
         self.prompts = PromptSource(train_loader, trainer.total_epochs)
         self.run_dir = pathlib.Path(trainer.default_local_dir)
         self.checkpoints = CheckpointManager(
-            self.run_dir, trainer.resume_mode, trainer.resume_from_path,
+            self.run_dir,
+            trainer.resume_mode,
+            trainer.resume_from_path,
             max_to_keep={ACTOR_DIR: trainer.max_actor_ckpt_to_keep, CRITIC_DIR: trainer.max_critic_ckpt_to_keep},
         )
         self.reward_shaping = KLInReward(plan.algorithm) if plan.kl_in_reward else ScoresAsRewards()
@@ -209,8 +211,12 @@ class RayPPOTrainer:
         self.rollout.sync_before_first_step(self.global_step)
         trainer = self.plan.trainer
         run = RunInfo(
-            trainer.project_name, trainer.experiment_name, self.run_dir, self.total_training_steps,
-            first_step=self.global_step + 1 if resume_dir is not None else 0, config=self.plan.config_record,
+            trainer.project_name,
+            trainer.experiment_name,
+            self.run_dir,
+            self.total_training_steps,
+            first_step=self.global_step + 1 if resume_dir is not None else 0,
+            config=self.plan.config_record,
         )
         tracker = Tracking(trainer.logger, run)
         # A resumed run's policy was validated (or not) by the run that saved it; validating again would
@@ -232,11 +238,16 @@ class RayPPOTrainer:
             names.EPOCH: float(self.prompts.epoch),
         }
         if self.peak_flops and names.PHASE_UPDATE_ACTOR in seconds:
-            metrics.update(compute_actor_mfu_metrics(
-                train_batch, seconds[names.PHASE_UPDATE_ACTOR], num_parameters=self.num_parameters,
-                ppo_epochs=plan.actor_rollout_ref.actor.ppo_epochs, peak_flops_per_process=self.peak_flops,
-                num_processes=plan.world_size,
-            ))
+            metrics.update(
+                compute_actor_mfu_metrics(
+                    train_batch,
+                    seconds[names.PHASE_UPDATE_ACTOR],
+                    num_parameters=self.num_parameters,
+                    ppo_epochs=plan.actor_rollout_ref.actor.ppo_epochs,
+                    peak_flops_per_process=self.peak_flops,
+                    num_processes=plan.world_size,
+                )
+            )
         return metrics
 
     # ------------------------------------------------------------------------------------- validation
@@ -251,8 +262,7 @@ class RayPPOTrainer:
             self.rollout.use_current_weights(self.global_step)
             for index, prompts in enumerate(self.val_loader):
                 batch, extra, _ = generate_and_score(
-                    self.rollout.generate, self.rollout.score, assign_uids(prompts, f"val{index}"), timer,
-                    validate=True,
+                    self.rollout.generate, self.rollout.score, assign_uids(prompts, f"val{index}"), timer, validate=True
                 )
                 generations.add(batch, extra)
                 # verl's variables: ``reward`` (the summed token scores) and the reward manager's extras.

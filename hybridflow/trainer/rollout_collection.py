@@ -144,7 +144,9 @@ class Generation:
 
     def start(self, prompts: DataProto) -> PendingGeneration:
         """Start generating for ``prompts`` (consumed) and return at once; ``finish`` waits for the samples."""
-        return PendingGeneration(prompts, self.actor_rollout.generate_sequences.submit(self._rollout_input(prompts, {})))
+        return PendingGeneration(
+            prompts, self.actor_rollout.generate_sequences.submit(self._rollout_input(prompts, {}))
+        )
 
     def finish(self, pending: PendingGeneration) -> DataProto:
         """The samples of a ``start``-ed generation, as ``__call__`` returns them."""

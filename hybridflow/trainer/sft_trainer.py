@@ -41,11 +41,18 @@ def worker_model_config(config: SFTTrainerConfig) -> ModelConfig:
     """The workers' ``ModelConfig`` for the SFT ``model`` section."""
     model = config.model
     return ModelConfig(
-        path=model.partial_pretrain, tokenizer_path=model.tokenizer_path, use_remove_padding=config.use_remove_padding,
-        enable_gradient_checkpointing=model.enable_gradient_checkpointing, lora_rank=model.lora_rank,
-        lora_alpha=model.lora_alpha, target_modules=model.target_modules, dtype=model.dtype,
-        attn_implementation=model.attn_implementation, trust_remote_code=model.trust_remote_code,
-        override_config=dict(model.override_config), custom_chat_template=model.custom_chat_template,
+        path=model.partial_pretrain,
+        tokenizer_path=model.tokenizer_path,
+        use_remove_padding=config.use_remove_padding,
+        enable_gradient_checkpointing=model.enable_gradient_checkpointing,
+        lora_rank=model.lora_rank,
+        lora_alpha=model.lora_alpha,
+        target_modules=model.target_modules,
+        dtype=model.dtype,
+        attn_implementation=model.attn_implementation,
+        trust_remote_code=model.trust_remote_code,
+        override_config=dict(model.override_config),
+        custom_chat_template=model.custom_chat_template,
     )
 
 
@@ -60,8 +67,13 @@ def worker_optim_config(config: SFTTrainerConfig, total_training_steps: int) -> 
     # A cosine schedule needs at least one step after warmup.
     warmup = min(warmup, total_training_steps - 1) if optim.lr_scheduler == "cosine" else warmup
     return OptimConfig(
-        lr=optim.lr, lr_warmup_steps=max(warmup, 0), warmup_style=optim.lr_scheduler, min_lr_ratio=optim.min_lr_ratio,
-        num_cycles=optim.num_cycles, weight_decay=optim.weight_decay, betas=list(optim.betas),
+        lr=optim.lr,
+        lr_warmup_steps=max(warmup, 0),
+        warmup_style=optim.lr_scheduler,
+        min_lr_ratio=optim.min_lr_ratio,
+        num_cycles=optim.num_cycles,
+        weight_decay=optim.weight_decay,
+        betas=list(optim.betas),
         total_training_steps=max(total_training_steps, 1),
     )
 
@@ -102,8 +114,12 @@ class SFTTrainer:
             checkpoint_config=config.checkpoint,
         )
         plan = make_resource_plan(
-            "colocated", ["sft"], nnodes=trainer.nnodes, processes_per_node=trainer.n_gpus_per_node,
-            use_gpu=trainer.device == "cuda", cpus_per_process=trainer.cpus_per_worker,
+            "colocated",
+            ["sft"],
+            nnodes=trainer.nnodes,
+            processes_per_node=trainer.n_gpus_per_node,
+            use_gpu=trainer.device == "cuda",
+            cpus_per_process=trainer.cpus_per_worker,
         )
         self.workers = create_worker_groups(plan, {"sft": worker})
         self.sft_group = self.workers.roles["sft"]
@@ -128,10 +144,14 @@ class SFTTrainer:
                 worker = reduce_worker_metrics(output.meta_info["metrics"])
                 metrics = {f"{TRAIN_PREFIX}{name}": value for name, value in worker.items()}
                 num_tokens = int(batch.batch["attention_mask"].sum())
-                metrics.update({
-                    "train/epoch": float(self.train_loader.epoch), "perf/time_per_step": seconds,
-                    "perf/total_num_tokens": float(num_tokens), "perf/throughput": num_tokens / seconds,
-                })
+                metrics.update(
+                    {
+                        "train/epoch": float(self.train_loader.epoch),
+                        "perf/time_per_step": seconds,
+                        "perf/total_num_tokens": float(num_tokens),
+                        "perf/throughput": num_tokens / seconds,
+                    }
+                )
                 stop = any([hook.after_step(self, metrics) for hook in self.hooks])
                 self._end_step(metrics, tracker, last=stop or self.global_step == self.total_training_steps)
             return self.export_hf(self.run_dir / HF_EXPORT_DIR)
@@ -172,8 +192,12 @@ class SFTTrainer:
             print(f"resumed from {resume_dir} at step {self.global_step}")
         trainer = self.config.trainer
         run = RunInfo(
-            trainer.project_name, trainer.experiment_name, self.run_dir, self.total_training_steps,
-            first_step=self.global_step + 1, config=to_plain_dict(self.config),
+            trainer.project_name,
+            trainer.experiment_name,
+            self.run_dir,
+            self.total_training_steps,
+            first_step=self.global_step + 1,
+            config=to_plain_dict(self.config),
         )
         return Tracking(trainer.logger, run)
 
@@ -182,7 +206,8 @@ class SFTTrainer:
         with self.checkpoints.saving(self.global_step) as step_dir:
             self.sft_group.save_checkpoint(str(step_dir / WORKER_STATE_DIR), self.global_step)
             state = {
-                "global_step": self.global_step, "train_loader": self.train_loader.state_dict(),
+                "global_step": self.global_step,
+                "train_loader": self.train_loader.state_dict(),
                 "rng": capture_rng_state(),
             }
             self.checkpoints.save_driver_state(step_dir, state)

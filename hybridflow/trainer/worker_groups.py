@@ -61,20 +61,20 @@ def create_worker_groups(
     """Start every pool's workers as Ray actors, one per rank; the groups of ``concurrent_roles`` take
     ``register(concurrent=True)`` calls beside a call in progress."""
     return _start_groups(
-        plan, role_classes,
+        plan,
+        role_classes,
         lambda pool, cls_with_init, name: distributed.RayWorkerGroup(
             pool, cls_with_init, name, concurrent_calls=name in concurrent_roles
         ),
     )
 
 
-def create_local_worker_groups(
-    plan: ResourcePlan, role_classes: dict[str, RayClassWithInitArgs]
-) -> WorkerGroups:
+def create_local_worker_groups(plan: ResourcePlan, role_classes: dict[str, RayClassWithInitArgs]) -> WorkerGroups:
     """``trainer.local_mode``: every pool's roles built in this process (one rank each, no Ray), with the
     torch threads a pool gives each of its processes."""
     return _start_groups(
-        plan, role_classes,
+        plan,
+        role_classes,
         lambda pool, cls_with_init, name: distributed.LocalWorkerGroup(
             cls_with_init, name, num_threads=int(pool.num_cpus_per_process)
         ),

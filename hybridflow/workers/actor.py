@@ -58,15 +58,27 @@ def pass_layout(
 
 
 def log_prob_forward(
-    model: torch.nn.Module, data: DataProto, layout: Layout, temperature: float, calculate_entropy: bool = False,
-    calculate_sum_pi_squared: bool = False, chunk_size: int | None = None,
+    model: torch.nn.Module,
+    data: DataProto,
+    layout: Layout,
+    temperature: float,
+    calculate_entropy: bool = False,
+    calculate_sum_pi_squared: bool = False,
+    chunk_size: int | None = None,
 ) -> TokenStatistics:
     """``forward_token_statistics`` of a micro-batch (``input_ids``/``attention_mask``/``position_ids``,
     ``responses``) in its pass's ``layout``: ``[B, R]`` each."""
     batch = data.batch
     return forward_token_statistics(
-        model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"].shape[1],
-        layout, temperature, calculate_entropy=calculate_entropy, calculate_sum_pi_squared=calculate_sum_pi_squared,
+        model,
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["position_ids"],
+        batch["responses"].shape[1],
+        layout,
+        temperature,
+        calculate_entropy=calculate_entropy,
+        calculate_sum_pi_squared=calculate_sum_pi_squared,
         chunk_size=chunk_size,
     )
 
@@ -116,7 +128,9 @@ class ActorPart:
             config.ppo_mini_batch_size, rollout_n, dist.get_world_size(), "actor_rollout_ref.actor.ppo_mini_batch_size"
         )
         micro_batch_size = micro_batch_size_per_rank(
-            config.ppo_micro_batch_size_per_gpu, config.ppo_micro_batch_size, dist.get_world_size(),
+            config.ppo_micro_batch_size_per_gpu,
+            config.ppo_micro_batch_size,
+            dist.get_world_size(),
             "actor_rollout_ref.actor.ppo_micro_batch_size",
         )
         self.update_batching = MicroBatching(micro_batch_size, config.use_dynamic_bsz, config.ppo_max_token_len_per_gpu)
@@ -140,7 +154,12 @@ class ActorPart:
 
         def forward(micro: DataProto) -> tuple[torch.Tensor, ...]:
             statistics = log_prob_forward(
-                self.module, micro, layout, temperature, calculate_entropy, sum_pi_squared,
+                self.module,
+                micro,
+                layout,
+                temperature,
+                calculate_entropy,
+                sum_pi_squared,
                 entropy_chunk_size(self.config),
             )
             return tuple(value for value in statistics if value is not None)
@@ -150,7 +169,10 @@ class ActorPart:
         return {name: output.cpu() for name, output in zip(names, outputs)}
 
     def update(
-        self, data: DataProto, temperature: float, old_log_probs_from_update: bool = False,
+        self,
+        data: DataProto,
+        temperature: float,
+        old_log_probs_from_update: bool = False,
         whole_batch_counts: LossCounts | None = None,
     ) -> dict[str, Any]:
         """PPO epochs over ``data`` (this rank's share); returns verl's actor metrics, un-prefixed.
@@ -206,7 +228,12 @@ class ActorPart:
         return actor_update_columns(present, on_policy)
 
     def _loss(
-        self, micro: DataProto, counts: LossCounts, layout: Layout, temperature: float, on_policy: bool,
+        self,
+        micro: DataProto,
+        counts: LossCounts,
+        layout: Layout,
+        temperature: float,
+        on_policy: bool,
         rows_present: LossCounts | None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Policy loss - entropy bonus + KL loss of one micro-batch run in its update's ``layout``, and its
@@ -241,8 +268,11 @@ class ActorPart:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The configured policy loss, or bypass mode's (whose ``old_log_probs`` are the rollout's)."""
         common = dict(
-            log_prob=log_prob, advantages=batch["advantages"], response_mask=batch["response_mask"],
-            config=self.policy_loss_config, **counts_kwargs,
+            log_prob=log_prob,
+            advantages=batch["advantages"],
+            response_mask=batch["response_mask"],
+            config=self.policy_loss_config,
+            **counts_kwargs,
         )
         if self.bypass is not None:
             return compute_bypass_policy_loss(rollout_log_prob=batch["old_log_probs"], bypass=self.bypass, **common)
@@ -283,6 +313,8 @@ class ActorPart:
 
     def load_checkpoint(self, path: str | pathlib.Path) -> dict[str, Any]:
         with self.trainer.on_device(with_optimizer=True):
-            manifest = checkpoint.load_checkpoint(path, self.trainer.training_state, self.config.checkpoint.load_contents)
+            manifest = checkpoint.load_checkpoint(
+                path, self.trainer.training_state, self.config.checkpoint.load_contents
+            )
         self.weights_version += 1
         return manifest

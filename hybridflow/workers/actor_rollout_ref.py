@@ -18,12 +18,7 @@ from hybridflow.models.loading import load_tokenizer
 from hybridflow.protocol import DataProto, Part
 from hybridflow.rollout.weight_loading import weight_buckets
 from hybridflow.workers.actor import ActorPart
-from hybridflow.workers.config import (
-    ActorRolloutRefConfig,
-    WorkerConfigError,
-    as_config,
-    micro_batch_size_per_rank,
-)
+from hybridflow.workers.config import ActorRolloutRefConfig, WorkerConfigError, as_config, micro_batch_size_per_rank
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.ref import RefPart
 from hybridflow.workers.rollout_part import RolloutPart
@@ -56,7 +51,9 @@ class ActorRolloutRefWorker(Worker):
     def __init__(self, config: Any, role: str, bypass: BypassCorrection | None = None):
         super().__init__()
         if role not in ROLE_PARTS:
-            raise WorkerConfigError(f"role={role!r} is not an ActorRolloutRefWorker role; choose one of {list(ROLE_PARTS)}")
+            raise WorkerConfigError(
+                f"role={role!r} is not an ActorRolloutRefWorker role; choose one of {list(ROLE_PARTS)}"
+            )
         self.config = as_config(ActorRolloutRefConfig, config)
         self.role = role
         self.bypass = bypass
@@ -80,7 +77,9 @@ class ActorRolloutRefWorker(Worker):
         # The old-log-prob pass runs on the actor but, as in verl, takes its micro-batching from the rollout keys.
         rollout = self.config.rollout
         size = micro_batch_size_per_rank(
-            rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_micro_batch_size, dist.get_world_size(),
+            rollout.log_prob_micro_batch_size_per_gpu,
+            rollout.log_prob_micro_batch_size,
+            dist.get_world_size(),
             "actor_rollout_ref.rollout.log_prob_micro_batch_size",
         )
         return MicroBatching(size, rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu)
@@ -90,13 +89,19 @@ class ActorRolloutRefWorker(Worker):
         """Build the parts of this worker's role (every rank, collectively)."""
         config, wanted = self.config, ROLE_PARTS[self.role]
         self.tokenizer = load_tokenizer(
-            config.model.tokenizer_dir, trust_remote_code=config.model.trust_remote_code,
+            config.model.tokenizer_dir,
+            trust_remote_code=config.model.trust_remote_code,
             chat_template=config.model.custom_chat_template,
         )
         if "actor" in wanted:
             mesh = build_device_mesh(config.actor.fsdp_config.fsdp_size, self.device)
             self.parts["actor"] = ActorPart(
-                config.model, config.actor, config.rollout.n, self._log_prob_batching(), mesh, self.device,
+                config.model,
+                config.actor,
+                config.rollout.n,
+                self._log_prob_batching(),
+                mesh,
+                self.device,
                 bypass=self.bypass,
             )
         actor = self.parts.get("actor")

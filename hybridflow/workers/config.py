@@ -175,7 +175,8 @@ class ActorConfig:
         "ppo_epochs=1, one mini-batch per step, no KL in reward). null: where exact; true: required; false: never.",
     )
     use_torch_compile: bool = option(
-        False, "Compile the model's forward with torch.compile (verl's default is true; compiling costs minutes on CPU)."
+        False,
+        "Compile the model's forward with torch.compile (verl's default is true; compiling costs minutes on CPU).",
     )
     use_prefix_grouper: Optional[bool] = option(
         None,
@@ -184,9 +185,12 @@ class ActorConfig:
         "repeats; false: never.",
     )
     entropy_from_logits_with_chunking: bool = option(
-        False, "Take log-prob and entropy statistics entropy_from_logits_chunk_size rows at a time (else ~4 MiB chunks)."
+        False,
+        "Take log-prob and entropy statistics entropy_from_logits_chunk_size rows at a time (else ~4 MiB chunks).",
     )
-    entropy_from_logits_chunk_size: int = option(2048, "Rows of logits per chunk when entropy_from_logits_with_chunking.")
+    entropy_from_logits_chunk_size: int = option(
+        2048, "Rows of logits per chunk when entropy_from_logits_with_chunking."
+    )
     policy_loss: PolicyLossModeConfig = section(
         PolicyLossModeConfig, "Which policy loss and its own options; the clip keys above apply to every loss."
     )
@@ -198,8 +202,13 @@ class ActorConfig:
         """What the policy loss reads, resolved and checked (raises ``PolicyLossConfigError`` listing every
         problem): the ``policy_loss`` section plus the clip and aggregation keys beside it."""
         return PolicyLossConfig.resolve(
-            self.policy_loss, self.clip_ratio, self.clip_ratio_low, self.clip_ratio_high, self.clip_ratio_c,
-            self.loss_agg_mode, self.loss_scale_factor,
+            self.policy_loss,
+            self.clip_ratio,
+            self.clip_ratio_low,
+            self.clip_ratio_high,
+            self.clip_ratio_c,
+            self.loss_agg_mode,
+            self.loss_scale_factor,
         )
 
 
@@ -217,7 +226,9 @@ class RefConfig:
     entropy_from_logits_with_chunking: bool = option(
         False, "Take log-prob statistics entropy_from_logits_chunk_size rows at a time (else ~4 MiB chunks)."
     )
-    entropy_from_logits_chunk_size: int = option(2048, "Rows of logits per chunk when entropy_from_logits_with_chunking.")
+    entropy_from_logits_chunk_size: int = option(
+        2048, "Rows of logits per chunk when entropy_from_logits_with_chunking."
+    )
     fsdp_config: FSDPConfig = section(FSDPConfig, "FSDP2 sharding of the reference model.")
 
 
@@ -249,7 +260,9 @@ class CriticConfig:
     """The value model and its update (``critic``)."""
 
     model: CriticModelConfig = section(CriticModelConfig, "The value model (a causal LM gets a fresh value head).")
-    enable: Optional[bool] = option(None, "Train a critic: None decides by the estimator (gae needs one), true/false force it.")
+    enable: Optional[bool] = option(
+        None, "Train a critic: None decides by the estimator (gae needs one), true/false force it."
+    )
     rollout_n: int = option(1, "Samples per prompt (follows actor_rollout_ref.rollout.n).")
     ppo_mini_batch_size: int = option(256, "Prompts per optimizer step (multiplied by rollout_n inside).")
     ppo_micro_batch_size: Optional[int] = option(None, GLOBAL_MICRO_BATCH_HELP)
@@ -307,10 +320,14 @@ class RewardModelConfig:
 
     enable: bool = option(False, "Score samples with the reward model.")
     reward_manager: str = option(
-        "naive", "Reward manager: naive (gdpo is its verl alias), prime (naive in killable processes), batch (one call per batch) or dapo (with the overlong penalty)."
+        "naive",
+        "Reward manager: naive (gdpo is its verl alias), prime (naive in killable processes), batch (one call per "
+        "batch) or dapo (with the overlong penalty).",
     )
     reward_kwargs: dict = option(
-        {}, "Further reward manager options, e.g. +reward_model.reward_kwargs.timeout_s=60, or max_failed_share=0.5 (stop once half a batch fails to score; default 1.0)."
+        {},
+        "Further reward manager options, e.g. +reward_model.reward_kwargs.timeout_s=60, or max_failed_share=0.5 "
+        "(stop once half a batch fails to score; default 1.0).",
     )
     overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO's overlong penalty (dapo manager).")
     model: RewardModelModelConfig = section(RewardModelModelConfig, "The reward model.")

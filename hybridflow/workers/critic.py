@@ -55,7 +55,9 @@ class CriticPart:
         )
         ranks = dist.get_world_size()
         forward_size = micro_batch_size_per_rank(
-            config.forward_micro_batch_size_per_gpu, config.forward_micro_batch_size, ranks,
+            config.forward_micro_batch_size_per_gpu,
+            config.forward_micro_batch_size,
+            ranks,
             "critic.forward_micro_batch_size",
         )
         update_size = micro_batch_size_per_rank(
@@ -69,15 +71,23 @@ class CriticPart:
         """The layout of every micro-batch of a pass over ``data``, chosen once for the pass."""
         batch = data.batch
         return choose_layout(
-            self.module, batch["input_ids"], batch["attention_mask"], batch["responses"].shape[1],
-            self.config.use_prefix_grouper, self.config.model.use_remove_padding,
+            self.module,
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["responses"].shape[1],
+            self.config.use_prefix_grouper,
+            self.config.model.use_remove_padding,
         )
 
     def _values(self, micro: DataProto, layout: Layout) -> torch.Tensor:
         batch = micro.batch
         return forward_values(
-            self.module, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
-            batch["responses"].shape[1], layout,
+            self.module,
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["position_ids"],
+            batch["responses"].shape[1],
+            layout,
         )
 
     def compute_values(self, data: DataProto) -> torch.Tensor:

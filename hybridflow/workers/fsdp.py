@@ -43,8 +43,7 @@ def mixed_precision_policy(config: FSDPConfig) -> MixedPrecisionPolicy:
     """Parameters cast to ``param_dtype`` for compute; gradients reduced in ``reduce_dtype``."""
     precision = config.mixed_precision
     return MixedPrecisionPolicy(
-        param_dtype=resolve_dtype(precision.param_dtype),
-        reduce_dtype=resolve_dtype(precision.reduce_dtype),
+        param_dtype=resolve_dtype(precision.param_dtype), reduce_dtype=resolve_dtype(precision.reduce_dtype)
     )
 
 

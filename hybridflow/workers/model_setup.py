@@ -52,7 +52,9 @@ def shard_for_training(
     return shard_model(model, mesh, fsdp_config)
 
 
-def shard_frozen(model: torch.nn.Module, fsdp_config: FSDPConfig, mesh: DeviceMesh, device: torch.device) -> torch.nn.Module:
+def shard_frozen(
+    model: torch.nn.Module, fsdp_config: FSDPConfig, mesh: DeviceMesh, device: torch.device
+) -> torch.nn.Module:
     """A model that only runs forward (reference policy, reward model): no gradients, eval mode, sharded."""
     model.requires_grad_(False)
     model.eval()

@@ -30,7 +30,9 @@ CPU = torch.device("cpu")
 
 def ref_batching(config: RefConfig) -> MicroBatching:
     size = micro_batch_size_per_rank(
-        config.log_prob_micro_batch_size_per_gpu, config.log_prob_micro_batch_size, dist.get_world_size(),
+        config.log_prob_micro_batch_size_per_gpu,
+        config.log_prob_micro_batch_size,
+        dist.get_world_size(),
         "actor_rollout_ref.ref.log_prob_micro_batch_size",
     )
     return MicroBatching(size, config.log_prob_use_dynamic_bsz, config.log_prob_max_token_len_per_gpu)
@@ -60,7 +62,11 @@ class RefPart:
 
     @classmethod
     def load(
-        cls, model_config: ModelConfig, config: RefConfig, mesh: DeviceMesh, device: torch.device,
+        cls,
+        model_config: ModelConfig,
+        config: RefConfig,
+        mesh: DeviceMesh,
+        device: torch.device,
         share_prompts: bool | None = False,
     ) -> "RefPart":
         """A frozen, sharded copy of the base model (no adapter even when the actor has one); ``share_prompts``
@@ -73,7 +79,12 @@ class RefPart:
             move_model(module, CPU)
         scope = functools.partial(parameters_on, module, device, offload)
         return cls(
-            module, ref_batching(config), model_config.use_remove_padding, device, scope, entropy_chunk_size(config),
+            module,
+            ref_batching(config),
+            model_config.use_remove_padding,
+            device,
+            scope,
+            entropy_chunk_size(config),
             share_prompts,
         )
 
@@ -87,8 +98,13 @@ class RefPart:
                 yield
 
         return cls(
-            actor.module, ref_batching(config), actor.model_config.use_remove_padding, actor.device, base_model,
-            entropy_chunk_size(config), actor.config.use_prefix_grouper,
+            actor.module,
+            ref_batching(config),
+            actor.model_config.use_remove_padding,
+            actor.device,
+            base_model,
+            entropy_chunk_size(config),
+            actor.config.use_prefix_grouper,
         )
 
     def compute_ref_log_prob(self, data: DataProto, temperature: float) -> torch.Tensor:

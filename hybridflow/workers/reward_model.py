@@ -47,7 +47,9 @@ class RewardModelWorker(Worker):
         model_config = self.config.model
         if not model_config.path:
             raise WorkerConfigError("reward_model.model.path is empty: set it to the reward model's folder")
-        model = load_reward_model(model_config.path, model_config.dtype, trust_remote_code=model_config.trust_remote_code)
+        model = load_reward_model(
+            model_config.path, model_config.dtype, trust_remote_code=model_config.trust_remote_code
+        )
         mesh = build_device_mesh(model_config.fsdp_config.fsdp_size, self.device)
         self.module = shard_frozen(model, model_config.fsdp_config, mesh, self.device)
         if model_config.fsdp_config.param_offload:

@@ -119,7 +119,9 @@ class SFTWorker(Worker):
         self.module.eval()
         with self.trainer.on_device():
             (log_probs,) = run_in_micro_batches(
-                batch, self.batching, self.device,
+                batch,
+                self.batching,
+                self.device,
                 lambda micro: target_log_probs(self.module, micro, self.model_config.use_remove_padding),
             )
         mask = batch.batch["response_mask"].to(log_probs.dtype)
@@ -130,8 +132,11 @@ class SFTWorker(Worker):
         """The ``checkpoint.save_contents`` parts (model, optimizer, scheduler and RNG states, a Hugging Face
         folder) into ``local_path``, atomically; every rank writes its shards."""
         checkpoint.save_checkpoint(
-            local_path, self.trainer.training_state, self.checkpoint_config.save_contents,
-            export=self._export_hf, global_step=global_step,
+            local_path,
+            self.trainer.training_state,
+            self.checkpoint_config.save_contents,
+            export=self._export_hf,
+            global_step=global_step,
         )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -246,7 +246,9 @@ class ShardedTrainer:
     CPU between calls and visit ``device`` inside :meth:`on_device` (no effect when ``device`` is CPU).
     """
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, fsdp_config: FSDPConfig, optim_config: OptimConfig):
+    def __init__(
+        self, model: torch.nn.Module, device: torch.device, fsdp_config: FSDPConfig, optim_config: OptimConfig
+    ):
         self.model = model
         self.device = device
         self.fsdp_config = fsdp_config
@@ -319,7 +321,12 @@ class ShardedTrainer:
         return {**metrics, "lr": lr}
 
     def _steps(
-        self, data: DataProto, mini_batch_size: int, epochs: int, shuffle: bool, seed: int,
+        self,
+        data: DataProto,
+        mini_batch_size: int,
+        epochs: int,
+        shuffle: bool,
+        seed: int,
         whole_batch_counts: LossCounts | None,
     ) -> Iterator[tuple[DataProto, LossCounts | None]]:
         """The optimizer steps of an update: each step's mini-batch and the counts its loss is normalised by
@@ -339,7 +346,11 @@ class ShardedTrainer:
         return ((mini_batch, None) for mini_batch in mini_batches)
 
     def _mini_batch_step(
-        self, mini_batch: DataProto, counts: LossCounts | None, loss_fn: LossFn, batching: MicroBatching,
+        self,
+        mini_batch: DataProto,
+        counts: LossCounts | None,
+        loss_fn: LossFn,
+        batching: MicroBatching,
         grad_clip: float,
     ) -> dict[str, float]:
         """One optimizer step; ``counts`` None means the mini-batch's own counts over the group."""

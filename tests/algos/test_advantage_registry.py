@@ -5,11 +5,7 @@ import pytest
 import torch
 
 import hybridflow.algos  # noqa: F401  (registers the built-in estimators)
-from hybridflow.algos.advantage_registry import (
-    ADV_ESTIMATORS,
-    get_adv_estimator_fn,
-    register_adv_est,
-)
+from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, get_adv_estimator_fn, register_adv_est
 from hybridflow.registry import UnknownNameError
 
 BUILT_IN = [
@@ -49,8 +45,16 @@ def test_required_inputs_per_estimator_are_traits_of_the_entry():
     assert traits("gae")["needs_critic"] and traits("gae")["requires"] == {"values"}
     assert traits("remax")["requires"] == {"reward_baselines"}
     assert traits("reinforce_plus_plus")["requires"] == frozenset()
-    for name in ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
-                 "reinforce_plus_plus_baseline"):
+    for name in (
+        "grpo",
+        "grpo_vectorized",
+        "grpo_passk",
+        "rloo",
+        "rloo_vectorized",
+        "opo",
+        "gpg",
+        "reinforce_plus_plus_baseline",
+    ):
         assert traits(name)["requires"] == {"index"} and not traits(name)["needs_critic"]
     with pytest.raises(UnknownNameError):
         traits("nope")
@@ -81,8 +85,13 @@ def test_every_estimator_accepts_the_generic_keyword_call():
         "rollout_is_weights": torch.full((4, 2), 1.5),
         "non_tensor_batch": {"score": np.array([1.0, 0.0, 1.0, 2.0], dtype=object)},
     }
-    options = {"gamma": 1.0, "lam": 0.95, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": ["score"],
-               "gdpo_reward_weights": None}
+    options = {
+        "gamma": 1.0,
+        "lam": 0.95,
+        "norm_adv_by_std_in_grpo": True,
+        "gdpo_reward_keys": ["score"],
+        "gdpo_reward_weights": None,
+    }
     for name in BUILT_IN:
         inputs = {key: batch_inputs[key] for key in ADV_ESTIMATORS.traits(name)["requires"]}
         advantages, returns = get_adv_estimator_fn(name)(

@@ -48,8 +48,12 @@ def test_one_component_is_grpo_whitened():
 
 def test_norm_adv_by_std_in_grpo_false_only_centres_each_component():
     advantages, _ = compute_gdpo_outcome_advantage(
-        torch.zeros(4, 3), MASK, UIDS, norm_adv_by_std_in_grpo=False,
-        gdpo_reward_keys=["format_reward", "accuracy_reward"], non_tensor_batch=COLUMNS,
+        torch.zeros(4, 3),
+        MASK,
+        UIDS,
+        norm_adv_by_std_in_grpo=False,
+        gdpo_reward_keys=["format_reward", "accuracy_reward"],
+        non_tensor_batch=COLUMNS,
     )
     # format centred: [0.5, -0.5, 0, 0]; accuracy: [0.5, -0.5, -0.5, 0.5]; sum [1, -1, -0.5, 0.5]: the same
     # ratios as [2, -2, -1, 1], so whitening gives what the unnormalised sum [2, -2, -1, 1] would.

@@ -122,7 +122,11 @@ def test_micro_batches_with_global_counts_equal_whole_batch(seed, batch, length,
     whole = agg_loss(loss_mat, mask, mode, loss_scale_factor=length)
     parts = [
         agg_loss(
-            loss_part, mask_part, mode, global_token_count=global_tokens, global_seq_count=global_seqs,
+            loss_part,
+            mask_part,
+            mode,
+            global_token_count=global_tokens,
+            global_seq_count=global_seqs,
             loss_scale_factor=length,
         )
         for loss_part, mask_part in zip(loss_mat.tensor_split(num_splits), mask.tensor_split(num_splits))

@@ -127,7 +127,7 @@ def _reference(rewards, mask, uids, old_log_probs, sum_pi_squared, by_generated_
                 baseline[k] = sum(gj * wj for gj, wj in at_k) / (sum(wj for _, wj in at_k) + 1e-8)
             others = sorted(lengths[j] for j in members if j != i)
             if lengths[i] > others[-1]:
-                baseline[others[-1]:] = 0.0
+                baseline[others[-1] :] = 0.0
         if by_generated_token:
             advantages[i][mask[i]] = g - baseline
         else:

@@ -82,7 +82,10 @@ def test_vanilla_rollout_is_weights_multiply_the_token_loss():
 
 def test_vanilla_clamps_log_ratio_at_twenty():
     loss, _ = compute_policy_loss_vanilla(
-        torch.zeros(1, 1), torch.tensor([[50.0]]), torch.tensor([[1.0]]), torch.ones(1, 1),
+        torch.zeros(1, 1),
+        torch.tensor([[50.0]]),
+        torch.tensor([[1.0]]),
+        torch.ones(1, 1),
         config=PolicyLossConfig(clip_ratio_low=1.0, clip_ratio_high=1e9),
     )
     assert loss.item() == pytest.approx(-math.exp(20.0), rel=1e-5)
@@ -194,7 +197,11 @@ def test_masked_tokens_never_change_loss_or_metrics(seed, batch, length, name):
     clean = loss_fn(old_log_prob, log_prob, advantages, mask, config=config, rollout_is_weights=weights)
     torch.manual_seed(0)
     noisy = loss_fn(
-        old_log_prob - noise, log_prob + noise, advantages + noise, mask, config=config,
+        old_log_prob - noise,
+        log_prob + noise,
+        advantages + noise,
+        mask,
+        config=config,
         rollout_is_weights=weights + noise.abs(),
     )
     torch.testing.assert_close(noisy[0], clean[0])
@@ -216,9 +223,7 @@ def test_micro_batch_losses_with_global_counts_sum_to_whole_batch(seed, num_spli
     counts = {"global_token_count": mask.sum(), "global_seq_count": mask.shape[0]}
     parts = [
         loss_fn(*tensors[:4], config, rollout_is_weights=tensors[4], **counts)[0]
-        for tensors in zip(
-            *(t.tensor_split(num_splits) for t in (old_log_prob, log_prob, advantages, mask, weights))
-        )
+        for tensors in zip(*(t.tensor_split(num_splits) for t in (old_log_prob, log_prob, advantages, mask, weights)))
     ]
     torch.testing.assert_close(sum(parts), whole)
 
@@ -253,7 +258,9 @@ def test_losses_zero_at_zero_advantage_give_the_same_loss_and_gradient_without_t
     """The promise of ``zero_at_zero_advantage``: rows with advantage 0 change nothing but the counts."""
     old_log_prob, log_prob, advantages, mask, weights, kept, counts = _drop_rows_case(seed, loss_agg_mode)
     loss_fn = get_policy_loss_fn(name)
-    whole, whole_grad = _loss_and_grad(loss_fn, old_log_prob, log_prob, advantages, mask, weights, loss_agg_mode, counts)
+    whole, whole_grad = _loss_and_grad(
+        loss_fn, old_log_prob, log_prob, advantages, mask, weights, loss_agg_mode, counts
+    )
     part, part_grad = _loss_and_grad(
         loss_fn, *(t[kept] for t in (old_log_prob, log_prob, advantages, mask, weights)), loss_agg_mode, counts
     )
@@ -320,7 +327,17 @@ def test_the_config_is_frozen_and_its_aggregation_resolved_once():
 
 # ------------------------------------------------------------------------------------------- the registry
 BUILT_IN = {
-    "vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "sapo", "reinforce", "dppo_tv", "dppo_kl"
+    "vanilla",
+    "gspo",
+    "gpg",
+    "clip_cov",
+    "kl_cov",
+    "geo_mean",
+    "cispo",
+    "sapo",
+    "reinforce",
+    "dppo_tv",
+    "dppo_kl",
 }
 
 

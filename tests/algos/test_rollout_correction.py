@@ -60,11 +60,13 @@ def test_bad_weight_thresholds_name_the_key(spec):
 
 def test_rejection_threshold_forms_of_verls_multi_rs_script():
     assert parse_rejection_bounds("token_k1,seq_max_k2", "0.6_1.6,2.5") == (
-        RejectionBound("token_k1", 1.6, 0.6), RejectionBound("seq_max_k2", 2.5),
+        RejectionBound("token_k1", 1.6, 0.6),
+        RejectionBound("seq_max_k2", 2.5),
     )
     # One entry serves every option; a bare k1 bound implies lower = 1 / upper; duplicates are dropped.
     assert parse_rejection_bounds(" seq_sum_k1 , token_k3,seq_sum_k1", 2.0) == (
-        RejectionBound("seq_sum_k1", 2.0, 0.5), RejectionBound("token_k3", 2.0),
+        RejectionBound("seq_sum_k1", 2.0, 0.5),
+        RejectionBound("token_k3", 2.0),
     )
 
 
@@ -88,7 +90,9 @@ def test_bad_rejection_settings_name_the_key(options, spec, needle):
 
 def test_settings_from_verls_keys():
     settings = CorrectionSettings.from_keys("sequence", "0.5_5", True, "seq_mean_k3", 0.01)
-    assert settings == CorrectionSettings("sequence", WeightBounds(5.0, 0.5), True, (RejectionBound("seq_mean_k3", 0.01),))
+    assert settings == CorrectionSettings(
+        "sequence", WeightBounds(5.0, 0.5), True, (RejectionBound("seq_mean_k3", 0.01),)
+    )
     assert CorrectionSettings.from_keys(rollout_is_threshold=None) == CorrectionSettings()
     with pytest.raises(RolloutCorrectionError, match="rollout_is="):
         CorrectionSettings.from_keys("geometric")
@@ -253,7 +257,9 @@ def test_combined_correction_uses_train_minus_rollout_and_prefixes_every_metric(
     log_ratio, mask = _ratios(TOKENS)
     rollout_log_probs = torch.full_like(log_ratio, -1.0)
     settings = CorrectionSettings.from_keys("token", 2.0, False, "token_k2", 0.3)
-    weights, kept, metrics = compute_rollout_correction(rollout_log_probs + log_ratio, rollout_log_probs, mask, settings)
+    weights, kept, metrics = compute_rollout_correction(
+        rollout_log_probs + log_ratio, rollout_log_probs, mask, settings
+    )
     torch.testing.assert_close(weights, torch.tensor([[2.0, 0.5, 1.0], [1.5, 1.0, 0.0]]))
     assert torch.equal(kept, torch.tensor([[0, 1, 1], [1, 1, 0]]))
     assert all(name.startswith("rollout_corr/") for name in metrics)
@@ -264,7 +270,9 @@ def test_combined_correction_uses_train_minus_rollout_and_prefixes_every_metric(
 
 def test_without_is_or_rs_only_the_mismatch_is_measured():
     log_ratio, mask = _ratios(TOKENS)
-    weights, kept, metrics = compute_rollout_correction(log_ratio, torch.zeros_like(log_ratio), mask, CorrectionSettings())
+    weights, kept, metrics = compute_rollout_correction(
+        log_ratio, torch.zeros_like(log_ratio), mask, CorrectionSettings()
+    )
     assert weights is None and torch.equal(kept, mask)
     assert not any("rollout_is" in name or "rollout_rs" in name for name in metrics)
     assert metrics["rollout_corr/kl"] == approx(-(LN(3) + LN(0.5) + LN(1.5)) / 5)

@@ -22,7 +22,12 @@ def approx(value):
 def _loss(bypass, global_token_count=None):
     log_prob = torch.tensor([[math.log(1.1), math.log(3.0)]], requires_grad=True)
     loss, metrics = compute_bypass_policy_loss(
-        torch.zeros(1, 2), log_prob, torch.ones(1, 2), torch.ones(1, 2), bypass, config=PolicyLossConfig(),
+        torch.zeros(1, 2),
+        log_prob,
+        torch.ones(1, 2),
+        torch.ones(1, 2),
+        bypass,
+        config=PolicyLossConfig(),
         global_token_count=global_token_count,
     )
     loss.backward()

@@ -10,8 +10,10 @@ ROLLOUT = "actor_rollout_ref.rollout"
 
 def test_global_micro_batch_keys_are_divided_over_the_ranks(base):
     overrides = base + [
-        "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
-        "actor_rollout_ref.actor.ppo_micro_batch_size=4", f"{ROLLOUT}.log_prob_micro_batch_size=6",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=4",
+        f"{ROLLOUT}.log_prob_micro_batch_size=6",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=5",
     ]
     config = load_config(compose_config(overrides))
@@ -24,10 +26,15 @@ def test_global_micro_batch_keys_are_divided_over_the_ranks(base):
 
 
 def test_a_global_key_beside_its_per_gpu_form_or_below_one_sample_per_rank_is_refused(base):
-    errors = config_errors(base + [
-        "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size=4",
-        f"{ROLLOUT}.log_prob_micro_batch_size=1", "critic.ppo_micro_batch_size=0",
-    ])
+    errors = config_errors(
+        base
+        + [
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=4",
+            f"{ROLLOUT}.log_prob_micro_batch_size=1",
+            "critic.ppo_micro_batch_size=0",
+        ]
+    )
     assert errors == [
         "both actor_rollout_ref.actor.ppo_micro_batch_size=4 and actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"
         " are set; remove actor_rollout_ref.actor.ppo_micro_batch_size (the deprecated global form)",
@@ -38,16 +45,22 @@ def test_a_global_key_beside_its_per_gpu_form_or_below_one_sample_per_rank_is_re
 
 
 def test_the_global_form_is_checked_against_the_mini_batch_like_the_per_gpu_one(base):
-    errors = config_errors(base + [
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null", "actor_rollout_ref.actor.ppo_micro_batch_size=3",
-    ])
+    errors = config_errors(
+        base
+        + [
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=3",
+        ]
+    )
     assert len(errors) == 1 and "=3 does not divide the 4 samples per rank of a mini-batch" in errors[0]
 
 
 def test_derived_sizes_name_the_old_log_prob_and_reference_micro_batches(base):
     overrides = base + [
-        f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.use_kl_loss=true",
-        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=99",
+        f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=99",
     ]
     lines = describe(plan_of(overrides))
     assert "old-log-prob micro-batches: 4 samples per rank" in lines

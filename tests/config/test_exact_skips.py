@@ -32,7 +32,8 @@ def test_several_mini_batches_block_both(base):
     config = _config(base)  # mini-batches of 2 prompts out of 4
     assert not skips_old_log_prob(config) and not skips_zero_signal_samples(config)
     assert old_log_prob_skip_blockers(config) == [
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2 < data.train_batch_size=4 takes several optimizer steps per batch"
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2 < data.train_batch_size=4 takes several optimizer steps per "
+        "batch"
     ]
 
 
@@ -86,7 +87,10 @@ def test_forcing_a_shortcut_where_it_is_not_exact_is_one_error_naming_the_key_an
 
 def test_forcing_a_shortcut_where_it_is_exact_or_leaving_it_null_is_no_error(base):
     forced = _config(
-        base, ONE_MINI_BATCH, "actor_rollout_ref.actor.skip_old_log_prob=true", "algorithm.skip_zero_signal_samples=true"
+        base,
+        ONE_MINI_BATCH,
+        "actor_rollout_ref.actor.skip_old_log_prob=true",
+        "algorithm.skip_zero_signal_samples=true",
     )
     assert skips_old_log_prob(forced) and skips_zero_signal_samples(forced)
     assert zero_signal_skip_blockers(_config(base, "actor_rollout_ref.actor.use_kl_loss=true"))

@@ -20,10 +20,19 @@ ASYNC = ["actor_rollout_ref.hybrid_engine=false", "async_training.enable=true", 
 
 
 def test_verls_async_keys_size_the_steps_the_budget_and_the_run(base):
-    config = load_config(compose_config(base + ASYNC + [
-        "data.train_batch_size=0", "async_training.require_batches=3", "async_training.staleness_threshold=0.5",
-        "async_training.trigger_parameter_sync_step=2", "rollout.total_rollout_steps=13",
-    ]))
+    config = load_config(
+        compose_config(
+            base
+            + ASYNC
+            + [
+                "data.train_batch_size=0",
+                "async_training.require_batches=3",
+                "async_training.staleness_threshold=0.5",
+                "async_training.trigger_parameter_sync_step=2",
+                "rollout.total_rollout_steps=13",
+            ]
+        )
+    )
     # 3 mini-batches of 2 prompts a step; int(6 x 1.5 x 2) prompts per weight version
     assert required_samples(config) == 6 and max_required_samples(config) == 18
     assert training_steps(config, prompts_per_epoch=16) == 2  # 13 prompts of the 16 x 1 epoch
@@ -31,7 +40,8 @@ def test_verls_async_keys_size_the_steps_the_budget_and_the_run(base):
     plan = build_plan(config, train_prompts=16)
     assert "samples per step: 6 prompts x 2 = 12" in describe(plan)
     assert plan.phases["gen"].why == (
-        "engine 'hf', 2 sample(s) per prompt on a rollout pool of its own (1 process(es)) generating fully async into a "
+        "engine 'hf', 2 sample(s) per prompt on a rollout pool of its own (1 process(es)) generating fully async "
+        "into a "
         "queue: at most 18 prompts per weight version, 16 at once"
     )
     assert plan.phases["sync_rollout_weights"].why.endswith("every 2 step(s)")
@@ -40,11 +50,18 @@ def test_verls_async_keys_size_the_steps_the_budget_and_the_run(base):
 
 
 def test_what_fully_async_cannot_run_is_refused_in_one_line_each(base):
-    errors = config_errors(base + [
-        "async_training.enable=true", "async_training.staleness_threshold=0.2",
-        "async_training.trigger_parameter_sync_step=0", "async_training.use_trainer_do_validate=true",
-        "async_training.use_dynamic_resource_scheduling=true", "data.gen_batch_size=4", "rollout.total_rollout_steps=1",
-    ])
+    errors = config_errors(
+        base
+        + [
+            "async_training.enable=true",
+            "async_training.staleness_threshold=0.2",
+            "async_training.trigger_parameter_sync_step=0",
+            "async_training.use_trainer_do_validate=true",
+            "async_training.use_dynamic_resource_scheduling=true",
+            "data.gen_batch_size=4",
+            "rollout.total_rollout_steps=1",
+        ]
+    )
     assert errors == [
         "async_training.enable=true generates on a rollout pool of its own; set actor_rollout_ref.hybrid_engine=false "
         "(and size the pool with rollout.nnodes / rollout.n_gpus_per_node)",
@@ -72,10 +89,15 @@ def test_partial_rollout_needs_staleness_the_hf_engine_and_a_single_turn(base):
         "async_training.partial_rollout=True (takes effect only with staleness_threshold > 0: at 0 nothing is in "
         "flight at a sync)"
     )
-    errors = config_errors(base + partial + [
-        "async_training.staleness_threshold=0.5", "actor_rollout_ref.rollout.name=vllm",
-        "actor_rollout_ref.rollout.multi_turn.enable=true",
-    ])
+    errors = config_errors(
+        base
+        + partial
+        + [
+            "async_training.staleness_threshold=0.5",
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
+        ]
+    )
     assert [error for error in errors if "partial_rollout" in error] == [
         "async_training.partial_rollout=true with actor_rollout_ref.rollout.name=vllm needs new weights loaded into "
         "its running generation, which hybridflow does not have (the hf engine does it); use rollout.name=hf, or set "
@@ -86,21 +108,31 @@ def test_partial_rollout_needs_staleness_the_hf_engine_and_a_single_turn(base):
 
 
 def test_the_async_keys_are_listed_as_not_read_unless_fully_async(base):
-    _, unread = load_config_with_notes(compose_config(base + [
-        "async_training.trigger_parameter_sync_step=2", "rollout.total_rollout_steps=8",
-    ]), check_environment=False)
+    _, unread = load_config_with_notes(
+        compose_config(base + ["async_training.trigger_parameter_sync_step=2", "rollout.total_rollout_steps=8"]),
+        check_environment=False,
+    )
     assert unread == [
         "async_training.trigger_parameter_sync_step=2 (read only with async_training.enable=true)",
         "rollout.total_rollout_steps=8 (read only with async_training.enable=true)",
     ]
-    _, unread = load_config_with_notes(compose_config(base + ASYNC + [
-        "data.train_batch_size=4", "async_training.dynamic_schedule_policy=mine",
-        "actor_rollout_ref.actor.use_rollout_log_probs=true",
-    ]), check_environment=False)
+    _, unread = load_config_with_notes(
+        compose_config(
+            base
+            + ASYNC
+            + [
+                "data.train_batch_size=4",
+                "async_training.dynamic_schedule_policy=mine",
+                "actor_rollout_ref.actor.use_rollout_log_probs=true",
+            ]
+        ),
+        check_environment=False,
+    )
     assert unread == [
         "actor_rollout_ref.actor.use_rollout_log_probs=True (algorithm.rollout_correction.bypass_mode decides whether "
         "the rollout's log-probs are the old ones)",
-        "async_training.dynamic_schedule_policy=mine (read only with async_training.use_dynamic_resource_scheduling=true)",
+        "async_training.dynamic_schedule_policy=mine "
+        "(read only with async_training.use_dynamic_resource_scheduling=true)",
         "data.train_batch_size=4 (async_training.enable=true trains on async_training.require_batches x "
         "actor_rollout_ref.actor.ppo_mini_batch_size = 2 prompts a step)",
     ]
@@ -114,13 +146,22 @@ def test_verls_fully_async_entry_point_runs_on_its_config(tiny_model_dir, tiny_p
     assert config.async_training.enable and not config.actor_rollout_ref.hybrid_engine
     assert config.actor_rollout_ref.rollout.calculate_log_probs and config.algorithm.rollout_correction.bypass_mode
     line = overrides + [
-        "data.train_batch_size=0", "data.gen_batch_size=1", "actor_rollout_ref.hybrid_engine=False",
-        "rollout.nnodes=1", "rollout.n_gpus_per_node=1", "rollout.total_rollout_steps=8",
-        "async_training.staleness_threshold=0.1", "async_training.trigger_parameter_sync_step=2",
-        "async_training.require_batches=1", "async_training.partial_rollout=False",
+        "data.train_batch_size=0",
+        "data.gen_batch_size=1",
+        "actor_rollout_ref.hybrid_engine=False",
+        "rollout.nnodes=1",
+        "rollout.n_gpus_per_node=1",
+        "rollout.total_rollout_steps=8",
+        "async_training.staleness_threshold=0.1",
+        "async_training.trigger_parameter_sync_step=2",
+        "async_training.require_batches=1",
+        "async_training.partial_rollout=False",
     ]
     result = subprocess.run(
         [sys.executable, "-m", "hybridflow.experimental.fully_async_policy.fully_async_main", *line],
-        env={**cli_env(), "HYBRIDFLOW_CONFIG_CHECK": "surface"}, capture_output=True, text=True, timeout=120,
+        env={**cli_env(), "HYBRIDFLOW_CONFIG_CHECK": "surface"},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr

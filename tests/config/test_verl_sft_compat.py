@@ -141,29 +141,49 @@ def test_a_capability_hybridflow_lacks_is_refused_in_one_line(override, capabili
 
 def test_a_megatron_command_line_gets_one_line_not_its_unknown_keys():
     megatron = [
-        "engine=megatron", "optim=megatron", "engine.tensor_model_parallel_size=4", "optim.lr_decay_style=cosine",
-        "+engine.override_transformer_config.recompute_granularity=full", "optim.min_lr=1e-6",
+        "engine=megatron",
+        "optim=megatron",
+        "engine.tensor_model_parallel_size=4",
+        "optim.lr_decay_style=cosine",
+        "+engine.override_transformer_config.recompute_granularity=full",
+        "optim.min_lr=1e-6",
     ]
     assert _refusal(BASE + megatron).startswith("engine=megatron needs a training engine other than FSDP2")
 
 
 def test_verl_fsdp_choices_and_allowed_values_are_accepted():
-    config, unread = _check(BASE + [
-        "engine=fsdp", "optim=fsdp", "model=hf_model", "engine.strategy=fsdp2", "model.strategy=fsdp",
-        "trainer.device=cuda",
-    ])
+    config, unread = _check(
+        BASE
+        + [
+            "engine=fsdp",
+            "optim=fsdp",
+            "model=hf_model",
+            "engine.strategy=fsdp2",
+            "model.strategy=fsdp",
+            "trainer.device=cuda",
+        ]
+    )
     assert unread == [] and config.trainer.device == "cuda"
 
 
 # -------------------------------------------------------------------------------------- read by nothing
 def test_a_knob_nothing_reads_is_accepted_and_listed_once():
-    _, unread = _check(BASE + [
-        "engine.ulysses_sequence_parallel_size=2", "model.use_liger=true", "data.ignore_input_ids_mismatch=true",
-        "trainer.balance_batch=false", "data.num_workers=0",
-    ])
+    _, unread = _check(
+        BASE
+        + [
+            "engine.ulysses_sequence_parallel_size=2",
+            "model.use_liger=true",
+            "data.ignore_input_ids_mismatch=true",
+            "trainer.balance_batch=false",
+            "data.num_workers=0",
+        ]
+    )
     assert sorted(line.split(" ")[0] for line in unread) == [
-        "data.ignore_input_ids_mismatch=True", "data.num_workers=0", "engine.ulysses_sequence_parallel_size=2",
-        "model.use_liger=True", "trainer.balance_batch=False",
+        "data.ignore_input_ids_mismatch=True",
+        "data.num_workers=0",
+        "engine.ulysses_sequence_parallel_size=2",
+        "model.use_liger=True",
+        "trainer.balance_batch=False",
     ]
     assert all(line.endswith(")") for line in unread)
 
@@ -182,18 +202,40 @@ def test_this_machines_files_are_checked_only_outside_surface_mode(tmp_path, mon
 def _conversation_lora_line():
     """A LoRA run on conversations in the shape of verl's current FSDP SFT examples."""
     return [
-        "data.train_files=/data/chat/train.parquet", "data.val_files=/data/chat/test.parquet",
-        "data.messages_key=messages", "data.micro_batch_size_per_gpu=2", "data.train_batch_size=64",
-        "data.max_length=4096", "data.truncation=right", "data.pad_mode=no_padding", "data.train_max_samples=5000",
-        "+data.apply_chat_template_kwargs.enable_thinking=False", "data.ignore_input_ids_mismatch=True",
-        "model=hf_model", "model.path=Qwen/Qwen3-4B", "model.use_remove_padding=true",
-        "model.lora_rank=16", "model.lora_alpha=32", "model.target_modules=all-linear",
-        "engine=fsdp", "engine.param_offload=True", "engine.ulysses_sequence_parallel_size=2",
-        "optim=fsdp", "optim.lr=5e-5", "optim.lr_warmup_steps_ratio=0.05", "optim.lr_scheduler_type=cosine",
-        "optim.min_lr_ratio=0.1", "optim.betas=[0.9,0.95]",
-        "trainer.n_gpus_per_node=4", "trainer.project_name=chat-sft", "trainer.experiment_name=qwen3-lora",
-        "trainer.logger=['console','wandb']", "trainer.total_epochs=3", "trainer.save_freq=100",
-        "trainer.max_ckpt_to_keep=2", "trainer.seed=42",
+        "data.train_files=/data/chat/train.parquet",
+        "data.val_files=/data/chat/test.parquet",
+        "data.messages_key=messages",
+        "data.micro_batch_size_per_gpu=2",
+        "data.train_batch_size=64",
+        "data.max_length=4096",
+        "data.truncation=right",
+        "data.pad_mode=no_padding",
+        "data.train_max_samples=5000",
+        "+data.apply_chat_template_kwargs.enable_thinking=False",
+        "data.ignore_input_ids_mismatch=True",
+        "model=hf_model",
+        "model.path=Qwen/Qwen3-4B",
+        "model.use_remove_padding=true",
+        "model.lora_rank=16",
+        "model.lora_alpha=32",
+        "model.target_modules=all-linear",
+        "engine=fsdp",
+        "engine.param_offload=True",
+        "engine.ulysses_sequence_parallel_size=2",
+        "optim=fsdp",
+        "optim.lr=5e-5",
+        "optim.lr_warmup_steps_ratio=0.05",
+        "optim.lr_scheduler_type=cosine",
+        "optim.min_lr_ratio=0.1",
+        "optim.betas=[0.9,0.95]",
+        "trainer.n_gpus_per_node=4",
+        "trainer.project_name=chat-sft",
+        "trainer.experiment_name=qwen3-lora",
+        "trainer.logger=['console','wandb']",
+        "trainer.total_epochs=3",
+        "trainer.save_freq=100",
+        "trainer.max_ckpt_to_keep=2",
+        "trainer.seed=42",
         "checkpoint.save_contents=[model,optimizer,extra,hf_model]",
     ]
 
@@ -201,20 +243,36 @@ def _conversation_lora_line():
 def _older_question_answer_line():
     """A prompt/response run in the shape of verl's older fsdp_sft_trainer examples."""
     return [
-        "data.train_files=/data/gsm8k/train.parquet", "data.val_files=/data/gsm8k/test.parquet",
-        "data.prompt_key=extra_info", "data.response_key=extra_info", "+data.prompt_dict_keys=['question']",
-        "+data.response_dict_keys=['answer']", "data.micro_batch_size_per_gpu=4", "data.multiturn.enable=false",
-        "model.partial_pretrain=/models/gemma-2b-it", "model.strategy=fsdp2", "model.fsdp_config.model_dtype=bf16",
-        "ulysses_sequence_parallel_size=1", "use_remove_padding=true", "optim.lr=1e-4",
-        "optim.lr_warmup_steps_ratio=0.1", "optim.lr_scheduler=cosine", "trainer.logger=console",
-        "trainer.total_training_steps=10", "trainer.default_local_dir=/tmp/sft-ckpt", "trainer.n_gpus_per_node=2",
+        "data.train_files=/data/gsm8k/train.parquet",
+        "data.val_files=/data/gsm8k/test.parquet",
+        "data.prompt_key=extra_info",
+        "data.response_key=extra_info",
+        "+data.prompt_dict_keys=['question']",
+        "+data.response_dict_keys=['answer']",
+        "data.micro_batch_size_per_gpu=4",
+        "data.multiturn.enable=false",
+        "model.partial_pretrain=/models/gemma-2b-it",
+        "model.strategy=fsdp2",
+        "model.fsdp_config.model_dtype=bf16",
+        "ulysses_sequence_parallel_size=1",
+        "use_remove_padding=true",
+        "optim.lr=1e-4",
+        "optim.lr_warmup_steps_ratio=0.1",
+        "optim.lr_scheduler=cosine",
+        "trainer.logger=console",
+        "trainer.total_training_steps=10",
+        "trainer.default_local_dir=/tmp/sft-ckpt",
+        "trainer.n_gpus_per_node=2",
     ]
 
 
 def _main_sft(args):
     env = {**os.environ, "HYBRIDFLOW_CONFIG_CHECK": "surface"}
     return subprocess.run(
-        [sys.executable, "-m", "hybridflow.trainer.main_sft", *args], capture_output=True, text=True, env=env,
+        [sys.executable, "-m", "hybridflow.trainer.main_sft", *args],
+        capture_output=True,
+        text=True,
+        env=env,
         timeout=300,
     )
 
@@ -232,14 +290,19 @@ def test_verl_style_sft_lines_through_the_entry_point_stop_after_the_check():
 def test_the_typed_config_of_a_verl_style_line():
     config, unread = _check(_conversation_lora_line())
     assert (config.model.partial_pretrain, config.model.lora_rank, config.optim.lr_scheduler) == (
-        "Qwen/Qwen3-4B", 16, "cosine"
+        "Qwen/Qwen3-4B",
+        16,
+        "cosine",
     )
     assert config.data.apply_chat_template_kwargs == {"enable_thinking": False}
     assert (config.data.seed, config.model.fsdp_config.param_offload, config.optim.warmup_steps_ratio) == (
-        42, True, 0.05
+        42,
+        True,
+        0.05,
     )
     assert [line.split("=")[0] for line in unread] == [
-        "data.ignore_input_ids_mismatch", "engine.ulysses_sequence_parallel_size"
+        "data.ignore_input_ids_mismatch",
+        "engine.ulysses_sequence_parallel_size",
     ]
 
 

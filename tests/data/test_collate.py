@@ -55,6 +55,12 @@ def test_collated_batch_from_the_dataset_matches_its_items(tokenizer, write_rows
     assert (ids[0][mask[0].bool()] == dataset[0]["input_ids"]).all()
     assert (ids[0][~mask[0].bool()] == tokenizer.pad_token_id).all()
     assert set(batch.non_tensor_batch) == {
-        "data_source", "reward_model", "extra_info", "ability", "index", "tools_kwargs", "raw_prompt"
+        "data_source",
+        "reward_model",
+        "extra_info",
+        "ability",
+        "index",
+        "tools_kwargs",
+        "raw_prompt",
     }
     assert isinstance(batch.non_tensor_batch["data_source"], np.ndarray)

@@ -3,12 +3,7 @@
 import pytest
 import torch
 
-from hybridflow.data.seqlen_balancing import (
-    PartitionError,
-    calculate_workload,
-    karmarkar_karp,
-    rank_balanced_order,
-)
+from hybridflow.data.seqlen_balancing import PartitionError, calculate_workload, karmarkar_karp, rank_balanced_order
 
 
 def test_workload_is_verls_7b_estimate():

@@ -31,8 +31,13 @@ def test_prompt_response_rows_train_only_on_the_response_and_eos(tokenizer, writ
 def test_dict_keys_read_the_rl_parquets_question_and_answer(tokenizer, write_rows):
     row = {"extra_info": {"question": "What is 2+2?", "answer": "#### 4"}, "prompt": [{"role": "user", "content": "x"}]}
     dataset = SFTDataset(
-        write_rows([row]), tokenizer, max_length=128, prompt_key="extra_info", prompt_dict_keys=["question"],
-        response_key="extra_info", response_dict_keys=["answer"],
+        write_rows([row]),
+        tokenizer,
+        max_length=128,
+        prompt_key="extra_info",
+        prompt_dict_keys=["question"],
+        response_key="extra_info",
+        response_dict_keys=["answer"],
     )
     assert masked_text(tokenizer, dataset[0]) == "#### 4<|im_end|>"
     assert "What is 2+2?" in unmasked_text(tokenizer, dataset[0])
@@ -151,7 +156,10 @@ def test_a_conversations_tools_and_thinking_reach_the_chat_template(marking_toke
 def test_apply_chat_template_kwargs_reach_single_turn_prompts(marking_tokenizer, write_rows):
     path = write_rows([{"prompt": "2+2?", "response": "4"}])
     dataset = SFTDataset(path, marking_tokenizer, max_length=128, apply_chat_template_kwargs={"enable_thinking": True})
-    assert unmasked_text(marking_tokenizer, dataset[0]) == "[thinking=True]<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        unmasked_text(marking_tokenizer, dataset[0])
+        == "[thinking=True]<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_pad_mode_right_pads_every_batch_to_max_length(tokenizer, write_rows):

@@ -2,12 +2,7 @@
 
 import pytest
 
-from hybridflow.distributed import (
-    RayClassWithInitArgs,
-    RayWorkerGroup,
-    ResourcePool,
-    create_colocated_worker_cls,
-)
+from hybridflow.distributed import RayClassWithInitArgs, RayWorkerGroup, ResourcePool, create_colocated_worker_cls
 
 from .sample_workers import ActorRole, CollectiveWorker, CriticRole, RefRole
 

@@ -54,7 +54,9 @@ def test_dp_compute_proto_pads_chunks_broadcasts_and_unpads():
 
 def test_dp_compute_proto_lists_every_rank_metrics_and_refuses_disagreeing_meta_info():
     plan = dispatch(spec(Dispatch.DP_COMPUTE_PROTO), "m", 2, (batch(3),), {})
-    results = [DataProto(meta_info={"metrics": {"timing_s/update_weights": t}, "temperature": 0.7}) for t in (0.5, 0.25)]
+    results = [
+        DataProto(meta_info={"metrics": {"timing_s/update_weights": t}, "temperature": 0.7}) for t in (0.5, 0.25)
+    ]
     assert plan.collect(results).meta_info == {"temperature": 0.7, "metrics": {"timing_s/update_weights": [0.5, 0.25]}}
     # A rank that reports no metrics (all-reduced values come from rank 0 only) adds no entry.
     only_rank_zero = [DataProto(meta_info={"metrics": {"pg_loss": [1.0, 2.0]}}), DataProto()]

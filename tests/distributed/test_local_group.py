@@ -14,7 +14,15 @@ from .sample_workers import CollectiveWorker
 @pytest.fixture
 def local_group(monkeypatch):
     # The group sets these for the worker it builds here; monkeypatch puts them back afterwards.
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"):
+    for key in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "OMP_NUM_THREADS",
+    ):
         monkeypatch.setenv(key, os.environ.get(key, "0"))
     threads = torch.get_num_threads()
     group = LocalWorkerGroup(RayClassWithInitArgs(CollectiveWorker), num_threads=1)

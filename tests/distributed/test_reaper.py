@@ -1,4 +1,5 @@
-"""A local Ray cluster leaves no process behind: after ``ray.shutdown()``, nor when its driver is killed with SIGKILL."""
+"""A local Ray cluster leaves no process behind: after ``ray.shutdown()``, nor when its driver is killed with
+SIGKILL."""
 
 import os
 import signal
@@ -30,7 +31,7 @@ def test_a_shut_down_or_killed_driver_leaves_no_ray_process(tmp_path):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     env.pop("RAY_ADDRESS", None)
     driver = subprocess.Popen(
-        [sys.executable, "-c", DRIVER.format(temp_dir=temp_dir)], stdout=subprocess.PIPE, text=True, env=env,
+        [sys.executable, "-c", DRIVER.format(temp_dir=temp_dir)], stdout=subprocess.PIPE, text=True, env=env
     )
     try:
         assert driver.stdout.readline().strip() == "0", "ray.shutdown() left processes of its cluster running"

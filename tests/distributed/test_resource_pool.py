@@ -11,7 +11,9 @@ def test_pool_larger_than_the_cluster_fails_at_once_naming_what_is_missing(ray_c
     start = time.monotonic()
     with pytest.raises(InsufficientResourcesError, match=r"needs 8 CPU, but the cluster has 4 CPU in total"):
         ResourcePool([2, 2, 2, 2], num_cpus_per_process=1.0, name_prefix="huge").placement_groups()
-    with pytest.raises(InsufficientResourcesError, match=r"needs 5 CPU on one node, but the largest .* has 4 CPU in total"):
+    with pytest.raises(
+        InsufficientResourcesError, match=r"needs 5 CPU on one node, but the largest .* has 4 CPU in total"
+    ):
         ResourcePool([5], num_cpus_per_process=1.0, name_prefix="wide").placement_groups()
     with pytest.raises(InsufficientResourcesError, match=r"needs 1 GPU on one node, but the largest .* has 0 GPU"):
         ResourcePool([1], use_gpu=True, name_prefix="gpu").placement_groups()

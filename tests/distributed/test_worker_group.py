@@ -99,7 +99,6 @@ def test_non_blocking_call_returns_a_future_the_driver_waits_on_later(collective
     assert future.done()
 
 
-
 @pytest.mark.parametrize("rows", [6, 5])
 def test_a_streamed_method_hands_over_each_part_while_the_ranks_still_run(collective_group, tmp_path, rows):
     go_on = tmp_path / "go_on"
@@ -136,7 +135,9 @@ def test_a_concurrent_method_runs_beside_a_call_in_progress_on_a_group_started_f
     """``register(concurrent=True)`` (the rollout pool's weight loads under partial rollout): on a group with
     ``concurrent_calls`` it runs while the call in progress waits for it; elsewhere after that call, in order."""
     pool = ResourcePool([2], num_cpus_per_process=0.5, name_prefix="flags")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(FlagWorker), name_prefix="flags", concurrent_calls=concurrent_calls)
+    group = RayWorkerGroup(
+        pool, RayClassWithInitArgs(FlagWorker), name_prefix="flags", concurrent_calls=concurrent_calls
+    )
     try:
         waiting = group.wait_for_flag.submit(30.0 if concurrent_calls else 0.5)
         group.raise_flag()

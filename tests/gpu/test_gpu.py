@@ -43,7 +43,7 @@ def test_fsdp2_trains_on_cuda_in_bf16_with_float32_shards(tiny_model_dir):
     before = [parameter.detach().full_tensor().clone() for parameter in actor.parameters()]
     metrics = one_update(worker)
     assert all(torch.isfinite(torch.tensor(metrics[key])).all() for key in ("pg_loss", "grad_norm"))
-    for parameter, old in zip(actor.parameters(), before):
+    for parameter in actor.parameters():
         assert parameter.device.type == "cuda" and parameter.dtype == torch.float32
     after = [parameter.detach().full_tensor() for parameter in actor.parameters()]
     assert any(not torch.equal(new, old) for new, old in zip(after, before))
@@ -61,10 +61,18 @@ def test_offload_keeps_parameters_and_optimizer_state_on_the_cpu_between_calls(t
 
 def test_the_flash_attention_packed_path_equals_the_padded_one(tiny_model_dir):
     pytest.importorskip("flash_attn")
-    packed = make_worker(tiny_model_dir, role="actor", actor=BF16,
-                         model={"attn_implementation": "flash_attention_2", "use_remove_padding": True})
-    padded = make_worker(tiny_model_dir, role="actor", actor=BF16,
-                         model={"attn_implementation": "flash_attention_2", "use_remove_padding": False})
+    packed = make_worker(
+        tiny_model_dir,
+        role="actor",
+        actor=BF16,
+        model={"attn_implementation": "flash_attention_2", "use_remove_padding": True},
+    )
+    padded = make_worker(
+        tiny_model_dir,
+        role="actor",
+        actor=BF16,
+        model={"attn_implementation": "flash_attention_2", "use_remove_padding": False},
+    )
     batch = rollout_batch(8, seed=0)
     ours = packed.compute_log_prob(batch).batch["old_log_probs"]
     theirs = padded.compute_log_prob(batch).batch["old_log_probs"]
@@ -129,10 +137,24 @@ print("MAXDIFF", float((out["rollout_log_probs"][mask] - reference[mask]).abs().
 def test_grpo_through_main_ppo_on_cuda_learns(tmp_path):
     run_dir = tmp_path / "demo"
     completed = subprocess.run(
-        [sys.executable, "-m", "hybridflow.demo", "--steps", "12", "--test_freq", "12", "--run_dir", str(run_dir),
-         "trainer.device=cuda", "trainer.local_mode=false", "actor_rollout_ref.rollout.dtype=bfloat16",
-         "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16"],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "hybridflow.demo",
+            "--steps",
+            "12",
+            "--test_freq",
+            "12",
+            "--run_dir",
+            str(run_dir),
+            "trainer.device=cuda",
+            "trainer.local_mode=false",
+            "actor_rollout_ref.rollout.dtype=bfloat16",
+            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -144,9 +166,23 @@ def test_grpo_through_main_ppo_on_cuda_learns(tmp_path):
 def test_two_ranks_over_nccl_train_the_demo(tmp_path):
     run_dir = tmp_path / "demo"
     completed = subprocess.run(
-        [sys.executable, "-m", "hybridflow.demo", "--steps", "12", "--test_freq", "12", "--run_dir", str(run_dir),
-         "trainer.device=cuda", "trainer.local_mode=false", "trainer.n_gpus_per_node=2"],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "hybridflow.demo",
+            "--steps",
+            "12",
+            "--test_freq",
+            "12",
+            "--run_dir",
+            str(run_dir),
+            "trainer.device=cuda",
+            "trainer.local_mode=false",
+            "trainer.n_gpus_per_node=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -63,7 +63,8 @@ def test_save_lora_adapter_writes_the_base_weights_and_the_adapter_apart(tiny_mo
     assert all(torch.equal(written[name], original[name]) for name in original)  # LoRA left the base as it was
     adapter = target / LORA_ADAPTER_DIR
     assert (read_adapter_config(adapter)["r"], read_adapter_config(adapter)["base_model_name_or_path"]) == (
-        4, str(target.resolve())
+        4,
+        str(target.resolve()),
     )
     policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(target), adapter).eval()
     actor = worker.parts["actor"].module.eval()
@@ -103,19 +104,20 @@ def test_a_two_rank_lora_run_syncs_its_adapter_on_every_rank_and_its_checkpoint_
         group.init_model()
         batch = rollout_batch(8, seed=5)
         group.update_actor(batch.union(group.compute_log_prob(batch)))
-        prompts = DataProto.from_dict({
-            "input_ids": batch.batch["prompts"],
-            "attention_mask": batch.batch["attention_mask"][:, :6],
-            "position_ids": batch.batch["position_ids"][:, :6],
-        }, meta_info={"calculate_log_probs": True})
+        prompts = DataProto.from_dict(
+            {
+                "input_ids": batch.batch["prompts"],
+                "attention_mask": batch.batch["attention_mask"][:, :6],
+                "position_ids": batch.batch["position_ids"][:, :6],
+            },
+            meta_info={"calculate_log_probs": True},
+        )
         group.update_weights()
         output = group.generate_sequences(prompts)
         actor_log_probs = group.compute_log_prob(output).batch["old_log_probs"]
         mask = output.batch["response_mask"].bool()
         # Each rank's engine sampled with the adapter synced from the two-rank shards.
-        torch.testing.assert_close(
-            output.batch["rollout_log_probs"][mask], actor_log_probs[mask], rtol=0, atol=1e-5
-        )
+        torch.testing.assert_close(output.batch["rollout_log_probs"][mask], actor_log_probs[mask], rtol=0, atol=1e-5)
         group.save_checkpoint(str(tmp_path / "actor"), global_step=1)
     finally:
         group.kill()

@@ -57,4 +57,3 @@ def packed_rows(monkeypatch):
         )
 
     return use
-

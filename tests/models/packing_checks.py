@@ -35,7 +35,9 @@ def assert_packed_equals_padded_and_unpadded(model, batch, response_lengths, res
     num_terms = longest_reduction(model.config)
     torch.testing.assert_close(packed, padded, atol=model_output_bound(padded, num_terms), rtol=0)
     torch.testing.assert_close(packed, reference, atol=model_output_bound(reference, num_terms), rtol=0)
-    torch.testing.assert_close(packed_entropy, padded_entropy, atol=model_output_bound(padded_entropy, num_terms), rtol=0)
+    torch.testing.assert_close(
+        packed_entropy, padded_entropy, atol=model_output_bound(padded_entropy, num_terms), rtol=0
+    )
     return packed
 
 

@@ -30,10 +30,7 @@ from hybridflow.models.layouts import (
 from hybridflow.models.log_probs import forward_log_probs, forward_token_statistics
 from hybridflow.models.value_model import forward_values, load_value_model
 from tests.float_bounds import longest_reduction, model_output_bound, reordered_sum_bound, score_head_bound
-from tests.models.packing_checks import (
-    assert_packed_equals_padded_and_unpadded,
-    assert_packed_gradients_equal_padded,
-)
+from tests.models.packing_checks import assert_packed_equals_padded_and_unpadded, assert_packed_gradients_equal_padded
 
 # Prompt and response lengths of a ragged batch: empty-ish, full and in-between rows.
 PROMPT_LENGTHS = [7, 3, 5, 1, 7]
@@ -183,7 +180,7 @@ def grouped_batch(padded_batch, prompts, samples, response_lengths, prompt_width
     )
     first = 0
     for count in samples:
-        input_ids[first:first + count, :prompt_width] = input_ids[first, :prompt_width].clone()
+        input_ids[first : first + count, :prompt_width] = input_ids[first, :prompt_width].clone()
         first += count
     return input_ids, attention_mask, position_ids, response_mask
 
@@ -237,14 +234,17 @@ def test_each_response_attends_to_its_prompt_and_its_own_tokens_only(padded_batc
     input_ids, attention_mask, _, _ = grouped_batch(padded_batch, [3], [2], [2, 1], prompt_width=4, response_width=2)
     layout = shared_prompt_rows(input_ids, attention_mask, 2)
     # One row: prompt (3 slots), sample 0's 2 tokens, sample 1's 1 token.
-    expected = torch.tensor([
-        [1, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0],
-        [1, 1, 1, 0, 0, 0],
-        [1, 1, 1, 1, 0, 0],
-        [1, 1, 1, 1, 1, 0],
-        [1, 1, 1, 0, 0, 1],
-    ], dtype=torch.bool)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 0, 0, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(layout.attention_mask[0, 0], expected)
     assert layout.position_ids.tolist() == [[0, 1, 2, 3, 4, 3]]
     # Sample 0's first token and sample 1's first token are both predicted by the prompt's last slot.

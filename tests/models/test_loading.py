@@ -4,13 +4,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from hybridflow.models.loading import (
-    ModelLoadError,
-    load_causal_lm,
-    load_model_config,
-    load_tokenizer,
-    resolve_dtype,
-)
+from hybridflow.models.loading import ModelLoadError, load_causal_lm, load_model_config, load_tokenizer, resolve_dtype
 
 
 def test_load_causal_lm_applies_dtype_and_attention(tiny_model_dir):

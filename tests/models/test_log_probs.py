@@ -55,7 +55,12 @@ def test_batch_without_response_tokens_gives_zeros_and_backpropagates(tiny_model
     attention_mask = torch.tensor([[1, 1, 1, 0, 0, 0], [0, 1, 1, 0, 0, 0]])
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
     log_probs, entropy = forward_log_probs(
-        tiny_model, input_ids, attention_mask, position_ids, 3, use_remove_padding=use_remove_padding,
+        tiny_model,
+        input_ids,
+        attention_mask,
+        position_ids,
+        3,
+        use_remove_padding=use_remove_padding,
         calculate_entropy=True,
     )
     assert torch.equal(log_probs, torch.zeros(2, 3)) and torch.equal(entropy, torch.zeros(2, 3))
@@ -68,7 +73,13 @@ def test_sum_pi_squared_of_each_response_position(tiny_model, padded_batch, use_
     with torch.no_grad():
         layout = choose_layout(tiny_model, input_ids, attention_mask, 3, False, use_remove_padding)
         statistics = forward_token_statistics(
-            tiny_model, input_ids, attention_mask, position_ids, 3, layout, temperature=0.5,
+            tiny_model,
+            input_ids,
+            attention_mask,
+            position_ids,
+            3,
+            layout,
+            temperature=0.5,
             calculate_sum_pi_squared=True,
         )
         logits = tiny_model(input_ids[:1]).logits[0, 3:6]
@@ -140,8 +151,6 @@ def test_default_chunk_bounds_the_block_size():
     assert default_chunk_size(2**21) == 1
 
 
-
-
 def test_sum_pi_squared_hand_case():
     # uniform over 4: 4 * (1/4)^2 = 1/4; probabilities (3/4, 1/4): 9/16 + 1/16 = 5/8
     logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [math.log(3.0), 0.0, -math.inf, -math.inf]])
@@ -176,7 +185,11 @@ def test_kept_positions_only_gives_the_full_layers_log_probs_and_gradients(tiny_
     def run():
         tiny_model.zero_grad()
         log_probs, entropy = forward_log_probs(
-            tiny_model, *batch[:3], 6, use_remove_padding=use_remove_padding, calculate_entropy=True,
+            tiny_model,
+            *batch[:3],
+            6,
+            use_remove_padding=use_remove_padding,
+            calculate_entropy=True,
             share_prompts=share_prompts,
         )
         ((log_probs + 0.1 * entropy) * response_mask).sum().backward()

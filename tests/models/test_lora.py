@@ -138,4 +138,3 @@ def test_a_plain_model_given_lora_layers_computes_what_the_adapter_model_compute
             if ".lora_" in name:
                 targets[name.removeprefix("base_model.model.")].copy_(tensor)
     torch.testing.assert_close(_log_probs(copy_model, batch), _log_probs(trained, batch), atol=0, rtol=0)
-

@@ -15,10 +15,7 @@ from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.models.tiny import build_tiny_model
 from tests.float_bounds import longest_reduction, model_output_bound
-from tests.models.packing_checks import (
-    assert_packed_equals_padded_and_unpadded,
-    assert_packed_gradients_equal_padded,
-)
+from tests.models.packing_checks import assert_packed_equals_padded_and_unpadded, assert_packed_gradients_equal_padded
 
 # Per family: its model class, whether the LM head is the embedding, head_dim, sliding window.
 TRAITS = {
@@ -91,11 +88,16 @@ def test_shared_prompts_run_where_exact_and_otherwise_fall_back_saying_so(
         chosen = [choose_layout(family_model, input_ids, attention_mask, 6, True, False) for _ in range(2)]
     assert all(layout.share_prompts is shares for layout in chosen)
     told = [record.getMessage() for record in caplog.records]
-    assert told == ([] if shares else [
-        f"{family_model.config.model_type}: samples longer than its sliding window (8 tokens; this batch has one of "
-        "11) do not share prompts (use_prefix_grouper): one mask for all layers cannot hold the window; they run "
-        "packed or padded"
-    ])
+    assert told == (
+        []
+        if shares
+        else [
+            f"{family_model.config.model_type}: samples longer than its sliding window "
+            "(8 tokens; this batch has one of "
+            "11) do not share prompts (use_prefix_grouper): one mask for all layers cannot hold the window; they run "
+            "packed or padded"
+        ]
+    )
     batch = (input_ids, attention_mask, position_ids, 6)
     with torch.no_grad():
         shared, _ = forward_log_probs(family_model, *batch, share_prompts=True)

@@ -6,12 +6,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from hybridflow.models import layouts
 from hybridflow.models.layouts import PADDED, choose_layout
-from hybridflow.models.value_model import (
-    forward_reward_scores,
-    forward_values,
-    load_reward_model,
-    load_value_model,
-)
+from hybridflow.models.value_model import forward_reward_scores, forward_values, load_reward_model, load_value_model
 from tests.float_bounds import longest_reduction, score_head_bound
 
 

@@ -74,9 +74,20 @@ def test_nested_tensors_compare_row_by_row():
 
 
 def test_an_actor_update_reads_its_keys_and_the_optional_ones_present():
-    present = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages",
-               "old_log_probs", "rollout_is_weights", "token_level_scores"]
+    present = [
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "responses",
+        "response_mask",
+        "advantages",
+        "old_log_probs",
+        "rollout_is_weights",
+        "token_level_scores",
+    ]
     assert actor_update_columns(present, old_log_probs_from_update=False) == [
-        *ACTOR_UPDATE_INPUTS, "old_log_probs", "rollout_is_weights"
+        *ACTOR_UPDATE_INPUTS,
+        "old_log_probs",
+        "rollout_is_weights",
     ]
     assert actor_update_columns(present, old_log_probs_from_update=True) == [*ACTOR_UPDATE_INPUTS, "rollout_is_weights"]

@@ -178,9 +178,7 @@ def test_select_missing_key_names_it_and_lists_present():
 
 def test_pop_removes_from_self_and_returns_popped():
     dp = make_batch(3)
-    popped = dp.pop(
-        batch_keys=["old_log_probs"], non_tensor_batch_keys=["uid"], meta_info_keys=["eos_token_id"]
-    )
+    popped = dp.pop(batch_keys=["old_log_probs"], non_tensor_batch_keys=["uid"], meta_info_keys=["eos_token_id"])
     assert list(popped.batch.keys()) == ["old_log_probs"] and list(popped.non_tensor_batch) == ["uid"]
     assert popped.meta_info == {"eos_token_id": 2} and len(popped) == 3
     assert "old_log_probs" not in dp.batch.keys() and "uid" not in dp.non_tensor_batch and dp.meta_info == {}
@@ -253,8 +251,7 @@ def test_chunk_not_divisible_names_lengths_and_fix():
     with pytest.raises(NotDivisibleError) as err:
         make_batch(5).chunk(2)
     assert str(err.value) == (
-        "cannot chunk a DataProto of 5 rows into 2 equal parts; "
-        "call pad_to_divisor(2) first and unpad the result"
+        "cannot chunk a DataProto of 5 rows into 2 equal parts; call pad_to_divisor(2) first and unpad the result"
     )
     with pytest.raises(DataProtoError, match="chunks must be a positive int, got 0"):
         make_batch(4).chunk(0)
@@ -269,7 +266,11 @@ def test_concat_joins_rows_and_merges_meta_info():
     joined = DataProto.concat([a, b])
     assert row_numbers(joined) == [0, 1, 2, 0, 1] and joined.batch["input_ids"].shape == (5, 3)
     # One metrics entry per part (per rank, in a worker group's collect), keys agreeing are kept once.
-    assert joined.meta_info == {"eos_token_id": 2, "temperature": 0.7, "metrics": {"pg_loss": [[0.5, 0.25], [0.75, 1.0]]}}
+    assert joined.meta_info == {
+        "eos_token_id": 2,
+        "temperature": 0.7,
+        "metrics": {"pg_loss": [[0.5, 0.25], [0.75, 1.0]]},
+    }
     assert joined.meta_info is not a.meta_info
 
 
@@ -387,7 +388,9 @@ def assert_rows(nested: torch.Tensor, expected: list[torch.Tensor]) -> None:
 
 def test_row_operations_on_jagged_nested_tensors():
     rows = jagged_rows()
-    dp = DataProto.from_dict({"tokens": torch.nested.as_nested_tensor(rows, layout=torch.jagged)}, {"index": [0, 1, 2, 3]})
+    dp = DataProto.from_dict(
+        {"tokens": torch.nested.as_nested_tensor(rows, layout=torch.jagged)}, {"index": [0, 1, 2, 3]}
+    )
     assert_rows(dp[1:3].batch["tokens"], rows[1:3])
     assert_rows(dp[[3, 0]].batch["tokens"], [rows[3], rows[0]])
     assert_rows(dp.chunk(2)[1].batch["tokens"], rows[2:])

@@ -82,9 +82,7 @@ def test_select_commutes_with_repeat(dp, times, interleave, data):
     batch_keys = [key for key in dp.batch.keys() if data.draw(st.booleans())]
     columns = [key for key in dp.non_tensor_batch if data.draw(st.booleans())]
     select = {"batch_keys": batch_keys, "non_tensor_batch_keys": columns}
-    assert_same_data(
-        dp.repeat(times, interleave).select(**select), dp.select(**select).repeat(times, interleave)
-    )
+    assert_same_data(dp.repeat(times, interleave).select(**select), dp.select(**select).repeat(times, interleave))
 
 
 @PROPERTY_SETTINGS

@@ -6,7 +6,7 @@ from ray import cloudpickle
 
 from hybridflow.rewards.custom import CustomRewardError, load_custom_reward_function
 
-USER_FILE = '''
+USER_FILE = """
 from dataclasses import dataclass
 
 
@@ -24,7 +24,7 @@ def _private():
 
 
 NOT_A_FUNCTION = 3
-'''
+"""
 
 
 @pytest.fixture

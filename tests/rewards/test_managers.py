@@ -120,7 +120,9 @@ def test_batch_manager_makes_one_call_with_lists(tokenizer, managers):
 
 def test_batch_manager_counts_a_wrong_length_result_for_every_sample(tokenizer, managers):
     batch = rollout_batch(tokenizer, ["a", "b"], ["d"] * 2, ["a", "b"])
-    with pytest.raises(RewardFunctionError, match=r"failed on 2 of 2 samples.*returned \[1.0\], expected a list of 2 scores"):
+    with pytest.raises(
+        RewardFunctionError, match=r"failed on 2 of 2 samples.*returned \[1.0\], expected a list of 2 scores"
+    ):
         managers("batch", tokenizer, lambda **lists: [1.0])(batch)
 
 
@@ -144,7 +146,9 @@ def returns_text(data_source, solution_str, ground_truth, extra_info):
     return "abc"
 
 
-def test_a_batch_that_failed_entirely_stops_with_the_function_its_file_the_first_failure_and_the_fix(tokenizer, managers):
+def test_a_batch_that_failed_entirely_stops_with_the_function_its_file_the_first_failure_and_the_fix(
+    tokenizer, managers
+):
     batch = rollout_batch(tokenizer, ["a", "b"], ["d", "e"], ["x"] * 2)
     with pytest.raises(RewardFunctionError) as raised:
         managers("naive", tokenizer, returns_text)(batch)
@@ -156,12 +160,15 @@ def test_a_batch_that_failed_entirely_stops_with_the_function_its_file_the_first
     )
 
 
-@pytest.mark.parametrize("result, first", [
-    ({"acc": 1.0}, "returned a dict with no 'score' (keys ['acc']), expected a float or a dict with 'score'"),
-    ({"score": "high"}, "returned a dict with 'score': 'high' (str) (keys ['score']), expected a float or"),
-    (None, "returned None (NoneType), expected a float or a dict with 'score'"),
-    (ValueError("line one\nline two"), "ValueError: line one line two; fix it"),  # one line
-])
+@pytest.mark.parametrize(
+    "result, first",
+    [
+        ({"acc": 1.0}, "returned a dict with no 'score' (keys ['acc']), expected a float or a dict with 'score'"),
+        ({"score": "high"}, "returned a dict with 'score': 'high' (str) (keys ['score']), expected a float or"),
+        (None, "returned None (NoneType), expected a float or a dict with 'score'"),
+        (ValueError("line one\nline two"), "ValueError: line one line two; fix it"),  # one line
+    ],
+)
 def test_each_kind_of_failure_is_named_as_it_happened(tokenizer, managers, result, first):
     def compute_score(data_source, solution_str, ground_truth, extra_info):
         if isinstance(result, Exception):
@@ -178,8 +185,11 @@ def test_a_batch_that_timed_out_names_the_time_limit_key(tokenizer, managers):
     batch = rollout_batch(tokenizer, ["a"], ["d"], ["x"])
     manager = managers("naive", tokenizer, lambda *sample: release.wait(30), timeout_s=0.2)
     try:
-        with pytest.raises(RewardFunctionError, match=r"first: data_source 'd': still running after 0.2 s.*; make it "
-                                                      r"faster or raise \+reward_model.reward_kwargs.timeout_s \(now 0.2 s\)$"):
+        with pytest.raises(
+            RewardFunctionError,
+            match=r"first: data_source 'd': still running after 0.2 s.*; make it "
+            r"faster or raise \+reward_model.reward_kwargs.timeout_s \(now 0.2 s\)$",
+        ):
             manager(batch)
     finally:
         release.set()
@@ -187,18 +197,26 @@ def test_a_batch_that_timed_out_names_the_time_limit_key(tokenizer, managers):
 
 def test_a_registered_scorer_that_fails_points_at_the_ground_truth(tokenizer, managers):
     batch = rollout_batch(tokenizer, ["1+2"], ["countdown"], [None])
-    with pytest.raises(RewardFunctionError, match=r"^the reward function compute_score in .*countdown.py:\d+ failed on 1 "
-                                                  r".*TypeError: .*check the rows' reward_model.ground_truth for "
-                                                  r"data_source 'countdown'"):
+    with pytest.raises(
+        RewardFunctionError,
+        match=r"^the reward function compute_score in .*countdown.py:\d+ failed on 1 "
+        r".*TypeError: .*check the rows' reward_model.ground_truth for "
+        r"data_source 'countdown'",
+    ):
         managers("naive", tokenizer)(batch)
 
 
-@pytest.mark.parametrize("name, function", [
-    ("naive", lambda text: 1.0),
-    ("naive", lambda a, b, c, d, e: 1.0),
-    ("batch", lambda data_source, solution_str, ground_truth, extra_info: [1.0]),
-])
-def test_a_reward_function_that_cannot_take_the_managers_call_is_refused_when_built(tokenizer, managers, name, function):
+@pytest.mark.parametrize(
+    "name, function",
+    [
+        ("naive", lambda text: 1.0),
+        ("naive", lambda a, b, c, d, e: 1.0),
+        ("batch", lambda data_source, solution_str, ground_truth, extra_info: [1.0]),
+    ],
+)
+def test_a_reward_function_that_cannot_take_the_managers_call_is_refused_when_built(
+    tokenizer, managers, name, function
+):
     with pytest.raises(RewardCallError, match="cannot be called as"):
         managers(name, tokenizer, function)
 
@@ -206,10 +224,13 @@ def test_a_reward_function_that_cannot_take_the_managers_call_is_refused_when_bu
 def test_reward_kwargs_the_function_does_not_take_are_refused_when_built(tokenizer, managers):
     """inspect.signature refuses such a partial (ValueError): its function is checked with the keywords."""
     function = functools.partial(returns_text, scale=2)
-    with pytest.raises(RewardCallError, match=re.escape(
-        "cannot be called as returns_text(_, _, _, _, scale=...) (got an unexpected keyword argument 'scale'); "
-        "change its parameters to match (custom_reward_function.name names it, .reward_kwargs adds keywords)"
-    )):
+    with pytest.raises(
+        RewardCallError,
+        match=re.escape(
+            "cannot be called as returns_text(_, _, _, _, scale=...) (got an unexpected keyword argument 'scale'); "
+            "change its parameters to match (custom_reward_function.name names it, .reward_kwargs adds keywords)"
+        ),
+    ):
         managers("naive", tokenizer, function)
 
 
@@ -219,9 +240,7 @@ def test_batch_manager_defaults_to_the_registered_functions(tokenizer, managers)
     assert extra["acc"] == [1.0, 0.0]
 
 
-@pytest.mark.parametrize(
-    "length, expected", [(10, 0.0), (12, 0.0), (13, -0.25), (14, -0.5), (16, -1.0), (20, -1.0)]
-)
+@pytest.mark.parametrize("length, expected", [(10, 0.0), (12, 0.0), (13, -0.25), (14, -0.5), (16, -1.0), (20, -1.0)])
 def test_overlong_penalty_by_hand(length, expected):
     # max 16, buffer 4: free up to 12 tokens, then -1/4 per token down to -1 at 16, and -1 past it as in the
     # paper (verl's manager would give 20 tokens -2.0).
@@ -328,15 +347,17 @@ def score_in_parts(manager, batch, parts):
     return scoring.finish(batch)
 
 
-@pytest.mark.parametrize("name, options", [
-    ("naive", {}),
-    ("prime", {"timeout_s": 30.0}),
-    ("dapo", {"max_resp_len": 16, "overlong_buffer_len": 4}),
-])
+@pytest.mark.parametrize(
+    "name, options",
+    [("naive", {}), ("prime", {"timeout_s": 30.0}), ("dapo", {"max_resp_len": 16, "overlong_buffer_len": 4})],
+)
 def test_a_batch_scored_in_parts_as_they_finish_gets_the_whole_batchs_result(tokenizer, managers, name, options):
     responses = ["#### 4", "wrong #### 5", "#### 4" + " " * 8, "#### 1 2 3"]
     batch = rollout_batch(
-        tokenizer, responses, ["arithmetic", "openai/gsm8k", "arithmetic", "sorting"], ["4", "4", "4", "1 2 3"],
+        tokenizer,
+        responses,
+        ["arithmetic", "openai/gsm8k", "arithmetic", "sorting"],
+        ["4", "4", "4", "1 2 3"],
         response_width=16,
     )
     manager = managers(name, tokenizer, **options)
@@ -358,5 +379,7 @@ def test_parts_share_one_failure_count_and_must_cover_the_batch(tokenizer, manag
 
 
 def test_only_managers_that_score_each_sample_alone_stream(tokenizer, managers):
-    streaming = {name: REWARD_MANAGERS.traits(name)["scores_each_sample"] for name in ("naive", "prime", "dapo", "batch")}
+    streaming = {
+        name: REWARD_MANAGERS.traits(name)["scores_each_sample"] for name in ("naive", "prime", "dapo", "batch")
+    }
     assert streaming == {"naive": True, "prime": True, "dapo": True, "batch": False}

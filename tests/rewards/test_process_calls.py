@@ -35,8 +35,9 @@ def test_a_stuck_scorer_is_killed_at_its_limit_with_what_it_started(tokenizer, t
     manager = PrimeRewardManager(tokenizer, stuck_or_length, timeout_s=1.5, max_workers=2, max_failed_share=0.9)
     try:
         pids = None
-        batch = rollout_batch(tokenizer, ["ab", "hang", "abcd"], ["d"] * 3, ["x"] * 3,
-                              extra_infos=[{"pid_file": str(pid_file)}] * 3)
+        batch = rollout_batch(
+            tokenizer, ["ab", "hang", "abcd"], ["d"] * 3, ["x"] * 3, extra_infos=[{"pid_file": str(pid_file)}] * 3
+        )
         start = time.monotonic()
         _, extra, metrics = manager(batch)
         assert time.monotonic() - start < 30  # the 1.5 s limit, not the scorer's endless loop
@@ -74,7 +75,7 @@ def test_a_result_printed_by_the_scorer_does_not_break_the_protocol():
 
     runner = ProcessCallRunner(max_workers=1, timeout_s=10)
     try:
-        outcome, = runner.run([noisy])
+        (outcome,) = runner.run([noisy])
         assert (outcome.status, outcome.value) == ("ok", {"score": 1.0})
     finally:
         runner.close()

@@ -16,7 +16,13 @@ def resamples(count: int, n: int, seed: int = 42) -> np.ndarray:
 
 def test_subset_sizes_double_from_two_and_end_at_the_sample_count():
     assert [subset_sizes(count) for count in (1, 2, 3, 4, 5, 8, 12)] == [
-        [], [2], [2, 3], [2, 4], [2, 4, 5], [2, 4, 8], [2, 4, 8, 12]
+        [],
+        [2],
+        [2, 3],
+        [2, 4],
+        [2, 4, 5],
+        [2, 4, 8],
+        [2, 4, 8, 12],
     ]
 
 
@@ -45,7 +51,8 @@ def test_groups_by_data_source_and_prompt():
     # sorting: one sample per prompt, so only mean@1.
     assert metrics["val-core/sorting/acc/mean@1"] == 0.5
     assert sorted(name for name in metrics if "sorting" in name) == [
-        "val-aux/sorting/reward/mean@1", "val-core/sorting/acc/mean@1"
+        "val-aux/sorting/reward/mean@1",
+        "val-core/sorting/acc/mean@1",
     ]
     assert not [name for name in metrics if "/pred/" in name]
 

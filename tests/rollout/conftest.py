@@ -1,4 +1,5 @@
-"""Fixtures for the rollout tests: the tiny model's tokenizer, an engine factory, and a tiny model trained to call the calculator tool (so a real engine drives a real multi-turn rollout)."""
+"""Fixtures for the rollout tests: the tiny model's tokenizer, an engine factory, and a tiny model trained to call
+the calculator tool (so a real engine drives a real multi-turn rollout)."""
 
 import pytest
 import torch
@@ -48,7 +49,9 @@ def tool_calling_model_dir(tiny_model_dir, tmp_path_factory):
     """
     tokenizer = load_tokenizer(tiny_model_dir)
     model = load_causal_lm(tiny_model_dir)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": TOOL_QUESTION}], add_generation_prompt=True, tokenize=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": TOOL_QUESTION}], add_generation_prompt=True, tokenize=False
+    )
     first = tokenizer.encode(prompt + TOOL_CALL_TEXT, add_special_tokens=False) + [tokenizer.eos_token_id]
     tool_turn = ToolMessageEncoder(tokenizer).encode(["5"], ended_with_eos=True)
     second = tokenizer.encode(FINAL_ANSWER_TEXT, add_special_tokens=False) + [tokenizer.eos_token_id]

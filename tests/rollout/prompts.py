@@ -21,7 +21,7 @@ def left_padded(tokenizer, texts: list[str]) -> DataProto:
     input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
     for i, ids in enumerate(rows):
-        input_ids[i, width - len(ids):] = torch.tensor(ids)
-        attention_mask[i, width - len(ids):] = 1
+        input_ids[i, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[i, width - len(ids) :] = 1
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     return DataProto.from_dict({"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids})

@@ -104,7 +104,9 @@ def _tool_yaml(tmp_path, body="  - name: calculator\n"):
 def _scripted(tokenizer, script, tools=None, length=256, **multi_turn):
     config = RolloutConfig.from_dict({"response_length": length, "multi_turn": {"enable": True, **multi_turn}})
     engine = ScriptedEngine(tokenizer, config, script)
-    return engine, AgentLoop(engine, tokenizer, tools or build_tools([{"name": "calculator"}]), config.multi_turn, length)
+    return engine, AgentLoop(
+        engine, tokenizer, tools or build_tools([{"name": "calculator"}]), config.multi_turn, length
+    )
 
 
 def _run(loop, prompt_ids=(1, 2, 3), tools_kwargs=None):
@@ -113,10 +115,14 @@ def _run(loop, prompt_ids=(1, 2, 3), tools_kwargs=None):
 
 
 def test_tool_result_is_in_the_sequence_with_response_mask_zero(tokenizer, tmp_path):
-    config = RolloutConfig.from_dict({
-        "n": 2, "response_length": 200, "calculate_log_probs": True,
-        "multi_turn": {"enable": True, "tool_config_path": _tool_yaml(tmp_path)},
-    })
+    config = RolloutConfig.from_dict(
+        {
+            "n": 2,
+            "response_length": 200,
+            "calculate_log_probs": True,
+            "multi_turn": {"enable": True, "tool_config_path": _tool_yaml(tmp_path)},
+        }
+    )
     engine = ScriptedEngine(tokenizer, config, [call("calculator", expression="2+3"), FINAL_ANSWER_TEXT])
     prompts = left_padded(tokenizer, [TOOL_QUESTION, "Say something"])
     out = engine.generate_sequences(prompts)
@@ -131,9 +137,11 @@ def test_tool_result_is_in_the_sequence_with_response_mask_zero(tokenizer, tmp_p
         length = int(out.batch["attention_mask"][row, width:].sum())
         assert out.batch["responses"][row, :length].tolist() == expected
         assert out.batch["response_mask"][row, :length].tolist() == expected_mask
-        assert out.batch["input_ids"][row, width:width + length].tolist() == expected
+        assert out.batch["input_ids"][row, width : width + length].tolist() == expected
         log_probs = out.batch["rollout_log_probs"][row, :length]
-        assert torch.all(log_probs[torch.tensor(expected_mask) == 1] == -0.5) and torch.all(log_probs[torch.tensor(expected_mask) == 0] == 0)
+        assert torch.all(log_probs[torch.tensor(expected_mask) == 1] == -0.5) and torch.all(
+            log_probs[torch.tensor(expected_mask) == 0] == 0
+        )
     assert "<tool_response>\n5\n</tool_response>" in tokenizer.decode(tool_turn)
     assert out.non_tensor_batch["num_turns"].tolist() == [3, 3, 3, 3]
 
@@ -141,16 +149,27 @@ def test_tool_result_is_in_the_sequence_with_response_mask_zero(tokenizer, tmp_p
 def test_states_go_pending_running_tool_calling_running_completed(tokenizer):
     _, loop = _scripted(tokenizer, [call("calculator", expression="1+1"), "done"])
     trajectory = _run(loop)
-    assert trajectory.states == [AgentState.PENDING, AgentState.RUNNING, AgentState.TOOL_CALLING,
-                                 AgentState.RUNNING, AgentState.COMPLETED]
+    assert trajectory.states == [
+        AgentState.PENDING,
+        AgentState.RUNNING,
+        AgentState.TOOL_CALLING,
+        AgentState.RUNNING,
+        AgentState.COMPLETED,
+    ]
     assert trajectory.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("limits, assistant_turns, user_turns", [({"max_assistant_turns": 3}, 3, 2), ({"max_user_turns": 1}, 2, 1)])
+@pytest.mark.parametrize(
+    "limits, assistant_turns, user_turns", [({"max_assistant_turns": 3}, 3, 2), ({"max_user_turns": 1}, 2, 1)]
+)
 def test_turns_are_bounded(tokenizer, limits, assistant_turns, user_turns):
     _, loop = _scripted(tokenizer, [call("calculator", expression="1+1")], **limits)
     trajectory = _run(loop)
-    assert (trajectory.assistant_turns, trajectory.user_turns, trajectory.finish_reason) == (assistant_turns, user_turns, "max_turns")
+    assert (trajectory.assistant_turns, trajectory.user_turns, trajectory.finish_reason) == (
+        assistant_turns,
+        user_turns,
+        "max_turns",
+    )
 
 
 def test_the_response_length_bounds_a_model_that_never_stops_calling(tokenizer):
@@ -171,7 +190,13 @@ def test_python_timeout_becomes_a_tool_message(tokenizer):
 
 def test_tool_failures_unknown_tools_malformed_calls_and_slow_tools_become_tool_messages(tokenizer):
     tools = {"broken": FailingTool(), "slow": SlowTool({"timeout": 0.2}), **build_tools([{"name": "calculator"}])}
-    turn = call("nope") + call("broken") + call("slow") + call("calculator", expression="2*21") + "<tool_call>{oops</tool_call>"
+    turn = (
+        call("nope")
+        + call("broken")
+        + call("slow")
+        + call("calculator", expression="2*21")
+        + "<tool_call>{oops</tool_call>"
+    )
     _, loop = _scripted(tokenizer, [turn, "done"], tools=tools, length=1024, max_parallel_calls=2)
     text = tokenizer.decode(_run(loop).response_ids)
     responses = [part.split("\n</tool_response>")[0] for part in text.split("<tool_response>\n")[1:]]
@@ -199,29 +224,35 @@ def test_tools_kwargs_reach_the_tools_and_rewards_come_back(tokenizer):
     engine._agent_loop = AgentLoop(engine, tokenizer, {"submit": AnswerChecker()}, config.multi_turn, 128)
     prompts = left_padded(tokenizer, ["a", "b"])
     prompts.non_tensor_batch["tools_kwargs"] = np.array(
-        [{"submit": {"create_kwargs": {"ground_truth": 5}}}, {"submit": {"create_kwargs": {"ground_truth": 7}}}], dtype=object
+        [{"submit": {"create_kwargs": {"ground_truth": 5}}}, {"submit": {"create_kwargs": {"ground_truth": 7}}}],
+        dtype=object,
     )
     out = engine.generate_sequences(prompts)
     assert out.non_tensor_batch["tool_rewards"].tolist() == [1.0, 0.0]
 
 
 def test_a_trained_tiny_model_calls_the_calculator_through_the_real_engine(tokenizer, tool_calling_model_dir, tmp_path):
-    config = RolloutConfig.from_dict({
-        "response_length": 128, "do_sample": False,
-        "multi_turn": {"enable": True, "max_assistant_turns": 4, "tool_config_path": _tool_yaml(tmp_path)},
-    })
+    config = RolloutConfig.from_dict(
+        {
+            "response_length": 128,
+            "do_sample": False,
+            "multi_turn": {"enable": True, "max_assistant_turns": 4, "tool_config_path": _tool_yaml(tmp_path)},
+        }
+    )
     engine = HFRolloutEngine.from_pretrained(tool_calling_model_dir, config, tokenizer=tokenizer)
     try:
         out = engine.generate_sequences(left_padded(tokenizer, [TOOL_QUESTION]))
     finally:
         engine.close()
-    length = int(out.batch["attention_mask"][0].sum()) - int(left_padded(tokenizer, [TOOL_QUESTION]).batch["attention_mask"].sum())
+    length = int(out.batch["attention_mask"][0].sum()) - int(
+        left_padded(tokenizer, [TOOL_QUESTION]).batch["attention_mask"].sum()
+    )
     response = out.batch["responses"][0, :length].tolist()
     mask = out.batch["response_mask"][0, :length].tolist()
     first = tokenizer.encode(TOOL_CALL_TEXT) + [tokenizer.eos_token_id]
     tool_turn = ToolMessageEncoder(tokenizer).encode(["5"], ended_with_eos=True)
     assert response[: len(first) + len(tool_turn)] == first + tool_turn, "the tool ran and said 5"
-    assert tokenizer.decode(response[len(first) + len(tool_turn):]) == FINAL_ANSWER_TEXT + "<|im_end|>"
+    assert tokenizer.decode(response[len(first) + len(tool_turn) :]) == FINAL_ANSWER_TEXT + "<|im_end|>"
     assert mask == [1] * len(first) + [0] * len(tool_turn) + [1] * (length - len(first) - len(tool_turn))
     assert out.non_tensor_batch["num_turns"].tolist() == [3]
 

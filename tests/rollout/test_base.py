@@ -25,7 +25,8 @@ def test_choosing_vllm_without_it_names_the_extra_to_install(tiny_model_dir):
 
 def test_lora_adapter_engines_are_those_that_add_adapters_and_the_others_name_lora_merge():
     adds_adapters = {
-        name for name in ROLLOUT_ENGINES.names()
+        name
+        for name in ROLLOUT_ENGINES.names()
         if ROLLOUT_ENGINES.get(name).add_lora_adapter is not RolloutEngine.add_lora_adapter
     }
     assert adds_adapters == LORA_ADAPTER_ENGINES == {"hf", "vllm"}

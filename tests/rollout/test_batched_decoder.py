@@ -38,7 +38,9 @@ def test_samples_do_not_depend_on_which_requests_share_the_batch(make_engine, to
 
     async def crowded():
         others = [
-            GenerationRequest(tokenizer.encode("x" * (3 + 7 * i)), SamplingParams(max_new_tokens=5 + 9 * i, seed=i, top_k=20 * i))
+            GenerationRequest(
+                tokenizer.encode("x" * (3 + 7 * i)), SamplingParams(max_new_tokens=5 + 9 * i, seed=i, top_k=20 * i)
+            )
             for i in range(5)
         ]
         early = [asyncio.ensure_future(engine.generate(r)) for r in others[:2]]
@@ -70,8 +72,9 @@ def test_the_samples_of_one_prompt_prefill_it_once_and_sample_as_if_alone(tiny_m
     model = load_causal_lm(tiny_model_dir).eval()
     prefill_rows = []
     model.register_forward_pre_hook(
-        lambda module, args, kwargs: prefill_rows.append(kwargs["input_ids"].shape[0])
-        if kwargs["input_ids"].shape[1] > 1 else None,
+        lambda module, args, kwargs: (
+            prefill_rows.append(kwargs["input_ids"].shape[0]) if kwargs["input_ids"].shape[1] > 1 else None
+        ),
         with_kwargs=True,
     )
     prompts = [tokenizer.encode("first prompt"), tokenizer.encode("the second, longer prompt")]
@@ -79,7 +82,8 @@ def test_the_samples_of_one_prompt_prefill_it_once_and_sample_as_if_alone(tiny_m
     def sequences(decoder):
         return [
             decoder.new_sequence(GenerationRequest(prompt, SamplingParams(max_new_tokens=12, seed=10 * p + k)))
-            for p, prompt in enumerate(prompts) for k in range(4)
+            for p, prompt in enumerate(prompts)
+            for k in range(4)
         ]
 
     decoder = BatchedDecoder(model, eos_token_ids=set(), max_batch_tokens=1024)

@@ -8,7 +8,12 @@ from hybridflow.rollout.vllm_engine import engine_arguments
 
 def test_from_dict_builds_nested_sections():
     config = RolloutConfig.from_dict(
-        {"n": 4, "stop": ("\n\n",), "val_kwargs": {"n": 2, "do_sample": True}, "multi_turn": {"enable": True, "max_assistant_turns": 3}}
+        {
+            "n": 4,
+            "stop": ("\n\n",),
+            "val_kwargs": {"n": 2, "do_sample": True},
+            "multi_turn": {"enable": True, "max_assistant_turns": 3},
+        }
     )
     assert config.n == 4 and config.stop == ["\n\n"]
     assert config.val_kwargs.n == 2 and config.val_kwargs.do_sample is True
@@ -55,11 +60,18 @@ def test_an_omegaconf_section_is_accepted_as_is():
 
 
 def test_vllm_engine_arguments_carry_verls_rollout_keys_and_engine_kwargs():
-    config = RolloutConfig.from_dict({
-        "name": "vllm", "prompt_length": 64, "response_length": 32, "enforce_eager": True,
-        "max_num_batched_tokens": 4096, "cudagraph_capture_sizes": [1, 2], "load_format": "auto",
-        "engine_kwargs": {"vllm": {"swap_space": 4, "enforce_eager": False}},
-    })
+    config = RolloutConfig.from_dict(
+        {
+            "name": "vllm",
+            "prompt_length": 64,
+            "response_length": 32,
+            "enforce_eager": True,
+            "max_num_batched_tokens": 4096,
+            "cudagraph_capture_sizes": [1, 2],
+            "load_format": "auto",
+            "engine_kwargs": {"vllm": {"swap_space": 4, "enforce_eager": False}},
+        }
+    )
     arguments = engine_arguments(config)
     assert arguments["max_model_len"] == 96 and arguments["max_num_batched_tokens"] == 4096
     assert arguments["compilation_config"] == {"cudagraph_capture_sizes": [1, 2]}

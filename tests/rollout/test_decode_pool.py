@@ -12,8 +12,11 @@ from tests.float_bounds import longest_reduction, model_output_bound
 
 def grpo_requests(tokenizer, prompts=6, samples=4):
     return [
-        GenerationRequest(tokenizer.encode(f"prompt number {p} " * (1 + p % 3)), SamplingParams(max_new_tokens=12, seed=10 * p + k))
-        for p in range(prompts) for k in range(samples)
+        GenerationRequest(
+            tokenizer.encode(f"prompt number {p} " * (1 + p % 3)), SamplingParams(max_new_tokens=12, seed=10 * p + k)
+        )
+        for p in range(prompts)
+        for k in range(samples)
     ]
 
 
@@ -22,7 +25,9 @@ def two_torch_threads():
     torch.set_num_threads(2)  # the rollout conftest's fixture restores the previous count
 
 
-def test_two_decode_threads_draw_the_samples_of_one_and_prefill_each_prompt_once(make_engine, tokenizer, two_torch_threads):
+def test_two_decode_threads_draw_the_samples_of_one_and_prefill_each_prompt_once(
+    make_engine, tokenizer, two_torch_threads
+):
     requests = grpo_requests(tokenizer)
     one = make_engine(decode_threads=1).generate_batch(requests)
     engine = make_engine(decode_threads=2)
@@ -54,7 +59,9 @@ def test_the_decode_threads_leave_the_callers_torch_threads_and_new_threads_defa
     assert torch.get_num_threads() == 2 and in_new_thread == [2]
 
 
-def test_decode_threads_zero_picks_one_per_torch_thread_for_small_models_only(make_engine, two_torch_threads, monkeypatch):
+def test_decode_threads_zero_picks_one_per_torch_thread_for_small_models_only(
+    make_engine, two_torch_threads, monkeypatch
+):
     assert len(make_engine()._scheduler.schedulers) == 2
     assert len(make_engine(decode_threads=3)._scheduler.schedulers) == 3
     monkeypatch.setattr(hf_engine, "SMALL_MODEL_PARAMETERS", 1000)

@@ -27,9 +27,15 @@ def test_shapes_masks_and_positions_for_several_samples_per_prompt(make_engine, 
     prompts.meta_info["eos_token_id"] = _stop_ids(tokenizer)
     out = engine.generate_sequences(prompts).batch
     rows, width, length = 9, prompts.batch["input_ids"].shape[1], 16
-    for key, shape in [("prompts", (rows, width)), ("responses", (rows, length)), ("response_mask", (rows, length)),
-                       ("rollout_log_probs", (rows, length)), ("input_ids", (rows, width + length)),
-                       ("attention_mask", (rows, width + length)), ("position_ids", (rows, width + length))]:
+    for key, shape in [
+        ("prompts", (rows, width)),
+        ("responses", (rows, length)),
+        ("response_mask", (rows, length)),
+        ("rollout_log_probs", (rows, length)),
+        ("input_ids", (rows, width + length)),
+        ("attention_mask", (rows, width + length)),
+        ("position_ids", (rows, width + length)),
+    ]:
         assert tuple(out[key].shape) == shape, key
     assert torch.equal(out["prompts"], prompts.batch["input_ids"].repeat_interleave(3, dim=0))
     assert torch.equal(out["input_ids"], torch.cat([out["prompts"], out["responses"]], dim=1))
@@ -136,9 +142,13 @@ def test_validation_is_greedy_with_its_own_n_and_matches_transformers_generate(m
     assert out["responses"].shape == (6, 10)
     assert torch.equal(out["responses"][0::2], out["responses"][1::2])
     reference = engine.model.generate(
-        input_ids=prompts.batch["input_ids"], attention_mask=prompts.batch["attention_mask"], do_sample=False,
-        max_new_tokens=10, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )[:, prompts.batch["input_ids"].shape[1]:]
+        input_ids=prompts.batch["input_ids"],
+        attention_mask=prompts.batch["attention_mask"],
+        do_sample=False,
+        max_new_tokens=10,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )[:, prompts.batch["input_ids"].shape[1] :]
     for row in range(3):
         length = int(out["response_mask"][2 * row].sum())
         assert out["responses"][2 * row, :length].tolist() == reference[row, :length].tolist()

@@ -41,7 +41,11 @@ def test_synced_engine_samples_as_an_engine_built_from_the_actors_weights(family
 
     with torch.no_grad():
         actor_log_probs, _ = forward_log_probs(
-            actor, ours["input_ids"], ours["attention_mask"], ours["position_ids"], RESPONSE_LENGTH,
+            actor,
+            ours["input_ids"],
+            ours["attention_mask"],
+            ours["position_ids"],
+            RESPONSE_LENGTH,
             use_remove_padding=False,
         )
     # Decoding with a KV cache sums each token's attention in other chunks than one forward over the sequence.

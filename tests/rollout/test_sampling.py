@@ -16,7 +16,12 @@ def _draw(logits, params, draws, seed=0):
 
 def test_greedy_rows_take_the_argmax_next_to_sampled_rows():
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(1))
-    params = [SamplingParams(do_sample=False), SamplingParams(), SamplingParams(temperature=0.0), SamplingParams(top_k=3)]
+    params = [
+        SamplingParams(do_sample=False),
+        SamplingParams(),
+        SamplingParams(temperature=0.0),
+        SamplingParams(top_k=3),
+    ]
     tokens, log_probs = sample_next_tokens(logits, RowSampling.from_params(params), _generators(4))
     assert tokens[0] == logits[0].argmax() and tokens[2] == logits[2].argmax()
     assert tokens[3] in logits[3].topk(3).indices

@@ -10,7 +10,10 @@ def test_hermes_calls_are_parsed_in_order_with_object_or_string_arguments():
         '<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}</tool_call>'
     )
     parsed = parse_hermes(text)
-    assert parsed.tool_calls == [ToolCall("calculator", {"expression": "2+3"}), ToolCall("python", {"code": "print(1)"})]
+    assert parsed.tool_calls == [
+        ToolCall("calculator", {"expression": "2+3"}),
+        ToolCall("python", {"code": "print(1)"}),
+    ]
     assert parsed.content == "Let me compute." and parsed.errors == [] and parsed.has_calls
 
 
@@ -21,8 +24,11 @@ def test_text_without_calls_has_none():
 
 @pytest.mark.parametrize(
     "body, message",
-    [('{"name": "calculator", "arguments": {', "invalid JSON"), ('["calculator"]', '"name"'),
-     ('{"name": "calculator", "arguments": 3}', "arguments must be a JSON object")],
+    [
+        ('{"name": "calculator", "arguments": {', "invalid JSON"),
+        ('["calculator"]', '"name"'),
+        ('{"name": "calculator", "arguments": 3}', "arguments must be a JSON object"),
+    ],
 )
 def test_malformed_calls_become_errors(body, message):
     parsed = parse_hermes(f"<tool_call>{body}</tool_call>")

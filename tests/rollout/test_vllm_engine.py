@@ -30,8 +30,13 @@ REPOSITORY = pathlib.Path(__file__).parents[2]
 PROMPTS = ["hi", "a longer prompt", TOOL_QUESTION]
 # Every vLLM knob verl users set, at a value other than its default, so each is seen to arrive.
 KNOBS = {
-    "max_num_seqs": 16, "max_num_batched_tokens": 1024, "enable_prefix_caching": False, "enforce_eager": True,
-    "enable_chunked_prefill": False, "gpu_memory_utilization": 0.05, "load_format": "safetensors",
+    "max_num_seqs": 16,
+    "max_num_batched_tokens": 1024,
+    "enable_prefix_caching": False,
+    "enforce_eager": True,
+    "enable_chunked_prefill": False,
+    "gpu_memory_utilization": 0.05,
+    "load_format": "safetensors",
     "max_model_len": 128,
 }
 
@@ -44,10 +49,17 @@ def kv_cache_size(model_dir) -> int:
 
 @pytest.fixture(scope="module")
 def engine(tool_calling_model_dir):
-    config = RolloutConfig.from_dict({
-        "name": "vllm", "n": 2, "response_length": 12, "prompt_length": 64, "calculate_log_probs": True, **KNOBS,
-        "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": kv_cache_size(tool_calling_model_dir)}},
-    })
+    config = RolloutConfig.from_dict(
+        {
+            "name": "vllm",
+            "n": 2,
+            "response_length": 12,
+            "prompt_length": 64,
+            "calculate_log_probs": True,
+            **KNOBS,
+            "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": kv_cache_size(tool_calling_model_dir)}},
+        }
+    )
     return create_rollout_engine(config, tool_calling_model_dir)
 
 
@@ -140,7 +152,7 @@ def test_weights_synced_in_buckets_give_the_actors_log_probs(engine, tokenizer, 
     def buckets():  # read lazily, one at a time, as RolloutPart.load_weight_buckets hands them over
         for start in range(0, len(named), 4):
             handed_out.append(start)
-            yield named[start:start + 4]
+            yield named[start : start + 4]
 
     try:
         engine.load_weights(itertools.chain.from_iterable(buckets()))
@@ -148,10 +160,11 @@ def test_weights_synced_in_buckets_give_the_actors_log_probs(engine, tokenizer, 
         prompts = left_padded(tokenizer, PROMPTS)
         out = engine.generate_sequences(prompts).batch
         with torch.no_grad():
-            logits = actor(input_ids=out["input_ids"], attention_mask=out["attention_mask"],
-                           position_ids=out["position_ids"]).logits
+            logits = actor(
+                input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
+            ).logits
         width = out["prompts"].shape[1]
-        logits = logits[:, width - 1:-1] / engine.config.temperature
+        logits = logits[:, width - 1 : -1] / engine.config.temperature
         actor_log_probs = torch.log_softmax(logits.float(), dim=-1).gather(-1, out["responses"][..., None])[..., 0]
         mask = out["response_mask"].bool()
         assert torch.allclose(out["rollout_log_probs"][mask], actor_log_probs[mask], atol=1e-4)
@@ -179,7 +192,10 @@ def test_a_lora_actor_syncs_the_adapter_alone_and_vllm_samples_as_the_trained_ac
     its per-token log-probs equal the trained actor's within 1e-4, as for full weights above."""
     completed = subprocess.run(
         [sys.executable, "-m", "tests.rollout.vllm_lora_sync", str(tiny_model_dir)],
-        cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-4000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
@@ -191,7 +207,7 @@ def test_a_lora_actor_syncs_the_adapter_alone_and_vllm_samples_as_the_trained_ac
 
 def test_the_actor_in_the_engines_process_still_sets_its_threads(engine):
     """vLLM's CPU worker replaces torch.set_num_threads with a no-op; the engine puts it back."""
-    engine.llm  # built
+    assert engine.llm is not None  # built
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)
@@ -203,7 +219,11 @@ def test_the_actor_in_the_engines_process_still_sets_its_threads(engine):
 def test_adapter_tensors_are_written_under_peft_saved_names():
     from hybridflow.rollout.vllm_engine import _saved_adapter_name
 
-    assert _saved_adapter_name("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight") == \
-        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
-    assert _saved_adapter_name("base_model.model.model.embed_tokens.lora_embedding_B.default") == \
-        "base_model.model.model.embed_tokens.lora_embedding_B"
+    assert (
+        _saved_adapter_name("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight")
+        == "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    )
+    assert (
+        _saved_adapter_name("base_model.model.model.embed_tokens.lora_embedding_B.default")
+        == "base_model.model.model.embed_tokens.lora_embedding_B"
+    )

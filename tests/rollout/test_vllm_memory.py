@@ -35,8 +35,9 @@ def test_the_weights_as_vllm_holds_them_are_read_from_the_headers(tiny_model_dir
 
 @pytest.fixture
 def rollout():
-    return RolloutConfig.from_dict({"name": "vllm", "prompt_length": 64, "response_length": 64,
-                                    "gpu_memory_utilization": 0.5})
+    return RolloutConfig.from_dict(
+        {"name": "vllm", "prompt_length": 64, "response_length": 64, "gpu_memory_utilization": 0.5}
+    )
 
 
 def test_a_share_is_refused_exactly_when_it_leaves_less_than_one_sequence(tiny_model_dir, rollout):
@@ -60,5 +61,7 @@ def test_a_share_beyond_what_is_available_and_an_explicit_size_beyond_it_are_ref
     assert cpu_kv_cache_error(rollout, config, node, GIB, 1, "room for 1") is None  # the share no longer counts
     rollout.engine_kwargs = {"vllm": {"kv_cache_memory_bytes": GIB // 4 + 1}}
     error = cpu_kv_cache_error(rollout, config, node, 0, 1, "room for 1")
-    assert error.startswith(f"{KV_BYTES_KEY}={GIB // 4 + 1} (0.25 GiB) is more than the 0.25 GiB available on NUMA "
-                            "node 1, where vLLM's CPU build allocates; set ")
+    assert error.startswith(
+        f"{KV_BYTES_KEY}={GIB // 4 + 1} (0.25 GiB) is more than the 0.25 GiB available on NUMA "
+        "node 1, where vLLM's CPU build allocates; set "
+    )

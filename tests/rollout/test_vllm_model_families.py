@@ -26,7 +26,10 @@ REPOSITORY = pathlib.Path(__file__).parents[2]
 def run_sync(model_dir, *options: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tests.rollout.vllm_family_sync", str(model_dir), *options],
-        cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -44,8 +47,10 @@ def skip_unless_available(needed: int) -> None:
     """The one way this machine can fall short of an explicit cache: its NUMA node has less available."""
     memory = cpu_node_memory()
     if needed > memory.available:
-        pytest.skip(f"NUMA node {memory.node} has {memory.available / GIB:.2f} GiB available, less than the "
-                    f"{needed / GIB:.2f} GiB KV cache this sync needs")
+        pytest.skip(
+            f"NUMA node {memory.node} has {memory.available / GIB:.2f} GiB available, less than the "
+            f"{needed / GIB:.2f} GiB KV cache this sync needs"
+        )
 
 
 def test_synced_vllm_engine_gives_the_actors_log_probs(family_model_dir):
@@ -67,8 +72,9 @@ def test_on_a_small_machine_an_explicit_cache_syncs_and_a_share_is_refused_in_on
     refused = run_sync(tiny_model_dir, *small, "--gpu_memory_utilization", "0.05")
     assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-4000:]
     error = refused.stderr.strip().splitlines()[-1]
-    assert error.startswith(f"hybridflow: error: {SHARE_KEY}=0.05 gives vLLM 0.05 GiB on CPU (0.05 x the 1.00 GiB "
-                            "of NUMA node "), error
+    assert error.startswith(
+        f"hybridflow: error: {SHARE_KEY}=0.05 gives vLLM 0.05 GiB on CPU (0.05 x the 1.00 GiB of NUMA node "
+    ), error
     assert "Traceback" not in refused.stderr
     assert "leaving no room" in error and f"set +{KV_BYTES_KEY}=" in error, error
     assert "Initializing a V1 LLM engine" not in refused.stderr  # refused before vLLM started
@@ -77,9 +83,12 @@ def test_on_a_small_machine_an_explicit_cache_syncs_and_a_share_is_refused_in_on
 def test_where_the_estimate_falls_short_vllms_own_refusal_is_one_line_too(tiny_model_dir):
     """vLLM measures the process's memory after loading the model; should that leave no room where hybridflow's
     lower bound did, vLLM's refusal reaches the user as one line with the explicit size to set."""
-    refused = run_sync(tiny_model_dir, "--node_memory", *map(str, SMALL_NODE), "--gpu_memory_utilization", "0.05",
-                       "--without_estimate")
+    refused = run_sync(
+        tiny_model_dir, "--node_memory", *map(str, SMALL_NODE), "--gpu_memory_utilization", "0.05", "--without_estimate"
+    )
     assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-4000:]
     error = refused.stderr.strip().splitlines()[-1]
-    assert error.startswith("hybridflow: error: vLLM found no room for its KV cache on CPU (Available memory on node "), error
+    assert error.startswith(
+        "hybridflow: error: vLLM found no room for its KV cache on CPU (Available memory on node "
+    ), error
     assert f"set +{KV_BYTES_KEY}=" in error and "Traceback" not in refused.stderr, error

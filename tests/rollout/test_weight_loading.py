@@ -23,7 +23,9 @@ def test_after_load_weights_rollout_log_probs_equal_the_updated_actor(make_engin
 
     def actor_log_probs(batch):
         with torch.no_grad():
-            return forward_log_probs(actor, batch["input_ids"], batch["attention_mask"], batch["position_ids"], 12, use_remove_padding=False)[0]
+            return forward_log_probs(
+                actor, batch["input_ids"], batch["attention_mask"], batch["position_ids"], 12, use_remove_padding=False
+            )[0]
 
     assert not torch.allclose(engine.compute_log_probs(*inputs), actor_log_probs(fixed), atol=1e-3)
     engine.load_weights((name, param.detach().clone()) for name, param in actor.named_parameters())
@@ -31,7 +33,9 @@ def test_after_load_weights_rollout_log_probs_equal_the_updated_actor(make_engin
     # The log-probs recorded while sampling equal the actor's too.
     generated = engine.generate_sequences(left_padded(tokenizer, ["a fixed sequence", "and another one"])).batch
     mask = generated["response_mask"].bool()
-    torch.testing.assert_close(generated["rollout_log_probs"][mask], actor_log_probs(generated)[mask], atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        generated["rollout_log_probs"][mask], actor_log_probs(generated)[mask], atol=1e-4, rtol=0
+    )
 
 
 def test_wrapper_prefixes_and_tied_names_resolve(tiny_model_dir):
@@ -40,12 +44,19 @@ def test_wrapper_prefixes_and_tied_names_resolve(tiny_model_dir):
     new_embedding = torch.randn_like(model.lm_head.weight)
     new_norm = torch.randn_like(model.model.layers[0].input_layernorm.weight)
     new_q = torch.randn_like(model.model.layers[1].self_attn.q_proj.weight)
-    loaded = load_weights_in_place(model, [
-        ("module.lm_head.weight", new_embedding),
-        ("_fsdp_wrapped_module.model.layers.0._checkpoint_wrapped_module.input_layernorm.weight", new_norm),
-        ("layers.1.self_attn._orig_mod.q_proj.weight", new_q),
-    ])
-    assert loaded == ["lm_head.weight", "model.layers.0.input_layernorm.weight", "model.layers.1.self_attn.q_proj.weight"]
+    loaded = load_weights_in_place(
+        model,
+        [
+            ("module.lm_head.weight", new_embedding),
+            ("_fsdp_wrapped_module.model.layers.0._checkpoint_wrapped_module.input_layernorm.weight", new_norm),
+            ("layers.1.self_attn._orig_mod.q_proj.weight", new_q),
+        ],
+    )
+    assert loaded == [
+        "lm_head.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.1.self_attn.q_proj.weight",
+    ]
     assert torch.equal(model.model.embed_tokens.weight, new_embedding)
     assert torch.equal(model.model.layers[0].input_layernorm.weight, new_norm)
     assert torch.equal(model.model.layers[1].self_attn.q_proj.weight, new_q)
@@ -85,8 +96,15 @@ def _rss_bytes() -> int:
 
 def test_peak_memory_while_loading_stays_far_below_a_second_copy():
     """Streaming a ~68 MB model's weights in grows resident memory by about one tensor, never by one model."""
-    config = Qwen2Config(vocab_size=263, hidden_size=512, intermediate_size=1408, num_hidden_layers=6,
-                         num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=263,
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     model = Qwen2ForCausalLM(config).eval()
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     samples, done = [], threading.Event()
@@ -110,7 +128,9 @@ def test_peak_memory_while_loading_stays_far_below_a_second_copy():
         done.set()
         watcher.join()
     growth = max(samples) - before
-    assert growth < 0.25 * model_bytes, f"resident memory grew {growth / 2**20:.1f} MiB for a {model_bytes / 2**20:.1f} MiB model"
+    assert growth < 0.25 * model_bytes, (
+        f"resident memory grew {growth / 2**20:.1f} MiB for a {model_bytes / 2**20:.1f} MiB model"
+    )
 
 
 def test_weights_load_between_decode_steps_without_dropping_in_flight_requests(make_engine, tiny_model_dir, tokenizer):
@@ -118,7 +138,9 @@ def test_weights_load_between_decode_steps_without_dropping_in_flight_requests(m
 
     engine = make_engine()
     actor = moved_model(tiny_model_dir, scale=0.1)
-    request = GenerationRequest(tokenizer.encode("keep going"), SamplingParams(max_new_tokens=300, stop_token_ids=[], seed=0))
+    request = GenerationRequest(
+        tokenizer.encode("keep going"), SamplingParams(max_new_tokens=300, stop_token_ids=[], seed=0)
+    )
     future = engine._scheduler.submit(request)
     engine.load_weights((name, param.detach().clone()) for name, param in actor.named_parameters())
     result = future.result(timeout=60)

@@ -3,11 +3,11 @@ once per process, so a second engine in one process would compete with the first
 
 ``python -m tests.rollout.vllm_family_sync MODEL_DIR [--kv_cache_bytes N | --gpu_memory_utilization U]
 [--node_memory TOTAL AVAILABLE]`` builds the engine, syncs every weight of the model moved at random, samples
-responses with vLLM's per-token log-probs, and prints one JSON line: the largest difference from the moved model's
-log softmax of the same tokens, the largest log-prob in size, and the tokens compared. ``--node_memory`` makes vLLM
-see a NUMA node of that many bytes (tests/rollout/vllm_small_machine.py); ``--without_estimate`` leaves the memory
-check to vLLM itself, as when hybridflow's estimate of the process's memory falls short. Where hybridflow refuses the engine's
-memory settings, it prints hybridflow's one-line error to stderr and exits with 2.
+responses with vLLM's per-token log-probs, and prints one JSON line: the largest difference from the moved
+model's log softmax of the same tokens, the largest log-prob in size, and the tokens compared. ``--node_memory``
+makes vLLM see a NUMA node of that many bytes (tests/rollout/vllm_small_machine.py); ``--without_estimate`` leaves
+the memory check to vLLM itself, as when hybridflow's estimate of the process's memory falls short. Where
+hybridflow refuses the engine's memory settings, it prints hybridflow's one-line error to stderr and exits with 2.
 """
 
 import argparse
@@ -50,14 +50,28 @@ def main(argv: list[str]) -> None:
         from tests.rollout.vllm_small_machine import report_node_memory
 
         report_node_memory(*args.node_memory)
-    memory = ({"gpu_memory_utilization": args.gpu_memory_utilization} if args.gpu_memory_utilization else
-              {"engine_kwargs": {"vllm": {"kv_cache_memory_bytes": args.kv_cache_bytes or
-                                          sync_kv_cache_bytes(args.model_dir)}}})
-    config = RolloutConfig.from_dict({
-        "name": "vllm", "n": SAMPLES, "response_length": RESPONSE_LENGTH, "prompt_length": 64,
-        "calculate_log_probs": True, "enable_chunked_prefill": False, "enforce_eager": True,
-        "max_model_len": MAX_MODEL_LEN, **memory,
-    })
+    memory = (
+        {"gpu_memory_utilization": args.gpu_memory_utilization}
+        if args.gpu_memory_utilization
+        else {
+            "engine_kwargs": {
+                "vllm": {"kv_cache_memory_bytes": args.kv_cache_bytes or sync_kv_cache_bytes(args.model_dir)}
+            }
+        }
+    )
+    config = RolloutConfig.from_dict(
+        {
+            "name": "vllm",
+            "n": SAMPLES,
+            "response_length": RESPONSE_LENGTH,
+            "prompt_length": 64,
+            "calculate_log_probs": True,
+            "enable_chunked_prefill": False,
+            "enforce_eager": True,
+            "max_model_len": MAX_MODEL_LEN,
+            **memory,
+        }
+    )
     from hybridflow.errors import HybridflowError
 
     engine = create_rollout_engine(config, args.model_dir)
@@ -69,17 +83,22 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     out = engine.generate_sequences(left_padded(load_tokenizer(args.model_dir), PROMPTS)).batch
     with torch.no_grad():
-        logits = actor(input_ids=out["input_ids"], attention_mask=out["attention_mask"],
-                       position_ids=out["position_ids"]).logits
+        logits = actor(
+            input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
+        ).logits
     width = out["prompts"].shape[1]
-    log_softmax = torch.log_softmax(logits[:, width - 1:-1].float(), dim=-1)
+    log_softmax = torch.log_softmax(logits[:, width - 1 : -1].float(), dim=-1)
     log_probs = log_softmax.gather(-1, out["responses"][..., None])[..., 0]
     mask = out["response_mask"].bool()
-    print(json.dumps({
-        "max_difference": (out["rollout_log_probs"][mask] - log_probs[mask]).abs().max().item(),
-        "largest_log_prob": log_probs[mask].abs().max().item(),
-        "tokens": int(mask.sum()),
-    }))
+    print(
+        json.dumps(
+            {
+                "max_difference": (out["rollout_log_probs"][mask] - log_probs[mask]).abs().max().item(),
+                "largest_log_prob": log_probs[mask].abs().max().item(),
+                "tokens": int(mask.sum()),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -37,11 +37,14 @@ def main(model_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
     rollout = actor_rollout_ref_config(model_dir)["rollout"]
     # Room for the batch's samples at once, whatever the machine's memory (tests/rollout/test_vllm_model_families.py).
-    kv_cache = kv_cache_bytes(load_model_config(model_dir), "float32", SAMPLES,
-                              rollout["prompt_length"] + rollout["response_length"])
-    config = actor_rollout_ref_config(model_dir, model={"lora_rank": 4, "lora_alpha": 8}, rollout={
-        **VLLM_ON_CPU, "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": kv_cache}},
-    })
+    kv_cache = kv_cache_bytes(
+        load_model_config(model_dir), "float32", SAMPLES, rollout["prompt_length"] + rollout["response_length"]
+    )
+    config = actor_rollout_ref_config(
+        model_dir,
+        model={"lora_rank": 4, "lora_alpha": 8},
+        rollout={**VLLM_ON_CPU, "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": kv_cache}}},
+    )
     worker = ActorRolloutRefWorker(config, "actor_rollout_ref")
     worker.init_model()
     batch = rollout_batch(SAMPLES, seed=1)
@@ -53,12 +56,16 @@ def main(model_dir: str) -> None:
     mask = output.batch["response_mask"].bool()
     engine = worker.parts["rollout"].engine
     written = safetensors.torch.load_file(os.path.join(engine._adapter_folder.name, "adapter_model.safetensors"))
-    print(json.dumps({
-        "adapter_only": worker.parts["rollout"].syncs_adapter_only,
-        "written": sorted(written),
-        "max_diff": float((output.batch["rollout_log_probs"] - trained)[mask].abs().max()),
-        "trained_from_base": float((trained - base)[mask].abs().max()),
-    }))
+    print(
+        json.dumps(
+            {
+                "adapter_only": worker.parts["rollout"].syncs_adapter_only,
+                "written": sorted(written),
+                "max_diff": float((output.batch["rollout_log_probs"] - trained)[mask].abs().max()),
+                "trained_from_base": float((trained - base)[mask].abs().max()),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

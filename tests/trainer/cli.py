@@ -30,8 +30,13 @@ class RayTempDir:
 
 def command(overrides: list[str], ray_temp_dir: str) -> list[str]:
     return [
-        sys.executable, "-m", "hybridflow.trainer.main_ppo", *overrides,
-        f"custom_reward_function.path={DENSE_REWARD}", "ray_init.num_cpus=2", f"ray_init.temp_dir={ray_temp_dir}",
+        sys.executable,
+        "-m",
+        "hybridflow.trainer.main_ppo",
+        *overrides,
+        f"custom_reward_function.path={DENSE_REWARD}",
+        "ray_init.num_cpus=2",
+        f"ray_init.temp_dir={ray_temp_dir}",
     ]
 
 
@@ -60,11 +65,19 @@ def _wait_for_first_checkpoint(run_dir: pathlib.Path, process: subprocess.Popen,
     raise AssertionError("no checkpoint within the timeout")
 
 
-def kill_9_at_first_checkpoint(overrides: list[str], run_dir: pathlib.Path, cwd: pathlib.Path, timeout: float = 180) -> int:
+def kill_9_at_first_checkpoint(
+    overrides: list[str], run_dir: pathlib.Path, cwd: pathlib.Path, timeout: float = 180
+) -> int:
     """Start the trainer, kill -9 it once its first checkpoint is written; returns the step that checkpoint saved."""
     with RayTempDir() as ray_temp_dir:
-        process = subprocess.Popen(command(overrides, ray_temp_dir), cwd=cwd, env=cli_env(),
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        process = subprocess.Popen(
+            command(overrides, ray_temp_dir),
+            cwd=cwd,
+            env=cli_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             _wait_for_first_checkpoint(run_dir, process, timeout)
             os.kill(process.pid, signal.SIGKILL)

@@ -37,8 +37,10 @@ class Outcome:
         lines = [line for line in self.stderr.splitlines() if not RAY_WORKER_LINE.match(line)]
         starts = [i for i, line in enumerate(lines) if line.startswith(PREFIX)]
         if not starts:
-            raise AssertionError(f"no {PREFIX!r} line (exit {self.code})\nstdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-5000:]}")
-        return "\n".join(lines[starts[-1]:])[len(PREFIX):]
+            raise AssertionError(
+                f"no {PREFIX!r} line (exit {self.code})\nstdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-5000:]}"
+            )
+        return "\n".join(lines[starts[-1] :])[len(PREFIX) :]
 
 
 def check_in_process(entry: str, argv: list[str], capsys, monkeypatch, tmp_path) -> Outcome:
@@ -59,9 +61,19 @@ def run_subprocess(entry: str, argv: list[str], cwd, timeout: float = 240, env: 
     """The whole run in a subprocess, with its own Ray cluster (for failures that happen after start-up)."""
     with RayTempDir() as ray_temp_dir:
         result = subprocess.run(
-            [sys.executable, "-m", f"hybridflow.trainer.{entry}", *argv, "ray_init.num_cpus=2",
-             f"ray_init.temp_dir={ray_temp_dir}"],
-            cwd=cwd, env={**cli_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout,
+            [
+                sys.executable,
+                "-m",
+                f"hybridflow.trainer.{entry}",
+                *argv,
+                "ray_init.num_cpus=2",
+                f"ray_init.temp_dir={ray_temp_dir}",
+            ],
+            cwd=cwd,
+            env={**cli_env(), **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     return Outcome(result.returncode, result.stdout, result.stderr)
 

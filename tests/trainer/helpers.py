@@ -8,7 +8,8 @@ from hybridflow.config.plan import RunPlan, build_plan
 
 
 def compose_config(overrides, config_name="ppo_trainer"):
-    """ppo_trainer.yaml (or another trainer config) with Hydra command-line style overrides, as main_ppo would see it."""
+    """ppo_trainer.yaml (or another trainer config) with Hydra command-line style overrides, as main_ppo would see
+    it."""
     with initialize_config_module("hybridflow.config.yaml", version_base=None):
         return compose(config_name, overrides=list(overrides))
 
@@ -67,13 +68,18 @@ def tool_calling_model(model_dir, tools_yaml, out_dir):
 
     tokenizer, model = load_tokenizer(model_dir), load_causal_lm(model_dir)
     schemas = [tool.schema for tool in load_tools(str(tools_yaml)).values()]
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": TOOL_QUESTION}], tools=schemas,
-                                           add_generation_prompt=True, tokenize=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": TOOL_QUESTION}], tools=schemas, add_generation_prompt=True, tokenize=False
+    )
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     eos = [tokenizer.eos_token_id]
-    completion = (tokenizer.encode(TOOL_CALL, add_special_tokens=False) + eos
-                  + ToolMessageEncoder(tokenizer).encode(["6"], ended_with_eos=True)
-                  + tokenizer.encode(TOOL_ANSWER, add_special_tokens=False) + eos)
+    completion = (
+        tokenizer.encode(TOOL_CALL, add_special_tokens=False)
+        + eos
+        + ToolMessageEncoder(tokenizer).encode(["6"], ended_with_eos=True)
+        + tokenizer.encode(TOOL_ANSWER, add_special_tokens=False)
+        + eos
+    )
     sequence = torch.tensor([prompt_ids + completion])
     labels = sequence.clone()
     labels[0, : len(prompt_ids)] = -100

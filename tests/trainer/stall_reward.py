@@ -10,8 +10,10 @@ import time
 def _stalled() -> bool:
     path, _, step = os.environ.get("HYBRIDFLOW_TEST_STALL_AT", "").rpartition(":")
     metrics = pathlib.Path(path)
-    return bool(path) and metrics.exists() and any(
-        json.loads(line)["step"] == int(step) for line in metrics.read_text().splitlines() if line.strip()
+    return (
+        bool(path)
+        and metrics.exists()
+        and any(json.loads(line)["step"] == int(step) for line in metrics.read_text().splitlines() if line.strip())
     )
 
 

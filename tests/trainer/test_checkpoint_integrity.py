@@ -33,18 +33,30 @@ def test_the_manifest_records_every_file_with_its_size(tmp_path):
     assert checkpoint_damage(step_dir) is None
 
 
-@pytest.mark.parametrize("damage, expected", [
-    (lambda d: (d / "actor" / "model.distcp").write_bytes(b"w" * 10), "global_step_3/actor/model.distcp has 10 bytes, 1000 recorded"),
-    (lambda d: (d / "actor" / "model.distcp").write_bytes(b"x" * 1000), "global_step_3/actor/model.distcp differs from its recorded checksum"),
-    (lambda d: (d / "driver_state.pt").unlink(), "global_step_3/driver_state.pt is missing"),
-])
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (
+            lambda d: (d / "actor" / "model.distcp").write_bytes(b"w" * 10),
+            "global_step_3/actor/model.distcp has 10 bytes, 1000 recorded",
+        ),
+        (
+            lambda d: (d / "actor" / "model.distcp").write_bytes(b"x" * 1000),
+            "global_step_3/actor/model.distcp differs from its recorded checksum",
+        ),
+        (lambda d: (d / "driver_state.pt").unlink(), "global_step_3/driver_state.pt is missing"),
+    ],
+)
 def test_a_damaged_latest_falls_back_to_the_newest_intact_checkpoint_and_says_so(tmp_path, capsys, damage, expected):
     manager = CheckpointManager(tmp_path, "auto")
     for step in (1, 2, 3):
         _save(manager, step)
     damage(tmp_path / "global_step_3")
     assert manager.resume_dir() == tmp_path / "global_step_2"
-    assert f"checkpoint global_step_3 is damaged ({expected}); resuming from global_step_2 instead" in capsys.readouterr().out
+    assert (
+        f"checkpoint global_step_3 is damaged ({expected}); resuming from global_step_2 instead"
+        in capsys.readouterr().out
+    )
 
 
 def test_a_folder_whose_save_did_not_finish_is_not_a_fallback(tmp_path, capsys):
@@ -60,7 +72,11 @@ def test_no_intact_checkpoint_is_one_error_naming_the_damage(tmp_path):
     manager = CheckpointManager(tmp_path, "auto")
     _save(manager, 1)
     (tmp_path / "global_step_1" / "actor" / "model.distcp").unlink()
-    with pytest.raises(CheckpointError, match=r"points at global_step_1, which is damaged \(global_step_1/actor/model.distcp is missing\).*resume_mode=disable"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"points at global_step_1, which is damaged \(global_step_1/actor/model.distcp is missing\)"
+        r".*resume_mode=disable",
+    ):
         manager.resume_dir()
 
 
@@ -80,7 +96,10 @@ def test_a_damaged_explicit_resume_path_is_refused(tmp_path):
         CheckpointManager(tmp_path, str(tmp_path / "global_step_1")).resume_dir()
 
 
-DISK_FULL = r"disk full while writing checkpoint .*global_step_2 \(\d+ MiB free on /.*\); the previous checkpoint global_step_1 is kept"
+DISK_FULL = (
+    r"disk full while writing checkpoint .*global_step_2 \(\d+ MiB free on /.*\); "
+    r"the previous checkpoint global_step_1 is kept"
+)
 
 
 @needs_dev_full
@@ -101,8 +120,13 @@ def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, full_f
 
 def test_a_full_disk_in_a_worker_is_named_from_its_traceback(tmp_path):
     manager = CheckpointManager(tmp_path, "auto")
-    failure = WorkerError("actor_rollout", 1, "actor.save_checkpoint",
-                          "Traceback ...\nOSError: [Errno 28] No space left on device", "CheckpointException")
+    failure = WorkerError(
+        "actor_rollout",
+        1,
+        "actor.save_checkpoint",
+        "Traceback ...\nOSError: [Errno 28] No space left on device",
+        "CheckpointException",
+    )
     with pytest.raises(CheckpointError, match=r"global_step_1 .*; no earlier checkpoint exists;"):
         with manager.saving(1):
             raise failure

@@ -6,12 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.checkpoints.manager import (
-    CheckpointError,
-    CheckpointManager,
-    capture_rng_state,
-    restore_rng_state,
-)
+from hybridflow.checkpoints.manager import CheckpointError, CheckpointManager, capture_rng_state, restore_rng_state
 
 
 def _save(manager, step):

@@ -22,7 +22,9 @@ def _stopped(error, capsys):
 def test_an_error_raised_on_purpose_is_one_line_and_its_traceback_goes_to_a_file(capsys, monkeypatch, tmp_path):
     monkeypatch.delenv(FULL_ERROR_ENV, raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    code, out = _stopped(HybridflowError("data.train_files row 3: prompt is not a list of messages; fix the row"), capsys)
+    code, out = _stopped(
+        HybridflowError("data.train_files row 3: prompt is not a list of messages; fix the row"), capsys
+    )
     assert code == 1
     assert out.err == "hybridflow: error: data.train_files row 3: prompt is not a list of messages; fix the row\n"
     log = next(tmp_path.glob("hybridflow_test_error_*.log"))
@@ -51,19 +53,28 @@ def test_ctrl_c_exits_130(capsys, monkeypatch):
 
 def test_a_workers_user_error_is_named_by_group_rank_and_method(capsys, monkeypatch):
     monkeypatch.delenv(FULL_ERROR_ENV, raising=False)
-    error = WorkerError("actor_rollout", 1, "actor.init_model", "Traceback ...\nModelLoadError: x", "ModelLoadError",
-                        "model.safetensors is truncated; re-download it", user_facing=True)
+    error = WorkerError(
+        "actor_rollout",
+        1,
+        "actor.init_model",
+        "Traceback ...\nModelLoadError: x",
+        "ModelLoadError",
+        "model.safetensors is truncated; re-download it",
+        user_facing=True,
+    )
     code, out = _stopped(error, capsys)
     assert code == 1
-    assert out.err == ("hybridflow: error: worker group 'actor_rollout' rank 1 (actor.init_model): "
-                       "model.safetensors is truncated; re-download it\n")
+    assert out.err == (
+        "hybridflow: error: worker group 'actor_rollout' rank 1 (actor.init_model): "
+        "model.safetensors is truncated; re-download it\n"
+    )
     died = WorkerError("critic", 0, "critic.update_critic", "RayActorError", "ActorDiedError", "", process_died=True)
     assert "died or was killed" in _stopped(died, capsys)[1].err
 
 
 def test_a_bug_keeps_its_traceback(capsys):
     with pytest.raises(ZeroDivisionError), error_boundary("test"):
-        1 / 0
+        _ = 1 / 0
     bug = WorkerError("actor_rollout", 0, "actor.update_actor", "Traceback ...\nZeroDivisionError", "ZeroDivisionError")
     with pytest.raises(WorkerError), error_boundary("test"):
         raise bug

@@ -11,33 +11,48 @@ from .test_sft import sft_overrides
 
 PPO_CASES = {
     "misspelled key": (["trainer.devise=cpu"], ["trainer.devise", "did you mean trainer.device"]),
-    "key in the wrong section": (["actor_rollout_ref.ppo_mini_batch_size=2"], ["actor_rollout_ref.ppo_mini_batch_size"]),
+    "key in the wrong section": (
+        ["actor_rollout_ref.ppo_mini_batch_size=2"],
+        ["actor_rollout_ref.ppo_mini_batch_size"],
+    ),
     "wrong type": (["trainer.total_epochs=abc"], ["trainer.total_epochs", "abc"]),
     "mini-batch not dividing": (["actor_rollout_ref.actor.ppo_mini_batch_size=3"], ["ppo_mini_batch_size"]),
     "unknown estimator": (["algorithm.adv_estimator=gpro"], ["algorithm.adv_estimator", "gpro", "grpo"]),
     "unknown policy loss": (["actor_rollout_ref.actor.policy_loss.loss_mode=vanila"], ["loss_mode", "vanilla"]),
     "unknown kl estimator": (
-        ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=kll"], ["kl_loss_type", "kll"]
+        ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_type=kll"],
+        ["kl_loss_type", "kll"],
     ),
     "unknown loss aggregation": (["actor_rollout_ref.actor.loss_agg_mode=token-mean-x"], ["loss_agg_mode"]),
     "unknown reward manager": (["reward_model.reward_manager=naiv"], ["reward_manager", "naive"]),
     "unknown logger": (["trainer.logger=[consol]"], ["trainer.logger", "consol"]),
-    "missing model folder": (["actor_rollout_ref.model.path=/no/such/model"], ["actor_rollout_ref.model.path", "/no/such/model"]),
+    "missing model folder": (
+        ["actor_rollout_ref.model.path=/no/such/model"],
+        ["actor_rollout_ref.model.path", "/no/such/model"],
+    ),
     "missing train file": (["data.train_files=/no/such/train.parquet"], ["data.train_files", "/no/such/train.parquet"]),
     "missing val file": (["data.val_files=/no/such/val.parquet"], ["data.val_files", "/no/such/val.parquet"]),
     "missing reward file": (["custom_reward_function.path=/no/such/reward.py"], ["custom_reward_function.path"]),
-    "unparsable override": (["data.train_batch_size=[1,"], ["data.train_batch_size=[1,", "not a valid key=value override"]),
+    "unparsable override": (
+        ["data.train_batch_size=[1,"],
+        ["data.train_batch_size=[1,", "not a valid key=value override"],
+    ),
     "save_freq zero": (["trainer.save_freq=0"], ["trainer.save_freq=0"]),
     "resume path missing": (
-        ["trainer.resume_mode=resume_path", "trainer.resume_from_path=/no/such/step"], ["trainer.resume_from_path"]
+        ["trainer.resume_mode=resume_path", "trainer.resume_from_path=/no/such/step"],
+        ["trainer.resume_from_path"],
     ),
     "unknown resume mode": (["trainer.resume_mode=latest"], ["trainer.resume_mode", "latest"]),
     "cpus per worker zero": (["trainer.cpus_per_worker=0"], ["trainer.cpus_per_worker=0"]),
     "too few CPUs for the placement": (
-        ["ray_kwargs.ray_init.num_cpus=1", "trainer.cpus_per_worker=2"], ["ray_kwargs.ray_init.num_cpus=1"]
+        ["ray_kwargs.ray_init.num_cpus=1", "trainer.cpus_per_worker=2"],
+        ["ray_kwargs.ray_init.num_cpus=1"],
     ),
     "megatron engine": (["actor_rollout_ref.actor.strategy=megatron"], ["Megatron"]),
-    "megatron config name": (["--config-name=ppo_megatron_trainer"], ["--config-name=ppo_megatron_trainer", "Megatron"]),
+    "megatron config name": (
+        ["--config-name=ppo_megatron_trainer"],
+        ["--config-name=ppo_megatron_trainer", "Megatron"],
+    ),
     "critic warm-up without a critic": (["trainer.critic_warmup=2"], ["trainer.critic_warmup=2"]),
     "sglang engine": (["actor_rollout_ref.rollout.name=sglang"], ["sglang"]),
 }
@@ -85,5 +100,7 @@ SFT_CASES = {
 @pytest.mark.parametrize("case", SFT_CASES, ids=list(SFT_CASES))
 def test_sft_config_mistake_is_one_line(case, sft_base, capsys, monkeypatch, tmp_path):
     overrides, fragments = SFT_CASES[case]
-    error = assert_refused(check_in_process("main_sft", sft_base + overrides, capsys, monkeypatch, tmp_path), *fragments)
+    error = assert_refused(
+        check_in_process("main_sft", sft_base + overrides, capsys, monkeypatch, tmp_path), *fragments
+    )
     assert error.startswith("invalid config: ") and "\n" not in error, error

@@ -212,30 +212,40 @@ CASES = {
     "data_source without a scorer": _unscored_data_source,
     "reward file with a syntax error": _reward_case("def compute_score(:\n    return 1\n", culprit="{path}:1"),
     "reward file without the function": _reward_case("def other(**kwargs):\n    return 1.0\n", culprit="compute_score"),
-    "reward function with the wrong signature": _reward_case("def compute_score(text):\n    return 1.0\n", culprit="compute_score"),
+    "reward function with the wrong signature": _reward_case(
+        "def compute_score(text):\n    return 1.0\n", culprit="compute_score"
+    ),
     "tool config missing": _missing_tool_file,
     "tool config not YAML": _tool_case("tools: [name: calculator\n"),
     "tool without a name or class": _tool_case("tools:\n  - config: {timeout: 5}\n"),
     "tool class not importable": _tool_case("tools:\n  - class_name: no_such_pkg.Tool\n", culprit="no_such_pkg.Tool"),
-    "tool class not a tool": _tool_case("tools:\n  - class_name: collections.OrderedDict\n", culprit="collections.OrderedDict"),
+    "tool class not a tool": _tool_case(
+        "tools:\n  - class_name: collections.OrderedDict\n", culprit="collections.OrderedDict"
+    ),
     "run folder under a file": _run_folder_under_a_file,
     "negative learning rate": _values("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr"),
     "zero clip ratio": _values("actor_rollout_ref.actor.clip_ratio=0", "actor_rollout_ref.actor.clip_ratio"),
     "discount above 1": _values("algorithm.adv_estimator=gae", "algorithm.gamma=1.5", "algorithm.gamma"),
-    "negative temperature": _values("actor_rollout_ref.rollout.temperature=-1", "actor_rollout_ref.rollout.temperature"),
+    "negative temperature": _values(
+        "actor_rollout_ref.rollout.temperature=-1", "actor_rollout_ref.rollout.temperature"
+    ),
     "top_p above 1": _values("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p"),
     "misspelled engine": _values("actor_rollout_ref.rollout.name=hff", "hff"),
     "two nodes on a local cluster": _values("trainer.nnodes=2", "trainer.nnodes"),
     # Four ranks per core, whatever the machine; the batch splits over them, so only the CPUs are short.
     "more worker CPUs than the machine": _values(
-        f"trainer.n_gpus_per_node={RANKS_BEYOND_CORES}", f"data.train_batch_size={RANKS_BEYOND_CORES}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={RANKS_BEYOND_CORES}", "trainer.n_gpus_per_node"
+        f"trainer.n_gpus_per_node={RANKS_BEYOND_CORES}",
+        f"data.train_batch_size={RANKS_BEYOND_CORES}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={RANKS_BEYOND_CORES}",
+        "trainer.n_gpus_per_node",
     ),
 }
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
-def test_a_broken_input_is_named_before_anything_starts(case, base, tiny_model_dir, tiny_parquet, capsys, monkeypatch, tmp_path):
+def test_a_broken_input_is_named_before_anything_starts(
+    case, base, tiny_model_dir, tiny_parquet, capsys, monkeypatch, tmp_path
+):
     overrides, culprits = CASES[case](tiny_model_dir, tiny_parquet, tmp_path)
     error = assert_refused(_run(base, overrides, capsys, monkeypatch, tmp_path), *culprits)
     lines = error.splitlines()
@@ -257,8 +267,14 @@ def test_six_broken_inputs_are_named_together(base, tiny_model_dir, tiny_parquet
     _csv_renamed(train, [])
     [run_folder], _ = _run_folder_under_a_file(tiny_model_dir, tiny_parquet, tmp_path)
     reward_overrides, [reward] = _reward_case("def compute_score(text):\n    return 1.0\n")(None, None, tmp_path)
-    overrides = [f"actor_rollout_ref.model.path={folder}", f"data.train_files={train}", run_folder,
-                 "actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.rollout.name=hff", *reward_overrides]
+    overrides = [
+        f"actor_rollout_ref.model.path={folder}",
+        f"data.train_files={train}",
+        run_folder,
+        "actor_rollout_ref.actor.optim.lr=-1",
+        "actor_rollout_ref.rollout.name=hff",
+        *reward_overrides,
+    ]
     culprits = ["model.safetensors", str(train), "trainer.default_local_dir", "optim.lr", "hff", reward]
     error = assert_refused(_run(base, overrides, capsys, monkeypatch, tmp_path), *culprits)
     assert error.startswith("invalid config (6 problems):"), error
@@ -272,7 +288,10 @@ def test_five_broken_sft_inputs_are_named_together(tiny_model_dir, tiny_parquet,
     val = _csv_renamed(tmp_path / "val.parquet", [])
     [run_folder], _ = _run_folder_under_a_file(tiny_model_dir, tiny_parquet, tmp_path)
     overrides = sft_overrides(folder, tiny_parquet, tmp_path / "run", steps=2) + [
-        f"data.val_files={val}", "data.response_key=answer", "optim.lr=-1", run_folder,
+        f"data.val_files={val}",
+        "data.response_key=answer",
+        "optim.lr=-1",
+        run_folder,
     ]
     outcome = check_in_process("main_sft", overrides, capsys, monkeypatch, tmp_path / "cwd")
     culprits = ["model.safetensors", str(val), "data.response_key='answer'", "optim.lr=-1", "trainer.default_local_dir"]

@@ -20,16 +20,25 @@ pytestmark = pytest.mark.slow
 
 def test_a_nan_reward_is_skipped_counted_and_stops_the_run_past_the_limit(tiny_model_dir, tiny_parquet, tmp_path):
     reward = tmp_path / "nan_reward.py"
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return float('nan')\n")
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return float('nan')\n"
+    )
     run_dir = tmp_path / "run"
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir) + [
-        f"custom_reward_function.path={reward}", "trainer.total_training_steps=3", "trainer.save_freq=1",
-        "trainer.val_before_train=false", "trainer.max_nonfinite_steps=1",
+        f"custom_reward_function.path={reward}",
+        "trainer.total_training_steps=3",
+        "trainer.save_freq=1",
+        "trainer.val_before_train=false",
+        "trainer.max_nonfinite_steps=1",
     ]
     outcome = run_subprocess("main_ppo", overrides, cwd=tmp_path)
     error = assert_refused(
-        outcome, "step 2: the reward of 8 of 8 samples is not finite", "data_source 'arithmetic'",
-        "trainer.max_nonfinite_steps=1", code=1, workers_started=True,
+        outcome,
+        "step 2: the reward of 8 of 8 samples is not finite",
+        "data_source 'arithmetic'",
+        "trainer.max_nonfinite_steps=1",
+        code=1,
+        workers_started=True,
     )
     assert "\n" not in error
     steps = {record["step"]: record for record in read_metrics(run_dir)}
@@ -43,14 +52,27 @@ def test_ctrl_c_says_where_the_run_stopped_and_what_resumes(tiny_model_dir, tiny
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir) + [
         # Steps of the tiny run take well under a second: enough of them (the prompts reused over epochs) that
         # the signal lands mid-run, not after it.
-        f"custom_reward_function.path={DENSE_REWARD}", "trainer.total_training_steps=200", "trainer.total_epochs=100",
-        "trainer.save_freq=1", "trainer.val_before_train=false",
+        f"custom_reward_function.path={DENSE_REWARD}",
+        "trainer.total_training_steps=200",
+        "trainer.total_epochs=100",
+        "trainer.save_freq=1",
+        "trainer.val_before_train=false",
     ]
     with RayTempDir() as ray_temp_dir:
         driver = subprocess.Popen(
-            [sys.executable, "-m", "hybridflow.trainer.main_ppo", *overrides, "ray_init.num_cpus=2",
-             f"ray_init.temp_dir={ray_temp_dir}"],
-            cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "hybridflow.trainer.main_ppo",
+                *overrides,
+                "ray_init.num_cpus=2",
+                f"ray_init.temp_dir={ray_temp_dir}",
+            ],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             # A test run started in the background of a non-interactive shell ignores SIGINT, and a child
             # inherits that; the driver must get Ctrl-C as a terminal would deliver it.
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -60,7 +82,12 @@ def test_ctrl_c_says_where_the_run_stopped_and_what_resumes(tiny_model_dir, tiny
             time.sleep(0.2)
         driver.send_signal(signal.SIGINT)
         stdout, stderr = driver.communicate(timeout=120)
-    error = assert_refused(Outcome(driver.returncode, stdout, stderr), "interrupted (Ctrl-C) during step",
-                           "the same command resumes from", str(run_dir / "global_step_"), code=130,
-                           workers_started=True)
+    error = assert_refused(
+        Outcome(driver.returncode, stdout, stderr),
+        "interrupted (Ctrl-C) during step",
+        "the same command resumes from",
+        str(run_dir / "global_step_"),
+        code=130,
+        workers_started=True,
+    )
     assert "\n" not in error

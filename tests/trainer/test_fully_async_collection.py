@@ -12,7 +12,8 @@ def test_partial_samples_are_those_drawn_by_more_than_one_weight_version():
     metrics = partial_metrics(DataProto.from_dict({"rollout_weight_versions": versions}))
     # spans 1, 0, 0 (no token), 2
     assert metrics == {
-        names.FULLY_ASYNC_PARTIAL_SAMPLES: 2.0, names.FULLY_ASYNC_PARTIAL_RATIO: 0.5,
+        names.FULLY_ASYNC_PARTIAL_SAMPLES: 2.0,
+        names.FULLY_ASYNC_PARTIAL_RATIO: 0.5,
         names.FULLY_ASYNC_MAX_PARTIAL_SPAN: 2.0,
     }
     assert partial_metrics(DataProto.from_dict({"responses": versions})) == {}

@@ -80,19 +80,30 @@ def ppo_run(tiny_model_dir, tiny_parquet, tmp_path_factory):
     tools.write_text("tools:\n  - name: calculator\n")
     model_dir = tool_calling_model(tiny_model_dir, tools, work / "tool_calling_model")
     # A small learning rate keeps the policy calling the tool in every step.
-    base = [o for o in tiny_run_overrides(model_dir, tiny_parquet, work / "run", "gae")
-            if not o.startswith(("actor_rollout_ref.actor.optim.lr=", "data.max_response_length="))]
+    base = [
+        o
+        for o in tiny_run_overrides(model_dir, tiny_parquet, work / "run", "gae")
+        if not o.startswith(("actor_rollout_ref.actor.optim.lr=", "data.max_response_length="))
+    ]
     overrides = base + [
-        f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", "trainer.val_before_train=false",
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.save_freq=1",
+        "trainer.val_before_train=false",
         # The chat template renders the tool's schema into every prompt (about 560 tokens with it); a call, the
         # tool's turn and the answer take about 95 response tokens.
-        "data.max_prompt_length=640", "data.max_response_length=96", "actor_rollout_ref.actor.optim.lr=1e-5",
-        "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "data.max_prompt_length=640",
+        "data.max_response_length=96",
+        "actor_rollout_ref.actor.optim.lr=1e-5",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
-        "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_ctrl.type=adaptive",
     ]
-    extra = [f"ray_kwargs.timeline_json_file={work / 'timeline.json'}",
-             "+ray_kwargs.ray_init.runtime_env.env_vars.HYBRIDFLOW_TEST_MARK=critic-run"]
+    extra = [
+        f"ray_kwargs.timeline_json_file={work / 'timeline.json'}",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.HYBRIDFLOW_TEST_MARK=critic-run",
+    ]
     run_cli(overrides + extra, cwd=work)
     return work / "run", overrides
 
@@ -153,11 +164,17 @@ def test_grpo_with_lora_trains_the_adapter_syncs_it_and_merges_to_a_hugging_face
     run_dir = tmp_path / "run"
     model = "actor_rollout_ref.model"
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir, "grpo") + [
-        "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.val_before_train=false",
-        f"{model}.lora_rank=4", f"{model}.lora_alpha=8", "actor_rollout_ref.actor.optim.lr=1e-2",
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=2",
+        "trainer.val_before_train=false",
+        f"{model}.lora_rank=4",
+        f"{model}.lora_alpha=8",
+        "actor_rollout_ref.actor.optim.lr=1e-2",
         # One mini-batch per step (so step 1 trains from B = 0 throughout), old log-probs still computed.
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.skip_old_log_prob=false",
-        "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.skip_old_log_prob=false",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
     ]
     run_cli(overrides, cwd=tmp_path)
@@ -182,8 +199,18 @@ def test_grpo_with_lora_trains_the_adapter_syncs_it_and_merges_to_a_hugging_face
     assert len(lora_b) == 14 and all(tensor.abs().max() > 0 for tensor in lora_b)  # B starts at 0
 
     merged_dir = tmp_path / "merged"
-    merge_command = [sys.executable, "-m", "hybridflow.model_merger", "merge", "--backend", "fsdp",
-                     "--local_dir", str(actor_dir), "--target_dir", str(merged_dir)]
+    merge_command = [
+        sys.executable,
+        "-m",
+        "hybridflow.model_merger",
+        "merge",
+        "--backend",
+        "fsdp",
+        "--local_dir",
+        str(actor_dir),
+        "--target_dir",
+        str(merged_dir),
+    ]
     result = subprocess.run(merge_command, env=cli_env(), capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr
     merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()

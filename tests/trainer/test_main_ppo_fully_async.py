@@ -22,12 +22,20 @@ def fully_async_run(tiny_model_dir, tiny_parquet, tmp_path_factory):
     prompts started per weight version, 3 per generation call; saved on every sync, validated every second."""
     work = tmp_path_factory.mktemp("fully_async")
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, work / "run", "grpo") + [
-        "actor_rollout_ref.hybrid_engine=false", "async_training.enable=true", "async_training.partial_rollout=false",
-        "actor_rollout_ref.rollout.calculate_log_probs=true", "data.train_batch_size=0", "data.gen_batch_size=1",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=1", "async_training.require_batches=2",
-        "async_training.trigger_parameter_sync_step=2", "async_training.staleness_threshold=0.5",
-        "async_training.concurrent_samples_per_replica=3", "rollout.total_rollout_steps=8",
-        "trainer.save_freq=1", "trainer.test_freq=2",
+        "actor_rollout_ref.hybrid_engine=false",
+        "async_training.enable=true",
+        "async_training.partial_rollout=false",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "data.train_batch_size=0",
+        "data.gen_batch_size=1",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "async_training.require_batches=2",
+        "async_training.trigger_parameter_sync_step=2",
+        "async_training.staleness_threshold=0.5",
+        "async_training.concurrent_samples_per_replica=3",
+        "rollout.total_rollout_steps=8",
+        "trainer.save_freq=1",
+        "trainer.test_freq=2",
     ]
     run_cli(overrides, cwd=work)
     return work / "run", overrides
@@ -65,11 +73,18 @@ def _partial_rollout_overrides(tiny_model_dir, tiny_parquet, run_dir):
     """8 prompts in steps of 2, a sync every step, calls of 2 prompts: each call runs while its step trains and is
     in flight at the next step's sync."""
     return tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir, "grpo") + [
-        "actor_rollout_ref.hybrid_engine=false", "async_training.enable=true", "async_training.partial_rollout=true",
-        "actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.bypass_mode=true",
-        "data.gen_batch_size=1", "async_training.require_batches=1", "async_training.trigger_parameter_sync_step=1",
-        "async_training.staleness_threshold=1.0", "async_training.concurrent_samples_per_replica=2",
-        "rollout.total_rollout_steps=8", "trainer.val_before_train=false",
+        "actor_rollout_ref.hybrid_engine=false",
+        "async_training.enable=true",
+        "async_training.partial_rollout=true",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "data.gen_batch_size=1",
+        "async_training.require_batches=1",
+        "async_training.trigger_parameter_sync_step=1",
+        "async_training.staleness_threshold=1.0",
+        "async_training.concurrent_samples_per_replica=2",
+        "rollout.total_rollout_steps=8",
+        "trainer.val_before_train=false",
     ]
 
 

@@ -20,8 +20,11 @@ def one_step_off_run(tiny_model_dir, tiny_parquet, tmp_path_factory):
     sample can be compared with the trainer's."""
     work = tmp_path_factory.mktemp("one_step_off")
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, work / "run", "grpo") + [
-        f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", "trainer.test_freq=2",
-        "actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.calculate_log_probs=true",
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.save_freq=1",
+        "trainer.test_freq=2",
+        "actor_rollout_ref.hybrid_engine=false",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
         # Small buckets, so the sync travels in several.
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
     ]

@@ -30,8 +30,10 @@ CORRECTION = "algorithm.rollout_correction"
 def _run(tiny_model_dir, tiny_parquet, tmp_path, *overrides):
     run_dir = tmp_path / "run"
     base = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir, "grpo") + [
-        "trainer.total_training_steps=2", "trainer.val_before_train=false",
-        "actor_rollout_ref.rollout.calculate_log_probs=true", "actor_rollout_ref.rollout.temperature=0.7",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "actor_rollout_ref.rollout.temperature=0.7",
     ]
     run_cli(base + list(overrides), cwd=tmp_path)
     records = {record["step"]: record for record in read_metrics(run_dir)}
@@ -41,8 +43,12 @@ def _run(tiny_model_dir, tiny_parquet, tmp_path, *overrides):
 
 def test_decoupled_token_weights_and_rejection_see_rollout_and_trainer_agree(tiny_model_dir, tiny_parquet, tmp_path):
     records = _run(
-        tiny_model_dir, tiny_parquet, tmp_path,
-        f"{CORRECTION}.rollout_is=token", f"{CORRECTION}.rollout_rs=token_k1", f"{CORRECTION}.rollout_rs_threshold=0.99_1.01",
+        tiny_model_dir,
+        tiny_parquet,
+        tmp_path,
+        f"{CORRECTION}.rollout_is=token",
+        f"{CORRECTION}.rollout_rs=token_k1",
+        f"{CORRECTION}.rollout_rs_threshold=0.99_1.01",
     )
     for step, record in records.items():
         assert names.timing("old_log_prob") in record, step  # two mini-batches per step: the pass runs
@@ -62,14 +68,22 @@ def test_bypass_mode_runs_no_old_log_prob_pass(tiny_model_dir, tiny_parquet, tmp
     # verl's multi-RS example (token_k1 + seq_max_k2, its quoted thresholds) with one mini-batch per step, so
     # the policy the loss sees is the one that sampled: the in-loss mismatch is rounding only.
     records = _run(
-        tiny_model_dir, tiny_parquet, tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        f"{CORRECTION}.bypass_mode=true", f"{CORRECTION}.loss_type=ppo_clip", f"{CORRECTION}.rollout_is=token",
-        f"{CORRECTION}.rollout_rs='token_k1,seq_max_k2'", f"{CORRECTION}.rollout_rs_threshold='0.6_1.6,2.5'",
+        tiny_model_dir,
+        tiny_parquet,
+        tmp_path,
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        f"{CORRECTION}.bypass_mode=true",
+        f"{CORRECTION}.loss_type=ppo_clip",
+        f"{CORRECTION}.rollout_is=token",
+        f"{CORRECTION}.rollout_rs='token_k1,seq_max_k2'",
+        f"{CORRECTION}.rollout_rs_threshold='0.6_1.6,2.5'",
     )
     for step, record in records.items():
         assert names.timing("old_log_prob") not in record, step
         assert not any(key.startswith("training/rollout_probs_diff") for key in record)
-        assert abs(record["rollout_corr/kl"]) <= MISMATCH and abs(record["rollout_corr/rollout_is_mean"] - 1) <= MISMATCH
+        assert (
+            abs(record["rollout_corr/kl"]) <= MISMATCH and abs(record["rollout_corr/rollout_is_mean"] - 1) <= MISMATCH
+        )
         assert record["rollout_corr/rollout_rs_masked_fraction"] == 0.0
         assert record["actor/pg_clipfrac"] == 0.0  # ratio pi_theta / pi_rollout = 1 up to rounding
         assert record["actor/pg_loss"] != 0 and names.timing("update_actor") in record

@@ -16,22 +16,42 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 ROLLOUT_POOL = ["actor_rollout_ref.hybrid_engine=false", "trainer.cpus_per_worker=1"]
 FULLY_ASYNC = ROLLOUT_POOL + [
-    "async_training.enable=true", "async_training.partial_rollout=false", "data.gen_batch_size=1",
-    "async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0.5",
-    "actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.bypass_mode=true",
+    "async_training.enable=true",
+    "async_training.partial_rollout=false",
+    "data.gen_batch_size=1",
+    "async_training.trigger_parameter_sync_step=1",
+    "async_training.staleness_threshold=0.5",
+    "actor_rollout_ref.rollout.calculate_log_probs=true",
+    "algorithm.rollout_correction.bypass_mode=true",
 ]
 
 
-@pytest.mark.parametrize("placement", [[], ROLLOUT_POOL, FULLY_ASYNC], ids=["hybrid-engine", "one-step-off", "fully-async"])
+@pytest.mark.parametrize(
+    "placement", [[], ROLLOUT_POOL, FULLY_ASYNC], ids=["hybrid-engine", "one-step-off", "fully-async"]
+)
 def test_a_grpo_run_on_vllm_learns(tmp_path, placement):
     run_dir = tmp_path / "demo"
     completed = subprocess.run(
-        [sys.executable, "-m", "hybridflow.demo", "--steps", "12", "--test_freq", "12", "--run_dir", str(run_dir),
-         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.enforce_eager=true",
-         # vLLM on CPU: no chunked prefill (the config check says why); the demo sizes the KV cache itself.
-         "actor_rollout_ref.rollout.enable_chunked_prefill=false",
-         "trainer.local_mode=false", *placement],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "hybridflow.demo",
+            "--steps",
+            "12",
+            "--test_freq",
+            "12",
+            "--run_dir",
+            str(run_dir),
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.enforce_eager=true",
+            # vLLM on CPU: no chunked prefill (the config check says why); the demo sizes the KV cache itself.
+            "actor_rollout_ref.rollout.enable_chunked_prefill=false",
+            "trainer.local_mode=false",
+            *placement,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -133,11 +133,13 @@ def test_rollout_probs_diff_by_hand():
     # Response tokens: sample 0 both, sample 1 the first only (the masked one must not count).
     actor = torch.tensor([[0.5, 0.25], [0.8, 0.1]])
     rollout = torch.tensor([[0.5, 0.5], [0.4, 0.9]])
-    batch = DataProto.from_dict({
-        "response_mask": torch.tensor([[1, 1], [1, 0]]),
-        "old_log_probs": actor.log(),
-        "rollout_log_probs": rollout.log(),
-    })
+    batch = DataProto.from_dict(
+        {
+            "response_mask": torch.tensor([[1, 1], [1, 0]]),
+            "old_log_probs": actor.log(),
+            "rollout_log_probs": rollout.log(),
+        }
+    )
     metrics = compute_rollout_probs_diff_metrics(batch)
     diffs = [0.0, 0.25, 0.4]
     mean = sum(diffs) / 3
@@ -156,10 +158,15 @@ def test_rollout_probs_diff_by_hand():
 
 def test_rollout_probs_diff_needs_both_log_probs_and_a_response_token():
     log_probs = torch.zeros(1, 2)
-    assert compute_rollout_probs_diff_metrics(DataProto.from_dict({
-        "response_mask": torch.ones(1, 2), "old_log_probs": log_probs
-    })) == {}
-    empty = compute_rollout_probs_diff_metrics(DataProto.from_dict({
-        "response_mask": torch.zeros(1, 2), "old_log_probs": log_probs, "rollout_log_probs": log_probs
-    }))
+    assert (
+        compute_rollout_probs_diff_metrics(
+            DataProto.from_dict({"response_mask": torch.ones(1, 2), "old_log_probs": log_probs})
+        )
+        == {}
+    )
+    empty = compute_rollout_probs_diff_metrics(
+        DataProto.from_dict(
+            {"response_mask": torch.zeros(1, 2), "old_log_probs": log_probs, "rollout_log_probs": log_probs}
+        )
+    )
     assert empty["training/rollout_probs_diff_valid"] == 0.0 and math.isnan(empty["training/rollout_probs_diff_mean"])

@@ -18,8 +18,11 @@ WINDOWED = {"gemma3": "gemma3_text", "mistral": "mistral"}  # family: its model_
 
 def test_one_grpo_step(model_family, family_model_dir, tiny_parquet, tmp_path):
     overrides = tiny_run_overrides(family_model_dir, tiny_parquet, tmp_path / "run") + [
-        "trainer.local_mode=true", "trainer.total_training_steps=1", "trainer.val_before_train=false",
-        "trainer.test_freq=-1", "trainer.save_freq=-1",
+        "trainer.local_mode=true",
+        "trainer.total_training_steps=1",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
     ]
     completed = run_cli(overrides, cwd=tmp_path)
     (record,) = read_metrics(tmp_path / "run")

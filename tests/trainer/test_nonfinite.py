@@ -30,18 +30,26 @@ def test_non_finite_scores_skip_the_step_and_name_the_first_sample(capsys):
     assert not guard.scores_are_finite(_scored([0.0, float("nan"), float("inf")]), step=4)
     assert guard.metrics(4) == {names.NONFINITE_STEPS: 1, names.NONFINITE_SKIP: 1.0}
     assert guard.metrics(5) == {names.NONFINITE_STEPS: 1, names.NONFINITE_SKIP: 0.0}
-    assert "step 4: the reward of 2 of 3 samples is not finite (first: sample 1, data_source 'b')" in capsys.readouterr().out
+    assert (
+        "step 4: the reward of 2 of 3 samples is not finite (first: sample 1, data_source 'b')"
+        in capsys.readouterr().out
+    )
     with pytest.raises(NonFiniteError, match=r"^step 5: .* more than trainer.max_nonfinite_steps=1: make the reward"):
         guard.scores_are_finite(_scored([float("-inf")]), step=5)
 
 
-@pytest.mark.parametrize("role, loss, lr_key", [
-    ("actor", "pg_loss", "actor_rollout_ref.actor.optim.lr"), ("critic", "vf_loss", "critic.optim.lr"),
-])
+@pytest.mark.parametrize(
+    "role, loss, lr_key",
+    [("actor", "pg_loss", "actor_rollout_ref.actor.optim.lr"), ("critic", "vf_loss", "critic.optim.lr")],
+)
 def test_a_non_finite_update_names_the_role_the_share_skipped_and_its_learning_rate(role, loss, lr_key):
     # Two optimizer steps, the second skipped: its NaN makes the means of the loss and grad norm NaN.
-    update = {f"{role}/{loss}": float("nan"), f"{role}/grad_norm": float("nan"), f"{role}/nonfinite_skip_frac": 0.5,
-              f"{role}/lr": 1e6}
+    update = {
+        f"{role}/{loss}": float("nan"),
+        f"{role}/grad_norm": float("nan"),
+        f"{role}/nonfinite_skip_frac": 0.5,
+        f"{role}/lr": 1e6,
+    }
     guard = NonFiniteGuard(max_steps=0)
     with pytest.raises(NonFiniteError) as raised:
         guard.updates_are_finite(update, step=2)

@@ -27,9 +27,7 @@ from hybridflow.trainer.phases import (
 def _batch(advantages, response_mask):
     advantages, response_mask = torch.tensor(advantages), torch.tensor(response_mask)
     rows = torch.arange(len(advantages))
-    return DataProto.from_dict(
-        {"advantages": advantages, "response_mask": response_mask, "row": rows}
-    )
+    return DataProto.from_dict({"advantages": advantages, "response_mask": response_mask, "row": rows})
 
 
 def test_samples_with_signal_are_kept_in_order_and_padded_with_inert_rows():
@@ -63,8 +61,12 @@ def test_balancing_reorders_the_rows_with_their_columns_and_logs_verls_seqlen_me
     assert list(batch.non_tensor_batch["uid"]) == ["a", "b", "c", "d", "a", "b", "c", "d"]
     assert batch.meta_info == {"t": 1}
     assert metrics == {
-        "global_seqlen/min": 4, "global_seqlen/max": 40, "global_seqlen/minmax_diff": 36,
-        "global_seqlen/balanced_min": 22, "global_seqlen/balanced_max": 22, "global_seqlen/mean": 22.0,
+        "global_seqlen/min": 4,
+        "global_seqlen/max": 40,
+        "global_seqlen/minmax_diff": 36,
+        "global_seqlen/balanced_min": 22,
+        "global_seqlen/balanced_max": 22,
+        "global_seqlen/mean": 22.0,
     }
     empty, no_metrics = balance_batch(batch[0:0], num_ranks=2)
     assert len(empty) == 0 and no_metrics == {}
@@ -77,8 +79,10 @@ def test_the_rollout_correction_runs_after_the_kl_penalty_and_before_the_advanta
     rollout_log_probs = torch.full((2, 2), -1.0)
     batch = DataProto.from_dict(
         {
-            "old_log_probs": old_log_probs, "rollout_log_probs": rollout_log_probs,
-            "ref_log_prob": torch.full((2, 2), -1.5), "response_mask": torch.ones(2, 2, dtype=torch.long),
+            "old_log_probs": old_log_probs,
+            "rollout_log_probs": rollout_log_probs,
+            "ref_log_prob": torch.full((2, 2), -1.5),
+            "response_mask": torch.ones(2, 2, dtype=torch.long),
             "token_level_scores": torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
         },
         non_tensors={"uid": np.array(["a", "a"], dtype=object)},

@@ -122,9 +122,12 @@ def test_logged_losses_kl_entropy_and_grad_norms_match_the_pinned_run(logged_run
         step = index + 1
         assert numbers[SAMPLED][index] == pinned[SAMPLED][index], (
             f"step {step} sampled other responses than the pinned run"
-            + (" (its weights are the initial ones: sampling, the model or the data changed)" if step == 1 else
-               f" though steps 1-{step - 1} logged the pinned numbers: their updates changed below the tolerance "
-               "or, if nothing explains that, a rounding difference flipped a sampled token on this CPU")
+            + (
+                " (its weights are the initial ones: sampling, the model or the data changed)"
+                if step == 1
+                else f" though steps 1-{step - 1} logged the pinned numbers: their updates changed below the tolerance "
+                "or, if nothing explains that, a rounding difference flipped a sampled token on this CPU"
+            )
         )
         for key in RUNS[name]["metrics"]:
             value, expected = numbers[key][index], pinned[key][index]

@@ -17,9 +17,9 @@ from tests.float_bounds import longest_reduction, reordered_sum_bound
 from tests.workers.helpers import assert_same_adamw_steps, gradient_bound
 
 from .cli import DENSE_REWARD
+from .helpers import compose_config, tiny_run_overrides
 
 FIRST_PROMPTS_REWARD = pathlib.Path(__file__).with_name("first_prompts_reward.py")
-from .helpers import compose_config, tiny_run_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -68,8 +68,11 @@ ESTIMATOR_METRICS = {
 @pytest.mark.parametrize("estimator", ADV_ESTIMATORS.primary_names())
 def test_every_estimator_runs_a_step(estimator, start_shared_workers, tiny_model_dir, tiny_parquet, tmp_path):
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run", estimator) + [
-        "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.cpus_per_worker=0.5",
-        f"custom_reward_function.path={DENSE_REWARD}", *ESTIMATOR_OVERRIDES.get(estimator, []),
+        "trainer.total_training_steps=1",
+        "trainer.val_before_train=false",
+        "trainer.cpus_per_worker=0.5",
+        f"custom_reward_function.path={DENSE_REWARD}",
+        *ESTIMATOR_OVERRIDES.get(estimator, []),
     ]
     trainer = build_trainer(load_config(compose_config(overrides)))
     try:
@@ -87,8 +90,11 @@ def test_every_estimator_runs_a_step(estimator, start_shared_workers, tiny_model
 
 def test_split_placement_runs_each_role_in_its_own_processes(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run", "gae") + [
-        "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.cpus_per_worker=0.5",
-        "trainer.placement=split", f"custom_reward_function.path={DENSE_REWARD}",
+        "trainer.total_training_steps=1",
+        "trainer.val_before_train=false",
+        "trainer.cpus_per_worker=0.5",
+        "trainer.placement=split",
+        f"custom_reward_function.path={DENSE_REWARD}",
     ]
     trainer = build_trainer(load_config(compose_config(overrides)))
     try:
@@ -121,16 +127,22 @@ def test_skipping_zero_signal_samples_and_the_old_log_prob_pass_leaves_the_weigh
 ):
     """Two GRPO steps, the first with some zero-signal groups, the second with nothing but."""
     base = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "unused", "grpo") + [
-        "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.cpus_per_worker=0.5",
-        f"trainer.n_gpus_per_node={ranks}", "data.shuffle=false", f"custom_reward_function.path={FIRST_PROMPTS_REWARD}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "trainer.cpus_per_worker=0.5",
+        f"trainer.n_gpus_per_node={ranks}",
+        "data.shuffle=false",
+        f"custom_reward_function.path={FIRST_PROMPTS_REWARD}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         # Stop on ~40% of the vocabulary, so the untrained model's responses vary in length.
         f"actor_rollout_ref.rollout.stop_token_ids=[{','.join(map(str, range(100)))}]",
     ]
     runs = {}
     for name, switches in (("full", ["false", "false"]), ("skipping", ["null", "null"])):
         overrides = base + [
-            f"trainer.default_local_dir={tmp_path / name}", f"actor_rollout_ref.actor.skip_old_log_prob={switches[0]}",
+            f"trainer.default_local_dir={tmp_path / name}",
+            f"actor_rollout_ref.actor.skip_old_log_prob={switches[0]}",
             f"algorithm.skip_zero_signal_samples={switches[1]}",
         ]
         runs[name] = _trained_weights(overrides, tmp_path / name)
@@ -151,7 +163,9 @@ def test_skipping_zero_signal_samples_and_the_old_log_prob_pass_leaves_the_weigh
         assert record["actor/pg_loss"] == pytest.approx(expected_record["actor/pg_loss"], rel=0, abs=pg_loss_bound)
         grad_bound = gradient_bound(log_prob_bound, num_terms)
         assert record["actor/grad_norm"] == pytest.approx(expected_record["actor/grad_norm"], rel=grad_bound)
-    assert_same_adamw_steps(weights, expected, steps=2, lr=1e-3, gradient_rel_bound=gradient_bound(log_prob_bound, num_terms))
+    assert_same_adamw_steps(
+        weights, expected, steps=2, lr=1e-3, gradient_rel_bound=gradient_bound(log_prob_bound, num_terms)
+    )
 
 
 def log_prob_magnitude(weights, config) -> float:
@@ -165,9 +179,14 @@ def log_prob_magnitude(weights, config) -> float:
 def test_balancing_the_ranks_leaves_a_two_rank_update_unchanged(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
     """One GRPO step of one mini-batch on 2 ranks: balancing moves samples between ranks, not the update."""
     base = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "unused", "grpo") + [
-        "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.cpus_per_worker=0.5",
-        "trainer.n_gpus_per_node=2", "data.shuffle=false", f"custom_reward_function.path={DENSE_REWARD}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "trainer.total_training_steps=1",
+        "trainer.val_before_train=false",
+        "trainer.cpus_per_worker=0.5",
+        "trainer.n_gpus_per_node=2",
+        "data.shuffle=false",
+        f"custom_reward_function.path={DENSE_REWARD}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         # Stop on ~40% of the vocabulary, so the untrained model's responses vary in length.
         f"actor_rollout_ref.rollout.stop_token_ids=[{','.join(map(str, range(100)))}]",
     ]
@@ -179,8 +198,9 @@ def test_balancing_the_ranks_leaves_a_two_rank_update_unchanged(ray_cluster, tin
         for switch in ("false", "true")
     }
     (weights, (record,)), (expected, (expected_record,)) = runs["true"], runs["false"]
-    assert record["global_seqlen/balanced_max"] - record["global_seqlen/balanced_min"] < (
-        record["global_seqlen/minmax_diff"]
+    assert (
+        record["global_seqlen/balanced_max"] - record["global_seqlen/balanced_min"]
+        < (record["global_seqlen/minmax_diff"])
     ), "the batch was balanced already: the test would not move a sample"
     # A moved sample runs in another rank's packed rows, so its log-probs are equal within the log-prob bound
     # and the loss's float32 sums run in another order (the bounds of the skipping test above).

@@ -28,9 +28,11 @@ def run(tiny_model_dir, tiny_parquet, tmp_path):
     """``run(estimator, *overrides)`` -> (trainer, fakes) after fit() with fake workers."""
 
     def run_with(estimator="grpo", *overrides, run_dir=None, reward=DENSE_REWARD):
-        base = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir or tmp_path / "run", estimator) + [
-            "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.peak_flops_per_device=1e9",
-        ] + ([f"custom_reward_function.path={reward}"] if reward else [])
+        base = (
+            tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir or tmp_path / "run", estimator)
+            + ["trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.peak_flops_per_device=1e9"]
+            + ([f"custom_reward_function.path={reward}"] if reward else [])
+        )
         trainer = build_trainer(load_config(compose_config(base + list(overrides))))
         fakes = FakeWorkers()
         trainer.init_workers(start_workers=fakes)
@@ -130,7 +132,9 @@ def test_dynamic_sampling_stops_at_its_budget(run):
 
 def test_remax_generates_a_greedy_baseline(run):
     _, fakes = run("remax")
-    greedy = [call[1] for call in fakes.calls if call[0] == "generate_sequences_stream" and call[1].get("do_sample") is False]
+    greedy = [
+        call[1] for call in fakes.calls if call[0] == "generate_sequences_stream" and call[1].get("do_sample") is False
+    ]
     assert len(greedy) == 2  # one per step
     batch = _step_batches(fakes)[0]
     baselines = batch.batch["reward_baselines"]
@@ -147,7 +151,9 @@ def test_validation_before_training_and_on_schedule(run, tmp_path):
     _, fakes = run(
         "grpo", "trainer.val_before_train=true", "trainer.test_freq=1", "actor_rollout_ref.rollout.val_kwargs.n=2"
     )
-    validations = [call[1] for call in fakes.calls if call[0] == "generate_sequences_stream" and call[1].get("validate")]
+    validations = [
+        call[1] for call in fakes.calls if call[0] == "generate_sequences_stream" and call[1].get("validate")
+    ]
     assert len(validations) == 3
     records = {r["step"]: r for r in read_metrics(tmp_path / "run")}
     for step in (0, 1, 2):
@@ -178,8 +184,20 @@ def test_split_placement_gives_each_role_its_pool_and_overlaps_the_critic_with_t
     assert fakes.plan.role_pool == {"actor_rollout_ref": "actor_rollout_ref_pool", "critic": "critic_pool"}
     # Each group of calls is submitted before the driver waits on any (a fake call runs when awaited): 3 and 4
     # are awaited in order, 7 before 6 (so the actor's update is timed alone).
-    step = ["generate_sequences_stream", "submit", "submit", "submit", "compute_log_prob", "compute_ref_log_prob",
-            "compute_values", "submit", "submit", "update_actor", "update_critic", "update_weights"]
+    step = [
+        "generate_sequences_stream",
+        "submit",
+        "submit",
+        "submit",
+        "compute_log_prob",
+        "compute_ref_log_prob",
+        "compute_values",
+        "submit",
+        "submit",
+        "update_actor",
+        "update_critic",
+        "update_weights",
+    ]
     assert fakes.names() == ["init_model", "init_model", "update_weights"] + step + step
     submitted = [call[1] for call in fakes.calls if call[0] == "submit"][:5]
     assert submitted == ["compute_log_prob", "compute_ref_log_prob", "compute_values", "update_critic", "update_actor"]
@@ -230,6 +248,7 @@ def test_resume_continues_where_the_saved_run_stopped(run, tmp_path):
         assert list(before.non_tensor_batch["uid"]) == list(after.non_tensor_batch["uid"])
         assert (before.batch["input_ids"] == after.batch["input_ids"]).all()  # same prompts, same samples
         assert (before.batch["advantages"] == after.batch["advantages"]).all()
+
     def without_timing(run_dir):
         return [{k: v for k, v in r.items() if not names.is_timing(k)} for r in read_metrics(run_dir)]
 
@@ -242,7 +261,10 @@ ONE_MINI_BATCH = "actor_rollout_ref.actor.ppo_mini_batch_size=4"  # on-policy: o
 
 def test_an_on_policy_grpo_step_skips_the_old_log_prob_pass_and_the_samples_without_signal(run, tmp_path):
     _, fakes = run("grpo", ONE_MINI_BATCH)
-    assert fakes.names() == ["init_model", "update_weights"] + ["generate_sequences_stream", "update_actor", "update_weights"] * 2
+    assert (
+        fakes.names()
+        == ["init_model", "update_weights"] + ["generate_sequences_stream", "update_actor", "update_weights"] * 2
+    )
     for batch, arguments in _updates(fakes):
         assert arguments["old_log_probs_from_update"] is True and "old_log_probs" not in batch.batch.keys()
         # The fakes' odd prompts get one response for all their samples: those groups have no signal.
@@ -259,7 +281,10 @@ def test_an_on_policy_grpo_step_skips_the_old_log_prob_pass_and_the_samples_with
 
 def test_a_step_without_any_signal_still_calls_the_update(run, tmp_path):
     _, fakes = run("grpo", ONE_MINI_BATCH, reward=None)  # the arithmetic score: 0 for every fake response
-    assert fakes.names() == ["init_model", "update_weights"] + ["generate_sequences_stream", "update_actor", "update_weights"] * 2
+    assert (
+        fakes.names()
+        == ["init_model", "update_weights"] + ["generate_sequences_stream", "update_actor", "update_weights"] * 2
+    )
     assert [len(batch) for batch, _ in _updates(fakes)] == [0, 0]
     assert read_metrics(tmp_path / "run")[0][names.ZERO_SIGNAL_FRAC] == 1.0
 
@@ -283,10 +308,12 @@ def _rank_tokens(batch, ranks):
 def _samples(batch):
     """The samples' (uid, response tokens) and advantage sums, sorted by the former: equal for two orders."""
     tensors = batch.batch
-    rows = sorted(zip(
-        zip(batch.non_tensor_batch["uid"], map(tuple, tensors["responses"].tolist())),
-        tensors["advantages"].sum(-1).tolist(),
-    ))
+    rows = sorted(
+        zip(
+            zip(batch.non_tensor_batch["uid"], map(tuple, tensors["responses"].tolist())),
+            tensors["advantages"].sum(-1).tolist(),
+        )
+    )
     return [key for key, _ in rows], [advantage for _, advantage in rows]
 
 
@@ -302,9 +329,12 @@ def test_balancing_gives_the_ranks_about_the_same_tokens_and_keeps_the_groups(ru
         assert max(tokens_after) - min(tokens_after) <= max(tokens_before) - min(tokens_before)
         assert (record["global_seqlen/min"], record["global_seqlen/max"]) == (min(tokens_before), max(tokens_before))
         assert (record["global_seqlen/balanced_min"], record["global_seqlen/balanced_max"]) == (
-            min(tokens_after), max(tokens_after),
+            min(tokens_after),
+            max(tokens_after),
         )
-    assert any(_rank_tokens(b, 2) != _rank_tokens(a, 2) for b, a in zip(_step_batches(unbalanced), _step_batches(balanced)))
+    assert any(
+        _rank_tokens(b, 2) != _rank_tokens(a, 2) for b, a in zip(_step_batches(unbalanced), _step_batches(balanced))
+    )
     assert "global_seqlen/min" not in read_metrics(tmp_path / "off")[0]
 
 
@@ -312,7 +342,8 @@ def test_critic_warmup_trains_only_the_critic_for_its_steps(run, tmp_path):
     _, fakes = run("gae", "trainer.critic_warmup=1")
     step = ["generate_sequences_stream", "compute_log_prob", "compute_values", "update_critic"]
     assert fakes.names() == ["init_model", "init_model", "update_weights"] + step + ["update_weights"] + step + [
-        "update_actor", "update_weights",
+        "update_actor",
+        "update_weights",
     ]
     warmup, trained = read_metrics(tmp_path / "run")
     assert warmup["critic/vf_loss"] == trained["critic/vf_loss"] == 1.0
@@ -323,12 +354,14 @@ def test_critic_warmup_trains_only_the_critic_for_its_steps(run, tmp_path):
 
 def test_actor_and_critic_checkpoints_are_kept_to_their_own_counts(run, tmp_path):
     run(
-        "gae", "trainer.total_training_steps=3", "trainer.save_freq=1",
-        "trainer.max_actor_ckpt_to_keep=2", "trainer.max_critic_ckpt_to_keep=1",
+        "gae",
+        "trainer.total_training_steps=3",
+        "trainer.save_freq=1",
+        "trainer.max_actor_ckpt_to_keep=2",
+        "trainer.max_critic_ckpt_to_keep=1",
     )
     saved = {
-        path.name: sorted(p.name for p in path.iterdir())
-        for path in sorted((tmp_path / "run").glob("global_step_*"))
+        path.name: sorted(p.name for p in path.iterdir()) for path in sorted((tmp_path / "run").glob("global_step_*"))
     }
     assert saved == {
         "global_step_2": ["actor", "driver_state.pt", "manifest.json"],
@@ -338,8 +371,12 @@ def test_actor_and_critic_checkpoints_are_kept_to_their_own_counts(run, tmp_path
 
 def test_validation_samples_are_logged_as_a_table_and_dumped_per_validation(run, tmp_path):
     run(
-        "grpo", "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.log_val_generations=3",
-        f"trainer.validation_data_dir={tmp_path / 'val'}", "trainer.logger=[jsonl]",
+        "grpo",
+        "trainer.val_before_train=true",
+        "trainer.test_freq=2",
+        "trainer.log_val_generations=3",
+        f"trainer.validation_data_dir={tmp_path / 'val'}",
+        "trainer.logger=[jsonl]",
     )
     tables = [json.loads(line) for line in (tmp_path / "run" / "val_generations.jsonl").read_text().splitlines()]
     assert [table["step"] for table in tables] == [0, 2]  # before training, then at test_freq
@@ -363,8 +400,12 @@ def test_decoupled_rollout_correction_weighs_and_masks_the_update_batch(run, tmp
     # log r = 0.1 * (token % 3): weights e^0, e^0.1 = 1.105 and e^0.2 = 1.221, truncated at 1.15; token_k2 at
     # 0.01 rejects (0.2)^2 / 2 = 0.02 and keeps (0.1)^2 / 2 = 0.005.
     _, fakes = run(
-        "grpo", ENGINE_LOG_PROBS, f"{CORRECTION}.rollout_is=token", f"{CORRECTION}.rollout_is_threshold=1.15",
-        f"{CORRECTION}.rollout_rs=token_k2", f"{CORRECTION}.rollout_rs_threshold=0.01",
+        "grpo",
+        ENGINE_LOG_PROBS,
+        f"{CORRECTION}.rollout_is=token",
+        f"{CORRECTION}.rollout_is_threshold=1.15",
+        f"{CORRECTION}.rollout_rs=token_k2",
+        f"{CORRECTION}.rollout_rs_threshold=0.01",
     )
     assert fakes.names().count("compute_log_prob") == 2  # decoupled: the old-log-prob pass runs
     batch = _step_batches(fakes)[0].batch
@@ -377,14 +418,19 @@ def test_decoupled_rollout_correction_weighs_and_masks_the_update_batch(run, tmp
     assert (batch["advantages"][rejected] == 0).all()  # the estimator saw the corrected mask
     record = read_metrics(tmp_path / "run")[0]
     tokens = engine_mask.bool()
-    assert record["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(rejected.sum().item() / tokens.sum().item())
+    assert record["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(
+        rejected.sum().item() / tokens.sum().item()
+    )
     assert record["rollout_corr/kl"] == pytest.approx(-log_ratio[tokens].mean().item(), rel=1e-5)
     assert "rollout_corr/rollout_is_eff_sample_size" in record and names.timing("old_log_prob") in record
 
 
 def test_bypass_mode_takes_the_engines_log_probs_as_old_ones_without_a_pass(run, tmp_path):
     _, fakes = run("grpo", ENGINE_LOG_PROBS, f"{CORRECTION}.bypass_mode=true", f"{CORRECTION}.loss_type=reinforce")
-    assert fakes.names() == ["init_model", "update_weights"] + ["generate_sequences_stream", "update_actor", "update_weights"] * 2
+    assert (
+        fakes.names()
+        == ["init_model", "update_weights"] + ["generate_sequences_stream", "update_actor", "update_weights"] * 2
+    )
     for batch in _step_batches(fakes):
         assert torch.equal(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"])
         assert "rollout_is_weights" not in batch.batch.keys()
@@ -395,8 +441,13 @@ def test_bypass_mode_takes_the_engines_log_probs_as_old_ones_without_a_pass(run,
 
 
 def test_the_actor_is_built_with_bypass_modes_loss(run):
-    trainer, _ = run("grpo", ENGINE_LOG_PROBS, f"{CORRECTION}.bypass_mode=true", f"{CORRECTION}.rollout_rs=seq_max_k3",
-                     f"{CORRECTION}.rollout_rs_threshold=0.5")
+    trainer, _ = run(
+        "grpo",
+        ENGINE_LOG_PROBS,
+        f"{CORRECTION}.bypass_mode=true",
+        f"{CORRECTION}.rollout_rs=seq_max_k3",
+        f"{CORRECTION}.rollout_rs_threshold=0.5",
+    )
     bypass = trainer.actor_rollout.bypass
     assert bypass.loss_type == "ppo_clip" and bypass.settings.rejections[0].option == "seq_max_k3"
     trainer, _ = run("grpo", ENGINE_LOG_PROBS)
@@ -409,8 +460,9 @@ def _checkpoints(run_dir):
 
 def test_non_finite_scores_train_nothing_are_never_saved_and_stop_the_run_past_the_limit(run, tmp_path):
     reward = tmp_path / "nan_reward.py"
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    return float('nan')\n")
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return float('nan')\n"
+    )
     with pytest.raises(NonFiniteError, match=r"^step 2: the reward of 8 of 8 samples is not finite"):
         run("grpo", "trainer.max_nonfinite_steps=1", "trainer.save_freq=1", reward=reward)
     records = read_metrics(tmp_path / "run")
@@ -440,8 +492,9 @@ def test_steps_whose_update_was_not_finite_are_logged_but_never_saved(run, tmp_p
 
 def test_a_reward_function_failing_on_every_sample_stops_training_and_validation(run, tmp_path):
     reward = tmp_path / "raising_reward.py"
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    raise KeyError('answer')\n")
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    raise KeyError('answer')\n"
+    )
     expected = rf"^the reward function compute_score in {reward}:1 failed on 8 of 8 samples, .* KeyError: 'answer'"
     with pytest.raises(RewardFunctionError, match=expected):
         run("grpo", reward=reward)
@@ -455,7 +508,9 @@ def test_one_step_off_trains_each_step_on_samples_one_update_old(run):
     the pool's load of update k's weights is queued behind it (waited for with it); no generation starts and no
     weights are synced after the last step."""
     trainer, fakes = run(
-        "grpo", "actor_rollout_ref.hybrid_engine=false", "trainer.total_training_steps=3",
+        "grpo",
+        "actor_rollout_ref.hybrid_engine=false",
+        "trainer.total_training_steps=3",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
     )
     assert fakes.plan.role_pool == {"actor_rollout_ref": "global_pool", "rollout": "rollout_pool"}
@@ -463,9 +518,14 @@ def test_one_step_off_trains_each_step_on_samples_one_update_old(run):
     train = ["compute_log_prob", "update_actor"]
     sync = ["share_weights", "submit"]  # the load is queued: it runs when waited for, after the generation
     assert fakes.names()[2:] == (
-        ["submit", "generate_sequences", "submit"] + train + sync
-        + ["generate_sequences", "load_shared_weights", "submit"] + train + sync
-        + ["generate_sequences", "load_shared_weights"] + train
+        ["submit", "generate_sequences", "submit"]
+        + train
+        + sync
+        + ["generate_sequences", "load_shared_weights", "submit"]
+        + train
+        + sync
+        + ["generate_sequences", "load_shared_weights"]
+        + train
     )
     assert [call[1] for call in fakes.calls if call[0] == "load_shared_weights"] == [1, 2]
     # The engine's log-probs tell which weights drew each step's samples: the model folder's twice, then update 1's.
@@ -477,13 +537,19 @@ def test_one_step_off_trains_each_step_on_samples_one_update_old(run):
 
 
 FULLY_ASYNC = [
-    "actor_rollout_ref.hybrid_engine=false", "async_training.enable=true", "async_training.partial_rollout=false",
-    "actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.total_training_steps=null",
+    "actor_rollout_ref.hybrid_engine=false",
+    "async_training.enable=true",
+    "async_training.partial_rollout=false",
+    "actor_rollout_ref.rollout.calculate_log_probs=true",
+    "trainer.total_training_steps=null",
     # 2 prompts a step, a sync every 2 steps, at most int(2 x 1.5 x 2) = 6 prompts started per weight version,
     # 3 per generation call; 12 prompts in all: 6 steps
-    "async_training.require_batches=1", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-    "async_training.trigger_parameter_sync_step=2", "async_training.staleness_threshold=0.5",
-    "async_training.concurrent_samples_per_replica=3", "rollout.total_rollout_steps=12",
+    "async_training.require_batches=1",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "async_training.trigger_parameter_sync_step=2",
+    "async_training.staleness_threshold=0.5",
+    "async_training.concurrent_samples_per_replica=3",
+    "rollout.total_rollout_steps=12",
 ]
 
 
@@ -500,12 +566,22 @@ def test_fully_async_trains_from_a_bounded_queue_and_syncs_every_trigger_steps(r
     sync = ["share_weights", "load_shared_weights"]
     call = ["submit", "generate_sequences"]
     assert fakes.names()[2:] == (
-        call + ["submit"] + train  # step 1
-        + ["generate_sequences"] + train + sync  # step 2
-        + ["submit"] + train  # step 3
-        + ["generate_sequences", "submit"] + train + ["generate_sequences"] + sync  # step 4
-        + ["submit"] + train  # step 5
-        + ["generate_sequences"] + train  # step 6
+        call
+        + ["submit"]
+        + train  # step 1
+        + ["generate_sequences"]
+        + train
+        + sync  # step 2
+        + ["submit"]
+        + train  # step 3
+        + ["generate_sequences", "submit"]
+        + train
+        + ["generate_sequences"]
+        + sync  # step 4
+        + ["submit"]
+        + train  # step 5
+        + ["generate_sequences"]
+        + train  # step 6
     )
     # The fake engine's log-probs tell which weights drew each sample (the actor's update count at the sync).
     for batch, version in zip(_step_batches(fakes), (0, 0, 0, 2, 2, 4)):
@@ -528,7 +604,9 @@ def test_fully_async_saves_and_validates_on_weight_syncs_and_resumes_with_its_qu
     overrides = [*FULLY_ASYNC, "trainer.save_freq=1", "trainer.test_freq=2"]
     trainer, fakes = run("grpo", *overrides, run_dir=tmp_path / "whole")
     assert sorted(path.name for path in (tmp_path / "whole").glob("global_step_*")) == [
-        "global_step_2", "global_step_4", "global_step_6",
+        "global_step_2",
+        "global_step_4",
+        "global_step_6",
     ]
     steps = {record["step"]: record for record in read_metrics(trainer.run_dir)}
     assert [s for s in steps if "val-core/arithmetic/acc/mean@1" in steps[s]] == [4, 6]
@@ -552,12 +630,21 @@ def test_fully_async_partial_rollout_syncs_without_waiting_for_the_call_in_fligh
     trainer, fakes = run("grpo", *FULLY_ASYNC[:2], *FULLY_ASYNC[3:], "async_training.partial_rollout=true")
     train, sync, call = ["update_actor"], ["share_weights", "load_shared_weights"], ["submit", "generate_sequences"]
     assert fakes.names()[2:] == (
-        call + ["submit"] + train  # step 1
-        + ["generate_sequences"] + train + sync  # step 2
-        + ["submit"] + train  # step 3
-        + ["generate_sequences", "submit"] + train + sync  # step 4: the sync does not wait for call 3
-        + ["generate_sequences", "submit"] + train  # step 5
-        + ["generate_sequences"] + train  # step 6
+        call
+        + ["submit"]
+        + train  # step 1
+        + ["generate_sequences"]
+        + train
+        + sync  # step 2
+        + ["submit"]
+        + train  # step 3
+        + ["generate_sequences", "submit"]
+        + train
+        + sync  # step 4: the sync does not wait for call 3
+        + ["generate_sequences", "submit"]
+        + train  # step 5
+        + ["generate_sequences"]
+        + train  # step 6
     )
     for batch, versions in zip(_step_batches(fakes), ([0] * 4, [0] * 4, [0] * 4, [2] * 4, [2, 2, 4, 4], [4] * 4)):
         responses, mask = batch.batch["responses"], batch.batch["response_mask"]

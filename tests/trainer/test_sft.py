@@ -100,7 +100,8 @@ def test_lora_sft_exports_merged_plain_weights(ray_cluster, tiny_model_dir, tiny
 def test_a_resumed_run_continues_from_the_saved_step(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
     run_dir = tmp_path / "resume"
     base = sft_overrides(tiny_model_dir, tiny_parquet, run_dir, steps=2) + [
-        "trainer.save_freq=2", "checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        "trainer.save_freq=2",
+        "checkpoint.save_contents=[model,optimizer,extra,hf_model]",
         "checkpoint.load_contents=[model,optimizer,extra]",
     ]
     main_sft.run_sft(composed(base))
@@ -141,4 +142,9 @@ def test_warmup_steps_come_from_lr_warmup_steps_or_the_ratio():
 
 def test_the_optimizer_defaults_are_verls_sft_trainer_ones():
     optim = SFTTrainerConfig().optim
-    assert (optim.lr, optim.betas, optim.warmup_steps_ratio, optim.lr_scheduler) == (1e-3, [0.9, 0.999], 0.0, "constant")
+    assert (optim.lr, optim.betas, optim.warmup_steps_ratio, optim.lr_scheduler) == (
+        1e-3,
+        [0.9, 0.999],
+        0.0,
+        "constant",
+    )

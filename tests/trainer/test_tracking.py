@@ -6,13 +6,7 @@ import sys
 
 import pytest
 
-from hybridflow.tracking.trackers import (
-    LOGGER_BACKENDS,
-    MissingExtraError,
-    RunInfo,
-    Tracking,
-    read_metrics,
-)
+from hybridflow.tracking.trackers import LOGGER_BACKENDS, MissingExtraError, RunInfo, Tracking, read_metrics
 
 from .tracker_files import mlflow_runs, mlflow_table, offline_trackers, swanlab_offline_runs, wandb_offline_runs
 
@@ -93,10 +87,13 @@ def test_validation_samples_go_to_console_jsonl_and_tensorboard(tmp_path, capsys
     out = capsys.readouterr().out
     assert "val/generations (step 2)" in out and "What is [2+2]?" in out and "nine" in out
     (record,) = [json.loads(line) for line in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
-    assert record == {"step": 2, "val/generations": [
-        {"input": "What is [2+2]?", "output": "4", "score": 1.0},
-        {"input": "What is 3*3?", "output": "nine", "score": 0.0},
-    ]}
+    assert record == {
+        "step": 2,
+        "val/generations": [
+            {"input": "What is [2+2]?", "output": "4", "score": 1.0},
+            {"input": "What is 3*3?", "output": "nine", "score": 0.0},
+        ],
+    }
     assert read_metrics(tmp_path) == []  # metrics.jsonl keeps to numbers
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
     events.Reload()
@@ -134,7 +131,10 @@ def test_mlflow_keeps_verls_names_in_a_local_store_and_the_generations_as_one_ta
     assert metrics["critic/score/mean"] == [(1, 0.25), (2, 0.5)]
     table = mlflow_table(tmp_path, "proj", run_id, "val/generations.json")
     assert table[["step", "input", "output", "score"]].values.tolist() == [
-        [1, *SAMPLES[0]], [1, *SAMPLES[1]], [2, *SAMPLES[1]], [2, *SAMPLES[0]],
+        [1, *SAMPLES[0]],
+        [1, *SAMPLES[1]],
+        [2, *SAMPLES[1]],
+        [2, *SAMPLES[0]],
     ]
 
 
@@ -143,7 +143,8 @@ def test_wandb_offline_keeps_verls_names_and_its_growing_table(tmp_path):
     ((_, rows),) = wandb_offline_runs(tmp_path)
     metrics = [row for row in rows if "critic/score/mean" in row]
     assert [(row["_step"], row["critic/score/mean"], row["val-core/arithmetic/acc/mean@2"]) for row in metrics] == [
-        (1, 0.25, 1.0), (2, 0.5, 1.0),
+        (1, 0.25, 1.0),
+        (2, 0.5, 1.0),
     ]
     # verl's table: a row per validation (step, input_1, output_1, score_1, ...), each logged table holds all so far.
     (table,) = [row["val/generations"] for row in rows if row["_step"] == 2 and "val/generations" in row]
@@ -174,13 +175,19 @@ def _end_as_a_kill_would(tracker):
 def _steps_logged(backend, run_dir):
     """[(run id, [step, ...]), ...]: the steps of ``critic/score/mean`` in each run (mlflow) or run folder."""
     if backend == "mlflow":
-        return [(run_id, [step for step, _ in metrics["critic/score/mean"]])
-                for run_id, metrics in mlflow_runs(run_dir, "proj").items()]
+        return [
+            (run_id, [step for step, _ in metrics["critic/score/mean"]])
+            for run_id, metrics in mlflow_runs(run_dir, "proj").items()
+        ]
     if backend == "wandb":
-        return [(run_id, [row["_step"] for row in rows if "critic/score/mean" in row])
-                for run_id, rows in wandb_offline_runs(run_dir)]
-    return [(run_id, [step for key, step, _ in logged if key == "critic/score/mean"])
-            for run_id, logged in swanlab_offline_runs(run_dir)]
+        return [
+            (run_id, [row["_step"] for row in rows if "critic/score/mean" in row])
+            for run_id, rows in wandb_offline_runs(run_dir)
+        ]
+    return [
+        (run_id, [step for key, step, _ in logged if key == "critic/score/mean"])
+        for run_id, logged in swanlab_offline_runs(run_dir)
+    ]
 
 
 @pytest.mark.parametrize("backend", ["mlflow", "wandb", "swanlab"])
@@ -197,7 +204,8 @@ def test_a_resumed_process_continues_the_same_run_and_skips_the_steps_it_holds(t
     logged = _steps_logged(backend, tmp_path)
     run_ids = {run_id for run_id, _ in logged}
     assert len(run_ids) == 1 and json.loads((tmp_path / f"{backend}_run.json").read_text()) == {
-        "run_id": run_ids.pop(), "last_step": 4,
+        "run_id": run_ids.pop(),
+        "last_step": 4,
     }
     # mlflow has one run; offline wandb and swanlab a folder per process, which their `sync` joins into one run.
     assert [step for _, steps in logged for step in steps] == [1, 2, 3, 4]

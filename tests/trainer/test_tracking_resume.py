@@ -36,8 +36,14 @@ def _kill_9_in_the_step_after(step, overrides, run_dir, cwd, timeout=180):
     """Start the trainer, stall it in the reward of the step after ``step``, and kill -9 it there once its wandb
     file holds ``step``."""
     env = {**cli_env(), "HYBRIDFLOW_TEST_STALL_AT": f"{run_dir / METRICS_FILE}:{step}"}
-    process = subprocess.Popen(_command(overrides), cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        _command(overrides),
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + timeout
         while not _wandb_holds(run_dir, step):
@@ -53,8 +59,9 @@ def _kill_9_in_the_step_after(step, overrides, run_dir, cwd, timeout=180):
             pass
 
 
-def test_kill_9_then_resume_continues_the_same_mlflow_and_wandb_runs(tiny_model_dir, tiny_parquet, tmp_path,
-                                                                     monkeypatch):
+def test_kill_9_then_resume_continues_the_same_mlflow_and_wandb_runs(
+    tiny_model_dir, tiny_parquet, tmp_path, monkeypatch
+):
     offline_trackers(monkeypatch)
     # Offline wandb writes its file at most every 15 s, when a record comes (a kill -9 loses its last seconds).
     # Here every 0.1 s, with a system-stats record every 0.1 s, so the killed process's steps reach the disk.
@@ -62,14 +69,19 @@ def test_kill_9_then_resume_continues_the_same_mlflow_and_wandb_runs(tiny_model_
     monkeypatch.setenv("WANDB_X_STATS_SAMPLING_INTERVAL", "0.1")
     run_dir = tmp_path / "run"
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir) + [
-        "trainer.local_mode=true", "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=2",
-        "trainer.log_val_generations=1", "trainer.logger=[jsonl,mlflow,wandb]",
+        "trainer.local_mode=true",
+        "trainer.total_training_steps=4",
+        "trainer.save_freq=2",
+        "trainer.test_freq=2",
+        "trainer.log_val_generations=1",
+        "trainer.logger=[jsonl,mlflow,wandb]",
     ]
     # Step 3 is logged but never saved: the resumed run redoes it from step 2's checkpoint.
     _kill_9_in_the_step_after(3, overrides, run_dir, cwd=tmp_path)
     assert (run_dir / "latest").read_text().strip() == "global_step_2"
-    resumed = subprocess.run(_command(overrides), cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
-                             timeout=180)
+    resumed = subprocess.run(
+        _command(overrides), cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=180
+    )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
 
     assert [record["step"] for record in read_metrics(run_dir)] == [0, 1, 2, 3, 4]  # 0: validation before training

@@ -20,8 +20,12 @@ pytestmark = pytest.mark.slow
 MAX_FILES = 12
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # The small run's keys this one sets otherwise: 4 samples per prompt, all 16 in one mini-batch and micro-batch.
-REPLACED = ("actor_rollout_ref.actor.ppo_mini_batch_size=", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=",
-            "actor_rollout_ref.rollout.n=", "trainer.logger=")
+REPLACED = (
+    "actor_rollout_ref.actor.ppo_mini_batch_size=",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=",
+    "actor_rollout_ref.rollout.n=",
+    "trainer.logger=",
+)
 
 
 def grpo_overrides(model_dir, parquet, run_dir) -> list[str]:

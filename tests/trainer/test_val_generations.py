@@ -20,6 +20,7 @@ class CharTokenizer:
 
 def _batch(prompts, responses, scores, ground_truths):
     """Left-padded prompts and right-padded responses of ``width`` 3, the score on the first response token."""
+
     def pad(texts, left):
         rows = [[ord(ch) for ch in text] for text in texts]
         return torch.tensor([[PAD] * (3 - len(r)) + r if left else r + [PAD] * (3 - len(r)) for r in rows])
@@ -29,7 +30,9 @@ def _batch(prompts, responses, scores, ground_truths):
     scores_tensor[:, 0] = torch.tensor(scores)
     return DataProto.from_dict(
         {
-            "prompts": prompt_ids, "responses": response_ids, "input_ids": torch.cat([prompt_ids, response_ids], 1),
+            "prompts": prompt_ids,
+            "responses": response_ids,
+            "input_ids": torch.cat([prompt_ids, response_ids], 1),
             "attention_mask": torch.cat([prompt_ids, response_ids], 1).ne(PAD).long(),
             "token_level_scores": scores_tensor,
         },
@@ -59,7 +62,9 @@ def test_the_dump_writes_verls_fields_one_line_per_sample(tmp_path):
     path = _generations().dump(tmp_path / "val", step=7)
     assert path == tmp_path / "val" / "7.jsonl"
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert lines[0] == {
-        "input": "cc", "output": "x", "gts": "1", "score": 1.0, "step": 7, "reward": 1.0, "acc": 1.0,
-    }
-    assert [line["input"] for line in lines] == ["cc", "a", "bbb"] and [line["gts"] for line in lines] == ["1", "2", "3"]
+    assert lines[0] == {"input": "cc", "output": "x", "gts": "1", "score": 1.0, "step": 7, "reward": 1.0, "acc": 1.0}
+    assert [line["input"] for line in lines] == ["cc", "a", "bbb"] and [line["gts"] for line in lines] == [
+        "1",
+        "2",
+        "3",
+    ]

@@ -11,8 +11,11 @@ def offline_trackers(monkeypatch):
     for name in ("MLFLOW_TRACKING_URI", "WANDB_API_KEY", "SWANLAB_API_KEY", "SWANLAB_LOG_DIR", "TENSORBOARD_DIR"):
         monkeypatch.delenv(name, raising=False)
     for name, value in {
-        "WANDB_MODE": "offline", "WANDB_SILENT": "true", "SWANLAB_MODE": "offline",
-        "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1",
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "SWANLAB_MODE": "offline",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "1",
     }.items():
         monkeypatch.setenv(name, value)
 
@@ -60,10 +63,10 @@ def _leveldb_records(path):
         if block - position % block < header:  # a block's tail too short for a header is padding
             position += block - position % block
             continue
-        length, kind = struct.unpack("<HB", data[position + 4:position + header])
+        length, kind = struct.unpack("<HB", data[position + 4 : position + header])
         if position + header + length > len(data):  # torn by a kill
             return
-        pending += data[position + header:position + header + length]
+        pending += data[position + header : position + header + length]
         position += header + length
         if kind in (1, 4):  # FULL or LAST
             yield pending

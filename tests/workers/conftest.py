@@ -26,4 +26,3 @@ def process_group():
     if created:
         dist.destroy_process_group()
     torch.set_num_threads(threads)
-

@@ -99,8 +99,14 @@ def gradient_bound(log_prob_bound: float, num_terms: int) -> float:
 
 
 def assert_same_update_metrics(
-    metrics: dict, expected: dict, batch: DataProto, log_prob_bound: float, num_terms: int, mini_batch_rows: int,
-    keys=("pg_loss", "ppo_kl", "kl_loss", "entropy", "pg_clipfrac", "grad_norm"), clip_ratio: float = 0.2,
+    metrics: dict,
+    expected: dict,
+    batch: DataProto,
+    log_prob_bound: float,
+    num_terms: int,
+    mini_batch_rows: int,
+    keys=("pg_loss", "ppo_kl", "kl_loss", "entropy", "pg_clipfrac", "grad_norm"),
+    clip_ratio: float = 0.2,
 ) -> None:
     """The actor's update metrics of two runs on ``batch`` (mini-batches of ``mini_batch_rows``) agree within
     what ``log_prob_bound``, the most their log-probs may differ, allows."""
@@ -122,11 +128,17 @@ def assert_same_update_metrics(
     }
     for key in keys:
         tolerance = tolerances[key]()
-        assert metrics[key] == pytest.approx(expected[key], rel=tolerance.get("rel", 0), abs=tolerance.get("abs", 0)), key
+        assert metrics[key] == pytest.approx(expected[key], rel=tolerance.get("rel", 0), abs=tolerance.get("abs", 0)), (
+            key
+        )
 
 
 def assert_same_adamw_steps(
-    weights: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], steps: int, lr: float, gradient_rel_bound: float
+    weights: dict[str, torch.Tensor],
+    expected: dict[str, torch.Tensor],
+    steps: int,
+    lr: float,
+    gradient_rel_bound: float,
 ) -> None:
     """Weights after ``steps`` AdamW steps of two runs whose gradients agree to ``gradient_rel_bound``.
 

@@ -125,9 +125,14 @@ def assert_same_one_step_update(
     other orders (micro-batches of other sizes): metrics and weights agree within ``float_bounds``."""
     num_terms = longest_reduction(AutoConfig.from_pretrained(model_dir))
     log_prob_bound = model_output_bound(batch.batch["old_log_probs"], num_terms)
-    assert_same_update_metrics(metrics, expected, batch, log_prob_bound, num_terms, mini_batch_rows=len(batch), keys=keys)
+    assert_same_update_metrics(
+        metrics, expected, batch, log_prob_bound, num_terms, mini_batch_rows=len(batch), keys=keys
+    )
     assert_same_adamw_steps(
-        weights_of(worker), weights_of(reference), steps=1, lr=1e-3,
+        weights_of(worker),
+        weights_of(reference),
+        steps=1,
+        lr=1e-3,
         gradient_rel_bound=gradient_bound(log_prob_bound, num_terms),
     )
 
@@ -346,8 +351,11 @@ def test_each_pass_chooses_its_layout_once_and_runs_every_micro_batch_in_it(tiny
     monkeypatch.setattr(actor_module, "choose_layout", lambda *args: chosen.append(choose(*args)) or chosen[-1])
     for module in (actor_module, ref_module):
         monkeypatch.setattr(
-            module, "log_prob_forward", lambda model, micro, layout, *args, **kwargs: used.append(layout)
-            or forward(model, micro, layout, *args, **kwargs),
+            module,
+            "log_prob_forward",
+            lambda model, micro, layout, *args, **kwargs: (
+                used.append(layout) or forward(model, micro, layout, *args, **kwargs)
+            ),
         )
     worker = make_worker(tiny_model_dir, role="actor_ref", actor={"ppo_micro_batch_size_per_gpu": 2, "ppo_epochs": 2})
     batch = rollout_batch(8, seed=0)
@@ -359,7 +367,9 @@ def test_each_pass_chooses_its_layout_once_and_runs_every_micro_batch_in_it(tiny
 
 
 def bypass_worker(model_dir, settings, loss_type="ppo_clip"):
-    worker = ActorRolloutRefWorker(actor_rollout_ref_config(model_dir), "actor", bypass=BypassCorrection(settings, loss_type))
+    worker = ActorRolloutRefWorker(
+        actor_rollout_ref_config(model_dir), "actor", bypass=BypassCorrection(settings, loss_type)
+    )
     worker.init_model()
     return worker
 
@@ -378,7 +388,9 @@ def test_bypass_mode_on_the_actors_own_log_probs_trains_as_vanilla_ppo(tiny_mode
 
 def test_bypass_mode_rejection_leaves_the_rejected_tokens_out_of_the_loss(tiny_model_dir):
     # old log-probs 0.1 above the actor's on every token: (0.1)^2 / 2 = 0.005 > 0.001 rejects them all
-    worker = bypass_worker(tiny_model_dir, CorrectionSettings.from_keys(rollout_rs="token_k2", rollout_rs_threshold=0.001))
+    worker = bypass_worker(
+        tiny_model_dir, CorrectionSettings.from_keys(rollout_rs="token_k2", rollout_rs_threshold=0.001)
+    )
     batch = batch_for(worker)
     batch.batch["old_log_probs"] = batch.batch["old_log_probs"] + 0.1
     metrics = worker.update_actor(batch).meta_info["metrics"]

@@ -93,7 +93,9 @@ def test_two_ranks_and_one_rank_give_the_same_log_probs_losses_and_weights(
     torch.testing.assert_close(trained, local_trained, rtol=0, atol=model_output_bound(trained, num_terms))
     weights = exported_weights(two_rank_group, tmp_path / "two_ranks")
     local_weights = full_parameters(one_rank_worker.parts["actor"].module)
-    assert_same_adamw_steps(weights, local_weights, steps=2, lr=1e-3, gradient_rel_bound=gradient_bound(log_prob_bound, num_terms))
+    assert_same_adamw_steps(
+        weights, local_weights, steps=2, lr=1e-3, gradient_rel_bound=gradient_bound(log_prob_bound, num_terms)
+    )
 
 
 def test_the_weight_sync_after_an_update_reaches_every_rank(two_rank_group):
@@ -182,7 +184,9 @@ def test_two_ranks_skipping_zero_signal_rows_and_old_log_probs_match_the_full_up
     num_terms = longest_reduction(AutoConfig.from_pretrained(tiny_model_dir))
     log_prob_bound = model_output_bound(full_batches[0].batch["old_log_probs"], num_terms)
     weights = exported_weights(group, tmp_path / "skipping")
-    assert_same_adamw_steps(weights, expected, steps=2, lr=1e-3, gradient_rel_bound=gradient_bound(log_prob_bound, num_terms))
+    assert_same_adamw_steps(
+        weights, expected, steps=2, lr=1e-3, gradient_rel_bound=gradient_bound(log_prob_bound, num_terms)
+    )
     for full, skip, batch in zip(full_metrics, skipped, full_batches):
         # One entry per reporting rank (rank 0 alone: the metrics are all-reduced).
         metrics, full = ({key: values[0] for key, values in m.items()} for m in (skip.meta_info["metrics"], full))

@@ -41,7 +41,9 @@ def test_critic_keeps_fsdp_options_under_model_as_verl_does():
 def test_every_field_has_help():
     classes = [obj for obj in vars(worker_config).values() if dataclasses.is_dataclass(obj)]
     classes = [cls for cls in classes if cls.__module__ == worker_config.__name__]
-    missing = [f"{cls.__name__}.{f.name}" for cls in classes for f in dataclasses.fields(cls) if not f.metadata.get("help")]
+    missing = [
+        f"{cls.__name__}.{f.name}" for cls in classes for f in dataclasses.fields(cls) if not f.metadata.get("help")
+    ]
     assert not missing
 
 

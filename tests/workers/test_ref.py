@@ -29,8 +29,11 @@ def test_reference_log_probs_take_the_ref_micro_batching_and_do_not_depend_on_it
     calls = count_forwards(monkeypatch, ref_module)
     # Neither the actor's nor the rollout's micro-batch keys reach the reference pass.
     whole = make_worker(
-        tiny_model_dir, role="ref", ref={"log_prob_micro_batch_size_per_gpu": 8},
-        actor={"ppo_micro_batch_size_per_gpu": 1}, rollout={"log_prob_micro_batch_size_per_gpu": 1},
+        tiny_model_dir,
+        role="ref",
+        ref={"log_prob_micro_batch_size_per_gpu": 8},
+        actor={"ppo_micro_batch_size_per_gpu": 1},
+        rollout={"log_prob_micro_batch_size_per_gpu": 1},
     )
     expected = whole.compute_ref_log_prob(batch).batch["ref_log_prob"]
     assert [count for count, _ in calls] == [8]

@@ -26,7 +26,9 @@ def reward_model_dir(tiny_model_dir, tmp_path_factory):
 
 
 def test_rm_scores_equal_the_model_score_at_the_last_real_token(reward_model_dir):
-    worker = RewardModelWorker({"enable": True, "model": {"path": str(reward_model_dir)}, "micro_batch_size_per_gpu": 3})
+    worker = RewardModelWorker(
+        {"enable": True, "model": {"path": str(reward_model_dir)}, "micro_batch_size_per_gpu": 3}
+    )
     worker.init_model()
     batch = rollout_batch(7, seed=8)
     rm_scores = worker.compute_rm_score(batch).batch["rm_scores"]
@@ -35,7 +37,9 @@ def test_rm_scores_equal_the_model_score_at_the_last_real_token(reward_model_dir
     tensors = batch.batch
     with torch.no_grad():
         logits = model(
-            input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"], position_ids=tensors["position_ids"]
+            input_ids=tensors["input_ids"],
+            attention_mask=tensors["attention_mask"],
+            position_ids=tensors["position_ids"],
         ).logits[..., 0]
     last_response_column = tensors["response_mask"].sum(dim=1) - 1
     expected = logits[torch.arange(7), tensors["prompts"].shape[1] + last_response_column]

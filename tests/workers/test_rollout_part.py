@@ -59,7 +59,9 @@ def test_rollout_log_probs_equal_the_trained_actor_after_sync(tiny_model_dir, mo
     worker.update_weights()
     output = worker.generate_sequences(prompts_of(batch))
     assert len(output) == 8 and not rollout.is_stale and rollout.asleep
-    torch.testing.assert_close(engine_log_probs(rollout, batch), trained, rtol=0, atol=model_output_bound(trained, num_terms))
+    torch.testing.assert_close(
+        engine_log_probs(rollout, batch), trained, rtol=0, atol=model_output_bound(trained, num_terms)
+    )
 
 
 def test_without_new_weights_the_sync_copies_nothing(tiny_model_dir):

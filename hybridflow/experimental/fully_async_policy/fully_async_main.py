@@ -1,4 +1,5 @@
-"""``python -m hybridflow.experimental.fully_async_policy.fully_async_main key=value ...``: verl's fully async entry point.
+"""``python -m hybridflow.experimental.fully_async_policy.fully_async_main key=value ...``: verl's fully async entry
+point.
 
 The trainer of ``hybridflow.trainer.main_ppo`` on ``fully_async_ppo_trainer.yaml``: ``ppo_trainer.yaml`` with
 ``async_training.enable=true`` and the settings verl's file of that name adds (the rollout on a pool of its own,

@@ -124,8 +124,13 @@ class PythonExecutorTool(BaseTool):
         command = (["unshare", "-n"] if isolated else []) + [self.python, "-I", "runner.py"]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": workdir, "OMP_NUM_THREADS": "1"}
         process = await asyncio.create_subprocess_exec(
-            *command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            *command,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         metrics = {"network_isolation": "namespace" if isolated else "socket_patch"}
         try:

@@ -40,7 +40,9 @@ def load_tools(tool_config_path: str | os.PathLike | None) -> dict[str, BaseTool
         with open(tool_config_path) as handle:
             document = yaml.safe_load(handle) or {}
     except OSError as error:
-        raise ToolConfigError(f"{key}={str(tool_config_path)!r} cannot be read ({error.strerror}); fix the path") from None
+        raise ToolConfigError(
+            f"{key}={str(tool_config_path)!r} cannot be read ({error.strerror}); fix the path"
+        ) from None
     except yaml.YAMLError as error:
         reason = " ".join(str(error).split())
         raise ToolConfigError(f"{key}: {tool_config_path} is not valid YAML ({reason}); fix the file") from None

@@ -5,7 +5,17 @@ import pytest
 from hybridflow.rollout.tools.calculator import CalculatorError, CalculatorTool, evaluate
 
 
-@pytest.mark.parametrize("expression, value", [("2+3", 5), ("(2+3)*4 - 1", 19), ("7 // 2 + 7 % 2", 4), ("2**10", 1024), ("-3 + sqrt(16)", 1.0), ("max(1, 5, 3)", 5)])
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        ("2+3", 5),
+        ("(2+3)*4 - 1", 19),
+        ("7 // 2 + 7 % 2", 4),
+        ("2**10", 1024),
+        ("-3 + sqrt(16)", 1.0),
+        ("max(1, 5, 3)", 5),
+    ],
+)
 def test_arithmetic(expression, value):
     assert evaluate(expression) == value
 

@@ -31,9 +31,13 @@ def test_builtin_names():
 
 @pytest.mark.parametrize(
     "text, message",
-    [("tools: 3\n", "top-level 'tools:' list"), ("tools:\n  - {config: {}}\n", "exactly one of 'name'"),
-     ("tools:\n  - name: abacus\n", "abacus"), ("tools:\n  - class_name: nowhere.Tool\n", "could not be imported"),
-     ("tools:\n  - name: calculator\n  - name: calculator\n", "two tools are named 'calculator'")],
+    [
+        ("tools: 3\n", "top-level 'tools:' list"),
+        ("tools:\n  - {config: {}}\n", "exactly one of 'name'"),
+        ("tools:\n  - name: abacus\n", "abacus"),
+        ("tools:\n  - class_name: nowhere.Tool\n", "could not be imported"),
+        ("tools:\n  - name: calculator\n  - name: calculator\n", "two tools are named 'calculator'"),
+    ],
 )
 def test_bad_config_is_explained(tmp_path, text, message):
     path = tmp_path / "tools.yaml"
