@@ -5,7 +5,6 @@ each GPU run)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -14,6 +13,7 @@ import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.workers import ActorRolloutRefWorker
+from tests.trainer.cli import run_demo
 from tests.workers.helpers import actor_rollout_ref_config, rollout_batch
 
 pytestmark = [
@@ -135,55 +135,22 @@ print("MAXDIFF", float((out["rollout_log_probs"][mask] - reference[mask]).abs().
 
 
 def test_grpo_through_main_ppo_on_cuda_learns(tmp_path):
-    run_dir = tmp_path / "demo"
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hybridflow.demo",
-            "--steps",
-            "12",
-            "--test_freq",
-            "12",
-            "--run_dir",
-            str(run_dir),
-            "trainer.device=cuda",
-            "trainer.local_mode=false",
-            "actor_rollout_ref.rollout.dtype=bfloat16",
-            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    completed, rows = run_demo(
+        tmp_path / "demo",
+        "trainer.device=cuda",
+        "trainer.local_mode=false",
+        "actor_rollout_ref.rollout.dtype=bfloat16",
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16",
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     accuracy = [row["val-core/sorting/acc/mean@1"] for row in rows if "val-core/sorting/acc/mean@1" in row]
     assert len(accuracy) == 2 and accuracy[1] >= accuracy[0] + 0.05, accuracy
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_ranks_over_nccl_train_the_demo(tmp_path):
-    run_dir = tmp_path / "demo"
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hybridflow.demo",
-            "--steps",
-            "12",
-            "--test_freq",
-            "12",
-            "--run_dir",
-            str(run_dir),
-            "trainer.device=cuda",
-            "trainer.local_mode=false",
-            "trainer.n_gpus_per_node=2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    completed, rows = run_demo(
+        tmp_path / "demo", "trainer.device=cuda", "trainer.local_mode=false", "trainer.n_gpus_per_node=2"
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "critic/score/mean" in row] == list(range(1, 13))

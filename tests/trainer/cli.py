@@ -40,6 +40,20 @@ def command(overrides: list[str], ray_temp_dir: str) -> list[str]:
     ]
 
 
+def run_demo(run_dir: pathlib.Path, *overrides: str, steps: int = 12) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """``python -m hybridflow.demo`` for ``steps`` steps, validating before and after them, into ``run_dir``: the
+    finished process (not checked) and the logged records."""
+    import json
+
+    command = [sys.executable, "-m", "hybridflow.demo", "--steps", str(steps), "--test_freq", str(steps)]
+    completed = subprocess.run(
+        [*command, "--run_dir", str(run_dir), *overrides], capture_output=True, text=True, timeout=900
+    )
+    metrics = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    return completed, rows
+
+
 def run_cli(overrides: list[str], cwd: pathlib.Path, timeout: float = 240) -> subprocess.CompletedProcess:
     """Run the trainer to completion; raises with its output if it fails."""
     with RayTempDir() as ray_temp_dir:

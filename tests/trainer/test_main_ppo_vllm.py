@@ -3,13 +3,11 @@ in the actor's processes (hybrid engine), or on a pool of its own a step ahead (
 generating continuously (fully async, without partial rollout, which vLLM does not take); the
 validation accuracy (the mean validation reward) must rise. Runs where vllm is installed (`make test-vllm`)."""
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 pytest.importorskip("vllm")
+
+from tests.trainer.cli import run_demo  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -30,31 +28,16 @@ FULLY_ASYNC = ROLLOUT_POOL + [
     "placement", [[], ROLLOUT_POOL, FULLY_ASYNC], ids=["hybrid-engine", "one-step-off", "fully-async"]
 )
 def test_a_grpo_run_on_vllm_learns(tmp_path, placement):
-    run_dir = tmp_path / "demo"
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hybridflow.demo",
-            "--steps",
-            "12",
-            "--test_freq",
-            "12",
-            "--run_dir",
-            str(run_dir),
-            "actor_rollout_ref.rollout.name=vllm",
-            "actor_rollout_ref.rollout.enforce_eager=true",
-            # vLLM on CPU: no chunked prefill (the config check says why); the demo sizes the KV cache itself.
-            "actor_rollout_ref.rollout.enable_chunked_prefill=false",
-            "trainer.local_mode=false",
-            *placement,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    completed, rows = run_demo(
+        tmp_path / "demo",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.enforce_eager=true",
+        # vLLM on CPU: no chunked prefill (the config check says why); the demo sizes the KV cache itself.
+        "actor_rollout_ref.rollout.enable_chunked_prefill=false",
+        "trainer.local_mode=false",
+        *placement,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     accuracy = [row["val-core/sorting/acc/mean@1"] for row in rows if "val-core/sorting/acc/mean@1" in row]
     assert len(accuracy) == 2 and accuracy[1] >= accuracy[0] + 0.05, accuracy
     # Each step from the second generates with weights synced from the actor after an update.

@@ -517,16 +517,12 @@ def test_one_step_off_trains_each_step_on_samples_one_update_old(run):
     assert fakes.calls[:2] == [("init_model", "actor"), ("init_model", "rollout")]
     train = ["compute_log_prob", "update_actor"]
     sync = ["share_weights", "submit"]  # the load is queued: it runs when waited for, after the generation
-    assert fakes.names()[2:] == (
-        ["submit", "generate_sequences", "submit"]
-        + train
-        + sync
-        + ["generate_sequences", "load_shared_weights", "submit"]
-        + train
-        + sync
-        + ["generate_sequences", "load_shared_weights"]
-        + train
-    )
+    steps = [
+        ["submit", "generate_sequences", "submit", *train, *sync],
+        ["generate_sequences", "load_shared_weights", "submit", *train, *sync],
+        ["generate_sequences", "load_shared_weights", *train],
+    ]
+    assert fakes.names()[2:] == sum(steps, [])
     assert [call[1] for call in fakes.calls if call[0] == "load_shared_weights"] == [1, 2]
     # The engine's log-probs tell which weights drew each step's samples: the model folder's twice, then update 1's.
     for batch, version in zip(_step_batches(fakes), (0, 0, 1)):
@@ -565,24 +561,15 @@ def test_fully_async_trains_from_a_bounded_queue_and_syncs_every_trigger_steps(r
     train = ["update_actor"]  # one mini-batch of one epoch: on-policy for the update, no old-log-prob pass
     sync = ["share_weights", "load_shared_weights"]
     call = ["submit", "generate_sequences"]
-    assert fakes.names()[2:] == (
-        call
-        + ["submit"]
-        + train  # step 1
-        + ["generate_sequences"]
-        + train
-        + sync  # step 2
-        + ["submit"]
-        + train  # step 3
-        + ["generate_sequences", "submit"]
-        + train
-        + ["generate_sequences"]
-        + sync  # step 4
-        + ["submit"]
-        + train  # step 5
-        + ["generate_sequences"]
-        + train  # step 6
-    )
+    steps = [
+        [*call, "submit", *train],
+        ["generate_sequences", *train, *sync],
+        ["submit", *train],
+        ["generate_sequences", "submit", *train, "generate_sequences", *sync],
+        ["submit", *train],
+        ["generate_sequences", *train],
+    ]
+    assert fakes.names()[2:] == sum(steps, [])
     # The fake engine's log-probs tell which weights drew each sample (the actor's update count at the sync).
     for batch, version in zip(_step_batches(fakes), (0, 0, 0, 2, 2, 4)):
         responses, mask = batch.batch["responses"], batch.batch["response_mask"]
@@ -629,23 +616,15 @@ def test_fully_async_partial_rollout_syncs_without_waiting_for_the_call_in_fligh
     weights synced before it, update 4's, next to a queued prompt of update 2's; the budget counts it in flight."""
     trainer, fakes = run("grpo", *FULLY_ASYNC[:2], *FULLY_ASYNC[3:], "async_training.partial_rollout=true")
     train, sync, call = ["update_actor"], ["share_weights", "load_shared_weights"], ["submit", "generate_sequences"]
-    assert fakes.names()[2:] == (
-        call
-        + ["submit"]
-        + train  # step 1
-        + ["generate_sequences"]
-        + train
-        + sync  # step 2
-        + ["submit"]
-        + train  # step 3
-        + ["generate_sequences", "submit"]
-        + train
-        + sync  # step 4: the sync does not wait for call 3
-        + ["generate_sequences", "submit"]
-        + train  # step 5
-        + ["generate_sequences"]
-        + train  # step 6
-    )
+    steps = [
+        [*call, "submit", *train],
+        ["generate_sequences", *train, *sync],
+        ["submit", *train],
+        ["generate_sequences", "submit", *train, *sync],  # the sync does not wait for call 3
+        ["generate_sequences", "submit", *train],
+        ["generate_sequences", *train],
+    ]
+    assert fakes.names()[2:] == sum(steps, [])
     for batch, versions in zip(_step_batches(fakes), ([0] * 4, [0] * 4, [0] * 4, [2] * 4, [2, 2, 4, 4], [4] * 4)):
         responses, mask = batch.batch["responses"], batch.batch["response_mask"]
         version = torch.tensor(versions, dtype=torch.float32)[:, None]
