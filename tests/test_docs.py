@@ -55,7 +55,7 @@ def test_reference_adds_schema_keys_missing_from_the_yaml_and_refuses_keys_witho
     text = (REPO / "hybridflow/config/yaml/ppo_trainer.yaml").read_text()
     without_seed = tmp_path / "no_seed.yaml"
     without_seed.write_text(re.sub(r"\n  seed: 1  #[^\n]*", "", text, count=1))
-    assert "| `data.seed` | `1` | Seed of the training shuffle" in generator.generate(without_seed)
+    assert "| `data.seed` | `1` | Seed of the shuffle." in generator.generate(without_seed)
     undocumented = tmp_path / "undocumented.yaml"
     undocumented.write_text(text.replace("data:\n", "data:\n  made_up_key: 3\n", 1))
     with pytest.raises(generator.MissingHelpError, match="data.made_up_key"):
