@@ -89,6 +89,12 @@ def fully_async_errors(config: PPOTrainerConfig) -> list[str]:
     for key in ("trigger_parameter_sync_step", "require_batches", "concurrent_samples_per_replica"):
         if getattr(settings, key) < 1:
             errors.append(f"async_training.{key}={getattr(settings, key)} must be >= 1")
+    return errors + _lacking_errors(config) + _batch_errors(config)
+
+
+def _batch_errors(config: PPOTrainerConfig) -> list[str]:
+    """The loader's batch and the run's prompts, as fully async reads them."""
+    errors = []
     if config.data.gen_batch_size not in (None, 1):
         errors.append(
             f"data.gen_batch_size={config.data.gen_batch_size}: {KEY} feeds the rollout one prompt at a "
@@ -101,7 +107,7 @@ def fully_async_errors(config: PPOTrainerConfig) -> list[str]:
             f"async_training.require_batches x actor_rollout_ref.actor.ppo_mini_batch_size = "
             f"{required_samples(config)} prompts; raise it or lower those"
         )
-    return errors + _lacking_errors(config)
+    return errors
 
 
 def _lacking_errors(config: PPOTrainerConfig) -> list[str]:
@@ -160,13 +166,14 @@ def unread_async_options(config: PPOTrainerConfig) -> list[str]:
             "async_training.partial_rollout=True (takes effect only with staleness_threshold > 0: at 0 "
             "nothing is in flight at a sync)"
         )
+    unread += _unread_scheduling(settings, default_settings)
     if config.data.train_batch_size not in (0, defaults.data.train_batch_size):
         unread.append(
             f"data.train_batch_size={config.data.train_batch_size} ({KEY} trains on async_training."
             f"require_batches x actor_rollout_ref.actor.ppo_mini_batch_size = {required_samples(config)} "
             "prompts a step)"
         )
-    return unread + _unread_scheduling(settings, default_settings)
+    return unread
 
 
 def _unread_scheduling(settings: Any, default_settings: Any) -> list[str]:
