@@ -9,8 +9,8 @@ vocabulary 263 like the tiny test model:
 Runs ``ActorRolloutRefWorker(role="actor_rollout")`` on one rank in this process (1 torch thread) and on
 two Ray ranks (gloo, half a CPU and 1 thread each). Per phase: the median wall time of ``--steps``
 repetitions after one warm-up; "cpu s" is this process's CPU time per repetition (one-rank runs only);
-"load1" is the load average while the row ran. The sync is ``RolloutPart.sync_weights`` (one rank) or the
-``timing_s/update_weights`` that ``generate_sequences`` reports (two ranks) for a stale engine.
+"load1" is the load average while the row ran. The sync is ``update_weights`` into a stale engine (one rank: the
+engine is marked stale before each repetition; two ranks: it follows an update).
 Run: ``.venv/bin/python -m bench.bench_train_step`` (about two minutes on a quiet machine).
 """
 
@@ -99,10 +99,15 @@ def one_rank(model_dir: str, steps: int) -> dict[str, tuple[float, float]]:
     batch = build_batch()
     batch = batch.union(worker.compute_log_prob(batch))
     rollout = worker.parts["rollout"]
+
+    def sync_stale_engine() -> None:
+        rollout.synced_version = None  # as after an update: the whole model is copied
+        worker.update_weights()
+
     return {
         "old_log_prob": timed(lambda: worker.compute_log_prob(batch), steps),
         "update_actor": timed(lambda: worker.update_actor(batch), steps),
-        "update_weights": timed(rollout.sync_weights, steps),
+        "update_weights": timed(sync_stale_engine, steps),
     }
 
 
@@ -116,15 +121,13 @@ def two_ranks(model_dir: str, steps: int) -> dict[str, tuple[float, float]]:
         group.init_model()
         batch = build_batch()
         batch = batch.union(group.compute_log_prob(batch))
-        prompt_columns = {
-            key: batch.batch[key][:2, :PROMPT_LENGTH] for key in ("input_ids", "attention_mask", "position_ids")
-        }
-        prompts = DataProto.from_dict(prompt_columns)
         syncs = []
 
         def update_then_sync():
             group.update_actor(batch)
-            syncs.append(group.generate_sequences(prompts).meta_info["timing_s/update_weights"])
+            start = time.perf_counter()
+            group.update_weights()
+            syncs.append(time.perf_counter() - start)
 
         # The driver's CPU time says nothing about the ranks' work: no cpu column for Ray rows.
         results = {

@@ -3,7 +3,7 @@
 Two paths of an ``ActorRolloutRefWorker`` (one rank, gloo, FSDP2) on a ~150 MB float32 Qwen2 (hidden 768, 6
 layers, intermediate 2048):
 
-- ``hybrid``: the hybrid engine's sync (``RolloutPart.sync_weights``): each parameter gathered
+- ``hybrid``: the hybrid engine's sync (``RolloutPart.update_weights``): each parameter gathered
   (``DTensor.full_tensor()``) and copied into the engine as it comes, so at most one gathered parameter is
   held beside the model.
 - ``buckets <MB>``: the sync of a rollout pool of its own (``RolloutPart.load_weight_buckets``) fed as the
@@ -79,7 +79,8 @@ def run_variant(path: str, bucket_megabytes: float, engine: str) -> dict:
 
     def sync() -> None:
         if path == "hybrid":
-            part.sync_weights()
+            part.synced_version = None  # as after an update: the whole model is copied
+            part.update_weights()
             return
         copies = ((name, tensor.detach().clone()) for name, tensor in actor.hf_weights())
         part.load_weight_buckets(weight_buckets(copies, bucket_megabytes))
