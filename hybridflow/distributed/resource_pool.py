@@ -2,19 +2,20 @@
 
 Realised as one Ray placement group per node entry (STRICT_PACK: that entry's processes share a node),
 so a group's actors never wait in Ray's queue: either the resources are reserved up front or the pool
-raises ``InsufficientResourcesError`` saying what is missing.
+raises ``InsufficientResourcesError`` saying what is missing. Ray is imported when a pool is realised, not before:
+a plan names its pools in local mode too, which runs without Ray.
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Sequence
-
-import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from typing import TYPE_CHECKING, Sequence
 
 from hybridflow.distributed.errors import InsufficientResourcesError
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ class ResourcePool:
 
     def placement_groups(self) -> list[PlacementGroup]:
         """The pool's placement groups (one per node entry), created and waited for on first call."""
+        import ray
+
         if self._placement_groups is None:
             if not ray.is_initialized():
                 raise RuntimeError(
@@ -100,9 +103,12 @@ class ResourcePool:
         ]
 
     def release(self) -> None:
-        """Remove the placement groups (kill the pool's worker groups first)."""
-        for pg in self._placement_groups or []:
-            remove_placement_group(pg)
+        """Remove the placement groups (kill the pool's worker groups first); a pool never realised has none."""
+        if self._placement_groups:
+            from ray.util.placement_group import remove_placement_group
+
+            for pg in self._placement_groups:
+                remove_placement_group(pg)
         self._placement_groups = None
 
     def _describe(self) -> str:
@@ -135,6 +141,9 @@ class ResourcePool:
             )
 
     def _create_and_wait(self) -> list[PlacementGroup]:
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+
         tag = uuid.uuid4().hex[:8]
         groups = [
             placement_group(
@@ -158,6 +167,8 @@ class ResourcePool:
 
 def _node_resources(available: bool) -> list[dict[str, float]]:
     """CPU/GPU of every live node, in total or free now."""
+    import ray
+
     if available:
         # Ray has no public per-node view of free resources.
         from ray._private.state import available_resources_per_node

@@ -11,10 +11,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterator
 
-import ray
-from ray.exceptions import RayError
-
-from hybridflow.distributed.futures import worker_error
 from hybridflow.protocol import Part, join_parts
 
 _UNSET = object()
@@ -67,6 +63,11 @@ class RayPartStream(PartStream):
         super().__init__(group, method, len(generators), collect)
 
     def _arrivals(self) -> Iterator[tuple[int, Any]]:
+        import ray  # here, so that local mode's streams never load Ray
+        from ray.exceptions import RayError
+
+        from hybridflow.distributed.futures import worker_error
+
         pending = dict(self._generators)
         while pending:
             ready, _ = ray.wait(list(pending.values()), num_returns=1)

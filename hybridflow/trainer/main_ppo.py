@@ -121,11 +121,8 @@ def apply_runtime_env(plan: RunPlan) -> None:
 
 
 def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> None:
-    """Start Ray and the workers and train; ``trainer`` is ``build_trainer(config)`` when already built."""
-    import ray
-
-    from hybridflow.distributed import init_local_ray
-
+    """Start Ray and the workers and train; ``trainer`` is ``build_trainer(config)`` when already built. Local mode
+    neither starts nor imports Ray."""
     trainer = trainer or build_trainer(config)
     plan = trainer.plan
     for line in describe(plan):
@@ -136,6 +133,8 @@ def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> N
     if plan.local:
         apply_runtime_env(plan)
     else:
+        from hybridflow.distributed import init_local_ray
+
         init_local_ray(
             num_cpus=ray_init.num_cpus,
             num_gpus=ray_init.num_gpus,
@@ -153,6 +152,8 @@ def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> N
         ) from None
     finally:
         if ray_kwargs.timeline_json_file:
+            import ray
+
             ray.timeline(filename=ray_kwargs.timeline_json_file)
         trainer.shutdown()
 

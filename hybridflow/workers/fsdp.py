@@ -157,7 +157,8 @@ def parameters_on(model: torch.nn.Module, device: torch.device, offload: bool) -
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
     """Move the optimizer's moment tensors to ``device``: optimizer offload between updates.
 
-    Adam's ``step`` counters stay where they are (on CPU, as the non-capturable kernels require).
+    Adam's ``step`` counters stay where they are: on CPU for the foreach kernel, on the parameters' device for
+    the fused one (which reads them there; seen on CUDA, ``tests/gpu``).
     """
     for state in optimizer.state.values():
         for key, value in state.items():

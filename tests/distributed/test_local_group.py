@@ -87,3 +87,22 @@ def test_fused_roles_share_the_process_and_views_use_plain_names(monkeypatch):
     assert group.actor_rank_zero_echo(1) == (0, 1)
     assert views["critic"].rank_zero_echo(2) == (0, 2)
     assert views["actor"].environment()[0]["pid"] == views["critic"].environment()[0]["pid"] == os.getpid()
+
+
+def test_local_mode_does_not_load_ray():
+    """Local mode plans its pools and builds its groups without Ray: it runs where Ray is not installed."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from hybridflow.config.placement import make_resource_plan\n"
+        "from hybridflow.distributed import LocalWorkerGroup, RayClassWithInitArgs\n"
+        "import hybridflow.distributed.streams, hybridflow.trainer.main_ppo, hybridflow.trainer.worker_groups\n"
+        "plan = make_resource_plan('colocated', ['actor_rollout'], nnodes=1, processes_per_node=1, use_gpu=False,"
+        " cpus_per_process=1)\n"
+        "plan.pools['global_pool'].release()\n"
+        "assert 'ray' not in sys.modules, sorted(name for name in sys.modules if name.startswith('ray'))\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-3000:]
