@@ -12,6 +12,7 @@ from typing import Any
 
 from hybridflow.config.fully_async_options import fully_async, step_prompts
 from hybridflow.config.schema import PPOTrainerConfig
+from hybridflow.config.sequence_parallel_options import data_parallel_ranks
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, WorkerConfigError, micro_batch_size_per_rank
 
 ACTOR = "actor_rollout_ref.actor"
@@ -26,7 +27,7 @@ def minibatch_errors(
     role: str, train_batch: int, mini: int, micro: int | None, dynamic: bool, n: int, world: int
 ) -> list[str]:
     """``train_batch`` prompts split into mini-batches of ``mini`` prompts, each sample-split over ``world``
-    ranks and then into micro-batches of ``micro`` samples."""
+    data-parallel ranks (each Ulysses group one) and then into micro-batches of ``micro`` samples."""
     if mini < 1:
         return [f"{role}.ppo_mini_batch_size={mini} must be >= 1"]
     errors = []
@@ -56,7 +57,18 @@ def _largest_divisor(number: int, at_most: int) -> int:
 def micro_batch_sizes(
     arr: ActorRolloutRefConfig, critic: CriticConfig, world: int
 ) -> tuple[dict[str, int | None], list[str]]:
-    """Each micro-batch key's size per rank (verl's ``*_per_gpu`` or its deprecated global form), by key."""
+    """Each micro-batch key's size per rank (verl's ``*_per_gpu`` or its deprecated global form), by key; a
+    global form divides over the data-parallel ranks (``world`` over each role's Ulysses size)."""
+    actor_ranks = data_parallel_ranks(world, arr.actor.ulysses_sequence_parallel_size)
+    ranks = {
+        f"{ACTOR}.ppo_micro_batch_size": actor_ranks,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size": actor_ranks,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size": data_parallel_ranks(
+            world, arr.ref.ulysses_sequence_parallel_size
+        ),
+        "critic.ppo_micro_batch_size": data_parallel_ranks(world, critic.ulysses_sequence_parallel_size),
+        "critic.forward_micro_batch_size": data_parallel_ranks(world, critic.ulysses_sequence_parallel_size),
+    }
     pairs = {
         f"{ACTOR}.ppo_micro_batch_size": (arr.actor.ppo_micro_batch_size_per_gpu, arr.actor.ppo_micro_batch_size),
         "actor_rollout_ref.rollout.log_prob_micro_batch_size": (
@@ -75,7 +87,7 @@ def micro_batch_sizes(
         bad = positive(f"{key}_per_gpu", per_gpu) + positive(key, global_size)
         if not bad:
             try:
-                sizes[key] = micro_batch_size_per_rank(per_gpu, global_size, world, key)
+                sizes[key] = micro_batch_size_per_rank(per_gpu, global_size, ranks[key], key)
             except WorkerConfigError as error:
                 bad.append(str(error))
         errors += bad
@@ -105,7 +117,7 @@ def batch_size_errors(config: PPOTrainerConfig, world: int, with_critic: bool) -
         micro.get(f"{ACTOR}.ppo_micro_batch_size"),
         actor.use_dynamic_bsz,
         n,
-        world,
+        data_parallel_ranks(world, actor.ulysses_sequence_parallel_size),
     )
     if with_critic:
         critic = config.critic
@@ -116,7 +128,7 @@ def batch_size_errors(config: PPOTrainerConfig, world: int, with_critic: bool) -
             micro.get("critic.ppo_micro_batch_size"),
             critic.use_dynamic_bsz,
             critic.rollout_n,
-            world,
+            data_parallel_ranks(world, critic.ulysses_sequence_parallel_size),
         )
         if critic.rollout_n != n:
             errors.append(

@@ -5,8 +5,8 @@ A verl launch script passes keys from verl's whole generated ``ppo_trainer`` con
 (:mod:`hybridflow.config.schema`) lacks, with verl's default, and :data:`RULES` says what each means
 here (first matching pattern wins; ``tests/trainer/test_verl_compat.py`` checks every key has a rule):
 aliases (``ray_init.num_cpus`` -> ``ray_kwargs.ray_init.num_cpus``), capabilities hybridflow lacks (Megatron,
-NPU, on-policy distillation, ...) and knobs nothing here reads (profilers, Ulysses sequence parallelism, fused
-kernels). The mechanism is :mod:`hybridflow.config.key_surface`.
+NPU, on-policy distillation, ...) and knobs nothing here reads (profilers, fused kernels). The mechanism is
+:mod:`hybridflow.config.key_surface`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ __all__ = [
 
 COMPAT_YAML = pathlib.Path(__file__).parent / "yaml" / "verl_compat.yaml"
 
-SEQUENCE_PARALLEL = "Ulysses sequence parallelism is not implemented: each rank holds whole sequences (same math)"
+ACTOR, REF, ULYSSES = "actor_rollout_ref.actor", "actor_rollout_ref.ref", "ulysses_sequence_parallel_size"
 KERNELS = "fused/Liger/tiled kernels are not used: hybridflow runs the model's own transformers modules (same math)"
 FSDP1_KNOB = "an FSDP1/verl-engine tuning knob; hybridflow's FSDP2 engine has no such setting (same math)"
 PROFILER = "verl's profiler hooks (nsys, torch, npu) are not implemented; profile the workers with torch.profiler"
@@ -87,6 +87,10 @@ RULES: tuple[Rule, ...] = (
     _alias("critic.fsdp.optimizer_offload", "critic.model.fsdp_config.optimizer_offload"),
     _alias("critic.fsdp.reshard_after_forward", "critic.model.fsdp_config.reshard_after_forward"),
     _alias("critic.fsdp.fsdp_size", "critic.model.fsdp_config.fsdp_size"),
+    # verl's engine reads the FSDP section's copy of the Ulysses size, its legacy workers the role's.
+    _alias(f"{ACTOR}.fsdp_config.{ULYSSES}", f"{ACTOR}.{ULYSSES}"),
+    _alias(f"{REF}.fsdp_config.{ULYSSES}", f"{REF}.{ULYSSES}"),
+    _alias(f"critic.fsdp.{ULYSSES}", f"critic.{ULYSSES}"),
     # Capabilities hybridflow does not have: refused when chosen.
     _lacks("*._target_", "verl's class targets (_target_): hybridflow picks implementations by registered name"),
     _lacks(
@@ -129,7 +133,6 @@ RULES: tuple[Rule, ...] = (
     _lacks("skip.*.enable", "verl's rollout skip/dump (use trainer.rollout_data_dir to dump rollouts)"),
     _lacks("trainer.default_hdfs_dir", "copying checkpoints to HDFS"),
     # Knobs nothing here reads: accepted, listed at start-up when set.
-    _unread("*ulysses*", SEQUENCE_PARALLEL),
     _unread("*mixed_precision.buffer_dtype", "FSDP2's mixed precision has no buffer dtype: buffers keep the model's"),
     _unread("*use_fused_kernels", KERNELS),
     _unread("*fused_kernel_options.*", KERNELS),

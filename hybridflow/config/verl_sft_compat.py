@@ -21,7 +21,7 @@ from hybridflow.config.key_surface import alias as _alias
 from hybridflow.config.key_surface import lacks as _lacks
 from hybridflow.config.key_surface import unread as _unread
 from hybridflow.config.verl_compat import FSDP1_KNOB as FSDP_KNOB
-from hybridflow.config.verl_compat import KERNELS, PROFILER, SEQUENCE_PARALLEL
+from hybridflow.config.verl_compat import KERNELS, PROFILER
 
 SFT_COMPAT_YAML = pathlib.Path(__file__).parent / "yaml" / "verl_sft_compat.yaml"
 
@@ -67,7 +67,11 @@ SFT_RULES: tuple[Rule, ...] = (
     _lacks("data.custom_cls.path", "custom dataset classes"),
     _lacks("trainer.default_hdfs_dir", "copying checkpoints to HDFS"),
     # Knobs nothing here reads: accepted, listed at start-up when set.
-    _unread("*ulysses_sequence_parallel_size", SEQUENCE_PARALLEL),
+    _unread(
+        "*ulysses_sequence_parallel_size",
+        "main_sft runs whole sequences on each rank: Ulysses sequence parallelism serves main_ppo's actor, reference "
+        "and critic (same math)",
+    ),
     _unread("model.use_liger", KERNELS),
     _unread("model.use_fused_kernels", KERNELS),
     _unread("model.fused_kernel_options.*", KERNELS),

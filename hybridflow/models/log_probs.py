@@ -11,12 +11,14 @@ hand-written backward (:func:`log_probs_and_entropy`), so no ``[tokens, vocab]``
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from hybridflow.distributed.sequence_parallel import SequenceParallelGroup
 from hybridflow.models.layouts import Layout, PackedBatch, SharedPromptBatch, choose_layout, pack_values
+from hybridflow.models.sequence_parallel import SequenceSplit, gather_predictions
 
 # 4 MiB of float32 per chunk: on CPU, blocks this small are reused from the heap and stay in cache
 # (64 MiB blocks measured ~2x slower, mostly page faults). On GPU a larger chunk_size is faster.
@@ -98,21 +100,25 @@ def forward_token_statistics(
     calculate_entropy: bool = False,
     calculate_sum_pi_squared: bool = False,
     chunk_size: int | None = None,
+    sequence_parallel: SequenceParallelGroup | None = None,
 ) -> TokenStatistics:
     """:func:`forward_log_probs` of a batch run in ``layout``, and with ``calculate_sum_pi_squared`` also
     ``sum_v pi_v^2`` of each position's next-token distribution (at ``temperature``; no gradient), from the
-    same forward pass."""
+    same forward pass. With ``sequence_parallel`` every rank of that group passes the same batch and gets the
+    same statistics, each rank running ``1/k`` of every row (:mod:`hybridflow.models.sequence_parallel`)."""
     predicts = response_prediction_mask(attention_mask, response_length)
     statistics = dict(temperature=temperature, calculate_entropy=calculate_entropy, chunk_size=chunk_size)
-    rows = layout.arrange(input_ids, attention_mask, response_length)
-    if isinstance(rows, SharedPromptBatch):
-        logits, labels, place = _shared_logits(model, rows)
-    elif isinstance(rows, PackedBatch):
-        logits, labels, place = _packed_logits(model, rows, input_ids, response_length, predicts)
+    arranged = layout.arrange(input_ids, attention_mask, response_length)
+    if isinstance(arranged, SharedPromptBatch):
+        rows = _shared_rows(arranged)
+    elif isinstance(arranged, PackedBatch):
+        rows = _packed_rows(arranged, input_ids, response_length, predicts)
     else:
-        logits, labels, place = _padded_logits(
-            model, input_ids, attention_mask, position_ids, response_length, predicts
-        )
+        rows = _padded_rows(input_ids, attention_mask, position_ids, response_length, predicts)
+    if sequence_parallel is None:
+        logits, labels, place = _kept_logits(model, rows), rows.labels, rows.place
+    else:
+        logits, labels, place = _kept_logits_in_slices(model, rows, sequence_parallel)
     log_probs, entropy = log_probs_and_entropy(logits, labels, **statistics)
     sum_pi_squared = None
     if calculate_sum_pi_squared:
@@ -120,9 +126,62 @@ def forward_token_statistics(
     return TokenStatistics(place(log_probs), None if entropy is None else place(entropy), sum_pi_squared)
 
 
-def _packed_logits(model, packed: PackedBatch, input_ids, response_length, predicts):
-    """Run the packed rows, projecting to the vocabulary only at the K predicting positions: their logits,
-    labels, and the function that places K per-position values into ``[B, R]``."""
+class _ModelRows(NamedTuple):
+    """The rows a layout runs, the positions whose logits are read, and what each predicted token reads.
+
+    ``keep`` ``[N, W]`` bool marks the kept positions; ``logits_to_keep`` is what the model is given for them
+    (``keep`` itself, or an int for the padded rows' last columns). ``logit_row`` ``[P]`` indexes the kept
+    positions (row-major) per predicted token, None when each kept position predicts one token in order;
+    ``labels`` the predicted tokens; ``place`` puts per-prediction values into ``[B, R]``.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+    keep: torch.Tensor
+    logits_to_keep: torch.Tensor | int
+    logit_row: torch.Tensor | None
+    labels: torch.Tensor
+    place: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _kept_logits(model: torch.nn.Module, rows: _ModelRows) -> torch.Tensor:
+    """The logits of every predicted token, projected to the vocabulary only at the kept positions."""
+    with kept_positions_only(model, rows.keep):
+        output = model(
+            input_ids=rows.input_ids,
+            position_ids=rows.position_ids,
+            attention_mask=rows.attention_mask,
+            use_cache=False,
+            logits_to_keep=rows.logits_to_keep,
+        )
+    if rows.logit_row is None:
+        return output.logits
+    return output.logits.reshape(-1, output.logits.shape[-1])[rows.logit_row]
+
+
+def _kept_logits_in_slices(model: torch.nn.Module, rows: _ModelRows, group: SequenceParallelGroup):
+    """:func:`_kept_logits` under Ulysses: the logits of the predictions this rank's slice holds, their labels,
+    and the ``place`` that gathers every rank's per-prediction values first."""
+    split = SequenceSplit(group, rows.input_ids.shape[1])
+    owner, index = split.owners(rows.keep)
+    if rows.logit_row is not None:
+        owner, index = owner[rows.logit_row], index[rows.logit_row]
+    mine = owner == group.rank
+    local_keep = split.local(rows.keep)
+    with kept_positions_only(model, local_keep):
+        output = split.run(model, rows.input_ids, rows.position_ids, rows.attention_mask, logits_to_keep=local_keep)
+    logits = output.logits.reshape(-1, output.logits.shape[-1])[index[mine]]
+    labels = rows.labels.reshape(-1)[mine]
+
+    def place(values: torch.Tensor) -> torch.Tensor:
+        return rows.place(gather_predictions(values, owner, group).view(rows.labels.shape))
+
+    return logits, labels, place
+
+
+def _packed_rows(packed: PackedBatch, input_ids, response_length, predicts) -> _ModelRows:
+    """The packed rows, read at the K predicting positions: one logit per response token."""
     keep = pack_values(predicts, packed).nonzero(as_tuple=True)[0]
     # A boolean logits_to_keep returns the kept positions in row-major slot order: label them in that order.
     keep = keep[torch.argsort(packed.slot_index[keep])]
@@ -131,14 +190,6 @@ def _packed_logits(model, packed: PackedBatch, input_ids, response_length, predi
     next_tokens = torch.roll(input_ids, shifts=-1, dims=1)
     labels = pack_values(next_tokens, packed)[keep]
     keep_slots = keep_slots.view_as(packed.input_ids)
-    with kept_positions_only(model, keep_slots):
-        output = model(
-            input_ids=packed.input_ids,
-            position_ids=packed.position_ids,
-            attention_mask=None,
-            use_cache=False,
-            logits_to_keep=keep_slots,
-        )
     flat_index = packed.token_index[keep]
     rows = flat_index // packed.seq_len
     cols = flat_index % packed.seq_len - (packed.seq_len - response_length - 1)
@@ -147,37 +198,28 @@ def _packed_logits(model, packed: PackedBatch, input_ids, response_length, predi
     def place(values: torch.Tensor) -> torch.Tensor:
         return values.new_zeros(shape).index_put((rows, cols), values.reshape(-1))
 
-    return output.logits, labels, place
+    return _ModelRows(packed.input_ids, packed.position_ids, None, keep_slots, keep_slots, None, labels, place)
 
 
-def _shared_logits(model, shared: SharedPromptBatch):
-    """Run one row per prompt, projecting to the vocabulary only at the predicting positions: the logits of
-    every predicted token (the prompt's last position's read by each member), labels, and ``place``."""
-    with kept_positions_only(model, shared.keep):
-        output = model(
-            input_ids=shared.input_ids,
-            position_ids=shared.position_ids,
-            attention_mask=shared.attention_mask,
-            use_cache=False,
-            logits_to_keep=shared.keep,
-        )
-    logits = output.logits.reshape(-1, output.logits.shape[-1])[shared.logit_row]
-    return logits, shared.labels, shared.place
+def _shared_rows(shared: SharedPromptBatch) -> _ModelRows:
+    """One row per prompt, read at the predicting positions; the prompt's last position read by each member."""
+    return _ModelRows(
+        shared.input_ids,
+        shared.position_ids,
+        shared.attention_mask,
+        shared.keep,
+        shared.keep,
+        shared.logit_row,
+        shared.labels,
+        shared.place,
+    )
 
 
-def _padded_logits(model, input_ids, attention_mask, position_ids, response_length, predicts):
-    """Run the padded rectangle, projecting to the vocabulary at its last R + 1 columns: their logits,
-    labels, and the function that keeps the R predicting columns (0 where the response is padding)."""
+def _padded_rows(input_ids, attention_mask, position_ids, response_length, predicts) -> _ModelRows:
+    """The padded rectangle, read at its last R + 1 columns; ``place`` keeps the R predicting columns (0 where
+    the response is padding)."""
     last_columns = torch.zeros_like(input_ids, dtype=torch.bool)
     last_columns[:, -response_length - 1 :] = True
-    with kept_positions_only(model, last_columns):
-        output = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-            logits_to_keep=response_length + 1,
-        )
     # The last column predicts past the end; label it 0 to keep the logits a contiguous view.
     labels = torch.nn.functional.pad(input_ids[:, -response_length:], (0, 1))
     keep = predicts[:, -response_length - 1 : -1]
@@ -185,7 +227,7 @@ def _padded_logits(model, input_ids, attention_mask, position_ids, response_leng
     def place(values: torch.Tensor) -> torch.Tensor:
         return torch.where(keep, values[:, :-1], 0.0)
 
-    return output.logits, labels, place
+    return _ModelRows(input_ids, position_ids, attention_mask, last_columns, response_length + 1, None, labels, place)
 
 
 def default_chunk_size(vocab_size: int) -> int:

@@ -19,8 +19,10 @@ import os
 import torch
 from transformers import AutoModelForTokenClassification, PreTrainedModel
 
+from hybridflow.distributed.sequence_parallel import SequenceParallelGroup
 from hybridflow.models.layouts import Layout, PackedBatch, SharedPromptBatch, choose_packing, packed_outputs, unpack
 from hybridflow.models.loading import from_pretrained_or_raise, load_model_config, resolve_dtype, resolve_model_path
+from hybridflow.models.sequence_parallel import SequenceSplit
 
 HEAD_INIT_SEED = 0
 
@@ -78,15 +80,28 @@ def forward_token_scores(
     return _token_scores(model, input_ids, attention_mask, position_ids, packed)
 
 
-def _token_scores(model, input_ids, attention_mask, position_ids, packed: PackedBatch | None) -> torch.Tensor:
+def _token_scores(
+    model, input_ids, attention_mask, position_ids, packed: PackedBatch | None, sequence_parallel=None
+) -> torch.Tensor:
     """``forward_token_scores`` on the packed rows given, or on the padded rectangle (``packed`` None)."""
     if packed is not None:
-        output = model(
-            input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False
-        )
-        return unpack(packed_outputs(output.logits[..., 0], packed).float(), packed)
-    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    return output.logits[..., 0].float() * attention_mask
+        scores = _head_outputs(model, packed.input_ids, packed.position_ids, None, sequence_parallel)
+        return unpack(packed_outputs(scores, packed).float(), packed)
+    scores = _head_outputs(model, input_ids, position_ids, attention_mask, sequence_parallel)
+    return scores.float() * attention_mask
+
+
+def _head_outputs(
+    model, input_ids, position_ids, attention_mask, sequence_parallel: SequenceParallelGroup | None
+) -> torch.Tensor:
+    """The scalar head's output ``[N, W]`` at every position of the rows; under Ulysses each rank of the group
+    runs its slice and the outputs are gathered (:mod:`hybridflow.models.sequence_parallel`)."""
+    if sequence_parallel is None:
+        output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        return output.logits[..., 0]
+    split = SequenceSplit(sequence_parallel, input_ids.shape[1])
+    output = split.run(model, input_ids, position_ids, attention_mask)
+    return split.gather_columns(output.logits[..., 0])
 
 
 def forward_values(
@@ -96,31 +111,22 @@ def forward_values(
     position_ids: torch.Tensor,
     response_length: int,
     layout: Layout,
+    sequence_parallel: SequenceParallelGroup | None = None,
 ) -> torch.Tensor:
     """Critic values ``[B, R]``: ``values[:, t]`` is V of the state before response token ``t``.
 
     That state ends at column ``L - R - 1 + t``, the same position whose logits give token ``t``'s
     log-prob; entries whose response token is padding are 0. The batch runs in ``layout``, its pass's
     (``hybridflow.models.layouts.choose_layout``); with shared prompts the value before each first response
-    token is the prompt's last position's, computed once for the group.
+    token is the prompt's last position's, computed once for the group. With ``sequence_parallel`` every rank
+    of that group passes the same batch and gets the same values.
     """
     rows = layout.arrange(input_ids, attention_mask, response_length)
     if isinstance(rows, SharedPromptBatch):
-        return _shared_values(value_model, rows)
-    scores = _token_scores(value_model, input_ids, attention_mask, position_ids, rows)
+        scores = _head_outputs(value_model, rows.input_ids, rows.position_ids, rows.attention_mask, sequence_parallel)
+        return rows.place(scores[rows.keep][rows.logit_row].float())
+    scores = _token_scores(value_model, input_ids, attention_mask, position_ids, rows, sequence_parallel)
     return scores[:, -response_length - 1 : -1] * attention_mask[:, -response_length:]
-
-
-def _shared_values(value_model: torch.nn.Module, shared: SharedPromptBatch) -> torch.Tensor:
-    """One row per prompt; the head's output at each kept position (row-major) read by every token it precedes."""
-    output = value_model(
-        input_ids=shared.input_ids,
-        position_ids=shared.position_ids,
-        attention_mask=shared.attention_mask,
-        use_cache=False,
-    )
-    kept = output.logits[..., 0][shared.keep]
-    return shared.place(kept[shared.logit_row].float())
 
 
 def forward_reward_scores(

@@ -20,11 +20,11 @@ import pathlib
 from typing import Any, Iterator
 
 import torch
-import torch.distributed as dist
 from peft import LoraConfig
 from torch.distributed.device_mesh import DeviceMesh
 
 from hybridflow.algos import KL_ESTIMATORS, BypassCorrection, compute_bypass_policy_loss, get_policy_loss_fn
+from hybridflow.distributed.sequence_parallel import SequenceParallelGroup
 from hybridflow.models.layouts import Layout, choose_layout
 from hybridflow.models.log_probs import TokenStatistics, forward_token_statistics
 from hybridflow.models.lora import is_lora_model, lora_config
@@ -35,6 +35,7 @@ from hybridflow.workers import checkpoint
 from hybridflow.workers.config import ActorConfig, PolicyModelConfig, RefConfig, micro_batch_size_per_rank
 from hybridflow.workers.fsdp import iter_hf_weights, iter_lora_weights
 from hybridflow.workers.model_setup import load_policy_model, shard_for_training
+from hybridflow.workers.row_groups import RowGroup
 from hybridflow.workers.training import (
     LossCounts,
     MicroBatching,
@@ -65,9 +66,11 @@ def log_prob_forward(
     calculate_entropy: bool = False,
     calculate_sum_pi_squared: bool = False,
     chunk_size: int | None = None,
+    sequence_parallel: SequenceParallelGroup | None = None,
 ) -> TokenStatistics:
     """``forward_token_statistics`` of a micro-batch (``input_ids``/``attention_mask``/``position_ids``,
-    ``responses``) in its pass's ``layout``: ``[B, R]`` each."""
+    ``responses``) in its pass's ``layout``: ``[B, R]`` each; under Ulysses every rank of ``sequence_parallel``
+    passes the same micro-batch."""
     batch = data.batch
     return forward_token_statistics(
         model,
@@ -80,6 +83,7 @@ def log_prob_forward(
         calculate_entropy=calculate_entropy,
         calculate_sum_pi_squared=calculate_sum_pi_squared,
         chunk_size=chunk_size,
+        sequence_parallel=sequence_parallel,
     )
 
 
@@ -97,7 +101,9 @@ class ActorPart:
     engine fed from this actor knows when its copy is stale. ``matches_model_folder``: the weights are
     still those of ``model_config.path`` (a fresh LoRA adapter adds zero; a loaded one does not).
     ``bypass`` switches the policy loss to rollout correction's bypass mode (``old_log_probs`` are then the
-    rollout's, and the correction metrics ``rollout_corr/*`` join the update's).
+    rollout's, and the correction metrics ``rollout_corr/*`` join the update's). ``rows``: the rows each rank
+    computes (its own, or with Ulysses its group's; ``workers/row_groups.py``); ``log_prob_batching`` counts
+    the same data-parallel ranks.
     """
 
     def __init__(
@@ -108,6 +114,7 @@ class ActorPart:
         log_prob_batching: MicroBatching,
         mesh: DeviceMesh,
         device: torch.device,
+        rows: RowGroup,
         bypass: BypassCorrection | None = None,
     ):
         self.model_config = model_config
@@ -123,17 +130,25 @@ class ActorPart:
         if config.use_torch_compile:
             compile_model(self.module)
         self.matches_model_folder = model_config.lora_adapter_path is None
-        self.trainer = ShardedTrainer(self.module, device, config.fsdp_config, config.optim)
+        self.rows = rows
+        self.trainer = ShardedTrainer(
+            self.module, device, config.fsdp_config, config.optim, data_parallel_rank=rows.data_parallel_rank
+        )
         self.mini_batch_size = mini_batch_size_per_rank(
-            config.ppo_mini_batch_size, rollout_n, dist.get_world_size(), "actor_rollout_ref.actor.ppo_mini_batch_size"
+            config.ppo_mini_batch_size,
+            rollout_n,
+            rows.data_parallel_size,
+            "actor_rollout_ref.actor.ppo_mini_batch_size",
         )
         micro_batch_size = micro_batch_size_per_rank(
             config.ppo_micro_batch_size_per_gpu,
             config.ppo_micro_batch_size,
-            dist.get_world_size(),
+            rows.data_parallel_size,
             "actor_rollout_ref.actor.ppo_micro_batch_size",
         )
-        self.update_batching = MicroBatching(micro_batch_size, config.use_dynamic_bsz, config.ppo_max_token_len_per_gpu)
+        # A rank computes its group's rows, 1/k of each: verl scales the token budget by k likewise.
+        max_token_len = config.ppo_max_token_len_per_gpu * rows.size
+        self.update_batching = MicroBatching(micro_batch_size, config.use_dynamic_bsz, max_token_len)
         # Resolved once: the loss, its options and aggregation, the KL loss's estimator.
         self.policy_loss_config = config.policy_loss_config()
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
@@ -144,7 +159,8 @@ class ActorPart:
     def compute_log_prob(self, data: DataProto, temperature: float, calculate_entropy: bool) -> dict[str, torch.Tensor]:
         """``old_log_probs`` ``[B, R]`` under the current policy, ``entropys`` when asked, and ``sum_pi_squared``
         when ``actor.calculate_sum_pi_squared`` (the optimal token baseline's input), on CPU."""
-        inputs = data.select(batch_keys=list(LOG_PROB_INPUTS))
+        chunk = len(data)
+        inputs = self.rows.gather(data.select(batch_keys=list(LOG_PROB_INPUTS)))
         # In TokenStatistics' field order: forward returns the fields that were asked for.
         sum_pi_squared = self.config.calculate_sum_pi_squared
         asked = {"old_log_probs": True, "entropys": calculate_entropy, "sum_pi_squared": sum_pi_squared}
@@ -161,12 +177,13 @@ class ActorPart:
                 calculate_entropy,
                 sum_pi_squared,
                 entropy_chunk_size(self.config),
+                self.rows.sequence_parallel,
             )
             return tuple(value for value in statistics if value is not None)
 
         with self.trainer.on_device():
             outputs = run_in_micro_batches(inputs, self.log_prob_batching, self.device, forward)
-        return {name: output.cpu() for name, output in zip(names, outputs)}
+        return self.rows.own({name: output.cpu() for name, output in zip(names, outputs)}, chunk)
 
     def update(
         self,
@@ -185,7 +202,8 @@ class ActorPart:
         rows reports ``pg_loss`` 0 (every left-out row has advantage 0) and no entropy.
         """
         on_policy = old_log_probs_from_update
-        data = data.select(batch_keys=self._update_inputs(data, on_policy))
+        data = self.rows.gather(data.select(batch_keys=self._update_inputs(data, on_policy)))
+        whole_batch_counts = self.rows.counts(whole_batch_counts)
         layout = self._layout(data)
         # Diagnostics describe the rows present; the loss is normalised by the whole batch.
         rows_present = None if whole_batch_counts is None else loss_counts(data.batch["response_mask"].to(self.device))
@@ -212,7 +230,7 @@ class ActorPart:
 
     def _update_inputs(self, data: DataProto, on_policy: bool) -> list[str]:
         """The batch keys the update reads; raises when ``data`` lacks one or cannot be trained as it asks."""
-        if on_policy and (self.config.ppo_epochs != 1 or len(data) > self.mini_batch_size):
+        if on_policy and (self.config.ppo_epochs != 1 or len(data) * self.rows.size > self.mini_batch_size):
             raise UpdateBatchError(
                 "update_actor got no old_log_probs (old_log_probs_from_update=True), which is exact only for one "
                 f"epoch of one mini-batch; got actor.ppo_epochs={self.config.ppo_epochs} and {len(data)} rows on this "
@@ -241,7 +259,13 @@ class ActorPart:
         """
         batch, config = micro.batch, self.config
         log_prob, entropy, _ = log_prob_forward(
-            self.module, micro, layout, temperature, calculate_entropy=True, chunk_size=entropy_chunk_size(config)
+            self.module,
+            micro,
+            layout,
+            temperature,
+            calculate_entropy=True,
+            chunk_size=entropy_chunk_size(config),
+            sequence_parallel=self.rows.sequence_parallel,
         )
         response_mask = batch["response_mask"]
         counts_kwargs = dataclasses.asdict(counts)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
-import torch.distributed as dist
-
 from hybridflow.algos import BypassCorrection
 from hybridflow.distributed import Dispatch, Worker, register
 from hybridflow.models.loading import load_tokenizer
@@ -22,6 +20,7 @@ from hybridflow.workers.config import ActorRolloutRefConfig, WorkerConfigError, 
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.ref import RefPart
 from hybridflow.workers.rollout_part import RolloutPart
+from hybridflow.workers.row_groups import RowGroup, row_group
 from hybridflow.workers.training import LossCounts, MicroBatching, metrics_output
 
 if TYPE_CHECKING:
@@ -73,16 +72,17 @@ class ActorRolloutRefWorker(Worker):
         """The training samples were drawn at the rollout's temperature: log-probs are taken at it (as in verl)."""
         return self.config.rollout.temperature
 
-    def _log_prob_batching(self) -> MicroBatching:
+    def _log_prob_batching(self, rows: RowGroup) -> MicroBatching:
         # The old-log-prob pass runs on the actor but, as in verl, takes its micro-batching from the rollout keys.
         rollout = self.config.rollout
         size = micro_batch_size_per_rank(
             rollout.log_prob_micro_batch_size_per_gpu,
             rollout.log_prob_micro_batch_size,
-            dist.get_world_size(),
+            rows.data_parallel_size,
             "actor_rollout_ref.rollout.log_prob_micro_batch_size",
         )
-        return MicroBatching(size, rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu)
+        max_token_len = rollout.log_prob_max_token_len_per_gpu * rows.size
+        return MicroBatching(size, rollout.log_prob_use_dynamic_bsz, max_token_len)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -95,13 +95,15 @@ class ActorRolloutRefWorker(Worker):
         )
         if "actor" in wanted:
             mesh = build_device_mesh(config.actor.fsdp_config.fsdp_size, self.device)
+            rows = row_group(config.actor.ulysses_sequence_parallel_size, self.device)
             self.parts["actor"] = ActorPart(
                 config.model,
                 config.actor,
                 config.rollout.n,
-                self._log_prob_batching(),
+                self._log_prob_batching(rows),
                 mesh,
                 self.device,
+                rows,
                 bypass=self.bypass,
             )
         actor = self.parts.get("actor")

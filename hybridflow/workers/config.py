@@ -138,6 +138,13 @@ class CheckpointConfig:
     load_contents: list = option(["model", "optimizer", "extra"], "Parts to load from a checkpoint.")
 
 
+ULYSSES_HELP = (
+    "Ulysses sequence parallelism (arXiv 2309.14509): groups of this many ranks share their rows and each runs "
+    "1/k of every row's columns, attention's heads exchanged all-to-all; must divide the ranks and the model's "
+    "attention heads."
+)
+
+
 @dataclass
 class ActorConfig:
     """The policy's PPO update (``actor_rollout_ref.actor``). Batch sizes follow verl's conventions."""
@@ -191,6 +198,7 @@ class ActorConfig:
     entropy_from_logits_chunk_size: int = option(
         2048, "Rows of logits per chunk when entropy_from_logits_with_chunking."
     )
+    ulysses_sequence_parallel_size: int = option(1, ULYSSES_HELP)
     policy_loss: PolicyLossModeConfig = section(
         PolicyLossModeConfig, "Which policy loss and its own options; the clip keys above apply to every loss."
     )
@@ -229,6 +237,7 @@ class RefConfig:
     entropy_from_logits_chunk_size: int = option(
         2048, "Rows of logits per chunk when entropy_from_logits_with_chunking."
     )
+    ulysses_sequence_parallel_size: int = option(1, ULYSSES_HELP + " Follows the actor's.")
     fsdp_config: FSDPConfig = section(FSDPConfig, "FSDP2 sharding of the reference model.")
 
 
@@ -289,6 +298,7 @@ class CriticConfig:
         "response length.",
     )
     grad_clip: float = option(1.0, "Clip the global gradient norm to this value.")
+    ulysses_sequence_parallel_size: int = option(1, ULYSSES_HELP)
     optim: OptimConfig = section(OptimConfig, "Optimizer and learning-rate schedule.")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "What checkpoints hold.")
 

@@ -10,7 +10,6 @@ import pathlib
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from hybridflow.algos import masked_mean
 from hybridflow.algos.value_loss import compute_value_loss
@@ -23,6 +22,7 @@ from hybridflow.workers import checkpoint
 from hybridflow.workers.config import CriticConfig, WorkerConfigError, as_config, micro_batch_size_per_rank
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.model_setup import shard_for_training
+from hybridflow.workers.row_groups import row_group
 from hybridflow.workers.training import (
     LossCounts,
     MicroBatching,
@@ -34,7 +34,8 @@ from hybridflow.workers.training import (
 
 
 class CriticPart:
-    """The value model (``critic.model.path``: a causal LM gets a fresh scalar head) and its update."""
+    """The value model (``critic.model.path``: a causal LM gets a fresh scalar head) and its update; with
+    ``ulysses_sequence_parallel_size`` > 1 each rank computes its group's rows (``workers/row_groups.py``)."""
 
     def __init__(self, config: CriticConfig, device: torch.device):
         model_config = config.model
@@ -49,11 +50,14 @@ class CriticPart:
         )
         mesh = build_device_mesh(model_config.fsdp_config.fsdp_size, device)
         self.module = shard_for_training(model, model_config, model_config.fsdp_config, mesh, device)
-        self.trainer = ShardedTrainer(self.module, device, model_config.fsdp_config, config.optim)
-        self.mini_batch_size = mini_batch_size_per_rank(
-            config.ppo_mini_batch_size, config.rollout_n, dist.get_world_size(), "critic.ppo_mini_batch_size"
+        self.rows = row_group(config.ulysses_sequence_parallel_size, device)
+        self.trainer = ShardedTrainer(
+            self.module, device, model_config.fsdp_config, config.optim, data_parallel_rank=self.rows.data_parallel_rank
         )
-        ranks = dist.get_world_size()
+        ranks = self.rows.data_parallel_size
+        self.mini_batch_size = mini_batch_size_per_rank(
+            config.ppo_mini_batch_size, config.rollout_n, ranks, "critic.ppo_mini_batch_size"
+        )
         forward_size = micro_batch_size_per_rank(
             config.forward_micro_batch_size_per_gpu,
             config.forward_micro_batch_size,
@@ -63,9 +67,10 @@ class CriticPart:
         update_size = micro_batch_size_per_rank(
             config.ppo_micro_batch_size_per_gpu, config.ppo_micro_batch_size, ranks, "critic.ppo_micro_batch_size"
         )
-        dynamic = config.use_dynamic_bsz
-        self.forward_batching = MicroBatching(forward_size, dynamic, config.forward_max_token_len_per_gpu)
-        self.update_batching = MicroBatching(update_size, dynamic, config.ppo_max_token_len_per_gpu)
+        dynamic, k = config.use_dynamic_bsz, self.rows.size
+        # A rank computes its Ulysses group's rows, 1/k of each: k times the token budget, as in verl.
+        self.forward_batching = MicroBatching(forward_size, dynamic, config.forward_max_token_len_per_gpu * k)
+        self.update_batching = MicroBatching(update_size, dynamic, config.ppo_max_token_len_per_gpu * k)
 
     def _layout(self, data: DataProto) -> Layout:
         """The layout of every micro-batch of a pass over ``data``, chosen once for the pass."""
@@ -88,22 +93,23 @@ class CriticPart:
             batch["position_ids"],
             batch["responses"].shape[1],
             layout,
+            self.rows.sequence_parallel,
         )
 
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """Values ``[B, R]`` (0 where the response is padding), on CPU."""
         self.module.eval()
-        inputs = data.select(batch_keys=list(VALUE_INPUTS))
+        inputs = self.rows.gather(data.select(batch_keys=list(VALUE_INPUTS)))
         layout = self._layout(inputs)
         with self.trainer.on_device():
             (values,) = run_in_micro_batches(
                 inputs, self.forward_batching, self.device, lambda micro: self._values(micro, layout)
             )
-        return values.cpu()
+        return self.rows.own({"values": values.cpu()}, len(data))["values"]
 
     def update(self, data: DataProto) -> dict[str, Any]:
         """PPO value epochs over ``data``; metrics vf_loss, vf_clipfrac, vpred_mean, grad_norm (per step), lr."""
-        data = data.select(batch_keys=list(CRITIC_UPDATE_INPUTS))
+        data = self.rows.gather(data.select(batch_keys=list(CRITIC_UPDATE_INPUTS)))
         layout = self._layout(data)
         return self.trainer.update(
             data,

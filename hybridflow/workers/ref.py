@@ -12,7 +12,6 @@ import functools
 from typing import Callable, ContextManager
 
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from hybridflow.models.lora import adapter_disabled
@@ -23,24 +22,28 @@ from hybridflow.workers.actor import ActorPart, entropy_chunk_size, log_prob_for
 from hybridflow.workers.config import ModelConfig, RefConfig, micro_batch_size_per_rank
 from hybridflow.workers.fsdp import move_model, parameters_on
 from hybridflow.workers.model_setup import load_policy_model, shard_frozen
+from hybridflow.workers.row_groups import RowGroup, row_group
 from hybridflow.workers.training import MicroBatching, run_in_micro_batches
 
 CPU = torch.device("cpu")
 
 
-def ref_batching(config: RefConfig) -> MicroBatching:
+def ref_batching(config: RefConfig, rows: RowGroup) -> MicroBatching:
+    """The reference pass's micro-batches over the rows each rank computes (a Ulysses group's: ``k`` times the
+    token budget, as in verl)."""
     size = micro_batch_size_per_rank(
         config.log_prob_micro_batch_size_per_gpu,
         config.log_prob_micro_batch_size,
-        dist.get_world_size(),
+        rows.data_parallel_size,
         "actor_rollout_ref.ref.log_prob_micro_batch_size",
     )
-    return MicroBatching(size, config.log_prob_use_dynamic_bsz, config.log_prob_max_token_len_per_gpu)
+    max_token_len = config.log_prob_max_token_len_per_gpu * rows.size
+    return MicroBatching(size, config.log_prob_use_dynamic_bsz, max_token_len)
 
 
 class RefPart:
     """Computes ``ref_log_prob [B, R]``; ``scope()`` is entered around every forward (device placement,
-    adapter switched off)."""
+    adapter switched off); ``rows``: the rows each rank computes (``workers/row_groups.py``)."""
 
     def __init__(
         self,
@@ -49,10 +52,12 @@ class RefPart:
         use_remove_padding: bool,
         device: torch.device,
         scope: Callable[[], ContextManager],
+        rows: RowGroup,
         chunk_size: int | None = None,
         share_prompts: bool | None = False,
     ):
         self.module = module
+        self.rows = rows
         self.chunk_size = chunk_size
         self.share_prompts = share_prompts
         self.batching = batching
@@ -78,12 +83,14 @@ class RefPart:
         if offload:
             move_model(module, CPU)
         scope = functools.partial(parameters_on, module, device, offload)
+        rows = row_group(config.ulysses_sequence_parallel_size, device)
         return cls(
             module,
-            ref_batching(config),
+            ref_batching(config, rows),
             model_config.use_remove_padding,
             device,
             scope,
+            rows,
             entropy_chunk_size(config),
             share_prompts,
         )
@@ -99,18 +106,20 @@ class RefPart:
 
         return cls(
             actor.module,
-            ref_batching(config),
+            ref_batching(config, actor.rows),
             actor.model_config.use_remove_padding,
             actor.device,
             base_model,
+            actor.rows,
             entropy_chunk_size(config),
             actor.config.use_prefix_grouper,
         )
 
     def compute_ref_log_prob(self, data: DataProto, temperature: float) -> torch.Tensor:
         """Reference log-probs ``[B, R]`` of the responses, on CPU."""
-        inputs = data.select(batch_keys=list(LOG_PROB_INPUTS))
+        inputs = self.rows.gather(data.select(batch_keys=list(LOG_PROB_INPUTS)))
         layout = pass_layout(self.module, inputs, self.share_prompts, self.use_remove_padding)
+        group = self.rows.sequence_parallel
         was_training = self.module.training
         self.module.eval()
         with self.scope():
@@ -118,7 +127,9 @@ class RefPart:
                 inputs,
                 self.batching,
                 self.device,
-                lambda micro: log_prob_forward(self.module, micro, layout, temperature, chunk_size=self.chunk_size)[0],
+                lambda micro: log_prob_forward(
+                    self.module, micro, layout, temperature, chunk_size=self.chunk_size, sequence_parallel=group
+                )[0],
             )
         self.module.train(was_training)
-        return log_probs.cpu()
+        return self.rows.own({"ref_log_prob": log_probs.cpu()}, len(data))["ref_log_prob"]

@@ -244,10 +244,17 @@ class ShardedTrainer:
 
     With ``fsdp_config.param_offload`` / ``optimizer_offload`` the parameters / optimizer states live on
     CPU between calls and visit ``device`` inside :meth:`on_device` (no effect when ``device`` is CPU).
+    ``data_parallel_rank`` (default: the rank) picks the mini-batch shuffle's stream: ranks that hold the
+    same rows (a Ulysses group) must shuffle them alike.
     """
 
     def __init__(
-        self, model: torch.nn.Module, device: torch.device, fsdp_config: FSDPConfig, optim_config: OptimConfig
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        fsdp_config: FSDPConfig,
+        optim_config: OptimConfig,
+        data_parallel_rank: int | None = None,
     ):
         self.model = model
         self.device = device
@@ -255,6 +262,7 @@ class ShardedTrainer:
         self.optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], optim_config)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_config)
         self.world_size = dist.get_world_size()
+        self.data_parallel_rank = dist.get_rank() if data_parallel_rank is None else data_parallel_rank
         self._offload()
 
     @property
@@ -340,7 +348,7 @@ class ShardedTrainer:
                 )
             return ((data, whole_batch_counts) for _ in range(epochs))
         # A shuffle stream per (seed, update call, rank): a resumed run draws the same permutations.
-        stream = np.random.SeedSequence([seed, self.update_count, dist.get_rank()]).generate_state(1)[0]
+        stream = np.random.SeedSequence([seed, self.update_count, self.data_parallel_rank]).generate_state(1)[0]
         generator = torch.Generator().manual_seed(int(stream))
         mini_batches = iter_mini_batches(data, mini_batch_size, epochs, shuffle, generator)
         return ((mini_batch, None) for mini_batch in mini_batches)

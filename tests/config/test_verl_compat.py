@@ -119,14 +119,14 @@ def test_a_knob_nothing_reads_is_accepted_and_listed_once(base):
     _, unread = _check(
         base
         + [
-            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "actor_rollout_ref.model.use_fused_kernels=true",
             "actor_rollout_ref.model.use_liger=true",
             "actor_rollout_ref.actor.fsdp_config.forward_prefetch=true",
         ]
     )
     assert sorted(line.split(" ")[0] for line in unread) == [
         "actor_rollout_ref.actor.fsdp_config.forward_prefetch=True",
-        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.model.use_fused_kernels=True",
         "actor_rollout_ref.model.use_liger=True",
     ]
     assert all(line.endswith(")") for line in unread)
@@ -239,7 +239,8 @@ def test_a_verl_style_fsdp_grpo_line_is_accepted_on_its_keys():
     config, unread = _check(_verl_style_grpo())
     assert config.actor_rollout_ref.rollout.name == "vllm"
     assert config.data.apply_chat_template_kwargs == {"enable_thinking": False}
-    assert any(line.startswith("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2") for line in unread)
+    assert config.actor_rollout_ref.ref.ulysses_sequence_parallel_size == 2  # read, and followed by the reference
+    assert not any("ulysses" in line for line in unread)
 
 
 def test_vllm_tensor_parallelism_is_refused_in_one_line_naming_the_fix():

@@ -1,0 +1,76 @@
+"""Ulysses sequence parallelism's rules (``*.ulysses_sequence_parallel_size``, verl's keys): which layouts can
+run, checked before any worker starts, one line each naming the key and the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridflow.config.phases import uses_reference
+from hybridflow.config.schema import PPOTrainerConfig
+
+ACTOR = "actor_rollout_ref.actor"
+REF = "actor_rollout_ref.ref"
+KEY = "ulysses_sequence_parallel_size"
+
+
+def data_parallel_ranks(world: int, size: int) -> int:
+    """The ranks that hold different rows when groups of ``size`` share theirs (``world`` where ``size`` does not
+    divide it: that is reported by :func:`sequence_parallel_errors`)."""
+    return world // size if size >= 1 and world % size == 0 else world
+
+
+def sequence_parallel_sizes(config: PPOTrainerConfig, with_critic: bool) -> dict[str, tuple[int, str]]:
+    """``{key: (size, model path)}`` of each role this config runs: the actor, the reference where one is used,
+    the critic ``with_critic``."""
+    arr = config.actor_rollout_ref
+    sizes = {f"{ACTOR}.{KEY}": (arr.actor.ulysses_sequence_parallel_size, arr.model.path)}
+    if uses_reference(config):
+        sizes[f"{REF}.{KEY}"] = (arr.ref.ulysses_sequence_parallel_size, arr.model.path)
+    if with_critic:
+        sizes[f"critic.{KEY}"] = (config.critic.ulysses_sequence_parallel_size, config.critic.model.path)
+    return sizes
+
+
+def sequence_parallel_errors(config: PPOTrainerConfig, world: int, with_critic: bool) -> list[str]:
+    """Every Ulysses size that cannot run: not a divisor of the ``world`` worker processes or of the model's
+    attention heads, or a LoRA actor's reference (the actor's own model) split differently."""
+    errors = []
+    for key, (size, path) in sequence_parallel_sizes(config, with_critic).items():
+        if size < 1:
+            errors.append(f"{key}={size} must be a positive integer (1: no sequence parallelism)")
+        elif size > 1 and world % size:
+            errors.append(
+                f"{key}={size} does not divide the {world} worker processes (trainer.nnodes x "
+                f"trainer.n_gpus_per_node); choose a divisor of {world}"
+            )
+        elif size > 1:
+            errors += _head_errors(key, size, path, config.actor_rollout_ref.model.trust_remote_code)
+    arr = config.actor_rollout_ref
+    actor_size, ref_size = arr.actor.ulysses_sequence_parallel_size, arr.ref.ulysses_sequence_parallel_size
+    if arr.model.uses_lora and uses_reference(config) and ref_size != actor_size:
+        errors.append(
+            f"{REF}.{KEY}={ref_size} differs from {ACTOR}.{KEY}={actor_size}, but a LoRA actor's reference is the "
+            f"actor's own model with the adapter off; remove the {REF}.{KEY} override"
+        )
+    return errors
+
+
+def _head_errors(key: str, size: int, path: str, trust_remote_code: bool) -> list[str]:
+    """Each rank of a group attends with ``1/size`` of the attention heads (key-value heads are repeated where
+    ``size`` does not divide them)."""
+    heads = _attention_heads(path, trust_remote_code)
+    if heads is None or heads % size == 0:
+        return []  # None: the model's own check reports a folder it cannot read
+    divisors = [divisor for divisor in range(1, heads + 1) if heads % divisor == 0]
+    return [f"{key}={size} does not divide the model's {heads} attention heads ({path}); choose one of {divisors}"]
+
+
+def _attention_heads(path: str, trust_remote_code: bool) -> int | None:
+    from hybridflow.models.loading import load_model_config  # reads the folder; only Ulysses runs need it
+
+    try:
+        model_config: Any = load_model_config(path, trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - any unreadable folder is the model check's to report
+        return None
+    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    return text_config.num_attention_heads
