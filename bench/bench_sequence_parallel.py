@@ -51,8 +51,11 @@ def _rank(rank: int, size: int, port: int, model_dir: str, length: int, out_dir:
     storages: dict[int, int] = {}
 
     def keep(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
+        try:
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        except RuntimeError:  # a wrapper without a plain storage (a collective's result): count its own bytes
+            storages[id(tensor)] = tensor.numel() * tensor.element_size()
         return tensor
 
     def step() -> None:

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--test_freq", type=int, default=10, help="validate (and checkpoint) every N steps")
     parser.add_argument("--run_dir", type=pathlib.Path, default=None, help="default: outputs/demo[-ppo]-seed<seed>")
     parser.add_argument("overrides", nargs="*", help="extra main_ppo overrides, key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may follow the overrides (examples/ pass both)
     name = "demo" if args.algo == "grpo" else f"demo-{args.algo}"
     args.run_dir = (args.run_dir or REPO / "outputs" / f"{name}-seed{args.seed}").resolve()
     start = time.perf_counter()

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from hybridflow.algos.advantage_registry import ADV_ESTIMATORS
 from hybridflow.config.batch_sizes import micro_batch_sizes
 from hybridflow.config.phases import OLD_FROM_PASS
+from hybridflow.config.sequence_parallel_options import data_parallel_ranks
 
 if TYPE_CHECKING:
     from hybridflow.config.plan import RunPlan
@@ -20,11 +21,14 @@ def sizes(plan: RunPlan) -> list[str]:
     actor, world = plan.actor_rollout_ref.actor, plan.world_size
     prompts, n = plan.prompts_per_step, plan.samples_per_prompt
     samples_per_mini = actor.ppo_mini_batch_size * n
-    per_rank = samples_per_mini // world
+    groups = data_parallel_ranks(world, actor.ulysses_sequence_parallel_size)
+    per_rank = samples_per_mini // groups
+    where = f"on {world} process(es)" if groups == world else f"on each of {groups} Ulysses groups"
     lines = [
         f"samples per step: {prompts} prompts x {n} = {prompts * n}",
         f"actor mini-batches per epoch: {prompts // actor.ppo_mini_batch_size} "
-        f"({samples_per_mini} samples, {per_rank} per rank on {world} process(es)), ppo_epochs={actor.ppo_epochs}",
+        f"({samples_per_mini} samples, {per_rank} per rank {where}), ppo_epochs={actor.ppo_epochs}",
+        *_ulysses_lines(plan),
     ]
     micro = micro_batch_sizes(plan.actor_rollout_ref, plan.critic, world)[0]
     actor_micro = micro.get(f"{ACTOR}.ppo_micro_batch_size")
@@ -43,6 +47,23 @@ def sizes(plan: RunPlan) -> list[str]:
             f"note: algorithm.adv_estimator={estimator!r} compares the samples of each prompt, but rollout.n=1: "
             "each group is one sample and its advantage is its raw score (set rollout.n>=2 for group baselines)"
         )
+    return lines
+
+
+def _ulysses_lines(plan: RunPlan) -> list[str]:
+    """One line per role that splits its rows with Ulysses sequence parallelism."""
+    arr, lines = plan.actor_rollout_ref, []
+    roles = {"actor": arr.actor.ulysses_sequence_parallel_size}
+    if plan.uses_reference:
+        roles["reference"] = arr.ref.ulysses_sequence_parallel_size
+    if plan.uses_critic:
+        roles["critic"] = plan.critic.ulysses_sequence_parallel_size
+    for role, size in roles.items():
+        if size > 1:
+            lines.append(
+                f"{role}: Ulysses groups of {size} ranks; each rank holds its group's rows and runs 1/{size} of "
+                "every row's columns"
+            )
     return lines
 
 

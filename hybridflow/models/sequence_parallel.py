@@ -9,7 +9,9 @@ every column of ``1/k`` of the heads, attention runs over the whole row under th
 all-to-all returns the slice (:mod:`hybridflow.distributed.sequence_parallel`). ``k`` must divide the attention
 heads; where it does not divide the key-value heads (grouped-query attention with few of them) each query head
 gets its own copy of its key-value head before the exchange, as verl repeats them. Activations, attention's
-included, shrink to about ``1/k`` per rank; the mask, ``[rows, W, W]`` booleans, is kept whole on each rank.
+included, shrink to about ``1/k`` per rank. Rows that are each one causal sequence (a long answer alone in its
+row) need no mask; other rows carry one ``[rows, W, W]`` mask per rank, whole, made once per call (a float one,
+since the attention functions would otherwise convert a boolean one anew in every layer and keep each copy).
 
 The mask is built once per call from what the layout gave the model: a 4-D mask as it is (shared prompts), the
 padded rows' causal mask over their real tokens, or, for packed rows, one causal block per sample (a sample
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -40,14 +42,34 @@ from hybridflow.distributed.sequence_parallel import (
 ULYSSES_ATTENTION = "hybridflow_ulysses"
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Call:
     group: SequenceParallelGroup
-    mask: torch.Tensor  # [N, 1, W, W] bool, True: may attend
+    mask: torch.Tensor | None  # [N, 1, W, W] bool, True: may attend; None: each row causal from its first column
+    width: int  # W, the padded rows' width
+    device: torch.device
     attention: Callable
-    additive_mask: bool  # eager attention adds the mask to its scores
+    additive_mask: bool  # eager attention adds a mask to its scores and applies no causal one of its own
     implementation: str  # the model's own attention implementation
     config: object  # the model's config: an id is only unique while its object lives
+    layer_masks: dict = field(default_factory=dict)
+
+    def layer_mask(self, window: int | None, dtype: torch.dtype) -> torch.Tensor | None:
+        """The mask a layer with sliding ``window`` (None: none) attends under, made once per call: None where
+        the attention's own causal mask serves, else additive (0 or the dtype's lowest), which the attention
+        functions use as given (a boolean one sdpa would turn into a float copy per layer, each kept for the
+        backward)."""
+        window = window if window and window < self.width else None
+        if self.mask is None and window is None and not self.additive_mask:
+            return None
+        if (window, dtype) not in self.layer_masks:
+            columns = torch.arange(self.width, device=self.device)
+            mask = self.mask if self.mask is not None else (columns[None, :] <= columns[:, None])[None, None]
+            if window is not None:
+                mask = mask & (columns[:, None] - columns[None, :] < window)
+            additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+            self.layer_masks[window, dtype] = additive.masked_fill_(~mask, torch.finfo(dtype).min)
+        return self.layer_masks[window, dtype]
 
 
 # The last call of each model switched to Ulysses attention, by id of its config (which its layers share).
@@ -55,18 +77,10 @@ _calls: dict[int, _Call] = {}
 
 
 def _ulysses_attention(module, query, key, value, attention_mask, **kwargs):
-    """The attention of a decoder layer under :func:`ulysses_attention`: ``[N, H, S, D]`` slices in, the
+    """The attention of a decoder layer under :func:`attend_across`: ``[N, H, S, D]`` slices in, the
     layer's attention output ``[N, S, H, D]`` out."""
     call = _calls[id(module.config)]
-    mask = call.mask
-    window = kwargs.get("sliding_window")
-    if window:
-        columns = torch.arange(mask.shape[-1], device=mask.device)
-        mask = mask & (columns[:, None] - columns[None, :] < window)
-    if call.additive_mask:
-        mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(
-            ~mask, torch.finfo(query.dtype).min
-        )
+    mask = call.layer_mask(kwargs.get("sliding_window"), query.dtype)
     group = call.group
     if key.shape[1] % group.size:
         # Fewer key-value heads than the group splits: give every query head its own copy first.
@@ -107,9 +121,12 @@ def _own_attention(model: torch.nn.Module, implementation: str) -> tuple[Callabl
     return sdpa_attention_forward, False
 
 
-def attend_across(model: torch.nn.Module, group: SequenceParallelGroup, mask: torch.Tensor) -> None:
+def attend_across(
+    model: torch.nn.Module, group: SequenceParallelGroup, mask: torch.Tensor | None, width: int, device: torch.device
+) -> None:
     """From now on ``model``'s attention layers exchange their slices over ``group`` and attend under ``mask``
-    (``[N, 1, W, W]`` bool over the whole padded rows); the model builds no mask of its own.
+    (``[N, 1, W, W]`` bool over the whole rows of ``width`` columns; None: each row causal from its first
+    column); the model builds no mask of its own.
 
     The switch stays until the next call replaces the mask: gradient checkpointing recomputes the layers in the
     backward, after the forward has returned, and must attend as the forward did. A model switched once always
@@ -119,8 +136,16 @@ def attend_across(model: torch.nn.Module, group: SequenceParallelGroup, mask: to
     previous = _calls.get(id(config))
     implementation = previous.implementation if previous and previous.config is config else config._attn_implementation
     attention, additive = _own_attention(model, implementation)
-    _calls[id(config)] = _Call(group, mask, attention, additive, implementation, config)
+    _calls[id(config)] = _Call(group, mask, width, device, attention, additive, implementation, config)
     config._attn_implementation = ULYSSES_ATTENTION
+
+
+def is_causal_per_row(attention_mask: torch.Tensor | None, position_ids: torch.Tensor) -> bool:
+    """Whether each row is one sequence from its first column, without padding: plain causal attention, which
+    needs no mask (the split's padding columns come last, so no real token sees them)."""
+    if attention_mask is None:
+        return bool((position_ids[:, 1:] == position_ids[:, :-1] + 1).all())
+    return attention_mask.dim() == 2 and bool(attention_mask.bool().all())
 
 
 def full_attention_mask(
@@ -199,7 +224,10 @@ class SequenceSplit:
     ):
         """``model`` on this rank's slice of the rows, attending as over the whole rows; ``model_kwargs``
         (e.g. a ``logits_to_keep`` mask) must already be this rank's slice."""
-        attend_across(model, self.group, full_attention_mask(attention_mask, position_ids, self.padded_width))
+        width = self.padded_width
+        causal = is_causal_per_row(attention_mask, position_ids)
+        mask = None if causal else full_attention_mask(attention_mask, position_ids, width)
+        attend_across(model, self.group, mask, width, input_ids.device)
         return model(
             input_ids=self.local(input_ids),
             position_ids=self.local(position_ids),

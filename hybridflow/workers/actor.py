@@ -32,7 +32,7 @@ from hybridflow.models.training_options import compile_model
 from hybridflow.protocol import DataProto
 from hybridflow.protocol.columns import LOG_PROB_INPUTS, actor_update_columns
 from hybridflow.workers import checkpoint
-from hybridflow.workers.config import ActorConfig, PolicyModelConfig, RefConfig, micro_batch_size_per_rank
+from hybridflow.workers.config import ActorConfig, PolicyModelConfig, RefConfig
 from hybridflow.workers.fsdp import iter_hf_weights, iter_lora_weights
 from hybridflow.workers.model_setup import load_policy_model, shard_for_training
 from hybridflow.workers.row_groups import RowGroup
@@ -134,27 +134,31 @@ class ActorPart:
         self.trainer = ShardedTrainer(
             self.module, device, config.fsdp_config, config.optim, data_parallel_rank=rows.data_parallel_rank
         )
-        self.mini_batch_size = mini_batch_size_per_rank(
-            config.ppo_mini_batch_size,
-            rollout_n,
-            rows.data_parallel_size,
-            "actor_rollout_ref.actor.ppo_mini_batch_size",
-        )
-        micro_batch_size = micro_batch_size_per_rank(
-            config.ppo_micro_batch_size_per_gpu,
-            config.ppo_micro_batch_size,
-            rows.data_parallel_size,
-            "actor_rollout_ref.actor.ppo_micro_batch_size",
-        )
-        # A rank computes its group's rows, 1/k of each: verl scales the token budget by k likewise.
-        max_token_len = config.ppo_max_token_len_per_gpu * rows.size
-        self.update_batching = MicroBatching(micro_batch_size, config.use_dynamic_bsz, max_token_len)
+        self.mini_batch_size, self.update_batching = self._update_batches(config, rollout_n, rows)
         # Resolved once: the loss, its options and aggregation, the KL loss's estimator.
         self.policy_loss_config = config.policy_loss_config()
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.kl_estimator = KL_ESTIMATORS.get(config.kl_loss_type) if config.use_kl_loss else None
         self.bypass = bypass
         self.weights_version = 0
+
+    @staticmethod
+    def _update_batches(config: ActorConfig, rollout_n: int, rows: RowGroup) -> tuple[int, MicroBatching]:
+        """A rank's mini-batch (samples) and its micro-batches, over the data-parallel ranks."""
+        mini_batch_size = mini_batch_size_per_rank(
+            config.ppo_mini_batch_size,
+            rollout_n,
+            rows.data_parallel_size,
+            "actor_rollout_ref.actor.ppo_mini_batch_size",
+        )
+        update_batching = rows.micro_batching(
+            config.ppo_micro_batch_size_per_gpu,
+            config.ppo_micro_batch_size,
+            config.use_dynamic_bsz,
+            config.ppo_max_token_len_per_gpu,
+            "actor_rollout_ref.actor.ppo_micro_batch_size",
+        )
+        return mini_batch_size, update_batching
 
     def compute_log_prob(self, data: DataProto, temperature: float, calculate_entropy: bool) -> dict[str, torch.Tensor]:
         """``old_log_probs`` ``[B, R]`` under the current policy, ``entropys`` when asked, and ``sum_pi_squared``
@@ -202,7 +206,8 @@ class ActorPart:
         rows reports ``pg_loss`` 0 (every left-out row has advantage 0) and no entropy.
         """
         on_policy = old_log_probs_from_update
-        data = self.rows.gather(data.select(batch_keys=self._update_inputs(data, on_policy)))
+        rows_per_step = self.mini_batch_size // self.rows.size
+        data = self.rows.gather(data.select(batch_keys=self._update_inputs(data, on_policy)), rows_per_step)
         whole_batch_counts = self.rows.counts(whole_batch_counts)
         layout = self._layout(data)
         # Diagnostics describe the rows present; the loss is normalised by the whole batch.

@@ -16,7 +16,7 @@ from hybridflow.models.loading import load_tokenizer
 from hybridflow.protocol import DataProto, Part
 from hybridflow.rollout.weight_loading import weight_buckets
 from hybridflow.workers.actor import ActorPart
-from hybridflow.workers.config import ActorRolloutRefConfig, WorkerConfigError, as_config, micro_batch_size_per_rank
+from hybridflow.workers.config import ActorRolloutRefConfig, WorkerConfigError, as_config
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.ref import RefPart
 from hybridflow.workers.rollout_part import RolloutPart
@@ -75,14 +75,13 @@ class ActorRolloutRefWorker(Worker):
     def _log_prob_batching(self, rows: RowGroup) -> MicroBatching:
         # The old-log-prob pass runs on the actor but, as in verl, takes its micro-batching from the rollout keys.
         rollout = self.config.rollout
-        size = micro_batch_size_per_rank(
+        return rows.micro_batching(
             rollout.log_prob_micro_batch_size_per_gpu,
             rollout.log_prob_micro_batch_size,
-            rows.data_parallel_size,
+            rollout.log_prob_use_dynamic_bsz,
+            rollout.log_prob_max_token_len_per_gpu,
             "actor_rollout_ref.rollout.log_prob_micro_batch_size",
         )
-        max_token_len = rollout.log_prob_max_token_len_per_gpu * rows.size
-        return MicroBatching(size, rollout.log_prob_use_dynamic_bsz, max_token_len)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:

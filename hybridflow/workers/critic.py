@@ -19,13 +19,12 @@ from hybridflow.models.value_model import forward_values, load_value_model
 from hybridflow.protocol import DataProto
 from hybridflow.protocol.columns import CRITIC_UPDATE_INPUTS, VALUE_INPUTS
 from hybridflow.workers import checkpoint
-from hybridflow.workers.config import CriticConfig, WorkerConfigError, as_config, micro_batch_size_per_rank
+from hybridflow.workers.config import CriticConfig, WorkerConfigError, as_config
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.model_setup import shard_for_training
 from hybridflow.workers.row_groups import row_group
 from hybridflow.workers.training import (
     LossCounts,
-    MicroBatching,
     ShardedTrainer,
     metrics_output,
     mini_batch_size_per_rank,
@@ -54,23 +53,24 @@ class CriticPart:
         self.trainer = ShardedTrainer(
             self.module, device, model_config.fsdp_config, config.optim, data_parallel_rank=self.rows.data_parallel_rank
         )
-        ranks = self.rows.data_parallel_size
         self.mini_batch_size = mini_batch_size_per_rank(
-            config.ppo_mini_batch_size, config.rollout_n, ranks, "critic.ppo_mini_batch_size"
+            config.ppo_mini_batch_size, config.rollout_n, self.rows.data_parallel_size, "critic.ppo_mini_batch_size"
         )
-        forward_size = micro_batch_size_per_rank(
+        dynamic = config.use_dynamic_bsz
+        self.forward_batching = self.rows.micro_batching(
             config.forward_micro_batch_size_per_gpu,
             config.forward_micro_batch_size,
-            ranks,
+            dynamic,
+            config.forward_max_token_len_per_gpu,
             "critic.forward_micro_batch_size",
         )
-        update_size = micro_batch_size_per_rank(
-            config.ppo_micro_batch_size_per_gpu, config.ppo_micro_batch_size, ranks, "critic.ppo_micro_batch_size"
+        self.update_batching = self.rows.micro_batching(
+            config.ppo_micro_batch_size_per_gpu,
+            config.ppo_micro_batch_size,
+            dynamic,
+            config.ppo_max_token_len_per_gpu,
+            "critic.ppo_micro_batch_size",
         )
-        dynamic, k = config.use_dynamic_bsz, self.rows.size
-        # A rank computes its Ulysses group's rows, 1/k of each: k times the token budget, as in verl.
-        self.forward_batching = MicroBatching(forward_size, dynamic, config.forward_max_token_len_per_gpu * k)
-        self.update_batching = MicroBatching(update_size, dynamic, config.ppo_max_token_len_per_gpu * k)
 
     def _layout(self, data: DataProto) -> Layout:
         """The layout of every micro-batch of a pass over ``data``, chosen once for the pass."""
@@ -109,7 +109,8 @@ class CriticPart:
 
     def update(self, data: DataProto) -> dict[str, Any]:
         """PPO value epochs over ``data``; metrics vf_loss, vf_clipfrac, vpred_mean, grad_norm (per step), lr."""
-        data = self.rows.gather(data.select(batch_keys=list(CRITIC_UPDATE_INPUTS)))
+        rows_per_step = self.mini_batch_size // self.rows.size
+        data = self.rows.gather(data.select(batch_keys=list(CRITIC_UPDATE_INPUTS)), rows_per_step)
         layout = self._layout(data)
         return self.trainer.update(
             data,

@@ -19,7 +19,7 @@ from hybridflow.models.training_options import compile_model
 from hybridflow.protocol import DataProto
 from hybridflow.protocol.columns import LOG_PROB_INPUTS
 from hybridflow.workers.actor import ActorPart, entropy_chunk_size, log_prob_forward, pass_layout
-from hybridflow.workers.config import ModelConfig, RefConfig, micro_batch_size_per_rank
+from hybridflow.workers.config import ModelConfig, RefConfig
 from hybridflow.workers.fsdp import move_model, parameters_on
 from hybridflow.workers.model_setup import load_policy_model, shard_frozen
 from hybridflow.workers.row_groups import RowGroup, row_group
@@ -29,16 +29,14 @@ CPU = torch.device("cpu")
 
 
 def ref_batching(config: RefConfig, rows: RowGroup) -> MicroBatching:
-    """The reference pass's micro-batches over the rows each rank computes (a Ulysses group's: ``k`` times the
-    token budget, as in verl)."""
-    size = micro_batch_size_per_rank(
+    """The reference pass's micro-batches over the rows each rank computes."""
+    return rows.micro_batching(
         config.log_prob_micro_batch_size_per_gpu,
         config.log_prob_micro_batch_size,
-        rows.data_parallel_size,
+        config.log_prob_use_dynamic_bsz,
+        config.log_prob_max_token_len_per_gpu,
         "actor_rollout_ref.ref.log_prob_micro_batch_size",
     )
-    max_token_len = config.log_prob_max_token_len_per_gpu * rows.size
-    return MicroBatching(size, config.log_prob_use_dynamic_bsz, max_token_len)
 
 
 class RefPart:

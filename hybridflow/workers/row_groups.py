@@ -5,7 +5,10 @@ The driver hands every rank an equal chunk of a batch (``Dispatch.DP_COMPUTE_PRO
 group's rows and runs ``1/k`` of every row's columns (:mod:`hybridflow.models.sequence_parallel`); each rank
 then returns the outputs of its own chunk. This is verl's arrangement (its Ulysses sharding manager): the
 groups are the data-parallel ranks, so mini- and micro-batch sizes per rank count ``world / k`` ranks, and a
-row's ``k`` copies count it ``k`` times in the loss counts summed over all ranks.
+row's ``k`` copies count it ``k`` times in the loss counts summed over all ranks. Differs from verl: an update's
+mini-batches take every chunk's rows step by step (:meth:`RowGroup.gather`), so a run with Ulysses takes the
+optimizer steps of the same run without it, not those of a different split of its rows
+(``tests/trainer/test_sequence_parallel_runs.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import torch.distributed as dist
 
 from hybridflow.distributed.sequence_parallel import SequenceParallelGroup, gather_objects, sequence_parallel_group
 from hybridflow.protocol import DataProto
-from hybridflow.workers.training import LossCounts
+from hybridflow.workers.config import micro_batch_size_per_rank
+from hybridflow.workers.training import LossCounts, MicroBatching
 
 
 @dataclass(frozen=True)
@@ -33,11 +37,26 @@ class RowGroup:
         """Ranks that compute the same rows (``k``)."""
         return 1 if self.sequence_parallel is None else self.sequence_parallel.size
 
-    def gather(self, data: DataProto) -> DataProto:
-        """The rows this rank computes: ``data`` itself, or its group's chunks in rank order."""
+    def gather(self, data: DataProto, rows_per_step: int | None = None) -> DataProto:
+        """The rows this rank computes: ``data`` itself, or its group's chunks in rank order.
+
+        With ``rows_per_step`` (a chunk's rows per optimizer step) the group's rows are ordered step by step
+        instead: each mini-batch holds the next ``rows_per_step`` rows of every chunk, the rows the group's ``k``
+        ranks would train together without Ulysses, so the two layouts take the same optimizer steps.
+        """
         if self.sequence_parallel is None:
             return data
-        return DataProto.concat(gather_objects(data, self.sequence_parallel))
+        gathered = DataProto.concat(gather_objects(data, self.sequence_parallel))
+        if rows_per_step is None:
+            return gathered
+        chunk = len(data)
+        order = [
+            rank * chunk + row
+            for start in range(0, chunk, rows_per_step)
+            for rank in range(self.size)
+            for row in range(start, min(start + rows_per_step, chunk))
+        ]
+        return gathered[torch.tensor(order, dtype=torch.long)]
 
     def own(self, outputs: dict[str, torch.Tensor], chunk: int) -> dict[str, torch.Tensor]:
         """This rank's ``chunk`` rows of outputs computed for :meth:`gather`'s rows."""
@@ -45,6 +64,15 @@ class RowGroup:
             return outputs
         start = self.sequence_parallel.rank * chunk
         return {name: value[start : start + chunk] for name, value in outputs.items()}
+
+    def micro_batching(
+        self, per_gpu: int | None, global_size: int | None, use_dynamic_bsz: bool, max_token_len: int, key: str
+    ) -> MicroBatching:
+        """Micro-batches of the rows this rank computes: verl's per-rank size, or its deprecated global form over
+        the data-parallel ranks; a token budget ``k`` times ``max_token_len`` (each row runs 1/k here), as in
+        verl."""
+        size = micro_batch_size_per_rank(per_gpu, global_size, self.data_parallel_size, key)
+        return MicroBatching(size, use_dynamic_bsz, max_token_len * self.size)
 
     def counts(self, counts: LossCounts | None) -> LossCounts | None:
         """Loss counts of the batch as the ranks count it: each row ``k`` times (the driver counts it once)."""

@@ -2,7 +2,8 @@
 and every size that cannot run refused before anything starts, one line each naming the key and the fix."""
 
 from hybridflow.config.load import load_config
-from tests.trainer.helpers import compose_config, config_errors
+from hybridflow.config.plan import describe
+from tests.trainer.helpers import compose_config, config_errors, plan_of
 
 ACTOR = "actor_rollout_ref.actor"
 KEY = "ulysses_sequence_parallel_size"
@@ -55,6 +56,13 @@ def test_batch_sizes_count_the_groups_not_the_ranks(base):
     # 4 prompts x 2 samples a mini-batch of 2 prompts: 4 samples over 2 groups of 2 ranks.
     overrides = ["trainer.n_gpus_per_node=4", f"{ACTOR}.{KEY}=2", CPUS, f"{ACTOR}.ppo_micro_batch_size_per_gpu=2"]
     assert load_config(compose_config(base + overrides)).actor_rollout_ref.actor.ulysses_sequence_parallel_size == 2
+    lines = describe(plan_of(base + overrides + [f"{ACTOR}.use_kl_loss=true"]))
+    assert "actor mini-batches per epoch: 2 (4 samples, 2 per rank on each of 2 Ulysses groups), ppo_epochs=1" in lines
+    for role in ("actor", "reference"):
+        assert (
+            f"{role}: Ulysses groups of 2 ranks; each rank holds its group's rows and runs 1/2 of every row's columns"
+            in lines
+        )
     # The global form divides over the 2 groups: 2 samples per rank.
     global_form = [f"{ACTOR}.ppo_micro_batch_size=4", f"{ACTOR}.ppo_micro_batch_size_per_gpu=null"]
     load_config(compose_config(base + overrides[:3] + global_form))

@@ -28,11 +28,14 @@ from tests.models.conftest import make_padded_batch
 PROMPT_LENGTHS = [9, 3, 5, 9, 3, 5, 7, 4]
 RESPONSE_LENGTHS = [6, 1, 4, 2, 6, 5, 3, 6]
 SHARED_PROMPT_ROWS = [0, 0, 1, 1, 2, 2, 3, 3]
-# The last runs packed with gradient checkpointing: the backward recomputes each layer, exchanges included.
-LAYOUTS = ("padded", "packed", "shared", "checkpointed")
+# "causal": padded rows without padding, which attend with no mask; "checkpointed": packed, with gradient
+# checkpointing, so the backward recomputes each layer, exchanges included.
+LAYOUTS = ("padded", "causal", "packed", "shared", "checkpointed")
 
 
 def _batch(layout_name: str):
+    if layout_name == "causal":
+        return make_padded_batch([9] * 8, [6] * 8, prompt_width=9, response_width=6, seed=3)[:3]
     batch = make_padded_batch(PROMPT_LENGTHS, RESPONSE_LENGTHS, prompt_width=9, response_width=6, seed=3)
     input_ids, attention_mask, position_ids, _ = batch
     if layout_name == "shared":
@@ -44,7 +47,7 @@ def _batch(layout_name: str):
 
 
 def _layout(model, layout_name: str, input_ids, attention_mask):
-    if layout_name == "padded":
+    if layout_name in ("padded", "causal"):
         return PADDED
     if layout_name == "checkpointed":
         enable_gradient_checkpointing(model)
@@ -78,18 +81,23 @@ def _values(model_dir, layout_name: str, group):
         return forward_values(critic, input_ids, attention_mask, position_ids, 6, layout, sequence_parallel=group)
 
 
-def _rank(rank: int, world_size: int, port: int, model_dir: str, out_dir: str) -> None:
+GROUP_SIZES = (2, 4)
+WORLD_SIZE = 4  # one world of 4 processes: two groups of 2, then one group of 4
+
+
+def _rank(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
     try:
-        torch.save(_group_results(world_size, model_dir), f"{out_dir}/rank{rank}.pt")
+        results = {size: _group_results(size, model_dir) for size in GROUP_SIZES}
+        torch.save(results, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def _group_results(world_size: int, model_dir: str) -> dict:
-    """This rank's statistics, gradients (summed over the group, divided by its size) and values per layout."""
-    group = sequence_parallel_group(world_size, torch.device("cpu"))
+def _group_results(size: int, model_dir: str) -> dict:
+    """This rank's statistics, gradients (summed over its group, divided by its size) and values per layout."""
+    group = sequence_parallel_group(size, torch.device("cpu"))
     model = load_causal_lm(model_dir)
     out = {}
     for layout_name in LAYOUTS:
@@ -97,9 +105,17 @@ def _group_results(world_size: int, model_dir: str) -> dict:
         # The group's gradient is the sum over its ranks, each counting its slice k times.
         for gradient in gradients.values():
             dist.all_reduce(gradient, group=group.group)
-            gradient /= world_size
+            gradient /= size
         out[layout_name] = (log_probs, entropy, gradients, layout, _values(model_dir, layout_name, group))
     return out
+
+
+@pytest.fixture(scope="module")
+def every_rank(tiny_model_dir, tmp_path_factory) -> dict:
+    """Each rank's results by group size; a rank's exception is raised here with its traceback."""
+    out_dir = tmp_path_factory.mktemp("ulysses")
+    mp.spawn(_rank, args=(find_free_port(), str(tiny_model_dir), str(out_dir)), nprocs=WORLD_SIZE)
+    return {rank: torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD_SIZE)}
 
 
 @pytest.fixture(scope="module")
@@ -111,25 +127,18 @@ def single_rank(tiny_model_dir):
     }
 
 
-def _run_group(world_size: int, model_dir, out_dir) -> dict:
-    """Each rank's results; a rank's exception is raised here with its traceback."""
-    mp.spawn(_rank, args=(world_size, find_free_port(), str(model_dir), str(out_dir)), nprocs=world_size)
-    return {rank: torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(world_size)}
-
-
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_ulysses_matches_one_rank_in_every_layout(world_size, tiny_model_dir, single_rank, tmp_path):
+@pytest.mark.parametrize("size", GROUP_SIZES)
+def test_ulysses_matches_one_rank_in_every_layout(size, tiny_model_dir, single_rank, every_rank):
     config = AutoConfig.from_pretrained(tiny_model_dir)
     num_terms = longest_reduction(config)
-    by_rank = _run_group(world_size, tiny_model_dir, tmp_path)
     critic = load_value_model(tiny_model_dir)
     for name in LAYOUTS:
         log_probs, entropy, gradients, (layout, widths), values = single_rank[name]
         assert layout.share_prompts == (name == "shared")
         assert (layout.rows_per_sample is not None) == (name in ("packed", "checkpointed"))
-        for rank, out in by_rank.items():
-            got_log_probs, got_entropy, got_gradients, (_, got_widths), got_values = out[name]
-            assert got_widths == [math.ceil(width / world_size) for width in widths]
+        for rank, by_size in every_rank.items():
+            got_log_probs, got_entropy, got_gradients, (_, got_widths), got_values = by_size[size][name]
+            assert got_widths == [math.ceil(width / size) for width in widths]
             torch.testing.assert_close(
                 got_log_probs, log_probs, rtol=0, atol=model_output_bound(log_probs, num_terms), msg=f"{name}, {rank}"
             )
