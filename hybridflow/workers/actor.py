@@ -35,10 +35,10 @@ from hybridflow.workers import checkpoint
 from hybridflow.workers.config import ActorConfig, PolicyModelConfig, RefConfig
 from hybridflow.workers.fsdp import iter_hf_weights, iter_lora_weights
 from hybridflow.workers.model_setup import load_policy_model, shard_for_training
-from hybridflow.workers.row_groups import RowGroup
 from hybridflow.workers.training import (
     LossCounts,
     MicroBatching,
+    RowGroup,
     ShardedTrainer,
     UpdateBatchError,
     loss_counts,
@@ -102,7 +102,7 @@ class ActorPart:
     still those of ``model_config.path`` (a fresh LoRA adapter adds zero; a loaded one does not).
     ``bypass`` switches the policy loss to rollout correction's bypass mode (``old_log_probs`` are then the
     rollout's, and the correction metrics ``rollout_corr/*`` join the update's). ``rows``: the rows each rank
-    computes (its own, or with Ulysses its group's; ``workers/row_groups.py``); ``log_prob_batching`` counts
+    computes (its own, or with Ulysses its group's; ``workers/training.py``); ``log_prob_batching`` counts
     the same data-parallel ranks.
     """
 

@@ -20,8 +20,7 @@ from hybridflow.workers.config import ActorRolloutRefConfig, WorkerConfigError, 
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.ref import RefPart
 from hybridflow.workers.rollout_part import RolloutPart
-from hybridflow.workers.row_groups import RowGroup, row_group
-from hybridflow.workers.training import LossCounts, MicroBatching, metrics_output
+from hybridflow.workers.training import LossCounts, MicroBatching, RowGroup, metrics_output, row_group
 
 if TYPE_CHECKING:
     from hybridflow.distributed import SharedObject

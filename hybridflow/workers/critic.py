@@ -22,19 +22,19 @@ from hybridflow.workers import checkpoint
 from hybridflow.workers.config import CriticConfig, WorkerConfigError, as_config
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.model_setup import shard_for_training
-from hybridflow.workers.row_groups import row_group
 from hybridflow.workers.training import (
     LossCounts,
     ShardedTrainer,
     metrics_output,
     mini_batch_size_per_rank,
+    row_group,
     run_in_micro_batches,
 )
 
 
 class CriticPart:
     """The value model (``critic.model.path``: a causal LM gets a fresh scalar head) and its update; with
-    ``ulysses_sequence_parallel_size`` > 1 each rank computes its group's rows (``workers/row_groups.py``)."""
+    ``ulysses_sequence_parallel_size`` > 1 each rank computes its group's rows (``workers/training.py``)."""
 
     def __init__(self, config: CriticConfig, device: torch.device):
         model_config = config.model

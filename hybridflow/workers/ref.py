@@ -22,8 +22,7 @@ from hybridflow.workers.actor import ActorPart, entropy_chunk_size, log_prob_for
 from hybridflow.workers.config import ModelConfig, RefConfig
 from hybridflow.workers.fsdp import move_model, parameters_on
 from hybridflow.workers.model_setup import load_policy_model, shard_frozen
-from hybridflow.workers.row_groups import RowGroup, row_group
-from hybridflow.workers.training import MicroBatching, run_in_micro_batches
+from hybridflow.workers.training import MicroBatching, RowGroup, row_group, run_in_micro_batches
 
 CPU = torch.device("cpu")
 
@@ -41,7 +40,7 @@ def ref_batching(config: RefConfig, rows: RowGroup) -> MicroBatching:
 
 class RefPart:
     """Computes ``ref_log_prob [B, R]``; ``scope()`` is entered around every forward (device placement,
-    adapter switched off); ``rows``: the rows each rank computes (``workers/row_groups.py``)."""
+    adapter switched off); ``rows``: the rows each rank computes (``workers/training.py``)."""
 
     def __init__(
         self,
