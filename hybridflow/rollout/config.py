@@ -117,7 +117,9 @@ class RolloutConfig:
         "'vllm' engine: share of GPU memory it may take (on CPU: of its NUMA node's, for its KV cache; "
         "engine_kwargs.vllm.kv_cache_memory_bytes gives a size that does not depend on the machine).",
     )
-    tensor_model_parallel_size: int = option(1, "'vllm' engine: must be 1 (a replica per actor rank).")
+    tensor_model_parallel_size: int = option(
+        1, "Must be 1: each actor rank generates with a whole replica of the model (no tensor-parallel generation yet)."
+    )
     ignore_eos: bool = option(False, "Keep generating past the EOS token until response_length (benchmarking).")
     enforce_eager: bool = option(False, "'vllm' engine: no CUDA graphs.", VLLM)
     cudagraph_capture_sizes: list | None = option(None, "'vllm' engine: batch sizes captured as CUDA graphs.", VLLM)
@@ -185,6 +187,12 @@ class RolloutConfig:
                 errors.append(f"{scope}.top_p={obj.top_p} must be in (0, 1]; use 1.0 to turn it off")
             if obj.temperature < 0:
                 errors.append(f"{scope}.temperature={obj.temperature} must be >= 0 (0 = greedy)")
+        if self.name != "vllm" and self.tensor_model_parallel_size != 1:
+            errors.append(
+                f"{p}.tensor_model_parallel_size={self.tensor_model_parallel_size}: the {self.name!r} engine holds the "
+                f"whole model on each actor rank (tensor-parallel generation is not built yet); set "
+                f"{p}.tensor_model_parallel_size=1"
+            )
         if self.name == "vllm":
             for key in VLLM_REPLICA_SIZES:
                 if getattr(self, key) != 1:

@@ -16,8 +16,8 @@ batch's counts instead (``whole_batch_counts``). The learning-rate scheduler ste
 (one trainer step), like verl, so ``total_training_steps`` counts trainer steps, not optimizer steps.
 
 Which rows a rank computes (:class:`RowGroup`): its own chunk, or with Ulysses sequence parallelism its
-group's. With ``ulysses_sequence_parallel_size=k`` the ``k`` ranks of a group first gather their chunks, so each holds the
-group's rows and runs ``1/k`` of every row's columns (:mod:`hybridflow.models.sequence_parallel`); each rank
+group's. With ``ulysses_sequence_parallel_size=k`` the ``k`` ranks of a group first gather their chunks, so each
+holds the group's rows and runs ``1/k`` of every row's columns (:mod:`hybridflow.models.sequence_parallel`); each rank
 then returns the outputs of its own chunk. This is verl's arrangement (its Ulysses sharding manager): the
 groups are the data-parallel ranks, so mini- and micro-batch sizes per rank count ``world / k`` ranks, and a
 row's ``k`` copies count it ``k`` times in the loss counts summed over all ranks. Differs from verl: an update's

@@ -248,6 +248,11 @@ def test_vllm_tensor_parallelism_is_refused_in_one_line_naming_the_fix():
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2: hybridflow runs vLLM inside each actor rank, one "
         "replica of the whole model per rank; set actor_rollout_ref.rollout.tensor_model_parallel_size=1"
     )
+    hf_line = [item for item in _verl_style_grpo() if not item.startswith("actor_rollout_ref.rollout.name=")]
+    assert _refusal(hf_line + ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]) == (
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2: the 'hf' engine holds the whole model on each actor "
+        "rank (tensor-parallel generation is not built yet); set actor_rollout_ref.rollout.tensor_model_parallel_size=1"
+    )
 
 
 def test_a_verl_style_line_through_the_entry_point_stops_after_the_check():
