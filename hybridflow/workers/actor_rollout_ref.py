@@ -109,8 +109,11 @@ class ActorRolloutRefWorker(Worker):
             self.parts["ref"] = RefPart.from_lora_actor(actor, config.ref)
         elif "ref" in wanted:
             mesh = build_device_mesh(config.ref.fsdp_config.fsdp_size, self.device)
+            size = config.ref.ulysses_sequence_parallel_size
+            # The actor's groups serve a reference split alike: no second set of process groups.
+            rows = actor.rows if actor is not None and actor.rows.size == size else row_group(size, self.device)
             self.parts["ref"] = RefPart.load(
-                config.model, config.ref, mesh, self.device, share_prompts=config.actor.use_prefix_grouper
+                config.model, config.ref, mesh, self.device, rows, share_prompts=config.actor.use_prefix_grouper
             )
         if "rollout" in wanted:
             self.parts["rollout"] = RolloutPart(

@@ -22,7 +22,7 @@ from hybridflow.workers.actor import ActorPart, entropy_chunk_size, log_prob_for
 from hybridflow.workers.config import ModelConfig, RefConfig
 from hybridflow.workers.fsdp import move_model, parameters_on
 from hybridflow.workers.model_setup import load_policy_model, shard_frozen
-from hybridflow.workers.training import MicroBatching, RowGroup, row_group, run_in_micro_batches
+from hybridflow.workers.training import MicroBatching, RowGroup, run_in_micro_batches
 
 CPU = torch.device("cpu")
 
@@ -69,10 +69,11 @@ class RefPart:
         config: RefConfig,
         mesh: DeviceMesh,
         device: torch.device,
+        rows: RowGroup,
         share_prompts: bool | None = False,
     ) -> "RefPart":
-        """A frozen, sharded copy of the base model (no adapter even when the actor has one); ``share_prompts``
-        is the actor's ``use_prefix_grouper``."""
+        """A frozen, sharded copy of the base model (no adapter even when the actor has one), computing ``rows``;
+        ``share_prompts`` is the actor's ``use_prefix_grouper``."""
         module = shard_frozen(load_policy_model(model_config), config.fsdp_config, mesh, device)
         if config.use_torch_compile:
             compile_model(module)
@@ -80,7 +81,6 @@ class RefPart:
         if offload:
             move_model(module, CPU)
         scope = functools.partial(parameters_on, module, device, offload)
-        rows = row_group(config.ulysses_sequence_parallel_size, device)
         return cls(
             module,
             ref_batching(config, rows),

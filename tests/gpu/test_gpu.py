@@ -13,7 +13,7 @@ import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.workers import ActorRolloutRefWorker
-from tests.trainer.cli import run_demo
+from tests.trainer.cli import assert_demo_learned, run_demo
 from tests.workers.helpers import actor_rollout_ref_config, rollout_batch
 
 pytestmark = [
@@ -140,30 +140,17 @@ print("MAXDIFF", float((out["rollout_log_probs"][mask] - reference[mask]).abs().
     assert maxdiff < 10 * 2**-10
 
 
-def test_grpo_through_main_ppo_on_cuda_learns(tmp_path):
+# Local mode runs in the driver's own process, without Ray, so it runs where Ray is not installed too.
+@pytest.mark.parametrize("local_mode", ["false", "true"], ids=["ray", "local"])
+def test_grpo_through_main_ppo_on_cuda_learns(tmp_path, local_mode):
     completed, rows = run_demo(
         tmp_path / "demo",
         "trainer.device=cuda",
-        "trainer.local_mode=false",
+        f"trainer.local_mode={local_mode}",
         "actor_rollout_ref.rollout.dtype=bfloat16",
         "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16",
     )
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    accuracy = [row["val-core/sorting/acc/mean@1"] for row in rows if "val-core/sorting/acc/mean@1" in row]
-    assert len(accuracy) == 2 and accuracy[1] >= accuracy[0] + 0.05, accuracy
-
-
-def test_grpo_in_local_mode_on_cuda_learns(tmp_path):
-    """The same run in the driver's own process: no Ray, so it runs where Ray is not installed too."""
-    completed, rows = run_demo(
-        tmp_path / "demo",
-        "trainer.device=cuda",
-        "actor_rollout_ref.rollout.dtype=bfloat16",
-        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16",
-    )
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    accuracy = [row["val-core/sorting/acc/mean@1"] for row in rows if "val-core/sorting/acc/mean@1" in row]
-    assert len(accuracy) == 2 and accuracy[1] >= accuracy[0] + 0.05, accuracy
+    assert_demo_learned(completed, rows)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

@@ -54,6 +54,13 @@ def run_demo(run_dir: pathlib.Path, *overrides: str, steps: int = 12) -> tuple[s
     return completed, rows
 
 
+def assert_demo_learned(completed: subprocess.CompletedProcess, rows: list[dict]) -> None:
+    """A ``run_demo`` run finished and its validation accuracy rose by at least 5 points."""
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    accuracy = [row["val-core/sorting/acc/mean@1"] for row in rows if "val-core/sorting/acc/mean@1" in row]
+    assert len(accuracy) == 2 and accuracy[1] >= accuracy[0] + 0.05, accuracy
+
+
 def run_cli(overrides: list[str], cwd: pathlib.Path, timeout: float = 240) -> subprocess.CompletedProcess:
     """Run the trainer to completion; raises with its output if it fails."""
     with RayTempDir() as ray_temp_dir:
