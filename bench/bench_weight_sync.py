@@ -18,7 +18,9 @@ until first written); "seconds" is the median of the 3. With one rank ``full_ten
 itself, so the hybrid sync allocates nothing; with N ranks it holds one gathered parameter at a time. The engine
 is ``hf`` unless ``--engine vllm`` (run it with ``.venv-vllm/bin/python``, which ``make test-vllm`` builds). One
 torch thread.
-Run: ``.venv/bin/python -m bench.bench_weight_sync`` (about a minute).
+Run: ``.venv/bin/python -m bench.bench_weight_sync`` (about a minute). With ``--layouts``: resharding from a
+training layout (t, d) into a tensor-parallel generation layout (t_g, d_g) on 4 ranks, against the naive
+gather-then-slice (``bench/weight_sync_layouts.py`` says how it is measured; a few minutes).
 """
 
 from __future__ import annotations
@@ -116,7 +118,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     parser.add_argument("--variant", nargs=2, metavar=("PATH", "BUCKET_MB"), help="run one (child)")
+    parser.add_argument(
+        "--layouts", action="store_true", help="the training -> generation layouts on 4 ranks (weight_sync_layouts)"
+    )
     args = parser.parse_args()
+    if args.layouts:
+        from bench.weight_sync_layouts import print_table
+
+        print_table()
+        return
     if args.variant:
         print(json.dumps(run_variant(args.variant[0], float(args.variant[1]), args.engine)))
         return

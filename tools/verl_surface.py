@@ -19,7 +19,8 @@ hybridflow's trainer of the same name instead (torchrun's process count becomes
 (``HYBRIDFLOW_CONFIG_CHECK=surface``: the keys and values, not the machine's files or GPUs); ``ray job
 submit ... -- python3 ...`` runs the command after ``--``; every other command a script runs is a no-op. A
 script that wants positional arguments (``<nproc_per_node> <save_path>``) gets 8 processes and a folder. It prints
-one line per script and the counts.
+one line per script and the counts. ``--append KEY=VALUE`` adds an override after each script's own (say,
+``actor_rollout_ref.rollout.name=hf``, to count what would run on another engine).
 """
 
 from __future__ import annotations
@@ -211,7 +212,7 @@ SHIM = """#!{python}
 # Stands in for python, python3 and torchrun: where a script starts one of verl's trainers, runs hybridflow's
 # config check on the arguments after the module; '-c' probes (e.g. 'import torch_npu') run in this Python, as on
 # a GPU machine without verl; anything else does nothing. torchrun's process count becomes trainer.nnodes /
-# trainer.n_gpus_per_node (given before the script's own keys, which win).
+# trainer.n_gpus_per_node (given before the script's own keys, which win); VERL_SURFACE_APPEND's keys come last.
 import os, re, sys
 MODULES = {modules!r}
 args = sys.argv[1:]
@@ -228,7 +229,8 @@ if os.path.basename(sys.argv[0]) == "torchrun":
         if found:
             world.append("trainer." + key + "=" + found.group(1))
 os.environ["HYBRIDFLOW_CONFIG_CHECK"] = "surface"
-os.execv({python!r}, [{python!r}, "-m", MODULES[args[where]], *world, *args[where + 1:]])
+appended = os.environ.get("VERL_SURFACE_APPEND", "").split()
+os.execv({python!r}, [{python!r}, "-m", MODULES[args[where]], *world, *args[where + 1:], *appended])
 """
 UV_SHIM = """#!/usr/bin/env bash
 # Stands in for uv: 'uv run [options] python3 ...' runs the python shim; anything else does nothing.
@@ -262,7 +264,7 @@ exit 0
 """
 
 
-def run_scripts(verl: pathlib.Path, show: bool, only: str | None) -> None:
+def run_scripts(verl: pathlib.Path, show: bool, only: str | None, append: list[str]) -> None:
     scripts = _git_files(verl, r"verl\.trainer\.main_ppo([^_a-zA-Z0-9]|$)") if only in (None, "ppo") else []
     if only in (None, "sft"):
         scripts += [path for path in _git_files(verl, "sft_trainer") if path not in scripts]
@@ -283,6 +285,7 @@ def run_scripts(verl: pathlib.Path, show: bool, only: str | None) -> None:
         path.chmod(0o755)
     home = pathlib.Path(tempfile.mkdtemp(prefix="verl-home-"))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home), "PYTHONPATH": str(REPO)}
+    env["VERL_SURFACE_APPEND"] = " ".join(append)
     outcomes = collections.Counter()
     for script in scripts:
         text = _git_show(verl, script)
@@ -342,13 +345,20 @@ def main() -> None:
         choices=["ppo", "sft", "async"],
         help="scripts: only the PPO, the SFT, or the one-step-off and fully async scripts",
     )
+    parser.add_argument(
+        "--append",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="scripts: add this override after each script's own (e.g. actor_rollout_ref.rollout.name=hf)",
+    )
     args = parser.parse_args()
     if args.command == "compat-yaml":
         compat_yaml(args.verl, args.allow_missing)
     elif args.command == "sft-compat-yaml":
         sft_compat_yaml(args.verl, args.allow_missing)
     else:
-        run_scripts(args.verl, args.show, args.only)
+        run_scripts(args.verl, args.show, args.only, args.append)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from hybridflow.config.rollout_correction_options import rollout_correction_erro
 from hybridflow.config.rollout_pool_options import rollout_pool_errors
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.sequence_parallel_options import sequence_parallel_errors
+from hybridflow.config.tensor_parallel_options import tensor_parallel_errors
 from hybridflow.data.truncation import TRUNCATION_MODES
 from hybridflow.rewards import REWARD_MANAGERS
 from hybridflow.rollout.config import ENGINE_NAMES, RolloutConfigError
@@ -60,6 +61,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + rollout_correction_errors(config)
         + lora_errors(config, uses_critic(config))
         + sequence_parallel_errors(config, num_processes(config), uses_critic(config))
+        + tensor_parallel_errors(config)
         + range_errors(config)
     )
 

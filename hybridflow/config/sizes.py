@@ -28,7 +28,7 @@ def sizes(plan: RunPlan) -> list[str]:
         f"samples per step: {prompts} prompts x {n} = {prompts * n}",
         f"actor mini-batches per epoch: {prompts // actor.ppo_mini_batch_size} "
         f"({samples_per_mini} samples, {per_rank} per rank {where}), ppo_epochs={actor.ppo_epochs}",
-        *_ulysses_lines(plan),
+        *_split_lines(plan),
     ]
     micro = micro_batch_sizes(plan.actor_rollout_ref, plan.critic, world)[0]
     actor_micro = micro.get(f"{ACTOR}.ppo_micro_batch_size")
@@ -50,9 +50,16 @@ def sizes(plan: RunPlan) -> list[str]:
     return lines
 
 
-def _ulysses_lines(plan: RunPlan) -> list[str]:
-    """One line per role that splits its rows with Ulysses sequence parallelism."""
+def _split_lines(plan: RunPlan) -> list[str]:
+    """One line per role that splits its rows with Ulysses sequence parallelism, and one for a tensor-parallel
+    rollout."""
     arr, lines = plan.actor_rollout_ref, []
+    generation = arr.rollout.tensor_model_parallel_size
+    if generation > 1:
+        lines.append(
+            f"rollout: tensor-parallel groups of {generation} ranks; each holds 1/{generation} of every attention "
+            "and MLP weight and decodes its group's prompts with the others"
+        )
     roles = {"actor": arr.actor.ulysses_sequence_parallel_size}
     if plan.uses_reference:
         roles["reference"] = arr.ref.ulysses_sequence_parallel_size

@@ -84,6 +84,12 @@ class RolloutEngine(ABC):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy new weights in place, tensor by tensor, into the one generation model."""
 
+    @property
+    def takes_sharded_weights(self) -> bool:
+        """Whether ``load_weights`` should get the actor's parameters as they are sharded (DTensors), each rank
+        then receiving only its own shard's part; otherwise every weight comes whole."""
+        return False
+
     @contextmanager
     def loading_weights(self, version: int) -> Iterator[None]:
         """The ``load_weights`` calls inside land together, as weight version ``version``; an engine that can

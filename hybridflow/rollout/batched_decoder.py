@@ -63,11 +63,13 @@ class BatchedDecoder:
         eos_token_ids: set[int],
         max_batch_tokens: int,
         decode_text: Callable[[list[int]], str] | None = None,
+        agree: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
     ):
         self.model = model
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_batch_tokens = max_batch_tokens
         self.decode_text = decode_text
+        self.agree = agree  # tensor-parallel groups: every rank keeps the group's first rank's tokens
         self.sequences: list[Sequence] = []
         self.weights_version = 0  # the weights the model holds, as numbered by whoever loads them
         self._cache: DynamicCache | None = None
@@ -207,6 +209,8 @@ class BatchedDecoder:
         rows = self.sequences[first_row:]
         sampling = self._sampling.select(torch.arange(first_row, len(self.sequences)))
         tokens, log_probs = sample_next_tokens(logits, sampling, [s.generator for s in rows])
+        if self.agree is not None:
+            tokens, log_probs = self.agree(tokens, log_probs)
         tokens, log_probs = tokens.cpu(), log_probs.cpu()
         self._next_tokens[first_row:] = tokens
         for seq, token, log_prob in zip(rows, tokens.tolist(), log_probs.tolist()):

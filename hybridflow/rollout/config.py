@@ -22,12 +22,7 @@ ENGINE_NAMES = ("hf", *VLLM)
 # config check needs no engine module. A test ties it to the engine classes.
 LORA_ADAPTER_ENGINES = frozenset({"hf", "vllm"})
 # vLLM's parallel sizes; the vllm engine runs one in-process replica per actor rank, so each must be 1.
-VLLM_REPLICA_SIZES = (
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "data_parallel_size",
-    "expert_parallel_size",
-)
+VLLM_REPLICA_SIZES = ("pipeline_model_parallel_size", "data_parallel_size", "expert_parallel_size")
 
 
 class RolloutConfigError(HybridflowError, ValueError):
@@ -118,7 +113,9 @@ class RolloutConfig:
         "engine_kwargs.vllm.kv_cache_memory_bytes gives a size that does not depend on the machine).",
     )
     tensor_model_parallel_size: int = option(
-        1, "Must be 1: each actor rank generates with a whole replica of the model (no tensor-parallel generation yet)."
+        1,
+        "'hf' engine: split the generation model over groups of this many actor ranks (each holds 1/k of every "
+        "attention and MLP weight); 1 = a whole model per rank.",
     )
     ignore_eos: bool = option(False, "Keep generating past the EOS token until response_length (benchmarking).")
     enforce_eager: bool = option(False, "'vllm' engine: no CUDA graphs.", VLLM)
@@ -187,11 +184,13 @@ class RolloutConfig:
                 errors.append(f"{scope}.top_p={obj.top_p} must be in (0, 1]; use 1.0 to turn it off")
             if obj.temperature < 0:
                 errors.append(f"{scope}.temperature={obj.temperature} must be >= 0 (0 = greedy)")
-        if self.name != "vllm" and self.tensor_model_parallel_size != 1:
+        if self.tensor_model_parallel_size < 1:
+            errors.append(f"{p}.tensor_model_parallel_size={self.tensor_model_parallel_size} must be >= 1")
+        if self.name == "vllm" and self.tensor_model_parallel_size != 1:
             errors.append(
-                f"{p}.tensor_model_parallel_size={self.tensor_model_parallel_size}: the {self.name!r} engine holds the "
-                f"whole model on each actor rank (tensor-parallel generation is not built yet); set "
-                f"{p}.tensor_model_parallel_size=1"
+                f"{p}.tensor_model_parallel_size={self.tensor_model_parallel_size}: vLLM's tensor-parallel engine "
+                f"(its SPMD launcher, one shard per actor rank) is not built into hybridflow yet; use "
+                f"{p}.name=hf, which generates tensor-parallel, or {p}.tensor_model_parallel_size=1"
             )
         if self.name == "vllm":
             for key in VLLM_REPLICA_SIZES:
@@ -215,6 +214,12 @@ class RolloutConfig:
                 errors.append(f"{CONFIG_PREFIX}.multi_turn.{key}={value} must be >= 1 or null")
         if turns.max_parallel_calls < 1:
             errors.append(f"{CONFIG_PREFIX}.multi_turn.max_parallel_calls={turns.max_parallel_calls} must be >= 1")
+        if turns.enable and self.tensor_model_parallel_size > 1:
+            errors.append(
+                f"{CONFIG_PREFIX}.multi_turn.enable=true with {CONFIG_PREFIX}.tensor_model_parallel_size="
+                f"{self.tensor_model_parallel_size}: a tensor-parallel group decodes whole batches together, not the "
+                f"agent loop's requests one by one; set {CONFIG_PREFIX}.tensor_model_parallel_size=1"
+            )
         return errors
 
     def sampling(self, max_new_tokens: int | None = None, validate: bool = False) -> SamplingParams:

@@ -18,11 +18,13 @@ import torch
 from hybridflow.models.loading import load_causal_lm, load_tokenizer
 from hybridflow.models.log_probs import forward_log_probs
 from hybridflow.models.lora import add_lora_layers
+from hybridflow.models.tensor_parallel import TensorParallelError, generation_mesh, shard_for_generation
 from hybridflow.rollout.base import ROLLOUT_ENGINES, RolloutEngine
 from hybridflow.rollout.batched_decoder import BatchedDecoder
 from hybridflow.rollout.config import RolloutConfig
 from hybridflow.rollout.requests import GenerationRequest, GenerationResult
 from hybridflow.rollout.scheduler import DecodePool, DecodeScheduler
+from hybridflow.rollout.tensor_parallel import GroupDecoding
 from hybridflow.rollout.weight_loading import load_weights_in_place
 
 # A streamed rollout comes in about this many parts (see generate_batch_stream).
@@ -38,20 +40,29 @@ class HFRolloutEngine(RolloutEngine):
 
     With a LoRA adapter added, the model computes ``W x + (alpha / r) B A x`` in each adapted layer (peft's
     LoRA layers inside the plain model), as the actor does; weight syncs then copy only ``A`` and ``B``.
+
+    With ``tensor_model_parallel_size`` k > 1 the model is split over groups of k ranks
+    (``models/tensor_parallel.py``) and ``group`` decodes each group's pooled requests together
+    (``rollout/tensor_parallel.py``) on one decoder per rank; every rank of the worker group builds the engine
+    together.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, config: RolloutConfig):
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: Any, config: RolloutConfig, group: GroupDecoding | None = None
+    ):
         super().__init__(config, tokenizer)
         self.model = model.eval()
         self.device = next(model.parameters()).device
+        self.group = group
         self._eos_token_ids = _eos_ids(model, tokenizer)
         stop_ids = set() if config.ignore_eos else self._eos_token_ids
-        decoders = decode_threads(config, model, self.device)
+        decoders = 1 if group is not None else decode_threads(config, model, self.device)
         threads_each = max(1, torch.get_num_threads() // decoders) if decoders > 1 else None
+        agree = group.agree if group is not None else None
         self._scheduler = DecodePool(
             [
                 DecodeScheduler(
-                    BatchedDecoder(model, stop_ids, config.max_batch_tokens, decode_text=self._decode),
+                    BatchedDecoder(model, stop_ids, config.max_batch_tokens, decode_text=self._decode, agree=agree),
                     -(-config.max_num_seqs // decoders),
                     torch_threads=threads_each,
                 )
@@ -67,7 +78,16 @@ class HFRolloutEngine(RolloutEngine):
         model = load_causal_lm(model_path, dtype=config.dtype, attn_implementation="sdpa")
         if device is not None:
             model.to(device)
-        return cls(model, tokenizer if tokenizer is not None else load_tokenizer(model_path), config)
+        group = None
+        if config.tensor_model_parallel_size > 1:
+            mesh = generation_mesh(config.tensor_model_parallel_size, next(model.parameters()).device.type)
+            shard_for_generation(model, mesh)
+            group = GroupDecoding(mesh.get_group("tp"))
+        return cls(model, tokenizer if tokenizer is not None else load_tokenizer(model_path), config, group)
+
+    @property
+    def takes_sharded_weights(self) -> bool:
+        return self.group is not None
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -78,25 +98,42 @@ class HFRolloutEngine(RolloutEngine):
         return self._scheduler.running
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if self.group is not None:
+            raise TensorParallelError(
+                "a tensor-parallel group decodes whole batches together, not requests one by one (the agent loop); "
+                "set actor_rollout_ref.rollout.tensor_model_parallel_size=1 for multi-turn rollouts"
+            )
         return await asyncio.wrap_future(self._scheduler.submit(request))
 
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        futures = self._scheduler.submit_all(list(requests))
-        return [future.result() for future in futures]
+        futures, own = self._submit(requests)
+        concurrent.futures.wait(futures)
+        return [futures[i].result() for i in own]
 
     def generate_batch_stream(self, requests: list[GenerationRequest]) -> Iterator[list[tuple[int, GenerationResult]]]:
         """Yields the finished requests once at least 1/``STREAM_PARTS`` of them are waiting (and the rest at the
         end): each part costs a transfer to the driver, which a part per decode step would pay too often."""
-        futures = self._scheduler.submit_all(list(requests))
-        index = {future: i for i, future in enumerate(futures)}
-        part_size = max(1, len(futures) // STREAM_PARTS)
-        pending, finished = set(futures), []
-        while pending:
-            done, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-            finished += done
-            if len(finished) >= part_size or not pending:
-                yield sorted(((index[future], future.result()) for future in finished), key=lambda pair: pair[0])
-                finished = []
+        futures, own = self._submit(requests)
+        try:
+            index = {futures[i]: i - own.start for i in own}
+            part_size = max(1, len(index) // STREAM_PARTS)
+            pending, finished = set(index), []
+            while pending:
+                done, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                finished += done
+                if len(finished) >= part_size or not pending:
+                    yield sorted(((index[future], future.result()) for future in finished), key=lambda pair: pair[0])
+                    finished = []
+        finally:
+            concurrent.futures.wait(futures)  # a group's pooled batch: the decoder idle before the caller goes on
+
+    def _submit(self, requests: list[GenerationRequest]) -> tuple[list[concurrent.futures.Future], range]:
+        """Queue ``requests`` (pooled with the rest of a tensor-parallel group's); the futures and where this
+        rank's own requests lie among them."""
+        if self.group is None:
+            return self._scheduler.submit_all(list(requests)), range(len(requests))
+        pooled, own = self.group.pool(list(requests))
+        return self._scheduler.submit_all(pooled), own
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy each ``(name, tensor)`` into the generation model between decode steps; see weight_loading.py."""
@@ -141,7 +178,8 @@ class HFRolloutEngine(RolloutEngine):
         response_length: int,
         temperature: float = 1.0,
     ) -> torch.Tensor:
-        """Teacher-forced log-probs of the last ``response_length`` tokens under the generation model: [B, R]."""
+        """Teacher-forced log-probs of the last ``response_length`` tokens under the generation model: [B, R].
+        A tensor-parallel group's ranks call it together, with the same rows."""
         device = self.device
         with self._scheduler.paused(), torch.no_grad():
             log_probs, _ = forward_log_probs(

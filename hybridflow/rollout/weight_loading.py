@@ -2,7 +2,9 @@
 
 The caller streams ``(name, tensor)`` pairs, e.g. each FSDP2 parameter gathered with ``DTensor.full_tensor()``;
 each is copied into the matching parameter and can be freed before the next arrives, so at most one extra
-parameter-sized tensor is alive: never a second state dict.
+parameter-sized tensor is alive: never a second state dict. A tensor-parallel model's parameters (DTensors)
+take their own shard only: resharded from a DTensor source (``distributed/resharding.py``, every rank receiving
+just what it lacks), sliced from a whole tensor.
 
 Names are matched after removing wrapper segments that FSDP, torch.compile, activation checkpointing, DDP and
 PEFT insert (``_fsdp_wrapped_module.``, ``_orig_mod.``, ``_checkpoint_wrapped_module.``, ``module.``,
@@ -15,6 +17,9 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 import torch
+from torch.distributed.tensor import DTensor
+
+from hybridflow.distributed.resharding import reshard_into
 
 _WRAPPER_SEGMENTS = ("_fsdp_wrapped_module.", "_orig_mod.", "_checkpoint_wrapped_module.")
 _WRAPPER_PREFIXES = ("module.", "base_model.model.")
@@ -60,13 +65,12 @@ def canonical_name(name: str, targets: dict[str, torch.Tensor]) -> str:
 def load_weights_in_place(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
     """Copy each tensor into the model's own storage; returns the canonical names loaded, in order.
 
-    DTensors are gathered here with ``full_tensor()`` one at a time, if the caller has not done it already.
+    DTensors are gathered here with ``full_tensor()`` one at a time, if the caller has not done it already, or
+    resharded into a tensor-parallel model's DTensors.
     """
     targets = model_tensors(model)
     loaded = []
     for name, tensor in named_tensors:
-        if hasattr(tensor, "full_tensor"):
-            tensor = tensor.full_tensor()
         target_name = canonical_name(name, targets)
         target = targets[target_name]
         if target.shape != tensor.shape:
@@ -74,9 +78,12 @@ def load_weights_in_place(model: torch.nn.Module, named_tensors: Iterable[tuple[
                 f"weight {name!r} has shape {tuple(tensor.shape)} but the rollout model's {target_name!r} has "
                 f"{tuple(target.shape)}; the actor and rollout models must have the same architecture"
             )
-        target.copy_(tensor)
+        if isinstance(target, DTensor):
+            reshard_into(tensor, target)
+        else:
+            target.copy_(tensor.full_tensor() if isinstance(tensor, DTensor) else tensor)
         loaded.append(target_name)
-        del tensor
+        del tensor  # freed before the stream makes the next one
     return loaded
 
 

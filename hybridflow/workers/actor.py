@@ -103,7 +103,8 @@ class ActorPart:
     ``bypass`` switches the policy loss to rollout correction's bypass mode (``old_log_probs`` are then the
     rollout's, and the correction metrics ``rollout_corr/*`` join the update's). ``rows``: the rows each rank
     computes (its own, or with Ulysses its group's; ``workers/training.py``); ``log_prob_batching`` counts
-    the same data-parallel ranks.
+    the same data-parallel ranks. ``column_sharded``: linear layers FSDP splits by input columns
+    (``fsdp.shard_model``), for a tensor-parallel rollout fed from this actor.
     """
 
     def __init__(
@@ -116,6 +117,7 @@ class ActorPart:
         device: torch.device,
         rows: RowGroup,
         bypass: BypassCorrection | None = None,
+        column_sharded: tuple[str, ...] = (),
     ):
         self.model_config = model_config
         self.config = config
@@ -125,7 +127,13 @@ class ActorPart:
         self.hf_config = copy.deepcopy(model.config)
         self.generation_config = copy.deepcopy(model.generation_config)
         self.module = shard_for_training(
-            model, model_config, config.fsdp_config, mesh, device, lora_adapter_path=model_config.lora_adapter_path
+            model,
+            model_config,
+            config.fsdp_config,
+            mesh,
+            device,
+            lora_adapter_path=model_config.lora_adapter_path,
+            column_sharded=column_sharded,
         )
         if config.use_torch_compile:
             compile_model(self.module)
@@ -319,6 +327,10 @@ class ActorPart:
     def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full weights under Hugging Face names (LoRA merged), gathered one at a time."""
         return iter_hf_weights(self.module)
+
+    def sharded_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each parameter as FSDP2 holds it (a DTensor shard, nothing gathered), for an engine that reshards."""
+        return ((name, param.detach()) for name, param in self.module.named_parameters())
 
     def lora_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The LoRA adapter's tensors alone under peft's names, gathered one at a time."""

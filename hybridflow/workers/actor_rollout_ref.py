@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from hybridflow.algos import BypassCorrection
 from hybridflow.distributed import Dispatch, Worker, register
 from hybridflow.models.loading import load_tokenizer
+from hybridflow.models.tensor_parallel import ROW_SPLIT
 from hybridflow.protocol import DataProto, Part
 from hybridflow.rollout.weight_loading import weight_buckets
 from hybridflow.workers.actor import ActorPart
@@ -103,6 +104,10 @@ class ActorRolloutRefWorker(Worker):
                 self.device,
                 rows,
                 bypass=self.bypass,
+                # A tensor-parallel rollout in this worker: FSDP shards its row-split layers as it splits them.
+                column_sharded=ROW_SPLIT
+                if "rollout" in wanted and config.rollout.tensor_model_parallel_size > 1
+                else (),
             )
         actor = self.parts.get("actor")
         if "ref" in wanted and actor is not None and config.model.uses_lora:
@@ -122,7 +127,7 @@ class ActorRolloutRefWorker(Worker):
                 self.tokenizer,
                 self.device,
                 weight_source=actor,
-                merge_lora=config.model.merges_lora(config.rollout.name),
+                merge_lora=config.model.merges_lora(config.rollout.name, config.rollout.tensor_model_parallel_size),
             )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

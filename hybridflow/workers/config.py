@@ -68,7 +68,8 @@ class LoraOptionsConfig:
     merge: Optional[bool] = option(
         None,
         "Sync the adapter into the rollout engine merged into full weights (true) or as adapter tensors alone "
-        "(false); None: adapter tensors where the engine applies adapters (hf, vllm), merged weights otherwise.",
+        "(false); None: adapter tensors where the engine applies adapters (hf, vllm) to a whole model, merged "
+        "weights otherwise (a tensor-parallel rollout included).",
     )
 
 
@@ -82,9 +83,12 @@ class PolicyModelConfig(ModelConfig):
     )
     lora: LoraOptionsConfig = section(LoraOptionsConfig, "LoRA weight sync into the rollout engine.")
 
-    def merges_lora(self, engine: str) -> bool:
-        """Whether the weight sync into ``engine`` sends the adapter merged into full weights."""
-        return self.lora.merge if self.lora.merge is not None else engine not in LORA_ADAPTER_ENGINES
+    def merges_lora(self, engine: str, tensor_parallel_size: int = 1) -> bool:
+        """Whether the weight sync into ``engine`` sends the adapter merged into full weights: as set, else
+        unless the engine holds adapters, which a tensor-parallel (split) generation model does not."""
+        if self.lora.merge is not None:
+            return self.lora.merge
+        return engine not in LORA_ADAPTER_ENGINES or tensor_parallel_size > 1
 
     @property
     def uses_lora(self) -> bool:

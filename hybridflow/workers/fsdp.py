@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from hybridflow.models.loading import resolve_dtype
 from hybridflow.models.lora import is_lora_model, is_lora_weight
@@ -56,15 +56,25 @@ def _layer_class_names(model: torch.nn.Module) -> set[str]:
     return set()
 
 
-def shard_model(model: torch.nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> torch.nn.Module:
+def shard_model(
+    model: torch.nn.Module, mesh: DeviceMesh, config: FSDPConfig, column_sharded: tuple[str, ...] = ()
+) -> torch.nn.Module:
     """Apply ``fully_shard`` to every decoder layer, then to the root; returns the (same) model.
 
-    The model must be on its compute device. A model without ``_no_split_modules`` is one FSDP unit.
+    The model must be on its compute device. A model without ``_no_split_modules`` is one FSDP unit. The weights
+    of the linear layers named in ``column_sharded`` are split by input columns (dim 1) instead of rows: a
+    tensor-parallel rollout splits them so, and each rank's training shard then lies inside its generation shard.
     """
+    columns = {
+        id(module.weight)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in column_sharded
+    }
     options = {
         "mesh": mesh,
         "mp_policy": mixed_precision_policy(config),
         "reshard_after_forward": config.reshard_after_forward,
+        "shard_placement_fn": lambda param: Shard(1) if id(param) in columns else None,
     }
     layer_names = _layer_class_names(model)
     for module in model.modules():

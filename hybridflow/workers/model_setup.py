@@ -36,10 +36,11 @@ def shard_for_training(
     mesh: DeviceMesh,
     device: torch.device,
     lora_adapter_path: str | None = None,
+    column_sharded: tuple[str, ...] = (),
 ) -> torch.nn.Module:
     """Add the LoRA adapter (loaded from ``lora_adapter_path``, else a fresh one when ``lora_rank > 0``:
-    only it trains), switch on gradient checkpointing if asked, move to ``device`` and shard. Returns the
-    model to train (a PeftModel with LoRA)."""
+    only it trains), switch on gradient checkpointing if asked, move to ``device`` and shard (``column_sharded``:
+    see ``shard_model``). Returns the model to train (a PeftModel with LoRA)."""
     if lora_adapter_path is not None:
         model = load_lora_adapter(model, lora_adapter_path)
     elif config.lora_rank > 0:
@@ -49,7 +50,7 @@ def shard_for_training(
     if config.enable_gradient_checkpointing:
         enable_gradient_checkpointing(model)
     model.to(device)
-    return shard_model(model, mesh, fsdp_config)
+    return shard_model(model, mesh, fsdp_config, column_sharded)
 
 
 def shard_frozen(

@@ -1,10 +1,12 @@
 """The rollout role: a generation engine, fed with the actor's weights when they change (hybrid engine).
 
 HybridFlow's 3D-HybridEngine (arXiv 2409.19256, section 5) reshards the trained weights into the
-generation model between training and generation. Here every rank holds a full generation model: the driver's
-weight sync (``update_weights``, the phase that closes each step) gathers the actor's FSDP2 shards one parameter
-at a time (``DTensor.full_tensor()``) and copies them into the engine's model in place, so no second full state
-dict exists at any moment. Generating with weights older than the actor's is refused (``StaleRolloutError``),
+generation model between training and generation. With one generation model per rank, the driver's weight sync
+(``update_weights``, the phase that closes each step) gathers the actor's FSDP2 shards one parameter at a time
+(``DTensor.full_tensor()``) and copies them into the engine's model in place, so no second full state dict
+exists at any moment. With a tensor-parallel engine (``rollout.tensor_model_parallel_size`` > 1) the shards go
+in as they are and each rank receives only the part of its generation shard it lacks (the paper's scheme: no
+rank ever holds a whole weight). Generating with weights older than the actor's is refused (``StaleRolloutError``),
 never silently done. The engine sleeps (frees its KV cache) between rollouts when asked.
 
 A LoRA actor's base weights never change. Unless ``merge_lora`` (verl's ``model.lora.merge``), the engine
@@ -72,8 +74,14 @@ class RolloutPart:
         if not self.is_stale:
             return
         source = self.weight_source
+        if self.syncs_adapter_only:
+            weights = source.lora_weights()
+        elif self.engine.takes_sharded_weights and source.lora_config is None:
+            weights = source.sharded_weights()
+        else:
+            weights = source.hf_weights()
         with source.trainer.on_device():
-            self.engine.load_weights(source.lora_weights() if self.syncs_adapter_only else source.hf_weights())
+            self.engine.load_weights(weights)
         self.synced_version = source.weights_version
 
     def load_weight_buckets(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int = 0) -> float:

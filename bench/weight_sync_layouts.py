@@ -1,0 +1,186 @@
+"""Resharding from a training layout (t, d) into a generation layout (t_g, d_g) on 4 CPU ranks: bytes sent and
+received, peak extra memory and seconds per rank, against the naive gather-then-slice on the same run.
+
+- ``reshard``: ``distributed/resharding.py``, what the hybrid engine's sync runs into a tensor-parallel engine:
+  per weight, one all-to-all in which each rank receives only the part of its generation shard it lacks. The
+  generation groups follow the training shards (``models/tensor_parallel.generation_mesh``'s ``rank_order``),
+  the 3D-HybridEngine's grouping (arXiv 2409.19256 §5.4).
+- ``naive``: per weight, ``DTensor.full_tensor()`` on every rank, then the rank's slice copied (the paper's
+  HybridFlow-V gathers the whole model first; this gathers one weight at a time, so its memory is one weight).
+
+The training layout is the DTensor layout FSDP2 x TP gives a weight (TP's split first, then FSDP's chunks of
+each TP shard, ranks numbered ``dp_rank * t + tp_rank`` as in torchtitan; FSDP splits the row-split layers by
+columns when t_g > 1, as the actor does for a tensor-parallel rollout), built with ``distribute_tensor``:
+hybridflow trains only with t = 1 today, so the t > 1 rows measure the resharding alone. The model: the
+~150 MB float32 Qwen2 of bench_weight_sync (hidden 768, 6 layers, 12 heads, 4 key-value heads). Bytes are
+counted from the pieces each rank sends and receives (naive: an all-gather receives the weight less the rank's
+own shard; a ring all-gather sends as much). "paper" is the 3D-HybridEngine's figure per rank,
+``(1/t_g - 1/(t d)) M``. Extra memory: peak resident memory during the sync (VmHWM reset before it) minus the
+resident memory before, the largest over ranks and over 3 syncs after a warm-up; seconds: the median sync.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+
+LAYOUTS = [((1, 4), (1, 4)), ((1, 4), (2, 2)), ((1, 4), (4, 1)), ((2, 2), (4, 1)), ((4, 1), (2, 2))]
+WORLD_SIZE = 4
+SCHEMES = ("reshard", "naive")
+
+
+def training_placements(name: str, t: int, t_g: int):
+    """A weight's placements on the (tp, dp) training mesh: Megatron's split on tp, FSDP's chunks on dp (of
+    the input columns for the row-split layers when the rollout is tensor-parallel, as the actor shards them)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    from hybridflow.models.tensor_parallel import COLUMN_SPLIT, ROW_SPLIT
+
+    module = name.removesuffix(".weight").removesuffix(".bias").rsplit(".", 1)[-1]
+    if t > 1 and module in ROW_SPLIT and name.endswith(".weight"):
+        split = Shard(1)
+    elif t > 1 and (module in COLUMN_SPLIT or module in ("embed_tokens", "lm_head")):
+        split = Shard(0)
+    else:
+        split = Replicate()
+    by_columns = t_g > 1 and module in ROW_SPLIT and name.endswith(".weight")
+    return [split, Shard(1) if by_columns else Shard(0)]
+
+
+def chunk_order(t: int, d: int) -> list[int]:
+    """Ranks in the order of the row chunks they train: TP slice first, FSDP chunk within it."""
+    return [a * t + i for i in range(t) for a in range(d)]
+
+
+def _rank(rank: int, port: int, model_dir: str, layout: tuple, scheme: str, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    from hybridflow.distributed.resharding import Traffic, own_box, reshard_into
+    from hybridflow.models.loading import load_causal_lm
+    from hybridflow.models.tensor_parallel import generation_mesh, shard_for_generation
+
+    torch.set_num_threads(1)
+    # The naive gather of a 2-D layout is two all-gathers, which DTensor warns about on every weight.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
+    (t, d), (t_g, _) = layout
+    train_mesh = DeviceMesh("cpu", torch.arange(WORLD_SIZE).view(d, t).T.contiguous(), mesh_dim_names=("tp", "dp"))
+    full = load_causal_lm(model_dir)
+    training = {
+        name: distribute_tensor(param.detach(), train_mesh, training_placements(name, t, t_g))
+        for name, param in full.named_parameters()
+    }
+    model_mib = sum(p.numel() * p.element_size() for p in full.parameters()) / 2**20
+    del full
+    generation = load_causal_lm(model_dir)
+    with torch.no_grad():
+        for param in generation.parameters():
+            param.zero_()  # so that a weight the sync missed shows
+    shard_for_generation(generation, generation_mesh(t_g, "cpu", chunk_order(t, d)))
+    targets = dict(generation.named_parameters())
+
+    def sync() -> Traffic:
+        traffic = Traffic()
+        for name, target in targets.items():
+            source = training[name]
+            if scheme == "reshard" and isinstance(target, DTensor):
+                traffic.add(reshard_into(source, target))
+                continue
+            whole = source.full_tensor()
+            box = own_box(target) if isinstance(target, DTensor) else tuple((0, n) for n in whole.shape)
+            local = target.to_local() if isinstance(target, DTensor) else target.data
+            local.copy_(whole[tuple(slice(a, b) for a, b in box)])
+            gathered = (whole.numel() - source.to_local().numel()) * whole.element_size()
+            traffic.add(Traffic(sent=gathered, received=gathered))
+        return traffic
+
+    seconds, extra = [], []
+    with torch.no_grad():
+        for _ in range(4):  # the first is a warm-up
+            dist.barrier()
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")
+            before = _status_mib("VmRSS")
+            start = time.perf_counter()
+            traffic = sync()
+            seconds.append(time.perf_counter() - start)
+            extra.append(_status_mib("VmHWM") - before)
+    exact = all(
+        torch.equal(
+            target.to_local() if isinstance(target, DTensor) else target,
+            training[name].full_tensor()[
+                tuple(slice(a, b) for a, b in (own_box(target) if isinstance(target, DTensor) else ()))
+            ],
+        )
+        for name, target in targets.items()
+    )
+    local_mib = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * 4 for p in targets.values()) / 2**20
+    row = {
+        "sent_mib": traffic.sent / 2**20,
+        "received_mib": traffic.received / 2**20,
+        "extra_mib": max(extra[1:]),
+        "seconds": statistics.median(seconds[1:]),
+        "exact": exact,
+        "generation_shard_mib": local_mib,
+        "model_mib": model_mib,
+        "largest_parameter_mib": max(p.numel() * 4 for p in training.values()) / 2**20,
+    }
+    with open(f"{out_dir}/rank{rank}.json", "w") as out:
+        json.dump(row, out)
+    dist.destroy_process_group()
+
+
+def _status_mib(field: str) -> float:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
+
+
+def run_layout(model_dir: str, layout: tuple, scheme: str) -> dict:
+    """One layout and scheme on 4 fresh processes; the worst rank's numbers."""
+    import torch.multiprocessing as mp
+
+    from hybridflow.distributed.worker import find_free_port
+
+    out_dir = tempfile.mkdtemp()
+    mp.spawn(_rank, args=(find_free_port(), model_dir, layout, scheme, out_dir), nprocs=WORLD_SIZE)
+    rows = [json.load(open(f"{out_dir}/rank{rank}.json")) for rank in range(WORLD_SIZE)]
+    worst = {key: max(row[key] for row in rows) for key in rows[0] if key != "exact"}
+    return {**worst, "exact": all(row["exact"] for row in rows), "load1": os.getloadavg()[0]}
+
+
+def print_table() -> None:
+    from hybridflow.models.tiny import build_tiny_model
+
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"  # freed buffers go back at once: peaks show what a sync holds
+    model_dir = str(
+        build_tiny_model(
+            tempfile.mkdtemp(),
+            hidden_size=768,
+            num_hidden_layers=6,
+            num_attention_heads=12,
+            num_key_value_heads=4,
+            intermediate_size=2048,
+        )
+    )
+    header = ("(t,d)->(t_g,d_g)", "scheme", "sent MiB", "recv MiB", "paper MiB", "extra MiB", "shard MiB", "s", "ok")
+    print("{:18} {:8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>3}".format(*header))
+    for layout in LAYOUTS:
+        (t, d), (t_g, d_g) = layout
+        for scheme in SCHEMES:
+            row = run_layout(model_dir, layout, scheme)
+            paper = (1 / t_g - 1 / (t * d)) * row["model_mib"] if scheme == "reshard" else float("nan")
+            print(
+                f"{f'({t},{d})->({t_g},{d_g})':18} {scheme:8} {row['sent_mib']:9.1f} {row['received_mib']:9.1f} "
+                f"{paper:9.1f} {row['extra_mib']:9.1f} {row['generation_shard_mib']:9.1f} {row['seconds']:6.2f} "
+                f"{'yes' if row['exact'] else 'NO':>3}",
+                flush=True,
+            )
+    print(f"model {row['model_mib']:.1f} MiB, largest weight {row['largest_parameter_mib']:.1f} MiB")

@@ -1,0 +1,94 @@
+"""A tensor-parallel generation model: Megatron's column-then-row split (arXiv 1909.08053 §3), as vLLM shards
+a decoder, with torch's tensor-parallel styles over one dimension of a device mesh.
+
+Each of the ``k`` ranks of a group holds ``1/k`` of every attention head's projections (q, k, v split by
+output rows, o by input columns) and of the MLP (gate and up by rows, down by columns), so a decoder layer
+costs two all-reduces; the embedding and the output head are split by vocabulary rows (one all-reduce, one
+all-gather of the logits). Attention runs on the rank's own heads unchanged: the Hugging Face attention
+modules reshape with ``-1`` heads. The norms stay whole on every rank.
+
+The groups are strided (mesh ``(tp, dp)``: ranks ``a, a + d, a + 2d, ...`` form group ``a``), so that with
+the actor's FSDP shards (rank ``r`` holds chunk ``r`` of every weight's rows) a rank's training shard lies
+inside its generation shard: the grouping of HybridFlow's 3D-HybridEngine (arXiv 2409.19256 §5.4), which
+``distributed/resharding.py`` turns into a weight sync with no redundant copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+
+from hybridflow.errors import HybridflowError
+
+# Linear layers split by output rows, and by input columns, in the decoders transformers ships.
+COLUMN_SPLIT = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW_SPLIT = ("o_proj", "down_proj")
+
+
+class TensorParallelError(HybridflowError, ValueError):
+    """The model cannot be split ``k`` ways (heads not divisible, or an architecture without the usual layers)."""
+
+
+def head_errors(model_config: Any, size: int, key: str) -> list[str]:
+    """One line per head count that ``size`` does not divide (each rank holds whole heads)."""
+    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    errors = []
+    for name in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(text_config, name, None)
+        if heads is not None and heads % size:
+            divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+            errors.append(f"{key}={size} does not divide the model's {heads} {name}; choose one of {divisors}")
+    return errors
+
+
+def generation_mesh(size: int, device_type: str, rank_order: list[int] | None = None) -> DeviceMesh:
+    """The ``(tp, dp)`` mesh over the default group: groups of ``size`` strided ranks of ``rank_order`` (the
+    ranks by the chunk of the weights they train, default rank order: FSDP's). Every rank calls it."""
+    world = dist.get_world_size()
+    if size < 1 or world % size:
+        raise TensorParallelError(f"tensor_model_parallel_size={size} must divide the group's world size {world}")
+    order = torch.tensor(list(range(world)) if rank_order is None else rank_order)
+    return DeviceMesh(device_type, order.view(size, world // size), mesh_dim_names=("tp", "dp"))
+
+
+def generation_plan(model: torch.nn.Module) -> dict[str, ParallelStyle]:
+    """Module name -> tensor-parallel style for every split layer of a transformers causal LM."""
+    names = {id(module): name for name, module in model.named_modules()}
+    plan: dict[str, ParallelStyle] = {}
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(module, torch.nn.Linear) and leaf in COLUMN_SPLIT:
+            plan[name] = ColwiseParallel()
+        elif isinstance(module, torch.nn.Linear) and leaf in ROW_SPLIT:
+            plan[name] = RowwiseParallel()
+    if not any(name.endswith("o_proj") for name in plan):
+        raise TensorParallelError(
+            f"{type(model).__name__} has no q/k/v/o_proj and gate/up/down_proj layers to split; tensor-parallel "
+            "generation supports the Llama-style decoders (Llama, Qwen2/3, Mistral, Gemma 3); set "
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1"
+        )
+    plan[names[id(model.get_input_embeddings())]] = RowwiseParallel(
+        input_layouts=Replicate(), output_layouts=Replicate()
+    )
+    head = model.get_output_embeddings()
+    if head is not None:
+        plan[names[id(head)]] = ColwiseParallel(output_layouts=Replicate())
+    return plan
+
+
+def shard_for_generation(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
+    """Split ``model`` in place over ``mesh["tp"]``; tied input and output embeddings stay one parameter."""
+    errors = head_errors(model.config, mesh["tp"].size(), "actor_rollout_ref.rollout.tensor_model_parallel_size")
+    if errors:
+        raise TensorParallelError("; ".join(errors))
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = head is not None and head.weight is embeddings.weight
+    parallelize_module(model, mesh["tp"], generation_plan(model))
+    if tied:
+        head.weight = embeddings.weight  # both split by vocabulary rows: one shard serves both
+    return model

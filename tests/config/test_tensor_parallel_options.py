@@ -1,0 +1,56 @@
+"""Tensor-parallel generation's key, ``actor_rollout_ref.rollout.tensor_model_parallel_size``: read on the ``hf``
+engine, and every layout that cannot run refused before anything starts, one line each naming the key and the
+fix."""
+
+from hybridflow.config.load import load_config
+from hybridflow.config.plan import describe
+from tests.trainer.helpers import compose_config, config_errors, plan_of
+
+KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+CPUS = "trainer.cpus_per_worker=0.25"  # up to 8 ranks on this machine's 2 CPUs
+# 4 ranks: the tiny run's mini-batch is 4 samples, one per rank.
+FOUR = ["trainer.n_gpus_per_node=4", CPUS, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
+
+
+def test_the_size_is_read_and_the_plan_says_how_the_rollout_is_split(base):
+    overrides = FOUR + [f"{KEY}=2"]
+    assert load_config(compose_config(base + overrides)).actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+    assert (
+        "rollout: tensor-parallel groups of 2 ranks; each holds 1/2 of every attention and MLP weight and decodes "
+        "its group's prompts with the others"
+    ) in describe(plan_of(base + overrides))
+
+
+def test_a_size_that_does_not_divide_the_ranks_or_the_heads_is_refused(base):
+    # The tiny model has 4 attention heads and 2 key-value heads: a rank holds whole heads of both.
+    assert config_errors(base + ["trainer.n_gpus_per_node=2", f"{KEY}=3", CPUS]) == [
+        f"{KEY}=3 does not divide the 2 processes that generate (trainer.nnodes x trainer.n_gpus_per_node); "
+        "choose a divisor of 2",
+        f"{KEY}=3 does not divide the model's 4 num_attention_heads; choose one of [1, 2, 4]",
+        f"{KEY}=3 does not divide the model's 2 num_key_value_heads; choose one of [1, 2]",
+    ]
+    assert config_errors(base + FOUR + [f"{KEY}=4"]) == [
+        f"{KEY}=4 does not divide the model's 2 num_key_value_heads; choose one of [1, 2]"
+    ]
+    assert config_errors(base + [f"{KEY}=0"]) == [f"{KEY}=0 must be >= 1"]
+    assert config_errors(base + ["trainer.local_mode=true", f"{KEY}=2"]) == [
+        f"{KEY}=2 does not divide the 1 processes that generate (trainer.nnodes x trainer.n_gpus_per_node); "
+        "choose a divisor of 1"
+    ]
+
+
+def test_what_a_split_rollout_cannot_run_is_refused(base):
+    two = ["trainer.n_gpus_per_node=2", CPUS, f"{KEY}=2"]
+    lora = ["actor_rollout_ref.model.lora_rank=4"]
+    # A split model holds no adapter: its sync sends merged weights unless told otherwise.
+    assert load_config(compose_config(base + two + lora)).actor_rollout_ref.model.merges_lora("hf", 2)
+    assert config_errors(base + two + lora + ["actor_rollout_ref.model.lora.merge=false"]) == [
+        f"actor_rollout_ref.model.lora.merge=false with {KEY}=2: a split generation model cannot also hold a "
+        f"separate LoRA adapter; drop the merge override (the sync then sends merged weights) or set {KEY}=1"
+    ]
+    assert config_errors(base + two + ["actor_rollout_ref.rollout.multi_turn.enable=true"]) == [
+        f"actor_rollout_ref.rollout.multi_turn.enable=true with {KEY}=2: a tensor-parallel group decodes whole "
+        f"batches together, not the agent loop's requests one by one; set {KEY}=1"
+    ]
+    vllm = config_errors(base + ["actor_rollout_ref.rollout.name=vllm", f"{KEY}=2"])
+    assert any(line.startswith(f"{KEY}=2: vLLM's tensor-parallel engine (its SPMD launcher") for line in vllm), vllm

@@ -1,0 +1,76 @@
+"""Tensor-parallel generation through the whole driver on a real Ray group: two GRPO steps on 2 ranks, once with
+a whole generation model per rank and once with the two ranks sharing one model split in halves (the weight
+sync resharding the actor's FSDP2 shards into it). The seeds are the same, so the samples must be the same,
+token for token. The training differs only in how FSDP2 splits the row-split layers (by columns, for the
+resharding): the gradient norm's sum runs in another order, so the losses and weights agree within the float32
+bounds of tests/float_bounds.py."""
+
+import pytest
+from transformers import AutoConfig
+
+from hybridflow.tracking import metric_names as names
+from tests.float_bounds import longest_reduction, reordered_sum_bound
+from tests.workers.helpers import assert_same_adamw_steps, gradient_bound
+
+from .cli import DENSE_REWARD
+from .helpers import tiny_run_overrides
+from .test_ppo_trainer import _trained_weights, log_prob_magnitude
+
+pytestmark = pytest.mark.slow
+
+
+def test_split_generation_steps_equal_the_whole_model_ones(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
+    base = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "unused", "grpo") + [
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "trainer.cpus_per_worker=0.5",
+        "trainer.n_gpus_per_node=2",
+        "data.shuffle=false",
+        f"custom_reward_function.path={DENSE_REWARD}",
+        # Stop on ~40% of the vocabulary, so the untrained model's responses vary in length.
+        f"actor_rollout_ref.rollout.stop_token_ids=[{','.join(map(str, range(100)))}]",
+    ]
+    runs = {}
+    for size in (1, 2):
+        run_dir = tmp_path / str(size)
+        overrides = [f"actor_rollout_ref.rollout.tensor_model_parallel_size={size}"]
+        runs[size] = _trained_weights(base + overrides + [f"trainer.default_local_dir={run_dir}"], run_dir)
+    (weights, records), (expected, expected_records) = runs[2], runs[1]
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    num_terms = longest_reduction(config)
+    log_prob_bound = reordered_sum_bound(log_prob_magnitude(expected, config), num_terms)
+    for record, expected_record in zip(records, expected_records, strict=True):
+        for key in (names.stat(names.RESPONSE_LENGTH, "mean"), names.stat(names.SCORE, "mean")):
+            assert record[key] == expected_record[key], key
+        term = 1.2 * max(abs(expected_record[names.stat(names.ADVANTAGES, reduction)]) for reduction in ("max", "min"))
+        pg_loss_bound = term * log_prob_bound + reordered_sum_bound(term, 64)
+        assert record["actor/pg_loss"] == pytest.approx(expected_record["actor/pg_loss"], rel=0, abs=pg_loss_bound)
+    assert_same_adamw_steps(
+        weights, expected, steps=2, lr=1e-3, gradient_rel_bound=gradient_bound(log_prob_bound, num_terms)
+    )
+
+
+def test_a_split_rollout_pool_steps_like_a_whole_one(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
+    """One-step-off, the rollout on a pool of 2 processes: split in halves, it takes each bucketed sync's whole
+    weights and keeps its slice of each. The actor trains alone in its process either way, so the runs are
+    equal to the bit: samples, losses and weights (a sync that did not take would change the later samples)."""
+    base = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "unused", "grpo") + [
+        "trainer.total_training_steps=3",
+        "trainer.val_before_train=false",
+        "trainer.cpus_per_worker=0.5",
+        "data.shuffle=false",
+        "actor_rollout_ref.hybrid_engine=false",
+        "rollout.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
+        f"custom_reward_function.path={DENSE_REWARD}",
+    ]
+    runs = {}
+    for size in (1, 2):
+        run_dir = tmp_path / str(size)
+        overrides = [f"actor_rollout_ref.rollout.tensor_model_parallel_size={size}"]
+        runs[size] = _trained_weights(base + overrides + [f"trainer.default_local_dir={run_dir}"], run_dir)
+    (weights, records), (expected, expected_records) = runs[2], runs[1]
+    for record, expected_record in zip(records, expected_records, strict=True):
+        for key in (names.stat(names.RESPONSE_LENGTH, "mean"), names.stat(names.SCORE, "mean"), "actor/pg_loss"):
+            assert record[key] == expected_record[key], key
+    assert all(weights[name].equal(tensor) for name, tensor in expected.items())
