@@ -38,12 +38,19 @@ import time
 BUCKET_MEGABYTES = (8, 32, 128)
 
 
+def build_sync_model() -> str:
+    """The ~150 MB float32 Qwen2 both tables sync (hidden 768, 6 layers, 12 heads, 4 key-value heads)."""
+    from hybridflow.models.tiny import build_tiny_model
+
+    shape = {"hidden_size": 768, "num_hidden_layers": 6, "intermediate_size": 2048}
+    return str(build_tiny_model(tempfile.mkdtemp(), num_attention_heads=12, num_key_value_heads=4, **shape))
+
+
 def run_variant(path: str, bucket_megabytes: float, engine: str) -> dict:
     import torch
     import torch.distributed as dist
 
     from hybridflow.models.loading import load_model_config
-    from hybridflow.models.tiny import build_tiny_model
     from hybridflow.rollout import RolloutConfig
     from hybridflow.rollout.vllm_memory import kv_cache_bytes
     from hybridflow.rollout.weight_loading import weight_buckets
@@ -51,14 +58,7 @@ def run_variant(path: str, bucket_megabytes: float, engine: str) -> dict:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
-    model_dir = build_tiny_model(
-        tempfile.mkdtemp(),
-        hidden_size=768,
-        num_hidden_layers=6,
-        num_attention_heads=12,
-        num_key_value_heads=4,
-        intermediate_size=2048,
-    )
+    model_dir = build_sync_model()
     rollout = {"name": engine, "prompt_length": 8, "response_length": 8, "free_cache_engine": False}
     if engine == "vllm":
         # A cache for one full batch of sequences, whatever the machine's memory (vllm_memory says why).

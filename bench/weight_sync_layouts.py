@@ -3,14 +3,14 @@ received, peak extra memory and seconds per rank, against the naive gather-then-
 
 - ``reshard``: ``distributed/resharding.py``, what the hybrid engine's sync runs into a tensor-parallel engine:
   per weight, one all-to-all in which each rank receives only the part of its generation shard it lacks. The
-  generation groups follow the training shards (``models/tensor_parallel.generation_mesh``'s ``rank_order``),
-  the 3D-HybridEngine's grouping (arXiv 2409.19256 §5.4).
+  generation groups are strided so that each rank's training chunk lies inside its generation shard
+  (``models/tensor_parallel.generation_mesh``), the 3D-HybridEngine's grouping (arXiv 2409.19256 §5.4).
 - ``naive``: per weight, ``DTensor.full_tensor()`` on every rank, then the rank's slice copied (the paper's
   HybridFlow-V gathers the whole model first; this gathers one weight at a time, so its memory is one weight).
 
 The training layout is the DTensor layout FSDP2 x TP gives a weight (TP's split first, then FSDP's chunks of
-each TP shard, ranks numbered ``dp_rank * t + tp_rank`` as in torchtitan; FSDP splits the row-split layers by
-columns when t_g > 1, as the actor does for a tensor-parallel rollout), built with ``distribute_tensor``:
+each TP shard; FSDP splits the row-split layers by columns when t_g > 1, as the actor does for a tensor-parallel
+rollout; chunk c on rank c, as FSDP places them), built with ``distribute_tensor``:
 hybridflow trains only with t = 1 today, so the t > 1 rows measure the resharding alone. The model: the
 ~150 MB float32 Qwen2 of bench_weight_sync (hidden 768, 6 layers, 12 heads, 4 key-value heads). Bytes are
 counted from the pieces each rank sends and receives (naive: an all-gather receives the weight less the rank's
@@ -51,11 +51,6 @@ def training_placements(name: str, t: int, t_g: int):
     return [split, Shard(1) if by_columns else Shard(0)]
 
 
-def chunk_order(t: int, d: int) -> list[int]:
-    """Ranks in the order of the row chunks they train: TP slice first, FSDP chunk within it."""
-    return [a * t + i for i in range(t) for a in range(d)]
-
-
 def _rank(rank: int, port: int, model_dir: str, layout: tuple, scheme: str, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
@@ -71,7 +66,8 @@ def _rank(rank: int, port: int, model_dir: str, layout: tuple, scheme: str, out_
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
     (t, d), (t_g, _) = layout
-    train_mesh = DeviceMesh("cpu", torch.arange(WORLD_SIZE).view(d, t).T.contiguous(), mesh_dim_names=("tp", "dp"))
+    # Rank c holds chunk c (TP slice first, FSDP chunk within it), as rank r holds FSDP's chunk r.
+    train_mesh = DeviceMesh("cpu", torch.arange(WORLD_SIZE).view(t, d), mesh_dim_names=("tp", "dp"))
     full = load_causal_lm(model_dir)
     training = {
         name: distribute_tensor(param.detach(), train_mesh, training_placements(name, t, t_g))
@@ -83,7 +79,7 @@ def _rank(rank: int, port: int, model_dir: str, layout: tuple, scheme: str, out_
     with torch.no_grad():
         for param in generation.parameters():
             param.zero_()  # so that a weight the sync missed shows
-    shard_for_generation(generation, generation_mesh(t_g, "cpu", chunk_order(t, d)))
+    shard_for_generation(generation, generation_mesh(t_g, "cpu"))
     targets = dict(generation.named_parameters())
 
     def sync() -> Traffic:
@@ -157,19 +153,10 @@ def run_layout(model_dir: str, layout: tuple, scheme: str) -> dict:
 
 
 def print_table() -> None:
-    from hybridflow.models.tiny import build_tiny_model
+    from bench.bench_weight_sync import build_sync_model
 
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"  # freed buffers go back at once: peaks show what a sync holds
-    model_dir = str(
-        build_tiny_model(
-            tempfile.mkdtemp(),
-            hidden_size=768,
-            num_hidden_layers=6,
-            num_attention_heads=12,
-            num_key_value_heads=4,
-            intermediate_size=2048,
-        )
-    )
+    model_dir = build_sync_model()
     header = ("(t,d)->(t_g,d_g)", "scheme", "sent MiB", "recv MiB", "paper MiB", "extra MiB", "shard MiB", "s", "ok")
     print("{:18} {:8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>3}".format(*header))
     for layout in LAYOUTS:

@@ -13,22 +13,26 @@ KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 
 def tensor_parallel_errors(config: PPOTrainerConfig) -> list[str]:
     """Every reason the rollout's ``tensor_model_parallel_size`` cannot run: not a divisor of the processes that
-    generate or of the model's attention or key-value heads, or a LoRA adapter kept apart from the base weights.
+    generate (of a node's, on several nodes) or of the model's attention or key-value heads, a LoRA adapter kept
+    apart from the base weights, fully async training.
     The vLLM engine's refusal is the rollout section's own."""
     arr = config.actor_rollout_ref
     size = arr.rollout.tensor_model_parallel_size
     if size <= 1 or arr.rollout.name != "hf":
         return []
+    section = config.rollout if one_step_off(config) else config.trainer
+    prefix = "rollout" if one_step_off(config) else "trainer"
     world = rollout_pool_processes(config) or num_processes(config)
-    pool = (
-        "rollout.nnodes x rollout.n_gpus_per_node"
-        if one_step_off(config)
-        else "trainer.nnodes x trainer.n_gpus_per_node"
-    )
     errors = []
     if world % size:
         errors.append(
-            f"{KEY}={size} does not divide the {world} processes that generate ({pool}); choose a divisor of {world}"
+            f"{KEY}={size} does not divide the {world} processes that generate ({prefix}.nnodes x "
+            f"{prefix}.n_gpus_per_node); choose a divisor of {world}"
+        )
+    elif section.nnodes > 1 and section.n_gpus_per_node % size:
+        errors.append(
+            f"{KEY}={size} does not divide {prefix}.n_gpus_per_node={section.n_gpus_per_node}: a group's ranks "
+            "must share a node, where its per-layer all-reduces stay off the network"
         )
     if fully_async(config):
         errors.append(

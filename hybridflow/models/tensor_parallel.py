@@ -7,10 +7,9 @@ costs two all-reduces; the embedding and the output head are split by vocabulary
 all-gather of the logits). Attention runs on the rank's own heads unchanged: the Hugging Face attention
 modules reshape with ``-1`` heads. The norms stay whole on every rank.
 
-The groups are strided (mesh ``(tp, dp)``: ranks ``a, a + d, a + 2d, ...`` form group ``a``), so that with
-the actor's FSDP shards (rank ``r`` holds chunk ``r`` of every weight's rows) a rank's training shard lies
-inside its generation shard: the grouping of HybridFlow's 3D-HybridEngine (arXiv 2409.19256 §5.4), which
-``distributed/resharding.py`` turns into a weight sync with no redundant copy.
+The groups are strided within a node (:func:`generation_mesh`), so that with the actor's FSDP shards a rank's
+training shard lies inside its generation shard: the grouping of HybridFlow's 3D-HybridEngine (arXiv 2409.19256
+§5.4), which ``distributed/resharding.py`` turns into a weight sync with no redundant copy.
 """
 
 from __future__ import annotations
@@ -46,14 +45,35 @@ def head_errors(model_config: Any, size: int, key: str) -> list[str]:
     return errors
 
 
-def generation_mesh(size: int, device_type: str, rank_order: list[int] | None = None) -> DeviceMesh:
-    """The ``(tp, dp)`` mesh over the default group: groups of ``size`` strided ranks of ``rank_order`` (the
-    ranks by the chunk of the weights they train, default rank order: FSDP's). Every rank calls it."""
+def generation_mesh(size: int, device_type: str, node_size: int | None = None) -> DeviceMesh:
+    """The ``(tp, dp)`` mesh over the default group: within each node of ``node_size`` consecutive ranks (default:
+    one node of all), groups of ``size`` ranks strided by ``node_size / size``. Every rank calls it.
+
+    Strided, so that FSDP's chunk ``r`` (rank ``r``'s training shard) lies inside rank ``r``'s generation shard when
+    the world is one node: the 3D-HybridEngine's grouping (arXiv 2409.19256 §5.4). Within a node, so that the
+    per-layer all-reduces never cross the network (across nodes a rank then also receives part of what it trains).
+    """
     world = dist.get_world_size()
-    if size < 1 or world % size:
-        raise TensorParallelError(f"tensor_model_parallel_size={size} must divide the group's world size {world}")
-    order = torch.tensor(list(range(world)) if rank_order is None else rank_order)
-    return DeviceMesh(device_type, order.view(size, world // size), mesh_dim_names=("tp", "dp"))
+    node_size = node_size or world
+    sizes: list[int | None] = [None] * world
+    dist.all_gather_object(sizes, node_size)
+    if len(set(sizes)) > 1:
+        raise TensorParallelError(
+            f"the ranks sit on nodes of different sizes ({sizes}); a tensor-parallel rollout needs as many ranks on "
+            "every node"
+        )
+    if size < 1 or node_size % size or world % node_size:
+        raise TensorParallelError(
+            f"tensor_model_parallel_size={size} must divide the {node_size} ranks of a node (world size {world})"
+        )
+    stride = node_size // size
+    groups = [
+        [node + offset + j * stride for j in range(size)]
+        for node in range(0, world, node_size)
+        for offset in range(stride)
+    ]
+    # Each group's and each column's ranks increase, so every sub-group's rank order is its mesh order.
+    return DeviceMesh(device_type, torch.tensor(groups).T.contiguous(), mesh_dim_names=("tp", "dp"))
 
 
 def generation_plan(model: torch.nn.Module) -> dict[str, ParallelStyle]:

@@ -188,9 +188,9 @@ class RolloutConfig:
             errors.append(f"{p}.tensor_model_parallel_size={self.tensor_model_parallel_size} must be >= 1")
         if self.name == "vllm" and self.tensor_model_parallel_size != 1:
             errors.append(
-                f"{p}.tensor_model_parallel_size={self.tensor_model_parallel_size}: vLLM's tensor-parallel engine "
-                f"(its SPMD launcher, one shard per actor rank) is not built into hybridflow yet; use "
-                f"{p}.name=hf, which generates tensor-parallel, or {p}.tensor_model_parallel_size=1"
+                f"{p}.tensor_model_parallel_size={self.tensor_model_parallel_size} with {p}.name=vllm needs vLLM's "
+                f"tensor-parallel engine (its SPMD launcher, one shard per actor rank), which hybridflow does not "
+                f"have; use {p}.name=hf, which generates tensor-parallel, or {p}.tensor_model_parallel_size=1"
             )
         if self.name == "vllm":
             for key in VLLM_REPLICA_SIZES:

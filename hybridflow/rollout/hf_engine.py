@@ -80,7 +80,8 @@ class HFRolloutEngine(RolloutEngine):
             model.to(device)
         group = None
         if config.tensor_model_parallel_size > 1:
-            mesh = generation_mesh(config.tensor_model_parallel_size, next(model.parameters()).device.type)
+            node_size = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None  # a worker's ranks on its node
+            mesh = generation_mesh(config.tensor_model_parallel_size, next(model.parameters()).device.type, node_size)
             shard_for_generation(model, mesh)
             group = GroupDecoding(mesh.get_group("tp"))
         return cls(model, tokenizer if tokenizer is not None else load_tokenizer(model_path), config, group)

@@ -93,22 +93,7 @@ class ActorRolloutRefWorker(Worker):
             chat_template=config.model.custom_chat_template,
         )
         if "actor" in wanted:
-            mesh = build_device_mesh(config.actor.fsdp_config.fsdp_size, self.device)
-            rows = row_group(config.actor.ulysses_sequence_parallel_size, self.device)
-            self.parts["actor"] = ActorPart(
-                config.model,
-                config.actor,
-                config.rollout.n,
-                self._log_prob_batching(rows),
-                mesh,
-                self.device,
-                rows,
-                bypass=self.bypass,
-                # A tensor-parallel rollout in this worker: FSDP shards its row-split layers as it splits them.
-                column_sharded=ROW_SPLIT
-                if "rollout" in wanted and config.rollout.tensor_model_parallel_size > 1
-                else (),
-            )
+            self.parts["actor"] = self._actor(config.rollout.tensor_model_parallel_size if "rollout" in wanted else 1)
         actor = self.parts.get("actor")
         if "ref" in wanted and actor is not None and config.model.uses_lora:
             self.parts["ref"] = RefPart.from_lora_actor(actor, config.ref)
@@ -129,6 +114,24 @@ class ActorRolloutRefWorker(Worker):
                 weight_source=actor,
                 merge_lora=config.model.merges_lora(config.rollout.name, config.rollout.tensor_model_parallel_size),
             )
+
+    def _actor(self, rollout_split: int) -> ActorPart:
+        """The actor part; ``rollout_split``: the tensor-parallel size of a rollout fed from it in this worker, for
+        which FSDP splits the row-split layers by columns, as the rollout does."""
+        config = self.config
+        mesh = build_device_mesh(config.actor.fsdp_config.fsdp_size, self.device)
+        rows = row_group(config.actor.ulysses_sequence_parallel_size, self.device)
+        return ActorPart(
+            config.model,
+            config.actor,
+            config.rollout.n,
+            self._log_prob_batching(rows),
+            mesh,
+            self.device,
+            rows,
+            bypass=self.bypass,
+            column_sharded=ROW_SPLIT if rollout_split > 1 else (),
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update_weights(self) -> None:

@@ -33,6 +33,10 @@ def test_a_size_that_does_not_divide_the_ranks_or_the_heads_is_refused(base):
         f"{KEY}=4 does not divide the model's 2 num_key_value_heads; choose one of [1, 2]"
     ]
     assert config_errors(base + [f"{KEY}=0"]) == [f"{KEY}=0 must be >= 1"]
+    two_nodes = ["trainer.nnodes=2", "trainer.n_gpus_per_node=2", CPUS, "ray_kwargs.ray_init.address=auto"]
+    assert f"{KEY}=4 does not divide trainer.n_gpus_per_node=2: a group's ranks must share a node" in " ".join(
+        config_errors(base + two_nodes + [f"{KEY}=4"])
+    )
     assert config_errors(base + ["trainer.local_mode=true", f"{KEY}=2"]) == [
         f"{KEY}=2 does not divide the 1 processes that generate (trainer.nnodes x trainer.n_gpus_per_node); "
         "choose a divisor of 1"
@@ -53,4 +57,7 @@ def test_what_a_split_rollout_cannot_run_is_refused(base):
         f"batches together, not the agent loop's requests one by one; set {KEY}=1"
     ]
     vllm = config_errors(base + ["actor_rollout_ref.rollout.name=vllm", f"{KEY}=2"])
-    assert any(line.startswith(f"{KEY}=2: vLLM's tensor-parallel engine (its SPMD launcher") for line in vllm), vllm
+    assert any(
+        line.startswith(f"{KEY}=2 with actor_rollout_ref.rollout.name=vllm needs vLLM's tensor-parallel engine")
+        for line in vllm
+    ), vllm

@@ -245,9 +245,10 @@ def test_a_verl_style_fsdp_grpo_line_is_accepted_on_its_keys():
 
 def test_rollout_tensor_parallelism_runs_on_the_hf_engine_and_is_refused_on_vllm_in_one_line():
     assert _refusal(_verl_style_grpo() + ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]) == (
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=2: vLLM's tensor-parallel engine (its SPMD launcher, "
-        "one shard per actor rank) is not built into hybridflow yet; use actor_rollout_ref.rollout.name=hf, which "
-        "generates tensor-parallel, or actor_rollout_ref.rollout.tensor_model_parallel_size=1"
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2 with actor_rollout_ref.rollout.name=vllm needs "
+        "vLLM's tensor-parallel engine (its SPMD launcher, one shard per actor rank), which hybridflow does not have; "
+        "use actor_rollout_ref.rollout.name=hf, which generates tensor-parallel, or "
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1"
     )
     hf_line = [item for item in _verl_style_grpo() if not item.startswith("actor_rollout_ref.rollout.name=")]
     config, unread = _check(hf_line + ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"])

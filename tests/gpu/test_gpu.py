@@ -160,3 +160,16 @@ def test_two_ranks_over_nccl_train_the_demo(tmp_path):
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert [row["step"] for row in rows if "critic/score/mean" in row] == list(range(1, 13))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_generate_tensor_parallel_and_learn_the_demo(tmp_path):
+    """The generation model split over the 2 GPUs (nccl), synced by resharding, asleep on the CPU between rollouts."""
+    completed, rows = run_demo(
+        tmp_path / "demo",
+        "trainer.device=cuda",
+        "trainer.local_mode=false",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    )
+    assert_demo_learned(completed, rows)

@@ -18,13 +18,14 @@ from hybridflow.distributed.worker import find_free_port
 from hybridflow.models.loading import load_causal_lm, load_tokenizer
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.rollout import GenerationRequest, HFRolloutEngine, RolloutConfig, SamplingParams
+from hybridflow.workers import ActorRolloutRefWorker
 from tests.float_bounds import longest_reduction, model_output_bound
 
 WORLD_SIZE = 4
 GROUP_SIZES = (2, 4)
 # (source mesh shape, source placements) -> (target mesh shape, target placements); meshes over ranks 0..3.
 LAYOUTS = [
-    (((4,), [Shard(0)]), ((2, 2), [Shard(0), Replicate()])),  # FSDP -> t_g = 2, strided groups
+    (((4,), [Shard(0)]), ((2, 2), [Shard(0), Replicate()])),  # FSDP -> rows in halves (ranks 0, 1 | 2, 3)
     (((4,), [Shard(0)]), ((4,), [Shard(1)])),  # FSDP -> a row-split layer at t_g = 4
     (((2, 2), [Replicate(), Shard(0)]), ((2, 2), [Shard(1), Shard(0)])),  # hybrid FSDP -> 2-D
     (((2, 2), [Shard(0), Shard(1)]), ((1, 4), [Replicate(), Replicate()])),  # anything -> whole on every rank
@@ -81,20 +82,45 @@ def _sync_check(model_dir: str) -> tuple[bool, int]:
     assert engine.takes_sharded_weights
     engine.load_weights((name, param.detach()) for name, param in actor.named_parameters())
     new = {name: param.full_tensor() for name, param in actor.named_parameters()}
-    exact = True
-    for name, param in engine.model.named_parameters():
-        box = rank_boxes(param)[dist.get_rank()] if isinstance(param, DTensor) else None
-        local = param.to_local() if isinstance(param, DTensor) else param
-        expected = new[name] if box is None else new[name][tuple(slice(a, b) for a, b in box)]
-        exact &= torch.equal(local, expected)
+    exact = all(_holds_slice(param, new[name]) for name, param in engine.model.named_parameters())
     engine.close()
     return exact, sum(p.numel() for p in new.values())
+
+
+def _worker_sync_check(model_dir: str) -> bool:
+    """The sync a run does, through the worker: its actor's FSDP2 shards (row-split layers by columns) into its
+    t_g = 2 engine, after an update moved every weight; each rank's shard equals the new weights' slice."""
+    rollout = {"tensor_model_parallel_size": 2, "free_cache_engine": False, "n": 1}
+    config = {
+        "model": {"path": model_dir},
+        "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 1},
+        "rollout": rollout,
+    }
+    worker = ActorRolloutRefWorker(config, "actor_rollout")
+    worker.init_model()
+    actor, engine = worker.parts["actor"], worker.parts["rollout"].engine
+    with torch.no_grad():
+        for param in actor.module.parameters():
+            param.add_(0.01)
+    actor.weights_version += 1
+    worker.update_weights()
+    new = dict(actor.hf_weights())
+    exact = all(_holds_slice(param, new[name]) for name, param in engine.model.named_parameters())
+    engine.close()
+    return exact
+
+
+def _holds_slice(param: torch.Tensor, whole: torch.Tensor) -> bool:
+    if not isinstance(param, DTensor):
+        return torch.equal(param, whole)
+    box = rank_boxes(param)[dist.get_rank()]
+    return torch.equal(param.to_local(), whole[tuple(slice(a, b) for a, b in box)])
 
 
 def _rank(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
-    out = {"reshard": _reshard_checks(), "sync": _sync_check(model_dir)}
+    out = {"reshard": _reshard_checks(), "sync": _sync_check(model_dir), "worker_sync": _worker_sync_check(model_dir)}
     for size in GROUP_SIZES:
         out[size] = _generations(model_dir, size, rank)
     torch.save(out, f"{out_dir}/rank{rank}.pt")
@@ -119,7 +145,7 @@ def test_resharding_puts_every_element_in_place_and_receives_only_what_is_missin
     for rank, out in every_rank.items():
         (fsdp_to_tp2, fsdp_to_rows4, hybrid_to_2d, to_whole) = out["reshard"]
         assert all(exact for exact, _ in out["reshard"]), rank
-        # FSDP rank r holds rows 3r..3r+2; its t_g = 2 shard (strided groups) is the 6 rows around them.
+        # FSDP rank r holds rows 3r..3r+2; its half (ranks 0 and 1 the first) is the 6 rows around them.
         assert fsdp_to_tp2[1] == (6 - 3) * 10 * element
         # A column slice of every row: all rows but its own 3, of its 3 (or 1) columns.
         columns = 3 if rank < 3 else 1
@@ -130,7 +156,7 @@ def test_resharding_puts_every_element_in_place_and_receives_only_what_is_missin
 def test_synced_shards_are_exact_and_no_rank_holds_the_whole_model(every_rank):
     for out in every_rank.values():
         exact, total = out["sync"]
-        assert exact
+        assert exact and out["worker_sync"]
         # Norm weights stay whole on every rank: they are the only excess over 1/k.
         assert out[2]["local_parameters"] < 0.6 * total and out[4]["local_parameters"] < 0.35 * total
 

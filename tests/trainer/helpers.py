@@ -49,6 +49,20 @@ def tiny_run_overrides(model_dir, parquet, run_dir, estimator="grpo"):
     ]
 
 
+def two_rank_steps(model_dir, parquet, estimator, reward_path):
+    """``tiny_run_overrides`` as two steps on 2 Ray workers, scored by ``reward_path``, the data in order, the
+    responses stopped on ~40% of the vocabulary (so the untrained model's lengths vary): for comparing layouts."""
+    return tiny_run_overrides(model_dir, parquet, "unused", estimator) + [
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "trainer.cpus_per_worker=0.5",
+        "trainer.n_gpus_per_node=2",
+        "data.shuffle=false",
+        f"custom_reward_function.path={reward_path}",
+        f"actor_rollout_ref.rollout.stop_token_ids=[{','.join(map(str, range(100)))}]",
+    ]
+
+
 # What the tool-calling model learns to answer the first training prompt with (the tiny parquet's row 0).
 TOOL_QUESTION = "What is 8-2? End with '#### <answer>'."
 TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "8-2"}}\n</tool_call>'

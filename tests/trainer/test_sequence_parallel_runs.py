@@ -11,25 +11,17 @@ from tests.float_bounds import longest_reduction, reordered_sum_bound
 from tests.workers.helpers import assert_same_adamw_steps, gradient_bound
 
 from .cli import DENSE_REWARD
-from .helpers import tiny_run_overrides
+from .helpers import two_rank_steps
 from .test_ppo_trainer import _trained_weights, log_prob_magnitude
 
 pytestmark = pytest.mark.slow
 
 
 def test_ulysses_steps_equal_the_data_parallel_ones(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
-    base = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "unused", "gae") + [
-        "trainer.total_training_steps=2",
-        "trainer.val_before_train=false",
-        "trainer.cpus_per_worker=0.5",
-        "trainer.n_gpus_per_node=2",
-        "data.shuffle=false",
-        f"custom_reward_function.path={DENSE_REWARD}",
+    base = two_rank_steps(tiny_model_dir, tiny_parquet, "gae", DENSE_REWARD) + [
         "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.kl_loss_coef=0.1",
         "critic.optim.lr=1e-3",
-        # Stop on ~40% of the vocabulary, so the untrained model's responses vary in length.
-        f"actor_rollout_ref.rollout.stop_token_ids=[{','.join(map(str, range(100)))}]",
     ]
     runs = {}
     for size in (1, 2):

@@ -13,29 +13,15 @@ from tests.float_bounds import longest_reduction, reordered_sum_bound
 from tests.workers.helpers import assert_same_adamw_steps, gradient_bound
 
 from .cli import DENSE_REWARD
-from .helpers import tiny_run_overrides
+from .helpers import tiny_run_overrides, two_rank_steps
 from .test_ppo_trainer import _trained_weights, log_prob_magnitude
 
 pytestmark = pytest.mark.slow
 
 
 def test_split_generation_steps_equal_the_whole_model_ones(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
-    base = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "unused", "grpo") + [
-        "trainer.total_training_steps=2",
-        "trainer.val_before_train=false",
-        "trainer.cpus_per_worker=0.5",
-        "trainer.n_gpus_per_node=2",
-        "data.shuffle=false",
-        f"custom_reward_function.path={DENSE_REWARD}",
-        # Stop on ~40% of the vocabulary, so the untrained model's responses vary in length.
-        f"actor_rollout_ref.rollout.stop_token_ids=[{','.join(map(str, range(100)))}]",
-    ]
-    runs = {}
-    for size in (1, 2):
-        run_dir = tmp_path / str(size)
-        overrides = [f"actor_rollout_ref.rollout.tensor_model_parallel_size={size}"]
-        runs[size] = _trained_weights(base + overrides + [f"trainer.default_local_dir={run_dir}"], run_dir)
-    (weights, records), (expected, expected_records) = runs[2], runs[1]
+    base = two_rank_steps(tiny_model_dir, tiny_parquet, "grpo", DENSE_REWARD)
+    (weights, records), (expected, expected_records) = _split_and_whole(base, tmp_path)
     config = AutoConfig.from_pretrained(tiny_model_dir)
     num_terms = longest_reduction(config)
     log_prob_bound = reordered_sum_bound(log_prob_magnitude(expected, config), num_terms)
@@ -64,13 +50,18 @@ def test_a_split_rollout_pool_steps_like_a_whole_one(ray_cluster, tiny_model_dir
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
         f"custom_reward_function.path={DENSE_REWARD}",
     ]
-    runs = {}
-    for size in (1, 2):
-        run_dir = tmp_path / str(size)
-        overrides = [f"actor_rollout_ref.rollout.tensor_model_parallel_size={size}"]
-        runs[size] = _trained_weights(base + overrides + [f"trainer.default_local_dir={run_dir}"], run_dir)
-    (weights, records), (expected, expected_records) = runs[2], runs[1]
+    (weights, records), (expected, expected_records) = _split_and_whole(base, tmp_path)
     for record, expected_record in zip(records, expected_records, strict=True):
         for key in (names.stat(names.RESPONSE_LENGTH, "mean"), names.stat(names.SCORE, "mean"), "actor/pg_loss"):
             assert record[key] == expected_record[key], key
     assert all(weights[name].equal(tensor) for name, tensor in expected.items())
+
+
+def _split_and_whole(base: list[str], tmp_path) -> tuple:
+    """``base`` run with the rollout split in two, and whole: each run's weights and metrics."""
+    runs = []
+    for size in (2, 1):
+        run_dir = tmp_path / str(size)
+        overrides = [f"actor_rollout_ref.rollout.tensor_model_parallel_size={size}"]
+        runs.append(_trained_weights(base + overrides + [f"trainer.default_local_dir={run_dir}"], run_dir))
+    return tuple(runs)
