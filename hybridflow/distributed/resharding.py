@@ -62,7 +62,15 @@ def shard_box(shape: tuple[int, ...], mesh_shape: tuple[int, ...], placements, c
 def own_box(tensor: DTensor) -> Box:
     """The box this rank holds."""
     mesh = tensor.device_mesh
+    check_rank_order(mesh.mesh)
     return shard_box(tuple(tensor.shape), tuple(mesh.mesh.shape), tensor.placements, tuple(mesh.get_coordinate()))
+
+
+def check_rank_order(ranks: torch.Tensor) -> None:
+    """Boxes follow mesh coordinates, but torch shards by each sub-group's (sorted) rank: they agree only where
+    the ranks increase along every mesh dimension (``init_device_mesh`` meshes do)."""
+    if any(bool((ranks.diff(dim=dim) <= 0).any()) for dim in range(ranks.ndim) if ranks.shape[dim] > 1):
+        raise ValueError(f"resharding needs a mesh whose ranks increase along every dimension, not {ranks.tolist()}")
 
 
 def rank_boxes(tensor: DTensor) -> dict[int, Box]:
@@ -71,6 +79,7 @@ def rank_boxes(tensor: DTensor) -> dict[int, Box]:
     if id(tensor) in _gathered:
         return _gathered[id(tensor)]
     ranks = tensor.device_mesh.mesh
+    check_rank_order(ranks)
     if ranks.numel() < dist.get_world_size():
         boxes: list[Box | None] = [None] * dist.get_world_size()
         dist.all_gather_object(boxes, own_box(tensor))

@@ -13,7 +13,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from transformers import AutoConfig
 
-from hybridflow.distributed.resharding import rank_boxes, reshard_into
+from hybridflow.distributed.resharding import check_rank_order, rank_boxes, reshard_into
 from hybridflow.distributed.worker import find_free_port
 from hybridflow.models.loading import load_causal_lm, load_tokenizer
 from hybridflow.models.tiny import build_tiny_model
@@ -151,6 +151,13 @@ def test_resharding_puts_every_element_in_place_and_receives_only_what_is_missin
         columns = 3 if rank < 3 else 1
         assert fsdp_to_rows4[1] == (12 - 3) * columns * element
         assert to_whole[1] == (120 - 30) * element  # the naive gather: everything but its own quarter
+
+
+def test_a_mesh_whose_ranks_do_not_increase_is_refused():
+    # torch shards by sorted sub-group rank, so boxes from this mesh's coordinates would be wrong.
+    with pytest.raises(ValueError, match="ranks increase along every dimension"):
+        check_rank_order(torch.tensor([0, 2, 1, 3]))
+    check_rank_order(torch.tensor([[0, 2], [1, 3]]))
 
 
 def test_synced_shards_are_exact_and_no_rank_holds_the_whole_model(every_rank):
