@@ -8,10 +8,9 @@ received, peak extra memory and seconds per rank, against the naive gather-then-
 - ``naive``: per weight, ``DTensor.full_tensor()`` on every rank, then the rank's slice copied (the paper's
   HybridFlow-V gathers the whole model first; this gathers one weight at a time, so its memory is one weight).
 
-The training layout is the DTensor layout FSDP2 x TP gives a weight (TP's split first, then FSDP's chunks of
-each TP shard; FSDP splits the row-split layers by columns when t_g > 1, as the actor does for a tensor-parallel
-rollout; chunk c on rank c, as FSDP places them), built with ``distribute_tensor``:
-hybridflow trains only with t = 1 today, so the t > 1 rows measure the resharding alone. The model: the
+The training layout is the actor's own (``workers/fsdp.shard_model``): FSDP2 alone for t = 1, FSDP2 x TP on
+``training_mesh`` for t > 1 (the split first, FSDP's chunks of each split; chunk r on rank r); FSDP chunks the
+row-split layers by columns when t_g > 1, as the actor does for a tensor-parallel rollout. The model: the
 ~150 MB float32 Qwen2 of bench_weight_sync (hidden 768, 6 layers, 12 heads, 4 key-value heads). Bytes are
 counted from the pieces each rank sends and receives (naive: an all-gather receives the weight less the rank's
 own shard; a ring all-gather sends as much). "paper" is the 3D-HybridEngine's figure per rank,
@@ -33,48 +32,28 @@ WORLD_SIZE = 4
 SCHEMES = ("reshard", "naive")
 
 
-def training_placements(name: str, t: int, t_g: int):
-    """A weight's placements on the (tp, dp) training mesh: Megatron's split on tp, FSDP's chunks on dp (of
-    the input columns for the row-split layers when the rollout is tensor-parallel, as the actor shards them)."""
-    from torch.distributed.tensor import Replicate, Shard
-
-    from hybridflow.models.tensor_parallel import COLUMN_SPLIT, ROW_SPLIT
-
-    module = name.removesuffix(".weight").removesuffix(".bias").rsplit(".", 1)[-1]
-    if t > 1 and module in ROW_SPLIT and name.endswith(".weight"):
-        split = Shard(1)
-    elif t > 1 and (module in COLUMN_SPLIT or module in ("embed_tokens", "lm_head")):
-        split = Shard(0)
-    else:
-        split = Replicate()
-    by_columns = t_g > 1 and module in ROW_SPLIT and name.endswith(".weight")
-    return [split, Shard(1) if by_columns else Shard(0)]
-
-
 def _rank(rank: int, port: int, model_dir: str, layout: tuple, scheme: str, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor import DTensor
 
     from hybridflow.distributed.resharding import Traffic, own_box, reshard_into
     from hybridflow.models.loading import load_causal_lm
-    from hybridflow.models.tensor_parallel import generation_mesh, shard_for_generation
+    from hybridflow.models.tensor_parallel import ROW_SPLIT, generation_mesh, shard_for_generation
+    from hybridflow.workers.config import FSDPConfig
+    from hybridflow.workers.fsdp import build_device_mesh, shard_model
 
     torch.set_num_threads(1)
     # The naive gather of a 2-D layout is two all-gathers, which DTensor warns about on every weight.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
-    (t, d), (t_g, _) = layout
-    # Rank c holds chunk c (TP slice first, FSDP chunk within it), as rank r holds FSDP's chunk r.
-    train_mesh = DeviceMesh("cpu", torch.arange(WORLD_SIZE).view(t, d), mesh_dim_names=("tp", "dp"))
+    (t, _), (t_g, _) = layout
+    # The actor's own sharding: FSDP2 alone (row-split layers by columns for a split rollout), or FSDP2 x TP.
     full = load_causal_lm(model_dir)
-    training = {
-        name: distribute_tensor(param.detach(), train_mesh, training_placements(name, t, t_g))
-        for name, param in full.named_parameters()
-    }
     model_mib = sum(p.numel() * p.element_size() for p in full.parameters()) / 2**20
-    del full
+    column_sharded = ROW_SPLIT if t_g > 1 else ()
+    actor = shard_model(full, build_device_mesh(-1, torch.device("cpu"), t), FSDPConfig(), column_sharded)
+    training = {name: param.detach() for name, param in actor.named_parameters()}
     generation = load_causal_lm(model_dir)
     with torch.no_grad():
         for param in generation.parameters():

@@ -31,6 +31,14 @@ def tiny_model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
 
 
+@pytest.fixture(scope="session")
+def four_kv_heads_model_dir(tmp_path_factory):
+    """The tiny model with 4 key-value heads, so that tensor-parallel groups of 4 ranks hold one each."""
+    from hybridflow.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("four_kv_heads"), num_attention_heads=4, num_key_value_heads=4)
+
+
 # The families users bring besides Qwen2 (the tiny model above), as hybridflow.models.tiny builds them.
 MODEL_FAMILIES = ("llama", "qwen3", "gemma3", "mistral")
 

@@ -59,15 +59,21 @@ def micro_batch_sizes(
 ) -> tuple[dict[str, int | None], list[str]]:
     """Each micro-batch key's size per rank (verl's ``*_per_gpu`` or its deprecated global form), by key; a
     global form divides over the data-parallel ranks (``world`` over each role's Ulysses size)."""
-    actor_ranks = data_parallel_ranks(world, arr.actor.ulysses_sequence_parallel_size)
+    actor_ranks = data_parallel_ranks(
+        world, arr.actor.ulysses_sequence_parallel_size, arr.actor.fsdp_config.tensor_parallel_size
+    )
     ranks = {
         f"{ACTOR}.ppo_micro_batch_size": actor_ranks,
         "actor_rollout_ref.rollout.log_prob_micro_batch_size": actor_ranks,
         "actor_rollout_ref.ref.log_prob_micro_batch_size": data_parallel_ranks(
-            world, arr.ref.ulysses_sequence_parallel_size
+            world, arr.ref.ulysses_sequence_parallel_size, arr.ref.fsdp_config.tensor_parallel_size
         ),
-        "critic.ppo_micro_batch_size": data_parallel_ranks(world, critic.ulysses_sequence_parallel_size),
-        "critic.forward_micro_batch_size": data_parallel_ranks(world, critic.ulysses_sequence_parallel_size),
+        "critic.ppo_micro_batch_size": data_parallel_ranks(
+            world, critic.ulysses_sequence_parallel_size, critic.model.fsdp_config.tensor_parallel_size
+        ),
+        "critic.forward_micro_batch_size": data_parallel_ranks(
+            world, critic.ulysses_sequence_parallel_size, critic.model.fsdp_config.tensor_parallel_size
+        ),
     }
     pairs = {
         f"{ACTOR}.ppo_micro_batch_size": (arr.actor.ppo_micro_batch_size_per_gpu, arr.actor.ppo_micro_batch_size),
@@ -117,7 +123,7 @@ def batch_size_errors(config: PPOTrainerConfig, world: int, with_critic: bool) -
         micro.get(f"{ACTOR}.ppo_micro_batch_size"),
         actor.use_dynamic_bsz,
         n,
-        data_parallel_ranks(world, actor.ulysses_sequence_parallel_size),
+        data_parallel_ranks(world, actor.ulysses_sequence_parallel_size, actor.fsdp_config.tensor_parallel_size),
     )
     if with_critic:
         critic = config.critic
@@ -128,7 +134,9 @@ def batch_size_errors(config: PPOTrainerConfig, world: int, with_critic: bool) -
             micro.get("critic.ppo_micro_batch_size"),
             critic.use_dynamic_bsz,
             critic.rollout_n,
-            data_parallel_ranks(world, critic.ulysses_sequence_parallel_size),
+            data_parallel_ranks(
+                world, critic.ulysses_sequence_parallel_size, critic.model.fsdp_config.tensor_parallel_size
+            ),
         )
         if critic.rollout_n != n:
             errors.append(

@@ -13,10 +13,12 @@ REF = "actor_rollout_ref.ref"
 KEY = "ulysses_sequence_parallel_size"
 
 
-def data_parallel_ranks(world: int, size: int) -> int:
-    """The ranks that hold different rows when groups of ``size`` share theirs (``world`` where ``size`` does not
-    divide it: that is reported by :func:`sequence_parallel_errors`)."""
-    return world // size if size >= 1 and world % size == 0 else world
+def data_parallel_ranks(world: int, size: int, tensor_parallel_size: int = 1) -> int:
+    """The ranks that hold different rows when groups of ``size`` (Ulysses) or of ``tensor_parallel_size`` (a
+    split model) share theirs (``world`` where that does not divide it: that is reported by
+    :func:`sequence_parallel_errors` and the tensor-parallel rules)."""
+    size = max(size, 1) * max(tensor_parallel_size, 1)
+    return world // size if world % size == 0 else world
 
 
 def sequence_parallel_sizes(config: PPOTrainerConfig, with_critic: bool) -> dict[str, tuple[int, str]]:

@@ -201,6 +201,11 @@ def sft_config_errors(config: SFTTrainerConfig) -> list[str]:
         )
     if not 0.0 <= optim.warmup_steps_ratio < 1.0:
         errors.append(f"optim.warmup_steps_ratio={optim.warmup_steps_ratio} must be in [0, 1)")
+    if config.model.fsdp_config.tensor_parallel_size != 1:
+        errors.append(
+            f"model.fsdp_config.tensor_parallel_size={config.model.fsdp_config.tensor_parallel_size}: the SFT trainer "
+            "trains each rank's own rows on a model split by FSDP2 alone; set it to 1 (the PPO trainer's roles split)"
+        )
     if not config.model.partial_pretrain:
         errors.append("model.partial_pretrain is empty; set it (or model.path) to a Hugging Face model folder")
     if not config.data.train_files:

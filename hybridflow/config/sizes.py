@@ -21,9 +21,10 @@ def sizes(plan: RunPlan) -> list[str]:
     actor, world = plan.actor_rollout_ref.actor, plan.world_size
     prompts, n = plan.prompts_per_step, plan.samples_per_prompt
     samples_per_mini = actor.ppo_mini_batch_size * n
-    groups = data_parallel_ranks(world, actor.ulysses_sequence_parallel_size)
+    groups = data_parallel_ranks(world, actor.ulysses_sequence_parallel_size, actor.fsdp_config.tensor_parallel_size)
     per_rank = samples_per_mini // groups
-    where = f"on {world} process(es)" if groups == world else f"on each of {groups} Ulysses groups"
+    kind = "Ulysses" if actor.ulysses_sequence_parallel_size > 1 else "tensor-parallel"
+    where = f"on {world} process(es)" if groups == world else f"on each of {groups} {kind} groups"
     lines = [
         f"samples per step: {prompts} prompts x {n} = {prompts * n}",
         f"actor mini-batches per epoch: {prompts // actor.ppo_mini_batch_size} "
@@ -51,8 +52,8 @@ def sizes(plan: RunPlan) -> list[str]:
 
 
 def _split_lines(plan: RunPlan) -> list[str]:
-    """One line per role that splits its rows with Ulysses sequence parallelism, and one for a tensor-parallel
-    rollout."""
+    """One line per role that splits its rows with Ulysses sequence parallelism or its model by tensor
+    parallelism, and one for a tensor-parallel rollout."""
     arr, lines = plan.actor_rollout_ref, []
     generation = arr.rollout.tensor_model_parallel_size
     if generation > 1:
@@ -60,16 +61,22 @@ def _split_lines(plan: RunPlan) -> list[str]:
             f"rollout: tensor-parallel groups of {generation} ranks; each holds 1/{generation} of every attention "
             "and MLP weight and decodes its group's prompts with the others"
         )
-    roles = {"actor": arr.actor.ulysses_sequence_parallel_size}
+    roles = {"actor": (arr.actor.ulysses_sequence_parallel_size, arr.actor.fsdp_config.tensor_parallel_size)}
     if plan.uses_reference:
-        roles["reference"] = arr.ref.ulysses_sequence_parallel_size
+        roles["reference"] = (arr.ref.ulysses_sequence_parallel_size, arr.ref.fsdp_config.tensor_parallel_size)
     if plan.uses_critic:
-        roles["critic"] = plan.critic.ulysses_sequence_parallel_size
-    for role, size in roles.items():
+        critic = plan.critic
+        roles["critic"] = (critic.ulysses_sequence_parallel_size, critic.model.fsdp_config.tensor_parallel_size)
+    for role, (size, split) in roles.items():
         if size > 1:
             lines.append(
                 f"{role}: Ulysses groups of {size} ranks; each rank holds its group's rows and runs 1/{size} of "
                 "every row's columns"
+            )
+        if split > 1:
+            lines.append(
+                f"{role}: tensor-parallel groups of {split} ranks; each rank holds its group's rows and "
+                f"1/{split} of every attention and MLP weight, FSDP2 shards over {plan.world_size // split} ranks"
             )
     return lines
 

@@ -1,14 +1,18 @@
-"""Tensor-parallel generation's rules (``actor_rollout_ref.rollout.tensor_model_parallel_size``, verl's key):
-which layouts can run, checked before any worker starts, one line each naming the key and the fix."""
+"""Tensor parallelism's rules, in generation (``actor_rollout_ref.rollout.tensor_model_parallel_size``, verl's key)
+and in training (``*.fsdp_config.tensor_parallel_size``, verl's torchtitan engine key): which layouts can run,
+checked before any worker starts, one line each naming the key and the fix."""
 
 from __future__ import annotations
 
 from hybridflow.config.fully_async_options import fully_async
+from hybridflow.config.phases import uses_reference
 from hybridflow.config.resources import num_processes
 from hybridflow.config.rollout_pool_options import one_step_off, rollout_pool_processes
 from hybridflow.config.schema import PPOTrainerConfig
+from hybridflow.workers.config import FSDPConfig, ModelConfig
 
 KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+TRAINING_KEY = "fsdp_config.tensor_parallel_size"
 
 
 def tensor_parallel_errors(config: PPOTrainerConfig) -> list[str]:
@@ -44,10 +48,59 @@ def tensor_parallel_errors(config: PPOTrainerConfig) -> list[str]:
             f"actor_rollout_ref.model.lora.merge=false with {KEY}={size}: a split generation model cannot also hold a "
             f"separate LoRA adapter; drop the merge override (the sync then sends merged weights) or set {KEY}=1"
         )
-    return errors + _head_errors(arr.model.path, size, arr.model.trust_remote_code)
+    return errors + _head_errors(arr.model.path, size, arr.model.trust_remote_code, KEY)
 
 
-def _head_errors(path: str, size: int, trust_remote_code: bool) -> list[str]:
+def training_tensor_parallel_errors(config: PPOTrainerConfig, with_critic: bool) -> list[str]:
+    """Every split training layout that cannot run: a size that does not divide the training processes (a node's,
+    on several nodes) or the model's heads, with Ulysses, LoRA or hybrid sharding in the same role, or asked of
+    the reward model (which computes each rank's own rows)."""
+    arr, errors = config.actor_rollout_ref, []
+    roles = {"actor_rollout_ref.actor": (arr.actor.fsdp_config, arr.actor.ulysses_sequence_parallel_size, arr.model)}
+    if uses_reference(config):
+        roles["actor_rollout_ref.ref"] = (arr.ref.fsdp_config, arr.ref.ulysses_sequence_parallel_size, arr.model)
+    if with_critic:
+        critic = config.critic
+        roles["critic.model"] = (critic.model.fsdp_config, critic.ulysses_sequence_parallel_size, critic.model)
+    for prefix, (fsdp, ulysses, model) in roles.items():
+        errors += _role_errors(config, f"{prefix}.{TRAINING_KEY}", fsdp, ulysses, model)
+    reward = config.reward_model.model.fsdp_config.tensor_parallel_size
+    if config.reward_model.enable and reward != 1:
+        errors.append(
+            f"reward_model.model.{TRAINING_KEY}={reward}: the reward model scores each rank's own rows and is not "
+            f"split; set it to 1"
+        )
+    return errors
+
+
+def _role_errors(config: PPOTrainerConfig, key: str, fsdp: FSDPConfig, ulysses: int, model: ModelConfig) -> list[str]:
+    size, world = fsdp.tensor_parallel_size, num_processes(config)
+    if size == 1:
+        return []
+    if size < 1:
+        return [f"{key}={size} must be a positive integer (1: no tensor parallelism in training)"]
+    role = key.split(".fsdp_config")[0]
+    errors = []
+    if world % size:
+        errors.append(
+            f"{key}={size} does not divide the {world} training processes (trainer.nnodes x "
+            f"trainer.n_gpus_per_node); choose a divisor of {world}"
+        )
+    elif config.trainer.nnodes > 1 and config.trainer.n_gpus_per_node % size:
+        errors.append(
+            f"{key}={size} does not divide trainer.n_gpus_per_node={config.trainer.n_gpus_per_node}: a group's ranks "
+            "must share a node, where its per-layer all-reduces stay off the network"
+        )
+    if 0 < fsdp.fsdp_size < world // max(size, 1):
+        errors.append(f"{role}.fsdp_config.fsdp_size={fsdp.fsdp_size} with {key}={size}: leave fsdp_size at -1")
+    if ulysses > 1:
+        errors.append(f"{key}={size} with ulysses_sequence_parallel_size={ulysses} in the same role: choose one")
+    if model.lora_rank > 0 or getattr(model, "lora_adapter_path", None) is not None:
+        errors.append(f"{key}={size} with a LoRA adapter: the adapter's layers are not split; set {key}=1")
+    return errors + _head_errors(model.path, size, model.trust_remote_code, key)
+
+
+def _head_errors(path: str, size: int, trust_remote_code: bool, key: str) -> list[str]:
     from hybridflow.models.loading import load_model_config  # reads the folder; only split rollouts need it
     from hybridflow.models.tensor_parallel import head_errors
 
@@ -55,4 +108,4 @@ def _head_errors(path: str, size: int, trust_remote_code: bool) -> list[str]:
         model_config = load_model_config(path, trust_remote_code=trust_remote_code)
     except Exception:  # noqa: BLE001 - any unreadable folder is the model check's to report
         return []
-    return head_errors(model_config, size, KEY)
+    return head_errors(model_config, size, key)

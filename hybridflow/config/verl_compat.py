@@ -61,7 +61,8 @@ VISION = "vision/audio inputs: hybridflow trains text-only models"
 RULES: tuple[Rule, ...] = (
     _lacks(
         "model_engine",
-        "the Megatron, VeOmni and TorchTitan training engines (model_engine=dp is FSDP2)",
+        "the Megatron, VeOmni and TorchTitan training engines (model_engine=dp is FSDP2; for FSDP2 x TP set "
+        "actor_rollout_ref.actor.fsdp_config.tensor_parallel_size)",
         "dp",
         decisive=True,
     ),

@@ -10,8 +10,8 @@ groups are formed so that a rank's training shard lies inside its generation sha
 ``(tp - t_g p_g) / (t_g p_g t p) M`` for the whole model, against ``(tp - 1) / (tp) M`` for gathering every
 weight whole first (its HybridFlow-V). Extra memory: one weight's send and receive buffers.
 
-Placements handled: ``Shard(d)`` and ``Replicate()``; a replicated box is sent by one holder only (the receiver
-itself when it is one).
+Placements handled: ``Shard(d)``, ``Replicate()`` and the ``_StridedShard`` FSDP2 puts over a tensor-parallel
+split (training in (t, d)); a replicated box is sent by one holder only (the receiver itself when it is one).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 Box = tuple[tuple[int, int], ...]
 
@@ -46,17 +47,32 @@ class Traffic:
 
 def shard_box(shape: tuple[int, ...], mesh_shape: tuple[int, ...], placements, coordinate: tuple[int, ...]) -> Box:
     """The box of the global ``shape`` held at mesh ``coordinate``: DTensor's (and FSDP2's) ``torch.chunk``
-    sharding, mesh dimensions applied in order."""
+    sharding, mesh dimensions applied in order, except that a ``_StridedShard`` (FSDP2 over a tensor-parallel
+    split: its chunks are taken within the split's) applies after the plain shards of its dimension."""
+    order = sorted(range(len(placements)), key=lambda dim: isinstance(placements[dim], _StridedShard))
     ranges = [[0, size] for size in shape]
-    for size, placement, index in zip(mesh_shape, placements, coordinate):
+    for mesh_dim in order:
+        placement, size, index = placements[mesh_dim], mesh_shape[mesh_dim], coordinate[mesh_dim]
         if isinstance(placement, Replicate):
             continue
-        if not isinstance(placement, Shard) or type(placement) is not Shard:
-            raise TypeError(f"resharding handles Shard and Replicate placements, not {placement!r}")
+        if isinstance(placement, _StridedShard):
+            _check_strided(placement, mesh_dim, mesh_shape, placements)
+        elif not isinstance(placement, Shard) or type(placement) is not Shard:
+            raise TypeError(f"resharding handles Shard, _StridedShard and Replicate placements, not {placement!r}")
         start, stop = ranges[placement.dim]
         chunk = math.ceil((stop - start) / size) if stop > start else 0
         ranges[placement.dim] = [min(start + index * chunk, stop), min(start + (index + 1) * chunk, stop)]
     return tuple((start, stop) for start, stop in ranges)
+
+
+def _check_strided(placement: _StridedShard, mesh_dim: int, mesh_shape: tuple[int, ...], placements) -> None:
+    later = [
+        mesh_shape[dim]
+        for dim in range(mesh_dim + 1, len(placements))
+        if type(placements[dim]) is Shard and placements[dim].dim == placement.dim
+    ]
+    if placement.split_factor != math.prod(later):
+        raise TypeError(f"resharding handles a _StridedShard split by the later mesh dimensions only, not {placements}")
 
 
 def own_box(tensor: DTensor) -> Box:

@@ -358,12 +358,17 @@ def kept_positions_only(model: torch.nn.Module, keep: torch.Tensor) -> Iterator[
     output is then dropped by ``o_proj``'s zeros).
 
     ``keep`` ``[rows, seq]`` bool is the ``logits_to_keep`` mask of the forward. Nothing changes for models
-    whose last layer lacks those parts, or under gradient checkpointing (its recomputation in the backward
-    runs after the block).
+    whose last layer lacks those parts, under gradient checkpointing (its recomputation in the backward
+    runs after the block), or in a tensor-parallel model.
     """
     layer = last_decoder_layer(model)
     parts = [_submodule(layer, name) for name in POSITION_WISE] if layer is not None else []
-    if not parts or any(part is None for part in parts) or getattr(model, "is_gradient_checkpointing", False):
+    if (
+        not parts
+        or any(part is None for part in parts)
+        or getattr(model, "is_gradient_checkpointing", False)
+        or any(_splits_inputs(part) for part in parts)
+    ):
         yield
         return
     flat_keep = keep.reshape(-1)
@@ -375,6 +380,11 @@ def kept_positions_only(model: torch.nn.Module, keep: torch.Tensor) -> Iterator[
     finally:
         for part in parts:
             del part.forward
+
+
+def _splits_inputs(module: torch.nn.Module) -> bool:
+    # A tensor-parallel layer turns its input into a DTensor in a pre-hook, which the position index cannot take.
+    return bool(module._forward_pre_hooks)
 
 
 def _submodule(module: torch.nn.Module, dotted: str) -> torch.nn.Module | None:

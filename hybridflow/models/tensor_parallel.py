@@ -1,5 +1,5 @@
-"""A tensor-parallel generation model: Megatron's column-then-row split (arXiv 1909.08053 §3), as vLLM shards
-a decoder, with torch's tensor-parallel styles over one dimension of a device mesh.
+"""A tensor-parallel model: Megatron's column-then-row split (arXiv 1909.08053 §3), as vLLM shards a decoder for
+generation and torchtitan for training, with torch's tensor-parallel styles over one dimension of a device mesh.
 
 Each of the ``k`` ranks of a group holds ``1/k`` of every attention head's projections (q, k, v split by
 output rows, o by input columns) and of the MLP (gate and up by rows, down by columns), so a decoder layer
@@ -7,9 +7,14 @@ costs two all-reduces; the embedding and the output head are split by vocabulary
 all-gather of the logits). Attention runs on the rank's own heads unchanged: the Hugging Face attention
 modules reshape with ``-1`` heads. The norms stay whole on every rank.
 
-The groups are strided within a node (:func:`generation_mesh`), so that with the actor's FSDP shards a rank's
-training shard lies inside its generation shard: the grouping of HybridFlow's 3D-HybridEngine (arXiv 2409.19256
-§5.4), which ``distributed/resharding.py`` turns into a weight sync with no redundant copy.
+Training (``fsdp_config.tensor_parallel_size``, ``workers/fsdp.py``) splits the same layers over the ``tp``
+groups of :func:`training_mesh` and FSDP2 chunks each split over ``dp``; torch's styles carry the gradients back
+through the splits.
+
+Both meshes are strided within a node, so that rank ``r`` of a node holds the node's chunk ``r`` of every split
+weight in training (the training split's slice first, FSDP's chunk within it) and a generation shard that
+contains it, for every pair of layouts: the grouping of HybridFlow's 3D-HybridEngine (arXiv 2409.19256 §5.4),
+which ``distributed/resharding.py`` turns into a weight sync with no redundant copy.
 """
 
 from __future__ import annotations
@@ -76,8 +81,28 @@ def generation_mesh(size: int, device_type: str, node_size: int | None = None) -
     return DeviceMesh(device_type, torch.tensor(groups).T.contiguous(), mesh_dim_names=("tp", "dp"))
 
 
-def generation_plan(model: torch.nn.Module) -> dict[str, ParallelStyle]:
-    """Module name -> tensor-parallel style for every split layer of a transformers causal LM."""
+def training_mesh(size: int, device_type: str, node_size: int | None = None) -> DeviceMesh:
+    """The ``(dp, tp)`` mesh of FSDP2 x TP training over the default group: within each node of ``node_size``
+    consecutive ranks (default: one node of all), groups of ``size`` ranks strided by ``node_size / size``, so
+    that rank ``r`` holds chunk ``r`` of the node's (:mod:`module docstring <hybridflow.models.tensor_parallel>`)
+    and the per-layer all-reduces stay on the node. Every rank calls it; ``size`` divides ``node_size``."""
+    world = dist.get_world_size()
+    node_size = node_size or world
+    if size < 1 or node_size % size or world % node_size:
+        raise TensorParallelError(
+            f"fsdp_config.tensor_parallel_size={size} must divide the {node_size} ranks of a node (world size {world})"
+        )
+    per_node = node_size // size
+    rows = [
+        [node + j * per_node + i for j in range(size)] for node in range(0, world, node_size) for i in range(per_node)
+    ]
+    # Rows and columns increase, so every sub-group's rank order is its mesh order.
+    return DeviceMesh(device_type, torch.tensor(rows), mesh_dim_names=("dp", "tp"))
+
+
+def split_plan(model: torch.nn.Module, key: str) -> dict[str, ParallelStyle]:
+    """Module name -> tensor-parallel style for every split layer of a transformers causal LM (or of its value
+    model, whose one-output head stays whole); ``key`` is named in the refusal of another architecture."""
     names = {id(module): name for name, module in model.named_modules()}
     plan: dict[str, ParallelStyle] = {}
     for name, module in model.named_modules():
@@ -88,9 +113,8 @@ def generation_plan(model: torch.nn.Module) -> dict[str, ParallelStyle]:
             plan[name] = RowwiseParallel()
     if not any(name.endswith("o_proj") for name in plan):
         raise TensorParallelError(
-            f"{type(model).__name__} has no q/k/v/o_proj and gate/up/down_proj layers to split; tensor-parallel "
-            "generation supports the Llama-style decoders (Llama, Qwen2/3, Mistral, Gemma 3); set "
-            "actor_rollout_ref.rollout.tensor_model_parallel_size=1"
+            f"{type(model).__name__} has no q/k/v/o_proj and gate/up/down_proj layers to split; tensor parallelism "
+            f"supports the Llama-style decoders (Llama, Qwen2/3, Mistral, Gemma 3); set {key}=1"
         )
     plan[names[id(model.get_input_embeddings())]] = RowwiseParallel(
         input_layouts=Replicate(), output_layouts=Replicate()
@@ -101,14 +125,19 @@ def generation_plan(model: torch.nn.Module) -> dict[str, ParallelStyle]:
     return plan
 
 
-def shard_for_generation(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
-    """Split ``model`` in place over ``mesh["tp"]``; tied input and output embeddings stay one parameter."""
-    errors = head_errors(model.config, mesh["tp"].size(), "actor_rollout_ref.rollout.tensor_model_parallel_size")
+def split_model(model: torch.nn.Module, mesh: DeviceMesh, key: str) -> torch.nn.Module:
+    """Split ``model`` in place over the 1-D ``mesh``; tied input and output embeddings stay one parameter."""
+    errors = head_errors(model.config, mesh.size(), key)
     if errors:
         raise TensorParallelError("; ".join(errors))
     head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
     tied = head is not None and head.weight is embeddings.weight
-    parallelize_module(model, mesh["tp"], generation_plan(model))
+    parallelize_module(model, mesh, split_plan(model, key))
     if tied:
         head.weight = embeddings.weight  # both split by vocabulary rows: one shard serves both
     return model
+
+
+def shard_for_generation(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
+    """Split ``model`` in place over ``mesh["tp"]``."""
+    return split_model(model, mesh["tp"], "actor_rollout_ref.rollout.tensor_model_parallel_size")

@@ -98,10 +98,12 @@ class ActorRolloutRefWorker(Worker):
         if "ref" in wanted and actor is not None and config.model.uses_lora:
             self.parts["ref"] = RefPart.from_lora_actor(actor, config.ref)
         elif "ref" in wanted:
-            mesh = build_device_mesh(config.ref.fsdp_config.fsdp_size, self.device)
+            fsdp = config.ref.fsdp_config
+            mesh = build_device_mesh(fsdp.fsdp_size, self.device, fsdp.tensor_parallel_size)
             size = config.ref.ulysses_sequence_parallel_size
             # The actor's groups serve a reference split alike: no second set of process groups.
-            rows = actor.rows if actor is not None and actor.rows.size == size else row_group(size, self.device)
+            alike = actor is not None and actor.rows.matches(size, fsdp.tensor_parallel_size)
+            rows = actor.rows if alike else row_group(size, self.device, mesh)
             self.parts["ref"] = RefPart.load(
                 config.model, config.ref, mesh, self.device, rows, share_prompts=config.actor.use_prefix_grouper
             )
@@ -119,8 +121,9 @@ class ActorRolloutRefWorker(Worker):
         """The actor part; ``rollout_split``: the tensor-parallel size of a rollout fed from it in this worker, for
         which FSDP splits the row-split layers by columns, as the rollout does."""
         config = self.config
-        mesh = build_device_mesh(config.actor.fsdp_config.fsdp_size, self.device)
-        rows = row_group(config.actor.ulysses_sequence_parallel_size, self.device)
+        fsdp = config.actor.fsdp_config
+        mesh = build_device_mesh(fsdp.fsdp_size, self.device, fsdp.tensor_parallel_size)
+        rows = row_group(config.actor.ulysses_sequence_parallel_size, self.device, mesh)
         return ActorPart(
             config.model,
             config.actor,

@@ -129,6 +129,13 @@ class FSDPConfig:
     mixed_precision: MixedPrecisionConfig = section(MixedPrecisionConfig, "FSDP2 mixed precision policy.")
     fsdp_size: int = option(-1, "Ranks each parameter is sharded over; -1 means all ranks of the group.")
     reshard_after_forward: bool = option(True, "Free gathered parameters after forward (ZeRO-3) or keep them.")
+    tensor_parallel_size: int = option(
+        1,
+        "Tensor parallelism in training, the name and meaning of verl's torchtitan engine key (arXiv 1909.08053): "
+        "groups of this many ranks (strided within a node) share their rows, each holding 1/t of every attention "
+        "and MLP weight, and FSDP2 shards over the other ranks' (data_parallel_shard_size = ranks / t); must divide "
+        "the ranks and the model's attention and KV heads.",
+    )
 
 
 @dataclass

@@ -47,9 +47,10 @@ class CriticPart:
         model = load_value_model(
             model_config.path, model_config.dtype, model_config.attn_implementation, model_config.trust_remote_code
         )
-        mesh = build_device_mesh(model_config.fsdp_config.fsdp_size, device)
-        self.module = shard_for_training(model, model_config, model_config.fsdp_config, mesh, device)
-        self.rows = row_group(config.ulysses_sequence_parallel_size, device)
+        fsdp = model_config.fsdp_config
+        mesh = build_device_mesh(fsdp.fsdp_size, device, fsdp.tensor_parallel_size)
+        self.module = shard_for_training(model, model_config, fsdp, mesh, device)
+        self.rows = row_group(config.ulysses_sequence_parallel_size, device, mesh)
         self.trainer = ShardedTrainer(
             self.module, device, model_config.fsdp_config, config.optim, data_parallel_rank=self.rows.data_parallel_rank
         )

@@ -5,13 +5,20 @@ after), then the root takes the rest (embeddings, final norm, head). ``fsdp_size
 gives hybrid sharding: shards within groups of ``fsdp_size`` ranks, replicas across them. FSDP2 works on
 CPU with gloo (FSDP1 does not), so the same code runs a laptop and a GPU node.
 
-Gradients are averaged over all ranks by the reduce-scatter (and the all-reduce across replicas), so a
-loss normalised by global counts is multiplied by the world size before ``backward`` (see training.py).
+``tensor_parallel_size`` t > 1 gives the 2-D layout (FSDP2 x TP, as torchtitan builds it): a ``(dp, tp)`` mesh,
+groups of t ranks splitting every attention and MLP weight (``models/tensor_parallel.py``; strided within a node,
+unlike torchtitan's consecutive groups, so that the weight sync into a split rollout sends no redundant bytes),
+FSDP2 sharding each split over the ``dp`` ranks. A group's ranks compute the same rows (``training.RowGroup``).
+
+Gradients are averaged over the ``dp`` ranks by the reduce-scatter (and the all-reduce across replicas), so a
+loss normalised by global counts is multiplied by the world size before ``backward`` (see training.py; with
+t > 1 the counts count each row t times, once per rank of its group).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from typing import Iterator
 
@@ -23,12 +30,22 @@ from torch.distributed.tensor import DTensor, Shard
 
 from hybridflow.models.loading import resolve_dtype
 from hybridflow.models.lora import is_lora_model, is_lora_weight
+from hybridflow.models.tensor_parallel import split_model, training_mesh
 from hybridflow.workers.config import FSDPConfig, WorkerConfigError
 
 
-def build_device_mesh(fsdp_size: int, device: torch.device) -> DeviceMesh:
-    """A 1-D mesh over all ranks, or a 2-D (replicate, shard) mesh when ``0 < fsdp_size < world_size``."""
+def build_device_mesh(fsdp_size: int, device: torch.device, tensor_parallel_size: int = 1) -> DeviceMesh:
+    """A 1-D mesh over all ranks, a 2-D (replicate, shard) mesh when ``0 < fsdp_size < world_size``, or with
+    ``tensor_parallel_size`` t > 1 the ``(dp, tp)`` mesh of ``models/tensor_parallel.training_mesh``."""
     world_size = dist.get_world_size()
+    if tensor_parallel_size > 1:
+        if 0 < fsdp_size < world_size // tensor_parallel_size:
+            raise WorkerConfigError(
+                f"fsdp_config.fsdp_size={fsdp_size} with fsdp_config.tensor_parallel_size={tensor_parallel_size}: "
+                "leave fsdp_size at -1"
+            )
+        node_size = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or None  # a worker's ranks on its node
+        return training_mesh(tensor_parallel_size, device.type, node_size)
     if fsdp_size <= 0 or fsdp_size >= world_size:
         return init_device_mesh(device.type, (world_size,), mesh_dim_names=("fsdp",))
     if world_size % fsdp_size:
@@ -64,7 +81,11 @@ def shard_model(
     The model must be on its compute device. A model without ``_no_split_modules`` is one FSDP unit. The weights
     of the linear layers named in ``column_sharded`` are split by input columns (dim 1) instead of rows: a
     tensor-parallel rollout splits them so, and each rank's training shard then lies inside its generation shard.
+    On a ``(dp, tp)`` mesh the model is split over ``tp`` first and FSDP2 shards each split over ``dp``.
     """
+    if mesh.mesh_dim_names == ("dp", "tp"):
+        split_model(model, mesh["tp"], "fsdp_config.tensor_parallel_size")
+        mesh = mesh["dp"]
     columns = {
         id(module.weight)
         for name, module in model.named_modules()

@@ -37,6 +37,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
@@ -73,16 +74,32 @@ class LossCounts:
 
 @dataclass(frozen=True)
 class RowGroup:
-    """This rank's rows: ``sequence_parallel`` None computes the rank's own chunk (``k = 1``)."""
+    """This rank's rows: ``shared`` None computes the rank's own chunk (``k = 1``); else the ``k`` ranks of
+    ``shared`` compute the group's rows, each ``1/k`` of every row (``splits_sequences``: Ulysses) or each with
+    ``1/k`` of every weight (a tensor-parallel model, ``fsdp_config.tensor_parallel_size``)."""
 
-    sequence_parallel: SequenceParallelGroup | None
+    shared: SequenceParallelGroup | None
     data_parallel_size: int
     data_parallel_rank: int
+    splits_sequences: bool = True
 
     @property
     def size(self) -> int:
         """Ranks that compute the same rows (``k``)."""
-        return 1 if self.sequence_parallel is None else self.sequence_parallel.size
+        return 1 if self.shared is None else self.shared.size
+
+    def matches(self, ulysses_sequence_parallel_size: int, tensor_parallel_size: int) -> bool:
+        """Whether these are the groups of a role with these sizes (so that it can share them)."""
+        if ulysses_sequence_parallel_size > 1:
+            return self.splits_sequences and self.size == ulysses_sequence_parallel_size
+        if tensor_parallel_size > 1:
+            return not self.splits_sequences and self.size == tensor_parallel_size
+        return self.size == 1
+
+    @property
+    def sequence_parallel(self) -> SequenceParallelGroup | None:
+        """The Ulysses group a forward splits its rows over, or None."""
+        return self.shared if self.splits_sequences else None
 
     def gather(self, data: DataProto, rows_per_step: int | None = None) -> DataProto:
         """The rows this rank computes: ``data`` itself, or its group's chunks in rank order.
@@ -91,9 +108,9 @@ class RowGroup:
         instead: each mini-batch holds the next ``rows_per_step`` rows of every chunk, the rows the group's ``k``
         ranks would train together without Ulysses, so the two layouts take the same optimizer steps.
         """
-        if self.sequence_parallel is None:
+        if self.shared is None:
             return data
-        gathered = DataProto.concat(gather_objects(data, self.sequence_parallel))
+        gathered = DataProto.concat(gather_objects(data, self.shared))
         if rows_per_step is None:
             return gathered
         chunk = len(data)
@@ -107,19 +124,19 @@ class RowGroup:
 
     def own(self, outputs: dict[str, torch.Tensor], chunk: int) -> dict[str, torch.Tensor]:
         """This rank's ``chunk`` rows of outputs computed for :meth:`gather`'s rows."""
-        if self.sequence_parallel is None:
+        if self.shared is None:
             return outputs
-        start = self.sequence_parallel.rank * chunk
+        start = self.shared.rank * chunk
         return {name: value[start : start + chunk] for name, value in outputs.items()}
 
     def micro_batching(
         self, per_gpu: int | None, global_size: int | None, use_dynamic_bsz: bool, max_token_len: int, key: str
     ) -> MicroBatching:
         """Micro-batches of the rows this rank computes: verl's per-rank size, or its deprecated global form over
-        the data-parallel ranks; a token budget ``k`` times ``max_token_len`` (each row runs 1/k here), as in
-        verl."""
+        the data-parallel ranks; under Ulysses a token budget ``k`` times ``max_token_len`` (each row runs 1/k
+        here), as in verl."""
         size = micro_batch_size_per_rank(per_gpu, global_size, self.data_parallel_size, key)
-        return MicroBatching(size, use_dynamic_bsz, max_token_len * self.size)
+        return MicroBatching(size, use_dynamic_bsz, max_token_len * (self.size if self.splits_sequences else 1))
 
     def counts(self, counts: LossCounts | None) -> LossCounts | None:
         """Loss counts of the batch as the ranks count it: each row ``k`` times (the driver counts it once)."""
@@ -132,8 +149,23 @@ class RowGroup:
         )
 
 
-def row_group(ulysses_sequence_parallel_size: int, device: torch.device) -> RowGroup:
-    """This rank's :class:`RowGroup` for ``ulysses_sequence_parallel_size`` (every rank must call it)."""
+def row_group(ulysses_sequence_parallel_size: int, device: torch.device, mesh: DeviceMesh | None = None) -> RowGroup:
+    """This rank's :class:`RowGroup` for ``ulysses_sequence_parallel_size``, or for the ``tp`` groups of a model
+    sharded on the ``(dp, tp)`` ``mesh`` (every rank must call it)."""
+    if mesh is not None and mesh.mesh_dim_names == ("dp", "tp"):
+        if ulysses_sequence_parallel_size > 1:
+            raise WorkerConfigError(
+                f"ulysses_sequence_parallel_size={ulysses_sequence_parallel_size} with fsdp_config.tensor_parallel_size"
+                f"={mesh['tp'].size()}: choose one of the two"
+            )
+        shared = SequenceParallelGroup(
+            mesh.get_group("tp"),
+            mesh["tp"].size(),
+            mesh.get_local_rank("tp"),
+            mesh["dp"].size(),
+            mesh.get_local_rank("dp"),
+        )
+        return RowGroup(shared, shared.data_parallel_size, shared.data_parallel_rank, splits_sequences=False)
     if ulysses_sequence_parallel_size <= 1:
         return RowGroup(None, dist.get_world_size(), dist.get_rank())
     group = sequence_parallel_group(ulysses_sequence_parallel_size, device)
@@ -315,6 +347,29 @@ def metrics_output(metrics: dict, rank: int) -> DataProto:
     return DataProto(meta_info={"metrics": metrics} if rank == 0 else {})
 
 
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip ``params``' gradients to a global 2-norm of ``max_norm``; returns the norm before clipping.
+
+    Under FSDP2 x TP the split weights' gradients live on the ``(dp, tp)`` mesh and the others' on ``dp`` alone,
+    which torch's clipping cannot mix: each mesh's gradients are normed apart (in parameter order, the same on
+    every rank), the norms combined, and each mesh's gradients scaled by the one factor."""
+    by_mesh: dict[object, list[torch.nn.Parameter]] = {}
+    for param in params:
+        if param.grad is not None:
+            by_mesh.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
+    if len(by_mesh) <= 1:
+        total = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm, foreach=True)
+        return float(total.full_tensor() if isinstance(total, DTensor) else total)
+    norms = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([param.grad for param in group], foreach=True)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    for group in by_mesh.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
+    return float(total)
+
+
 class UpdateBatchError(ValueError):
     """An update call's batch asks to be trained in a way that is not exact for this trainer's settings."""
 
@@ -471,11 +526,7 @@ class ShardedTrainer:
 
     def _clip_and_step(self, grad_clip: float) -> float:
         """Clip the global gradient norm and step; a non-finite norm skips the step (verl does the same)."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm=grad_clip, foreach=True)
-        if isinstance(grad_norm, DTensor):
-            grad_norm = grad_norm.full_tensor()
-        grad_norm = float(grad_norm)
+        grad_norm = clip_grad_norm([p for p in self.model.parameters() if p.requires_grad], grad_clip)
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

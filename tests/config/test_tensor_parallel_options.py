@@ -61,3 +61,52 @@ def test_what_a_split_rollout_cannot_run_is_refused(base):
         line.startswith(f"{KEY}=2 with actor_rollout_ref.rollout.name=vllm needs vLLM's tensor-parallel engine")
         for line in vllm
     ), vllm
+
+
+TRAINING = "fsdp_config.tensor_parallel_size"
+ACTOR_SPLIT = f"actor_rollout_ref.actor.{TRAINING}"
+
+
+def test_the_training_split_is_read_for_every_role_and_the_plan_says_so(base):
+    overrides = FOUR + ["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true"]
+    overrides += [f"{ACTOR_SPLIT}=2", f"critic.model.{TRAINING}=2", "critic.ppo_micro_batch_size_per_gpu=1"]
+    config = load_config(compose_config(base + overrides))
+    # The reference follows the actor's split, as verl's torchtitan reference follows its actor.
+    assert config.actor_rollout_ref.ref.fsdp_config.tensor_parallel_size == 2
+    assert config.critic.model.fsdp_config.tensor_parallel_size == 2
+    lines = describe(plan_of(base + overrides))
+    for role in ("actor", "reference", "critic"):
+        assert (
+            f"{role}: tensor-parallel groups of 2 ranks; each rank holds its group's rows and 1/2 of every attention "
+            "and MLP weight, FSDP2 shards over 2 ranks"
+        ) in lines
+    # The mini-batch is cut over the 2 groups, each computing its rows on both of its ranks.
+    assert (
+        "actor mini-batches per epoch: 2 (4 samples, 2 per rank on each of 2 tensor-parallel groups), ppo_epochs=1"
+        in lines
+    )
+
+
+def test_a_training_split_that_cannot_run_is_refused(base):
+    two = ["trainer.n_gpus_per_node=2", CPUS]
+    assert config_errors(base + two + [f"{ACTOR_SPLIT}=4"]) == [
+        f"{ACTOR_SPLIT}=4 does not divide the 2 training processes (trainer.nnodes x trainer.n_gpus_per_node); "
+        "choose a divisor of 2",
+        f"{ACTOR_SPLIT}=4 does not divide the model's 2 num_key_value_heads; choose one of [1, 2]",
+    ]
+    assert config_errors(
+        base + two + [f"{ACTOR_SPLIT}=2", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"]
+    ) == [f"{ACTOR_SPLIT}=2 with ulysses_sequence_parallel_size=2 in the same role: choose one"]
+    assert config_errors(base + two + [f"{ACTOR_SPLIT}=2", "actor_rollout_ref.model.lora_rank=4"]) == [
+        f"{ACTOR_SPLIT}=2 with a LoRA adapter: the adapter's layers are not split; set {ACTOR_SPLIT}=1"
+    ]
+    assert config_errors(base + FOUR + [f"{ACTOR_SPLIT}=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=1"]) == [
+        f"actor_rollout_ref.actor.fsdp_config.fsdp_size=1 with {ACTOR_SPLIT}=2: leave fsdp_size at -1"
+    ]
+    assert config_errors(base + [f"{ACTOR_SPLIT}=0"]) == [
+        f"{ACTOR_SPLIT}=0 must be a positive integer (1: no tensor parallelism in training)"
+    ]
+    two_nodes = ["trainer.nnodes=2", "trainer.n_gpus_per_node=2", CPUS, "ray_kwargs.ray_init.address=auto"]
+    assert f"{ACTOR_SPLIT}=4 does not divide trainer.n_gpus_per_node=2: a group's ranks must share a node" in " ".join(
+        config_errors(base + two_nodes + [f"{ACTOR_SPLIT}=4"])
+    )

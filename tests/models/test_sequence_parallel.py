@@ -10,11 +10,9 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import AutoConfig
 
 from hybridflow.distributed.sequence_parallel import sequence_parallel_group
-from hybridflow.distributed.worker import find_free_port
 from hybridflow.models.layouts import PADDED, choose_layout
 from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_token_statistics
@@ -22,6 +20,7 @@ from hybridflow.models.sequence_parallel import full_attention_mask
 from hybridflow.models.training_options import enable_gradient_checkpointing
 from hybridflow.models.value_model import forward_values, load_value_model
 from tests.float_bounds import longest_reduction, model_output_bound, reordered_sum_bound, score_head_bound
+from tests.gloo_ranks import run_on_ranks
 from tests.models.conftest import make_padded_batch
 
 # Prompts of 3-9 tokens, responses of 1-6: rows of 15 columns, which no group size here divides.
@@ -85,16 +84,6 @@ GROUP_SIZES = (2, 4)
 WORLD_SIZE = 4  # one world of 4 processes: two groups of 2, then one group of 4
 
 
-def _rank(rank: int, port: int, model_dir: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
-    try:
-        results = {size: _group_results(size, model_dir) for size in GROUP_SIZES}
-        torch.save(results, f"{out_dir}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
-
 def _group_results(size: int, model_dir: str) -> dict:
     """This rank's statistics, gradients (summed over its group, divided by its size) and values per layout."""
     group = sequence_parallel_group(size, torch.device("cpu"))
@@ -110,12 +99,14 @@ def _group_results(size: int, model_dir: str) -> dict:
     return out
 
 
+def _every_group_size(model_dir: str) -> dict:
+    return {size: _group_results(size, model_dir) for size in GROUP_SIZES}
+
+
 @pytest.fixture(scope="module")
 def every_rank(tiny_model_dir, tmp_path_factory) -> dict:
-    """Each rank's results by group size; a rank's exception is raised here with its traceback."""
-    out_dir = tmp_path_factory.mktemp("ulysses")
-    mp.spawn(_rank, args=(find_free_port(), str(tiny_model_dir), str(out_dir)), nprocs=WORLD_SIZE)
-    return {rank: torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD_SIZE)}
+    """Each rank's results by group size."""
+    return run_on_ranks(_every_group_size, WORLD_SIZE, tiny_model_dir, tmp_path_factory.mktemp("ulysses"))
 
 
 @pytest.fixture(scope="module")

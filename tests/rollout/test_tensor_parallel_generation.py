@@ -7,19 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from transformers import AutoConfig
 
 from hybridflow.distributed.resharding import check_rank_order, rank_boxes, reshard_into
-from hybridflow.distributed.worker import find_free_port
 from hybridflow.models.loading import load_causal_lm, load_tokenizer
-from hybridflow.models.tiny import build_tiny_model
 from hybridflow.rollout import GenerationRequest, HFRolloutEngine, RolloutConfig, SamplingParams
 from hybridflow.workers import ActorRolloutRefWorker
 from tests.float_bounds import longest_reduction, model_output_bound
+from tests.gloo_ranks import run_on_ranks
 
 WORLD_SIZE = 4
 GROUP_SIZES = (2, 4)
@@ -87,15 +85,17 @@ def _sync_check(model_dir: str) -> tuple[bool, int]:
     return exact, sum(p.numel() for p in new.values())
 
 
-def _worker_sync_check(model_dir: str) -> bool:
-    """The sync a run does, through the worker: its actor's FSDP2 shards (row-split layers by columns) into its
-    t_g = 2 engine, after an update moved every weight; each rank's shard equals the new weights' slice."""
+def _worker_sync_check(model_dir: str, training_split: int) -> bool:
+    """The sync a run does, through the worker: its actor's shards into its t_g = 2 engine, after an update moved
+    every weight; each rank's shard equals the new weights' slice. The actor trains in (t, d) = (1, 4), FSDP2
+    splitting the row-split layers by columns, or in (``training_split``, 4 / ``training_split``)."""
     rollout = {"tensor_model_parallel_size": 2, "free_cache_engine": False, "n": 1}
-    config = {
-        "model": {"path": model_dir},
-        "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 1},
-        "rollout": rollout,
+    actor = {
+        "ppo_mini_batch_size": 4,
+        "ppo_micro_batch_size_per_gpu": 1,
+        "fsdp_config": {"tensor_parallel_size": training_split},
     }
+    config = {"model": {"path": model_dir}, "actor": actor, "rollout": rollout}
     worker = ActorRolloutRefWorker(config, "actor_rollout")
     worker.init_model()
     actor, engine = worker.parts["actor"], worker.parts["rollout"].engine
@@ -117,27 +117,17 @@ def _holds_slice(param: torch.Tensor, whole: torch.Tensor) -> bool:
     return torch.equal(param.to_local(), whole[tuple(slice(a, b) for a, b in box)])
 
 
-def _rank(rank: int, port: int, model_dir: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
-    out = {"reshard": _reshard_checks(), "sync": _sync_check(model_dir), "worker_sync": _worker_sync_check(model_dir)}
+def _all_checks(model_dir: str) -> dict:
+    out = {"reshard": _reshard_checks(), "sync": _sync_check(model_dir)}
+    out["worker_sync"] = [_worker_sync_check(model_dir, split) for split in (1, 2, 4)]
     for size in GROUP_SIZES:
-        out[size] = _generations(model_dir, size, rank)
-    torch.save(out, f"{out_dir}/rank{rank}.pt")
-    dist.destroy_process_group()
+        out[size] = _generations(model_dir, size, dist.get_rank())
+    return out
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """The tiny model with 4 key-value heads, so that groups of 4 ranks hold one each."""
-    return build_tiny_model(tmp_path_factory.mktemp("four_kv_heads"), num_attention_heads=4, num_key_value_heads=4)
-
-
-@pytest.fixture(scope="module")
-def every_rank(model_dir, tmp_path_factory) -> dict:
-    out_dir = tmp_path_factory.mktemp("tensor_parallel")
-    mp.spawn(_rank, args=(find_free_port(), str(model_dir), str(out_dir)), nprocs=WORLD_SIZE)
-    return {rank: torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD_SIZE)}
+def every_rank(four_kv_heads_model_dir, tmp_path_factory) -> dict:
+    return run_on_ranks(_all_checks, WORLD_SIZE, four_kv_heads_model_dir, tmp_path_factory.mktemp("tensor_parallel"))
 
 
 def test_resharding_puts_every_element_in_place_and_receives_only_what_is_missing(every_rank):
@@ -163,13 +153,14 @@ def test_a_mesh_whose_ranks_do_not_increase_is_refused():
 def test_synced_shards_are_exact_and_no_rank_holds_the_whole_model(every_rank):
     for out in every_rank.values():
         exact, total = out["sync"]
-        assert exact and out["worker_sync"]
+        assert exact and all(out["worker_sync"])
         # Norm weights stay whole on every rank: they are the only excess over 1/k.
         assert out[2]["local_parameters"] < 0.6 * total and out[4]["local_parameters"] < 0.35 * total
 
 
 @pytest.mark.parametrize("size", GROUP_SIZES)
-def test_split_generation_equals_one_rank(size, model_dir, every_rank):
+def test_split_generation_equals_one_rank(size, four_kv_heads_model_dir, every_rank):
+    model_dir = four_kv_heads_model_dir
     model = load_causal_lm(model_dir)
     engine = HFRolloutEngine(model, load_tokenizer(model_dir), RolloutConfig.from_dict({"response_length": 12}))
     num_terms = longest_reduction(AutoConfig.from_pretrained(model_dir))

@@ -21,19 +21,7 @@ pytestmark = pytest.mark.slow
 
 def test_split_generation_steps_equal_the_whole_model_ones(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
     base = two_rank_steps(tiny_model_dir, tiny_parquet, "grpo", DENSE_REWARD)
-    (weights, records), (expected, expected_records) = _split_and_whole(base, tmp_path)
-    config = AutoConfig.from_pretrained(tiny_model_dir)
-    num_terms = longest_reduction(config)
-    log_prob_bound = reordered_sum_bound(log_prob_magnitude(expected, config), num_terms)
-    for record, expected_record in zip(records, expected_records, strict=True):
-        for key in (names.stat(names.RESPONSE_LENGTH, "mean"), names.stat(names.SCORE, "mean")):
-            assert record[key] == expected_record[key], key
-        term = 1.2 * max(abs(expected_record[names.stat(names.ADVANTAGES, reduction)]) for reduction in ("max", "min"))
-        pg_loss_bound = term * log_prob_bound + reordered_sum_bound(term, 64)
-        assert record["actor/pg_loss"] == pytest.approx(expected_record["actor/pg_loss"], rel=0, abs=pg_loss_bound)
-    assert_same_adamw_steps(
-        weights, expected, steps=2, lr=1e-3, gradient_rel_bound=gradient_bound(log_prob_bound, num_terms)
-    )
+    _assert_same_steps(_split_and_whole(base, tmp_path), tiny_model_dir)
 
 
 def test_a_split_rollout_pool_steps_like_a_whole_one(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
@@ -57,6 +45,24 @@ def test_a_split_rollout_pool_steps_like_a_whole_one(ray_cluster, tiny_model_dir
     assert all(weights[name].equal(tensor) for name, tensor in expected.items())
 
 
+def _assert_same_steps(runs: list, model_dir) -> None:
+    """Two runs' ``(weights, metrics)``: the same samples each step, the policy losses and the weights after two
+    AdamW steps within the float32 bounds of a reordered sum."""
+    (weights, records), (expected, expected_records) = runs
+    config = AutoConfig.from_pretrained(model_dir)
+    num_terms = longest_reduction(config)
+    log_prob_bound = reordered_sum_bound(log_prob_magnitude(expected, config), num_terms)
+    for record, expected_record in zip(records, expected_records, strict=True):
+        for key in (names.stat(names.RESPONSE_LENGTH, "mean"), names.stat(names.SCORE, "mean")):
+            assert record[key] == expected_record[key], key
+        term = 1.2 * max(abs(expected_record[names.stat(names.ADVANTAGES, reduction)]) for reduction in ("max", "min"))
+        pg_loss_bound = term * log_prob_bound + reordered_sum_bound(term, 64)
+        assert record["actor/pg_loss"] == pytest.approx(expected_record["actor/pg_loss"], rel=0, abs=pg_loss_bound)
+    assert_same_adamw_steps(
+        weights, expected, steps=2, lr=1e-3, gradient_rel_bound=gradient_bound(log_prob_bound, num_terms)
+    )
+
+
 def _split_and_whole(base: list[str], tmp_path) -> tuple:
     """``base`` run with the rollout split in two, and whole: each run's weights and metrics."""
     runs = []
@@ -65,3 +71,37 @@ def _split_and_whole(base: list[str], tmp_path) -> tuple:
         overrides = [f"actor_rollout_ref.rollout.tensor_model_parallel_size={size}"]
         runs.append(_trained_weights(base + overrides + [f"trainer.default_local_dir={run_dir}"], run_dir))
     return tuple(runs)
+
+
+def test_split_training_steps_equal_the_data_parallel_ones(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
+    """Two GAE steps with a KL loss on 2 ranks: the actor, its reference and the critic split in halves over the
+    pair (t, d) = (2, 1), against FSDP2 over both (1, 2). The rollout holds the whole model either way (the sync
+    gathers the split weights), the seeds are the same: the first step's samples are the same, the losses and
+    the weights agree within the float32 bounds of a reordered sum (the critic's values and gradients are held to
+    theirs in tests/models/test_tensor_parallel_training.py)."""
+    base = two_rank_steps(tiny_model_dir, tiny_parquet, "gae", DENSE_REWARD) + [
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "critic.ppo_mini_batch_size=2",
+    ]
+    runs = []
+    for size in (2, 1):
+        run_dir = tmp_path / str(size)
+        overrides = [
+            f"actor_rollout_ref.actor.fsdp_config.tensor_parallel_size={size}",
+            f"critic.model.fsdp_config.tensor_parallel_size={size}",
+            f"trainer.default_local_dir={run_dir}",
+        ]
+        runs.append(_trained_weights(base + overrides, run_dir))
+    _assert_same_steps(runs, tiny_model_dir)
+    (weights, records), _ = runs
+    # Stopped after its first step's checkpoint, the split run resumes to the uninterrupted run's weights exactly.
+    run_dir = tmp_path / "resumed"
+    split = [
+        "actor_rollout_ref.actor.fsdp_config.tensor_parallel_size=2",
+        "critic.model.fsdp_config.tensor_parallel_size=2",
+    ]
+    first = base + split + [f"trainer.default_local_dir={run_dir}", "trainer.save_freq=1"]
+    _trained_weights(first + ["trainer.total_training_steps=1"], run_dir)
+    resumed, resumed_records = _trained_weights(first, run_dir)
+    assert all(resumed[name].equal(tensor) for name, tensor in weights.items())
+    assert resumed_records[-1]["actor/pg_loss"] == records[-1]["actor/pg_loss"]
