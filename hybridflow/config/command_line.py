@@ -43,8 +43,11 @@ def without_served_groups(args: list[str], surface: Surface) -> list[str]:
 
 
 def override_errors(args: list[str], surface: Surface = PPO_SURFACE, schema: type = PPOTrainerConfig) -> list[str]:
-    """What is wrong with the overrides before Hydra: the decisive errors alone if any, else the unknown keys."""
-    return decisive_override_errors(args, surface) or unknown_override_errors(args, surface, schema)
+    """What is wrong with a command line before Hydra: the decisive errors alone if any, else the unknown keys."""
+    flags, overrides = split_hydra_flags(args)
+    return _config_name_lacks(flags) or (
+        decisive_override_errors(overrides, surface) or unknown_override_errors(overrides, surface, schema)
+    )
 
 
 def decisive_override_errors(args: list[str], surface: Surface = PPO_SURFACE) -> list[str]:
@@ -53,7 +56,7 @@ def decisive_override_errors(args: list[str], surface: Surface = PPO_SURFACE) ->
     A verl config name or group choosing another engine (``engine=megatron``) comes alone."""
     if syntax := hydra_syntax_errors(args):
         return syntax
-    return _config_name_lacks(args) or _group_lacks(args, surface) or surface.lacks_lines(_override_values(args))
+    return _group_lacks(args, surface) or surface.lacks_lines(_override_values(args))
 
 
 def unknown_override_errors(
@@ -78,12 +81,13 @@ def without_unknown_keys(args: list[str], surface: Surface = PPO_SURFACE, schema
 
 
 def _plain_overrides(args: list[str], surface: Surface) -> list[str]:
-    """``key=value`` arguments for keys of the schema (not Hydra options, ``+`` additions, groups or verl's keys)."""
+    """``key=value`` and ``+key=value`` arguments meant for the schema (not Hydra options, ``++``, groups or verl's
+    keys): a ``+`` key the schema lacks is as wrong as a plain one, and is named with the rest."""
     return [
         arg
         for arg in args
         if "=" in arg
-        and not arg.startswith(("+", *HYDRA_OPTION_PREFIXES))
+        and not arg.startswith(("++", *HYDRA_OPTION_PREFIXES))
         and not _group_choice(arg, surface)
         and surface.compat_key(_key(arg)) is None
     ]
@@ -111,13 +115,39 @@ def hydra_arguments(
 ) -> tuple[list[str], list[str]]:
     """``(arguments for Hydra, one line per unknown key)``; raises :class:`ConfigError` for a decisive mistake.
 
-    Unknown keys are left out of Hydra's arguments (it would refuse them alone) and reported together with the
-    composed config's own problems, so one run names every mistake."""
-    args = without_redundant_plus(argv, surface)
-    if errors := decisive_override_errors(args, surface):
+    Hydra's own flags (``--cfg job``, ``-cn name``, ``-m``, ...) pass through as they are. Unknown keys are left out
+    of Hydra's arguments (it would refuse them alone) and reported together with the composed config's own
+    problems, so one run names every mistake."""
+    flags, overrides = split_hydra_flags(argv)
+    args = without_redundant_plus(overrides, surface)
+    if errors := _config_name_lacks(flags) + _shared_run_folder(flags, args) or decisive_override_errors(args, surface):
         raise ConfigError(errors)
     unknown = unknown_override_errors(args, surface, schema)
-    return without_served_groups(without_unknown_keys(args, surface, schema), surface), unknown
+    return flags + without_served_groups(without_unknown_keys(args, surface, schema), surface), unknown
+
+
+def split_hydra_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(Hydra's flags with their values, the overrides)``, read with Hydra's own argument parser's table: a flag
+    that takes a value takes the next argument (``--cfg job``, ``-cn name``) unless written ``--flag=value``; one
+    whose value is optional (``--info``) takes the next argument only when it is not an override or a flag."""
+    from hydra._internal.utils import get_args_parser
+
+    takes = {option: action.nargs for action in get_args_parser()._actions for option in action.option_strings}
+    flags, overrides, position = [], [], 0
+    while position < len(argv):
+        arg = argv[position]
+        option = arg.split("=", 1)[0]
+        position += 1
+        if option not in takes:
+            overrides.append(arg)
+            continue
+        flags.append(arg)
+        nargs, following = takes[option], argv[position] if position < len(argv) else None
+        wants_value = nargs is None or (nargs == "?" and following is not None and "=" not in following)
+        if "=" not in arg and wants_value and following is not None and not following.startswith("-"):
+            flags.append(following)
+            position += 1
+    return flags, overrides
 
 
 def checked_with(earlier_errors: list[str], load: Callable[[], T]) -> T:
@@ -176,11 +206,23 @@ def _override_values(args: list[str]) -> dict[str, Any]:
     return values
 
 
-def _config_name_lacks(args: list[str]) -> list[str]:
-    for arg in args:
-        if arg.startswith("--config-name"):
-            name = arg.split("=", 1)[-1]
+def _shared_run_folder(flags: list[str], args: list[str]) -> list[str]:
+    """A sweep (``-m``) whose runs would share one run folder: each would resume from the one before."""
+    if not {"-m", "--multirun"} & set(flags) or any(arg.startswith("trainer.default_local_dir=") for arg in args):
+        return []
+    return [
+        "-m/--multirun runs the sweep one run after another, each in trainer.default_local_dir, so each would resume "
+        "from the one before; give each run its own, e.g. trainer.default_local_dir='runs/${hydra:job.num}'"
+    ]
+
+
+def _config_name_lacks(flags: list[str]) -> list[str]:
+    """A verl config name (``--config-name=ppo_megatron_trainer``, ``-cn ...``) for an engine hybridflow lacks."""
+    for flag, following in zip(flags, flags[1:] + [""]):
+        option, _, name = flag.partition("=")
+        if option in ("--config-name", "-cn"):
+            written = flag if name else f"{flag} {following}"
             for word, what in VERL_ONLY_CONFIGS.items():
-                if word in name:
-                    return [f"{arg} needs {what}, which hybridflow does not have"]
+                if word in (name or following):
+                    return [f"{written} needs {what}, which hybridflow does not have"]
     return []

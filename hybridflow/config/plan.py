@@ -28,6 +28,7 @@ from hybridflow.config.fully_async_options import (
     steps_per_version,
 )
 from hybridflow.config.fully_async_options import training_steps as fully_async_training_steps
+from hybridflow.config.load import ConfigError
 from hybridflow.config.phases import Phase
 from hybridflow.config.placement import ROLLOUT_ROLE, ResourcePlan, make_resource_plan
 from hybridflow.config.resume_checks import resume_keys
@@ -104,10 +105,13 @@ class RunPlan:
 
 
 def build_plan(config: PPOTrainerConfig, train_prompts: int) -> RunPlan:
-    """The plan of ``config`` (checked) for a training set of ``train_prompts`` prompts."""
+    """The plan of ``config`` (checked) for a training set of ``train_prompts`` prompts; raises
+    :class:`ConfigError` for what only the run's length decides (a cosine schedule no longer than its warm-up)."""
     prompts_per_generation = 1 if fully_async(config) else config.data.gen_batch_size or config.data.train_batch_size
     steps = _training_steps(config, train_prompts // prompts_per_generation)
     uses_critic = phase_rules.uses_critic(config)
+    if errors := schedule_errors(config, steps, uses_critic):
+        raise ConfigError(errors)
     return RunPlan(
         **_layout(config),
         **_step_shape(config),
@@ -177,6 +181,26 @@ def _sections(config: PPOTrainerConfig, steps: int) -> dict[str, Any]:
         "critic": _with_run_length(config.critic, steps, None),
         "bucket_megabytes": config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes,
     }
+
+
+def schedule_errors(config: PPOTrainerConfig, steps: int, uses_critic: bool) -> list[str]:
+    """A cosine learning-rate schedule whose warm-up is not shorter than its length (``steps`` where its
+    ``total_training_steps`` is -1): it would have nothing left to decay over (the worker's schedule refuses it)."""
+    from hybridflow.workers.training import warmup_steps  # the worker's own count
+
+    optims = {"actor_rollout_ref.actor.optim": config.actor_rollout_ref.actor.optim}
+    if uses_critic:
+        optims["critic.optim"] = config.critic.optim
+    errors = []
+    for key, optim in optims.items():
+        total = optim.total_training_steps if optim.total_training_steps >= 0 else steps
+        warmup = warmup_steps(dataclasses.replace(optim, total_training_steps=total))
+        if optim.warmup_style == "cosine" and total <= warmup and steps > 0:
+            errors.append(
+                f"{key}.warmup_style='cosine' over {total} steps leaves nothing after its {warmup} warm-up steps; "
+                f"lower {key}.lr_warmup_steps (or lr_warmup_steps_ratio) or train longer"
+            )
+    return errors
 
 
 def _training_steps(config: PPOTrainerConfig, batches_per_epoch: int) -> int:

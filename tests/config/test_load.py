@@ -61,10 +61,13 @@ def test_clip_keys_are_set_on_the_actor_and_reach_the_policy_loss(base):
 
 def test_command_line_keys_that_hydra_would_refuse_are_named_first():
     overrides = ["actor_rollout_ref.actor.policy_loss.clip_ratio_low=0.3", "trainer.save_freq=1", "hydra.run.dir=x"]
-    assert unknown_override_errors(overrides + ["+trainer.added=1", "--multirun"]) == [
+    errors = unknown_override_errors(overrides + ["+trainer.added=1", "++trainer.forced=1", "--multirun"])
+    assert errors[0] == (
         "actor_rollout_ref.actor.policy_loss.clip_ratio_low is not a config key; "
         "did you mean actor_rollout_ref.actor.clip_ratio_low?"
-    ]
+    )
+    # A key added with + is named too (the schema has no free keys there); ++ is left to Hydra.
+    assert errors[1].startswith("trainer.added is not a config key") and len(errors) == 2
 
 
 def test_policy_loss_values_are_checked_under_their_full_key(base):

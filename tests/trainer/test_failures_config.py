@@ -54,6 +54,15 @@ PPO_CASES = {
         ["--config-name=ppo_megatron_trainer", "Megatron"],
     ),
     "critic warm-up without a critic": (["trainer.critic_warmup=2"], ["trainer.critic_warmup=2"]),
+    # Decided by the run's length, once the data is read: the worker's schedule used to refuse it after start-up.
+    "cosine warm-up as long as the run": (
+        [
+            "actor_rollout_ref.actor.optim.warmup_style=cosine",
+            "actor_rollout_ref.actor.optim.lr_warmup_steps=10",
+            "trainer.total_training_steps=2",
+        ],
+        ["actor_rollout_ref.actor.optim.warmup_style='cosine' over 2 steps", "its 10 warm-up steps"],
+    ),
     "sglang engine": (["actor_rollout_ref.rollout.name=sglang"], ["sglang"]),
 }
 
@@ -71,6 +80,13 @@ def test_every_mistake_of_a_command_line_is_reported_at_once(base, capsys, monke
     outcome = check_in_process("main_ppo", base + overrides, capsys, monkeypatch, tmp_path)
     error = assert_refused(outcome, "trainer.devise", "trainer.save_freq=0", "data.train_files")
     assert error.startswith("invalid config (3 problems):"), error
+
+
+def test_a_misspelled_added_key_is_reported_with_the_other_mistakes(base, capsys, monkeypatch, tmp_path):
+    overrides = ["+trainer.devise=cpu", "trainer.save_freq=0"]
+    outcome = check_in_process("main_ppo", base + overrides, capsys, monkeypatch, tmp_path)
+    error = assert_refused(outcome, "trainer.devise is not a config key; did you mean trainer.device?", "save_freq=0")
+    assert error.startswith("invalid config (2 problems):"), error
 
 
 def test_a_valid_config_passes_the_check(base, capsys, monkeypatch, tmp_path):
