@@ -36,6 +36,7 @@ from hybridflow.rewards import REWARD_MANAGERS
 from hybridflow.rollout.config import ENGINE_NAMES, RolloutConfigError
 from hybridflow.rollout.tool_parser import TOOL_PARSERS
 from hybridflow.tracking.trackers import LOGGER_BACKENDS
+from hybridflow.workers.training import WARMUP_STYLES
 
 DEVICES = ("cpu", "cuda")
 ACTOR = "actor_rollout_ref.actor"
@@ -86,6 +87,8 @@ def _registry_errors(config: PPOTrainerConfig) -> list[str]:
         ("trainer.placement", config.trainer.placement, PLACEMENTS),
         ("data.truncation", config.data.truncation, TRUNCATION_MODES),
         ("actor_rollout_ref.rollout.name", config.actor_rollout_ref.rollout.name, ENGINE_NAMES),
+        ("actor_rollout_ref.actor.optim.warmup_style", actor.optim.warmup_style, WARMUP_STYLES),
+        ("critic.optim.warmup_style", config.critic.optim.warmup_style, WARMUP_STYLES),
         (
             "actor_rollout_ref.rollout.multi_turn.format",
             config.actor_rollout_ref.rollout.multi_turn.format,

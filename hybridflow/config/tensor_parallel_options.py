@@ -52,9 +52,9 @@ def tensor_parallel_errors(config: PPOTrainerConfig) -> list[str]:
 
 
 def training_tensor_parallel_errors(config: PPOTrainerConfig, with_critic: bool) -> list[str]:
-    """Every split training layout that cannot run: a size that does not divide the training processes (a node's,
-    on several nodes) or the model's heads, with Ulysses, LoRA or hybrid sharding in the same role, or asked of
-    the reward model (which computes each rank's own rows)."""
+    """Every training layout that cannot run: an ``fsdp_size`` that does not divide the training processes; a
+    split that does not divide them (a node's, on several nodes) or the model's heads, with Ulysses, LoRA or
+    hybrid sharding in the same role, or asked of the reward model (which computes each rank's own rows)."""
     arr, errors = config.actor_rollout_ref, []
     roles = {"actor_rollout_ref.actor": (arr.actor.fsdp_config, arr.actor.ulysses_sequence_parallel_size, arr.model)}
     if uses_reference(config):
@@ -62,7 +62,13 @@ def training_tensor_parallel_errors(config: PPOTrainerConfig, with_critic: bool)
     if with_critic:
         critic = config.critic
         roles["critic.model"] = (critic.model.fsdp_config, critic.ulysses_sequence_parallel_size, critic.model)
+    world = num_processes(config)
     for prefix, (fsdp, ulysses, model) in roles.items():
+        if 0 < fsdp.fsdp_size < world and world % fsdp.fsdp_size:
+            errors.append(
+                f"{prefix}.fsdp_config.fsdp_size={fsdp.fsdp_size} does not divide the {world} training processes; "
+                f"choose a divisor of {world} or -1 (all)"
+            )
         errors += _role_errors(config, f"{prefix}.{TRAINING_KEY}", fsdp, ulysses, model)
     reward = config.reward_model.model.fsdp_config.tensor_parallel_size
     if config.reward_model.enable and reward != 1:

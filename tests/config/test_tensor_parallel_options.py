@@ -103,6 +103,14 @@ def test_a_training_split_that_cannot_run_is_refused(base):
     assert config_errors(base + FOUR + [f"{ACTOR_SPLIT}=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=1"]) == [
         f"actor_rollout_ref.actor.fsdp_config.fsdp_size=1 with {ACTOR_SPLIT}=2: leave fsdp_size at -1"
     ]
+    assert config_errors(base + FOUR + ["actor_rollout_ref.actor.fsdp_config.fsdp_size=3"]) == [
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size=3 does not divide the 4 training processes; choose a divisor "
+        "of 4 or -1 (all)"
+    ]
+    reward_model = ["reward_model.enable=true", f"reward_model.model.path={base_model_path(base)}"]
+    assert config_errors(base + reward_model + [f"reward_model.model.{TRAINING}=2"]) == [
+        f"reward_model.model.{TRAINING}=2: the reward model scores each rank's own rows and is not split; set it to 1"
+    ]
     assert config_errors(base + [f"{ACTOR_SPLIT}=0"]) == [
         f"{ACTOR_SPLIT}=0 must be a positive integer (1: no tensor parallelism in training)"
     ]
@@ -110,3 +118,7 @@ def test_a_training_split_that_cannot_run_is_refused(base):
     assert f"{ACTOR_SPLIT}=4 does not divide trainer.n_gpus_per_node=2: a group's ranks must share a node" in " ".join(
         config_errors(base + two_nodes + [f"{ACTOR_SPLIT}=4"])
     )
+
+
+def base_model_path(base: list[str]) -> str:
+    return next(arg.split("=", 1)[1] for arg in base if arg.startswith("actor_rollout_ref.model.path="))

@@ -54,6 +54,10 @@ PPO_CASES = {
         ["--config-name=ppo_megatron_trainer", "Megatron"],
     ),
     "critic warm-up without a critic": (["trainer.critic_warmup=2"], ["trainer.critic_warmup=2"]),
+    "unknown warm-up style": (
+        ["actor_rollout_ref.actor.optim.warmup_style=linear"],
+        ["actor_rollout_ref.actor.optim.warmup_style='linear' is not one of [constant, cosine]"],
+    ),
     # Decided by the run's length, once the data is read: the worker's schedule used to refuse it after start-up.
     "cosine warm-up as long as the run": (
         [
@@ -110,6 +114,7 @@ SFT_CASES = {
     "missing train file": (["data.train_files=/no/such/sft.parquet"], ["data.train_files"]),
     "unparsable override": (["trainer.total_epochs=[1,"], ["not a valid key=value override"]),
     "megatron engine": (["engine=megatron"], ["Megatron"]),
+    "split model": (["model.fsdp_config.tensor_parallel_size=2"], ["model.fsdp_config.tensor_parallel_size=2"]),
 }
 
 

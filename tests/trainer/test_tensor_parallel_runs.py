@@ -85,23 +85,24 @@ def test_split_training_steps_equal_the_data_parallel_ones(ray_cluster, tiny_mod
     ]
     runs = []
     for size in (2, 1):
-        run_dir = tmp_path / str(size)
         overrides = [
             f"actor_rollout_ref.actor.fsdp_config.tensor_parallel_size={size}",
             f"critic.model.fsdp_config.tensor_parallel_size={size}",
-            f"trainer.default_local_dir={run_dir}",
+            f"trainer.default_local_dir={tmp_path / str(size)}",
+            "trainer.save_freq=1",
         ]
-        runs.append(_trained_weights(base + overrides, run_dir))
+        runs.append(_trained_weights(base + overrides, tmp_path / str(size)))
     _assert_same_steps(runs, tiny_model_dir)
     (weights, records), _ = runs
-    # Stopped after its first step's checkpoint, the split run resumes to the uninterrupted run's weights exactly.
-    run_dir = tmp_path / "resumed"
-    split = [
+    # Resumed from its first step's checkpoint, the split run takes the uninterrupted run's second step exactly.
+    resumed_dir = tmp_path / "resumed"
+    resume = [
         "actor_rollout_ref.actor.fsdp_config.tensor_parallel_size=2",
         "critic.model.fsdp_config.tensor_parallel_size=2",
+        f"trainer.default_local_dir={resumed_dir}",
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={tmp_path / '2' / 'global_step_1'}",
     ]
-    first = base + split + [f"trainer.default_local_dir={run_dir}", "trainer.save_freq=1"]
-    _trained_weights(first + ["trainer.total_training_steps=1"], run_dir)
-    resumed, resumed_records = _trained_weights(first, run_dir)
+    resumed, resumed_records = _trained_weights(base + resume, resumed_dir)
     assert all(resumed[name].equal(tensor) for name, tensor in weights.items())
     assert resumed_records[-1]["actor/pg_loss"] == records[-1]["actor/pg_loss"]
