@@ -16,6 +16,7 @@ def run_on_ranks(work: Callable[[str], Any], world_size: int, model_dir, out_dir
     """``work(model_dir)`` on each of ``world_size`` processes (one torch thread each, a gloo group over them);
     returns each rank's result by rank. ``work`` is a module-level function (spawn pickles it); a rank's exception
     is raised here with its traceback."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     mp.spawn(_rank, args=(work, world_size, find_free_port(), str(model_dir), str(out_dir)), nprocs=world_size)
     return {rank: torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(world_size)}
 

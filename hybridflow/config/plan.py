@@ -43,7 +43,7 @@ from hybridflow.config.schema import (
     TrainerConfig,
 )
 from hybridflow.config.sizes import sizes
-from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
+from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig, warmup_steps
 
 SYNC, ONE_STEP_OFF, FULLY_ASYNC = "synchronous", "one-step-off", "fully async"
 
@@ -186,8 +186,6 @@ def _sections(config: PPOTrainerConfig, steps: int) -> dict[str, Any]:
 def schedule_errors(config: PPOTrainerConfig, steps: int, uses_critic: bool) -> list[str]:
     """A cosine learning-rate schedule whose warm-up is not shorter than its length (``steps`` where its
     ``total_training_steps`` is -1): it would have nothing left to decay over (the worker's schedule refuses it)."""
-    from hybridflow.workers.training import warmup_steps  # the worker's own count
-
     optims = {"actor_rollout_ref.actor.optim": config.actor_rollout_ref.actor.optim}
     if uses_critic:
         optims["critic.optim"] = config.critic.optim

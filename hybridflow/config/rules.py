@@ -36,7 +36,7 @@ from hybridflow.rewards import REWARD_MANAGERS
 from hybridflow.rollout.config import ENGINE_NAMES, RolloutConfigError
 from hybridflow.rollout.tool_parser import TOOL_PARSERS
 from hybridflow.tracking.trackers import LOGGER_BACKENDS
-from hybridflow.workers.training import WARMUP_STYLES
+from hybridflow.workers.config import WARMUP_STYLES
 
 DEVICES = ("cpu", "cuda")
 ACTOR = "actor_rollout_ref.actor"

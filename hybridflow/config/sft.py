@@ -42,8 +42,7 @@ from hybridflow.data.sft_dataset import SFT_PAD_MODES, SFT_TRUNCATION_MODES
 from hybridflow.help_fields import option, section
 from hybridflow.tracking.trackers import LOGGER_BACKENDS
 from hybridflow.workers.checkpoint import CONTENTS
-from hybridflow.workers.config import CheckpointConfig, FSDPConfig, ModelOptions
-from hybridflow.workers.training import WARMUP_STYLES
+from hybridflow.workers.config import WARMUP_STYLES, CheckpointConfig, FSDPConfig, ModelOptions
 
 
 @dataclass

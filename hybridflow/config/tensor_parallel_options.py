@@ -17,12 +17,12 @@ TRAINING_KEY = "fsdp_config.tensor_parallel_size"
 
 def tensor_parallel_errors(config: PPOTrainerConfig) -> list[str]:
     """Every reason the rollout's ``tensor_model_parallel_size`` cannot run: not a divisor of the processes that
-    generate (of a node's, on several nodes) or of the model's attention or key-value heads, a LoRA adapter kept
-    apart from the base weights, fully async training.
-    The vLLM engine's refusal is the rollout section's own."""
+    generate (for the ``hf`` engine, of a node's, on several nodes; vLLM's groups may span nodes) or of the
+    model's attention or key-value heads, a LoRA adapter kept apart from the base weights, fully async training,
+    vLLM on a rollout pool of its own."""
     arr = config.actor_rollout_ref
     size = arr.rollout.tensor_model_parallel_size
-    if size <= 1 or arr.rollout.name != "hf":
+    if size <= 1:
         return []
     section = config.rollout if one_step_off(config) else config.trainer
     prefix = "rollout" if one_step_off(config) else "trainer"
@@ -33,10 +33,16 @@ def tensor_parallel_errors(config: PPOTrainerConfig) -> list[str]:
             f"{KEY}={size} does not divide the {world} processes that generate ({prefix}.nnodes x "
             f"{prefix}.n_gpus_per_node); choose a divisor of {world}"
         )
-    elif section.nnodes > 1 and section.n_gpus_per_node % size:
+    elif section.nnodes > 1 and section.n_gpus_per_node % size and arr.rollout.name == "hf":
         errors.append(
             f"{KEY}={size} does not divide {prefix}.n_gpus_per_node={section.n_gpus_per_node}: a group's ranks "
             "must share a node, where its per-layer all-reduces stay off the network"
+        )
+    if arr.rollout.name == "vllm" and one_step_off(config):
+        errors.append(
+            f"{KEY}={size} with rollout.name=vllm on a rollout pool of its own (hybrid_engine=false): vLLM's SPMD "
+            f"engines run in the actor's workers here; use actor_rollout_ref.hybrid_engine=true, rollout.name=hf, or "
+            f"{KEY}=1"
         )
     if fully_async(config):
         errors.append(

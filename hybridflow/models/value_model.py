@@ -32,9 +32,13 @@ def load_value_model(
     dtype: str | torch.dtype = "float32",
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
+    override_config: dict | None = None,
 ) -> PreTrainedModel:
-    """A critic: body from ``path`` (causal LM or reward model) plus a scalar head with a bias."""
-    return _load_scalar_head_model(path, dtype, attn_implementation, trust_remote_code, head_bias=True)
+    """A critic: body from ``path`` (causal LM or reward model) plus a scalar head with a bias; ``override_config``
+    sets keys of the model's config before the weights are built (e.g. ``attention_dropout``)."""
+    return _load_scalar_head_model(
+        path, dtype, attn_implementation, trust_remote_code, head_bias=True, override_config=override_config
+    )
 
 
 def load_reward_model(
@@ -47,8 +51,10 @@ def load_reward_model(
     return _load_scalar_head_model(path, dtype, attn_implementation, trust_remote_code, head_bias=False)
 
 
-def _load_scalar_head_model(path, dtype, attn_implementation, trust_remote_code, head_bias):
+def _load_scalar_head_model(path, dtype, attn_implementation, trust_remote_code, head_bias, override_config=None):
     config = load_model_config(path, trust_remote_code=trust_remote_code)
+    for key, value in (override_config or {}).items():
+        setattr(config, key, value)
     config.num_labels = 1
     config.classifier_dropout = 0.0
     config.token_classification_bias = head_bias

@@ -114,8 +114,8 @@ class RolloutConfig:
     )
     tensor_model_parallel_size: int = option(
         1,
-        "'hf' engine: split the generation model over groups of this many actor ranks (each holds 1/k of every "
-        "attention and MLP weight); 1 = a whole model per rank.",
+        "Split the generation model over groups of this many actor ranks (each holds 1/k of every attention and "
+        "MLP weight; 'vllm': vLLM's SPMD engines, one per rank); 1 = a whole model per rank.",
     )
     ignore_eos: bool = option(False, "Keep generating past the EOS token until response_length (benchmarking).")
     enforce_eager: bool = option(False, "'vllm' engine: no CUDA graphs.", VLLM)
@@ -186,12 +186,6 @@ class RolloutConfig:
                 errors.append(f"{scope}.temperature={obj.temperature} must be >= 0 (0 = greedy)")
         if self.tensor_model_parallel_size < 1:
             errors.append(f"{p}.tensor_model_parallel_size={self.tensor_model_parallel_size} must be >= 1")
-        if self.name == "vllm" and self.tensor_model_parallel_size != 1:
-            errors.append(
-                f"{p}.tensor_model_parallel_size={self.tensor_model_parallel_size} with {p}.name=vllm needs vLLM's "
-                f"tensor-parallel engine (its SPMD launcher, one shard per actor rank), which hybridflow does not "
-                f"have; use {p}.name=hf, which generates tensor-parallel, or {p}.tensor_model_parallel_size=1"
-            )
         if self.name == "vllm":
             for key in VLLM_REPLICA_SIZES:
                 if getattr(self, key) != 1:

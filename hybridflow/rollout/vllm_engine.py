@@ -27,6 +27,7 @@ import torch
 
 from hybridflow.errors import HybridflowError
 from hybridflow.models.loading import load_model_config, load_tokenizer
+from hybridflow.models.tensor_parallel import TensorParallelError
 from hybridflow.rollout import vllm_memory
 from hybridflow.rollout.base import ROLLOUT_ENGINES, MissingExtraError, RolloutEngine
 from hybridflow.rollout.config import RolloutConfig, SamplingParams
@@ -86,6 +87,8 @@ class VLLMRolloutEngine(RolloutEngine):
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             vllm = import_vllm()
             arguments = engine_arguments(self.config, sleep_mode=self.sleeps)
+            if self.config.tensor_model_parallel_size > 1:
+                arguments.update(spmd_arguments(self.config.tensor_model_parallel_size))
             if self._lora_config is not None:
                 arguments.update(enable_lora=True, max_loras=1, max_lora_rank=_vllm_lora_rank(self._lora_config.r))
             if not self.sleeps:
@@ -144,6 +147,23 @@ class VLLMRolloutEngine(RolloutEngine):
         return {self.tokenizer.eos_token_id}
 
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """``requests`` in one ``LLM.generate``; split over a tensor-parallel group, every rank of the group passes
+        the group's requests together (vLLM's SPMD engines must see the same calls) and keeps its own results."""
+        if self.config.tensor_model_parallel_size == 1:
+            return self._generate(requests)
+        import torch.distributed as dist
+        from vllm.distributed.parallel_state import get_tp_group
+
+        assert self.llm is not None  # built first: it makes vLLM's groups
+
+        group = get_tp_group()
+        pooled: list = [None] * group.world_size
+        dist.all_gather_object(pooled, requests, group=group.cpu_group)
+        results = self._generate([request for part in pooled for request in part])
+        start = sum(len(part) for part in pooled[: group.rank_in_group])
+        return results[start : start + len(requests)]
+
+    def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         vllm = import_vllm()
         prompts = [vllm.TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests]
         params = [_sampling_params(vllm, r.sampling, self.config.ignore_eos) for r in requests]
@@ -151,6 +171,11 @@ class VLLMRolloutEngine(RolloutEngine):
         return [_result(output, request) for output, request in zip(outputs, requests)]
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if self.config.tensor_model_parallel_size > 1:
+            raise TensorParallelError(
+                "the vllm engine split over a tensor-parallel group serves whole batches (generate_batch), which every "
+                "rank of the group passes together, not the agent loop's requests one by one"
+            )
         future = asyncio.get_running_loop().create_future()
         self._waiting.append((request, future))
         if not self._flushing:
@@ -244,6 +269,21 @@ def _modules_sharing_parameters(model: torch.nn.Module) -> list[torch.nn.Module]
         for parameter in module.parameters(recurse=False):
             owners.setdefault(id(parameter), []).append(module)
     return [module for shared in owners.values() if len(shared) > 1 for module in shared]
+
+
+def spmd_arguments(size: int) -> dict[str, Any]:
+    """vLLM's SPMD mode (``external_launcher``, as verl runs it): one engine per actor rank in the worker's own
+    process group, groups of ``size`` consecutive ranks splitting the model (the others are vLLM's data-parallel
+    replicas). vLLM reads the rank from the environment a torchrun would set."""
+    import torch.distributed as dist
+
+    os.environ["RANK"] = str(dist.get_rank())
+    os.environ["WORLD_SIZE"] = str(dist.get_world_size())
+    if torch.cuda.is_available():  # vLLM puts its shard on cuda:LOCAL_RANK: the one device this worker sees
+        os.environ["LOCAL_RANK"] = str(torch.cuda.current_device())
+    else:
+        os.environ.setdefault("LOCAL_RANK", "0")
+    return {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher"}
 
 
 def engine_arguments(config: RolloutConfig, sleep_mode: bool = True) -> dict[str, Any]:

@@ -112,6 +112,16 @@ class OptimConfig:
     total_training_steps: int = option(-1, "Steps of the lr schedule; -1 means the run's training steps.")
 
 
+WARMUP_STYLES = ("constant", "cosine")
+
+
+def warmup_steps(config: OptimConfig) -> int:
+    """``lr_warmup_steps`` when set (> 0), else ``lr_warmup_steps_ratio * total_training_steps``."""
+    if config.lr_warmup_steps > 0:
+        return config.lr_warmup_steps
+    return int(config.lr_warmup_steps_ratio * max(config.total_training_steps, 0))
+
+
 @dataclass
 class MixedPrecisionConfig:
     """FSDP2 mixed precision: compute dtype of the gathered parameters and dtype of the gradient reduction."""

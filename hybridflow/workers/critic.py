@@ -19,7 +19,7 @@ from hybridflow.models.value_model import forward_values, load_value_model
 from hybridflow.protocol import DataProto
 from hybridflow.protocol.columns import CRITIC_UPDATE_INPUTS, VALUE_INPUTS
 from hybridflow.workers import checkpoint
-from hybridflow.workers.config import CriticConfig, WorkerConfigError, as_config
+from hybridflow.workers.config import CriticConfig, as_config
 from hybridflow.workers.fsdp import build_device_mesh
 from hybridflow.workers.model_setup import shard_for_training
 from hybridflow.workers.training import (
@@ -38,14 +38,14 @@ class CriticPart:
 
     def __init__(self, config: CriticConfig, device: torch.device):
         model_config = config.model
-        if model_config.override_config:
-            raise WorkerConfigError(
-                f"critic.model.override_config={model_config.override_config} is not supported; remove it"
-            )
         self.config = config
         self.device = device
         model = load_value_model(
-            model_config.path, model_config.dtype, model_config.attn_implementation, model_config.trust_remote_code
+            model_config.path,
+            model_config.dtype,
+            model_config.attn_implementation,
+            model_config.trust_remote_code,
+            override_config=dict(model_config.override_config),
         )
         fsdp = model_config.fsdp_config
         mesh = build_device_mesh(fsdp.fsdp_size, device, fsdp.tensor_parallel_size)

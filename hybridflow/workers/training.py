@@ -45,7 +45,14 @@ from hybridflow.data.micro_batches import restore_order, split_by_token_budget
 from hybridflow.distributed.sequence_parallel import SequenceParallelGroup, gather_objects, sequence_parallel_group
 from hybridflow.protocol import DataProto
 from hybridflow.workers.checkpoint import TrainingState
-from hybridflow.workers.config import FSDPConfig, OptimConfig, WorkerConfigError, micro_batch_size_per_rank
+from hybridflow.workers.config import (
+    WARMUP_STYLES,
+    FSDPConfig,
+    OptimConfig,
+    WorkerConfigError,
+    micro_batch_size_per_rank,
+    warmup_steps,
+)
 from hybridflow.workers.fsdp import move_model, move_optimizer_state
 
 # The metric of each optimizer step: 1.0 when its gradient norm was not finite and the step was not taken.
@@ -268,9 +275,6 @@ def run_in_micro_batches(
     return tuple(joined)
 
 
-WARMUP_STYLES = ("constant", "cosine")
-
-
 def build_optimizer(params: Iterable[torch.nn.Parameter], config: OptimConfig) -> torch.optim.AdamW:
     """AdamW over the trainable ``params`` (frozen ones, e.g. a LoRA base, are left out by the caller).
 
@@ -288,13 +292,6 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], config: OptimConfig) -
         weight_decay=config.weight_decay,
         fused=fused or None,
     )
-
-
-def warmup_steps(config: OptimConfig) -> int:
-    """``lr_warmup_steps`` when set (> 0), else ``lr_warmup_steps_ratio * total_training_steps``."""
-    if config.lr_warmup_steps > 0:
-        return config.lr_warmup_steps
-    return int(config.lr_warmup_steps_ratio * max(config.total_training_steps, 0))
 
 
 def lr_multiplier(config: OptimConfig) -> Callable[[int], float]:

@@ -2,7 +2,9 @@
 engine, and every layout that cannot run refused before anything starts, one line each naming the key and the
 fix."""
 
-from hybridflow.config.load import load_config
+import pytest
+
+from hybridflow.config.load import ConfigError, load_config, load_config_with_notes
 from hybridflow.config.plan import describe
 from tests.trainer.helpers import compose_config, config_errors, plan_of
 
@@ -56,11 +58,17 @@ def test_what_a_split_rollout_cannot_run_is_refused(base):
         f"actor_rollout_ref.rollout.multi_turn.enable=true with {KEY}=2: a tensor-parallel group decodes whole "
         f"batches together, not the agent loop's requests one by one; set {KEY}=1"
     ]
-    vllm = config_errors(base + ["actor_rollout_ref.rollout.name=vllm", f"{KEY}=2"])
-    assert any(
-        line.startswith(f"{KEY}=2 with actor_rollout_ref.rollout.name=vllm needs vLLM's tensor-parallel engine")
-        for line in vllm
-    ), vllm
+    # vLLM's SPMD engines, in the actor's workers (this machine's vllm is not the question: no environment check).
+    vllm = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.enable_chunked_prefill=false"]
+    config, _ = load_config_with_notes(compose_config(base + two + vllm), check_environment=False)
+    assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+    pool = ["actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=2"]
+    with pytest.raises(ConfigError) as caught:
+        load_config_with_notes(compose_config(base + two + vllm + pool), check_environment=False)
+    assert caught.value.errors == [
+        f"{KEY}=2 with rollout.name=vllm on a rollout pool of its own (hybrid_engine=false): vLLM's SPMD engines run "
+        f"in the actor's workers here; use actor_rollout_ref.hybrid_engine=true, rollout.name=hf, or {KEY}=1"
+    ]
 
 
 TRAINING = "fsdp_config.tensor_parallel_size"

@@ -243,17 +243,12 @@ def test_a_verl_style_fsdp_grpo_line_is_accepted_on_its_keys():
     assert not any("ulysses" in line for line in unread)
 
 
-def test_rollout_tensor_parallelism_runs_on_the_hf_engine_and_is_refused_on_vllm_in_one_line():
-    assert _refusal(_verl_style_grpo() + ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]) == (
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=2 with actor_rollout_ref.rollout.name=vllm needs "
-        "vLLM's tensor-parallel engine (its SPMD launcher, one shard per actor rank), which hybridflow does not have; "
-        "use actor_rollout_ref.rollout.name=hf, which generates tensor-parallel, or "
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1"
-    )
+def test_rollout_tensor_parallelism_is_read_on_both_engines():
     hf_line = [item for item in _verl_style_grpo() if not item.startswith("actor_rollout_ref.rollout.name=")]
-    config, unread = _check(hf_line + ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
-    assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
-    assert not any("tensor_model_parallel_size" in line for line in unread)
+    for line in (_verl_style_grpo(), hf_line):  # vllm (verl's scripts), then hf
+        config, unread = _check(line + ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+        assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+        assert not any("tensor_model_parallel_size" in line for line in unread)
     assert _refusal(hf_line + ["actor_rollout_ref.rollout.tensor_model_parallel_size=3"]) == (
         "actor_rollout_ref.rollout.tensor_model_parallel_size=3 does not divide the 8 processes that generate "
         "(trainer.nnodes x trainer.n_gpus_per_node); choose a divisor of 8"

@@ -173,3 +173,18 @@ def test_two_gpus_generate_tensor_parallel_and_learn_the_demo(tmp_path):
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
     )
     assert_demo_learned(completed, rows)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_train_and_generate_tensor_parallel_and_learn_the_demo(tmp_path):
+    """The actor and its reference trained split over the 2 GPUs (FSDP2 x TP, (t, d) = (2, 1)), generating split
+    too; the sync reshards each rank's training shard into its generation shard."""
+    completed, rows = run_demo(
+        tmp_path / "demo",
+        "trainer.device=cuda",
+        "trainer.local_mode=false",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.fsdp_config.tensor_parallel_size=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    )
+    assert_demo_learned(completed, rows)

@@ -1,6 +1,6 @@
 """GRPO through main_ppo with rollout.name=vllm: the demo's task for 12 steps, its workers in Ray, the rollout
-in the actor's processes (hybrid engine), or on a pool of its own a step ahead (one-step-off policy) or
-generating continuously (fully async, without partial rollout, which vLLM does not take); the
+in the actor's processes (hybrid engine; also split over 2 ranks), or on a pool of its own a step ahead
+(one-step-off policy) or generating continuously (fully async, without partial rollout, which vLLM does not take); the
 validation accuracy (the mean validation reward) must rise. Runs where vllm is installed (`make test-vllm`)."""
 
 import pytest
@@ -24,8 +24,18 @@ FULLY_ASYNC = ROLLOUT_POOL + [
 ]
 
 
+# Two actor ranks sharing one vLLM engine split in halves (vLLM's SPMD engines, one shard per rank).
+TENSOR_PARALLEL = [
+    "trainer.n_gpus_per_node=2",
+    "trainer.cpus_per_worker=1",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+]
+
+
 @pytest.mark.parametrize(
-    "placement", [[], ROLLOUT_POOL, FULLY_ASYNC], ids=["hybrid-engine", "one-step-off", "fully-async"]
+    "placement",
+    [[], ROLLOUT_POOL, FULLY_ASYNC, TENSOR_PARALLEL],
+    ids=["hybrid-engine", "one-step-off", "fully-async", "tensor-parallel"],
 )
 def test_a_grpo_run_on_vllm_learns(tmp_path, placement):
     completed, rows = run_demo(
@@ -40,6 +50,10 @@ def test_a_grpo_run_on_vllm_learns(tmp_path, placement):
     assert_demo_learned(completed, rows)
     # Each step but the last ends syncing its update into the engine that generates next (the hybrid engine's
     # after the last one too, for what a validation or the next run generates).
-    sync = "timing_s/sync_rollout_weights" if placement else "timing_s/update_weights"
+    sync = (
+        "timing_s/sync_rollout_weights"
+        if "async_training.enable=true" in placement or ROLLOUT_POOL[0] in placement
+        else "timing_s/update_weights"
+    )
     synced = {row["step"]: row[sync] for row in rows if sync in row}
     assert set(range(1, 12)) <= set(synced) and all(seconds > 0 for seconds in synced.values()), synced

@@ -86,3 +86,10 @@ def test_critic_checkpoint_round_trip(tiny_model_dir, tmp_path):
     assert resumed.update_critic(batch).meta_info["metrics"] == expected
     for name, tensor in full_parameters(resumed.critic.module).items():
         assert torch.equal(tensor, weights[name]), name
+
+
+def test_override_config_reaches_the_value_model(tiny_model_dir):
+    # verl's critic.model.override_config: set on the model's config before its weights are built.
+    critic = make_critic(tiny_model_dir, model={"override_config": {"attention_dropout": 0.25}})
+    assert critic.critic.module.config.attention_dropout == 0.25
+    assert make_critic(tiny_model_dir).critic.module.config.attention_dropout == 0.0
