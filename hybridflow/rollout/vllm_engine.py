@@ -16,9 +16,12 @@ nothing and the KV cache stays allocated.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import glob
 import os
 import re
 import tempfile
+import time
 import typing
 from typing import Any, Iterable, Iterator
 
@@ -96,6 +99,8 @@ class VLLMRolloutEngine(RolloutEngine):
             set_num_threads = torch.set_num_threads
             try:
                 self._llm = vllm.LLM(model=self.model_path, **arguments)
+                if self.config.tensor_model_parallel_size > 1:
+                    _unlink_shared_memory()
             except ValueError as error:
                 if not self.sleeps and _is_kv_cache_shortfall(error):
                     raise VLLMMemoryError(
@@ -279,11 +284,27 @@ def spmd_arguments(size: int) -> dict[str, Any]:
 
     os.environ["RANK"] = str(dist.get_rank())
     os.environ["WORLD_SIZE"] = str(dist.get_world_size())
+    # vLLM's CPU build names its shared-memory all-reduce segments after VLLM_DIST_IDENT (empty unless set), so
+    # two runs, or a run after one that died, would collide: one name per run, agreed by every rank.
+    ident = [f"hybridflow-{os.getpid()}-{time.time_ns()}"]
+    dist.broadcast_object_list(ident, src=0)
+    os.environ["VLLM_DIST_IDENT"] = ident[0]
     if torch.cuda.is_available():  # vLLM puts its shard on cuda:LOCAL_RANK: the one device this worker sees
         os.environ["LOCAL_RANK"] = str(torch.cuda.current_device())
     else:
         os.environ.setdefault("LOCAL_RANK", "0")
     return {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher"}
+
+
+def _unlink_shared_memory() -> None:
+    """Once every rank has mapped its group's shared-memory segments, their names can go: the mappings stay, and
+    nothing is left in /dev/shm when the process is killed."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    for path in glob.glob(f"/dev/shm/{glob.escape(os.environ['VLLM_DIST_IDENT'])}-*"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def engine_arguments(config: RolloutConfig, sleep_mode: bool = True) -> dict[str, Any]:
