@@ -297,14 +297,20 @@ def spmd_arguments(size: int) -> dict[str, Any]:
 
 
 def _unlink_shared_memory() -> None:
-    """Once every rank has mapped its group's shared-memory segments, their names can go: the mappings stay, and
-    nothing is left in /dev/shm when the process is killed."""
+    """Once every rank has mapped its group's shared memory (the CPU all-reduce's segments, the broadcast queue's
+    ring buffer), the names can go: the mappings stay, and nothing is left in /dev/shm when Ray kills the
+    worker (vLLM unlinks its queue only when it is garbage collected)."""
     import torch.distributed as dist
+    from vllm.distributed.parallel_state import get_tp_group
 
     dist.barrier()
     for path in glob.glob(f"/dev/shm/{glob.escape(os.environ['VLLM_DIST_IDENT'])}-*"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+    buffer = getattr(get_tp_group().mq_broadcaster, "buffer", None)
+    if buffer is not None and buffer.is_creator:
+        buffer.shared_memory.unlink()  # also tells Python's resource tracker
+        buffer.is_creator = False
 
 
 def engine_arguments(config: RolloutConfig, sleep_mode: bool = True) -> dict[str, Any]:
