@@ -238,8 +238,9 @@ def test_an_added_lora_adapter_takes_adapter_tensors_and_generates_as_the_adapte
 def test_weights_loaded_mid_generation_draw_the_rest_and_tag_each_token(make_engine, tokenizer, decode_threads):
     """Fully async's partial rollout: ``loading_weights`` lands between the decode steps of the requests in
     flight (in every decode thread), which go on with the new weights; each token carries the version of the
-    weights that drew it."""
-    length = 256
+    weights that drew it. Long responses, so that all four rows are in flight together for a while even when one
+    decode thread starts late (at 256 tokens one thread once finished its rows before the other began)."""
+    length = 768
     engine = make_engine(
         n=2, response_length=length, ignore_eos=True, calculate_log_probs=True, decode_threads=decode_threads
     )
