@@ -12,27 +12,17 @@ reduce-scatter that an all-gather's backward needs), so the same code serves CPU
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as functional
 from torch.distributed.device_mesh import init_device_mesh
 
+from hybridflow.distributed.rank_groups import MeshGroup
 
-@dataclass(frozen=True)
-class SequenceParallelGroup:
-    """One rank's place in a layout of ``data_parallel_size`` groups of ``size`` ranks each.
 
-    ``rank`` is the position in the group (which column slice this rank holds), ``data_parallel_rank`` the
-    group's index (which rows the group holds).
-    """
-
-    group: dist.ProcessGroup
-    size: int
-    rank: int
-    data_parallel_size: int
-    data_parallel_rank: int
+class SequenceParallelGroup(MeshGroup):
+    """A :class:`MeshGroup` whose ``k`` ranks each hold a ``1/k`` slice of every row's columns: ``rank`` says
+    which slice."""
 
 
 def sequence_parallel_group(size: int, device: torch.device) -> SequenceParallelGroup:
@@ -44,13 +34,7 @@ def sequence_parallel_group(size: int, device: torch.device) -> SequenceParallel
     if size < 1 or world_size % size:
         raise ValueError(f"ulysses_sequence_parallel_size={size} must divide the group's world size {world_size}")
     mesh = init_device_mesh(device.type, (world_size // size, size), mesh_dim_names=("dp", "sp"))
-    return SequenceParallelGroup(
-        group=mesh.get_group("sp"),
-        size=size,
-        rank=mesh.get_local_rank("sp"),
-        data_parallel_size=world_size // size,
-        data_parallel_rank=mesh.get_local_rank("dp"),
-    )
+    return SequenceParallelGroup.of(mesh, "sp")
 
 
 def sequence_to_heads(states: torch.Tensor, group: SequenceParallelGroup) -> torch.Tensor:
@@ -86,10 +70,3 @@ def gather_slices(values: torch.Tensor, group: SequenceParallelGroup) -> torch.T
     the two factors cancel in the gradient FSDP averages over all ranks.
     """
     return functional.all_gather_single_autograd(values.contiguous(), 0, group.group)
-
-
-def gather_objects(value: object, group: SequenceParallelGroup) -> list:
-    """Every rank's ``value`` (any picklable object), in rank order."""
-    gathered: list = [None] * group.size
-    dist.all_gather_object(gathered, value, group=group.group)
-    return gathered

@@ -100,6 +100,11 @@ def training_mesh(size: int, device_type: str, node_size: int | None = None) -> 
     return DeviceMesh(device_type, torch.tensor(rows), mesh_dim_names=("dp", "tp"))
 
 
+def is_training_split(mesh: DeviceMesh) -> bool:
+    """Whether ``mesh`` is a :func:`training_mesh` (a model split over ``tp``, FSDP2 over ``dp``)."""
+    return mesh.mesh_dim_names == ("dp", "tp")
+
+
 def split_plan(model: torch.nn.Module, key: str) -> dict[str, ParallelStyle]:
     """Module name -> tensor-parallel style for every split layer of a transformers causal LM (or of its value
     model, whose one-output head stays whole); ``key`` is named in the refusal of another architecture."""

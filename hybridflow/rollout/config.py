@@ -15,6 +15,13 @@ from hybridflow.errors import HybridflowError
 from hybridflow.help_fields import option, section
 
 CONFIG_PREFIX = "actor_rollout_ref.rollout"
+# Why a split engine refuses the agent loop's one-request calls (config check and both engines say it).
+SPLIT_ENGINE_DECODES_BATCHES = (
+    "a tensor-parallel group decodes whole batches together, not the agent loop's requests one by one"
+)
+SPLIT_ENGINE_REFUSES_REQUESTS = (
+    f"{SPLIT_ENGINE_DECODES_BATCHES}; set {CONFIG_PREFIX}.tensor_model_parallel_size=1 for multi-turn rollouts"
+)
 VLLM = ("vllm",)
 # The engines ROLLOUT_ENGINES registers, named here so a config is checked without importing them (transformers).
 ENGINE_NAMES = ("hf", *VLLM)
@@ -211,8 +218,8 @@ class RolloutConfig:
         if turns.enable and self.tensor_model_parallel_size > 1:
             errors.append(
                 f"{CONFIG_PREFIX}.multi_turn.enable=true with {CONFIG_PREFIX}.tensor_model_parallel_size="
-                f"{self.tensor_model_parallel_size}: a tensor-parallel group decodes whole batches together, not the "
-                f"agent loop's requests one by one; set {CONFIG_PREFIX}.tensor_model_parallel_size=1"
+                f"{self.tensor_model_parallel_size}: {SPLIT_ENGINE_DECODES_BATCHES}; set "
+                f"{CONFIG_PREFIX}.tensor_model_parallel_size=1"
             )
         return errors
 

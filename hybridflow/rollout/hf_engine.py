@@ -21,7 +21,7 @@ from hybridflow.models.lora import add_lora_layers
 from hybridflow.models.tensor_parallel import TensorParallelError, generation_mesh, shard_for_generation
 from hybridflow.rollout.base import ROLLOUT_ENGINES, RolloutEngine
 from hybridflow.rollout.batched_decoder import BatchedDecoder
-from hybridflow.rollout.config import RolloutConfig
+from hybridflow.rollout.config import SPLIT_ENGINE_REFUSES_REQUESTS, RolloutConfig
 from hybridflow.rollout.requests import GenerationRequest, GenerationResult
 from hybridflow.rollout.scheduler import DecodePool, DecodeScheduler
 from hybridflow.rollout.tensor_parallel import GroupDecoding
@@ -100,10 +100,7 @@ class HFRolloutEngine(RolloutEngine):
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         if self.group is not None:
-            raise TensorParallelError(
-                "a tensor-parallel group decodes whole batches together, not requests one by one (the agent loop); "
-                "set actor_rollout_ref.rollout.tensor_model_parallel_size=1 for multi-turn rollouts"
-            )
+            raise TensorParallelError(SPLIT_ENGINE_REFUSES_REQUESTS)
         return await asyncio.wrap_future(self._scheduler.submit(request))
 
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

@@ -33,7 +33,7 @@ from hybridflow.models.loading import load_model_config, load_tokenizer
 from hybridflow.models.tensor_parallel import TensorParallelError
 from hybridflow.rollout import vllm_memory
 from hybridflow.rollout.base import ROLLOUT_ENGINES, MissingExtraError, RolloutEngine
-from hybridflow.rollout.config import RolloutConfig, SamplingParams
+from hybridflow.rollout.config import SPLIT_ENGINE_REFUSES_REQUESTS, RolloutConfig, SamplingParams
 from hybridflow.rollout.requests import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, GenerationRequest, GenerationResult
 
 
@@ -177,10 +177,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         if self.config.tensor_model_parallel_size > 1:
-            raise TensorParallelError(
-                "the vllm engine split over a tensor-parallel group serves whole batches (generate_batch), which every "
-                "rank of the group passes together, not the agent loop's requests one by one"
-            )
+            raise TensorParallelError(SPLIT_ENGINE_REFUSES_REQUESTS)
         future = asyncio.get_running_loop().create_future()
         self._waiting.append((request, future))
         if not self._flushing:

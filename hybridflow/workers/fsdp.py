@@ -30,7 +30,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from hybridflow.models.loading import resolve_dtype
 from hybridflow.models.lora import is_lora_model, is_lora_weight
-from hybridflow.models.tensor_parallel import split_model, training_mesh
+from hybridflow.models.tensor_parallel import is_training_split, split_model, training_mesh
 from hybridflow.workers.config import FSDPConfig, WorkerConfigError
 
 
@@ -83,7 +83,7 @@ def shard_model(
     tensor-parallel rollout splits them so, and each rank's training shard then lies inside its generation shard.
     On a ``(dp, tp)`` mesh the model is split over ``tp`` first and FSDP2 shards each split over ``dp``.
     """
-    if mesh.mesh_dim_names == ("dp", "tp"):
+    if is_training_split(mesh):
         split_model(model, mesh["tp"], "fsdp_config.tensor_parallel_size")
         mesh = mesh["dp"]
     columns = {

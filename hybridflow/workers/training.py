@@ -42,7 +42,9 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from hybridflow.data.micro_batches import restore_order, split_by_token_budget
-from hybridflow.distributed.sequence_parallel import SequenceParallelGroup, gather_objects, sequence_parallel_group
+from hybridflow.distributed.rank_groups import MeshGroup, gather_objects
+from hybridflow.distributed.sequence_parallel import SequenceParallelGroup, sequence_parallel_group
+from hybridflow.models.tensor_parallel import is_training_split
 from hybridflow.protocol import DataProto
 from hybridflow.workers.checkpoint import TrainingState
 from hybridflow.workers.config import (
@@ -82,13 +84,17 @@ class LossCounts:
 @dataclass(frozen=True)
 class RowGroup:
     """This rank's rows: ``shared`` None computes the rank's own chunk (``k = 1``); else the ``k`` ranks of
-    ``shared`` compute the group's rows, each ``1/k`` of every row (``splits_sequences``: Ulysses) or each with
-    ``1/k`` of every weight (a tensor-parallel model, ``fsdp_config.tensor_parallel_size``)."""
+    ``shared`` compute the group's rows, each ``1/k`` of every row (a :class:`SequenceParallelGroup`: Ulysses) or
+    each with ``1/k`` of every weight (a tensor-parallel model, ``fsdp_config.tensor_parallel_size``)."""
 
-    shared: SequenceParallelGroup | None
+    shared: MeshGroup | None
     data_parallel_size: int
     data_parallel_rank: int
-    splits_sequences: bool = True
+
+    @property
+    def splits_sequences(self) -> bool:
+        """Whether the ranks split the rows' columns (Ulysses) rather than the weights."""
+        return self.shared is None or isinstance(self.shared, SequenceParallelGroup)
 
     @property
     def size(self) -> int:
@@ -159,20 +165,14 @@ class RowGroup:
 def row_group(ulysses_sequence_parallel_size: int, device: torch.device, mesh: DeviceMesh | None = None) -> RowGroup:
     """This rank's :class:`RowGroup` for ``ulysses_sequence_parallel_size``, or for the ``tp`` groups of a model
     sharded on the ``(dp, tp)`` ``mesh`` (every rank must call it)."""
-    if mesh is not None and mesh.mesh_dim_names == ("dp", "tp"):
+    if mesh is not None and is_training_split(mesh):
         if ulysses_sequence_parallel_size > 1:
             raise WorkerConfigError(
                 f"ulysses_sequence_parallel_size={ulysses_sequence_parallel_size} with fsdp_config.tensor_parallel_size"
                 f"={mesh['tp'].size()}: choose one of the two"
             )
-        shared = SequenceParallelGroup(
-            mesh.get_group("tp"),
-            mesh["tp"].size(),
-            mesh.get_local_rank("tp"),
-            mesh["dp"].size(),
-            mesh.get_local_rank("dp"),
-        )
-        return RowGroup(shared, shared.data_parallel_size, shared.data_parallel_rank, splits_sequences=False)
+        shared = MeshGroup.of(mesh, "tp")
+        return RowGroup(shared, shared.data_parallel_size, shared.data_parallel_rank)
     if ulysses_sequence_parallel_size <= 1:
         return RowGroup(None, dist.get_world_size(), dist.get_rank())
     group = sequence_parallel_group(ulysses_sequence_parallel_size, device)

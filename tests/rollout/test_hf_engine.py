@@ -234,21 +234,44 @@ def test_an_added_lora_adapter_takes_adapter_tensors_and_generates_as_the_adapte
     assert greedy.token_ids == reference[0, len(prompt) : len(prompt) + len(greedy.token_ids)].tolist()
 
 
+def _admitting_together(engine, monkeypatch) -> threading.Event:
+    """Make every decode thread wait, after its first admission, until all have admitted theirs (so no thread
+    can finish its rows before another begins); the event is set once they have."""
+    all_admitted = threading.Event()
+    decoders = engine._scheduler.decoders
+    barrier = threading.Barrier(len(decoders), action=all_admitted.set)
+    for decoder in decoders:
+        admitted = threading.Event()
+
+        def add_then_wait(sequences, add=decoder.add, admitted=admitted):
+            finished = add(sequences)
+            if not admitted.is_set():
+                admitted.set()
+                barrier.wait(timeout=60)
+            return finished
+
+        monkeypatch.setattr(decoder, "add", add_then_wait)
+    return all_admitted
+
+
 @pytest.mark.parametrize("decode_threads", [1, 2])
-def test_weights_loaded_mid_generation_draw_the_rest_and_tag_each_token(make_engine, tokenizer, decode_threads):
+def test_weights_loaded_mid_generation_draw_the_rest_and_tag_each_token(
+    make_engine, tokenizer, decode_threads, monkeypatch
+):
     """Fully async's partial rollout: ``loading_weights`` lands between the decode steps of the requests in
     flight (in every decode thread), which go on with the new weights; each token carries the version of the
-    weights that drew it. Long responses, so that all four rows are in flight together for a while even when one
-    decode thread starts late (at 256 tokens one thread once finished its rows before the other began)."""
-    length = 768
+    weights that drew it."""
+    length = 256
     engine = make_engine(
         n=2, response_length=length, ignore_eos=True, calculate_log_probs=True, decode_threads=decode_threads
     )
+    all_admitted = _admitting_together(engine, monkeypatch)
     prompts = left_padded(tokenizer, PROMPTS[:2])
     prompts.meta_info["record_weight_versions"] = True
     result = {}
     thread = threading.Thread(target=lambda: result.update(out=engine.generate_sequences(prompts)))
     thread.start()
+    assert all_admitted.wait(timeout=60), "a decode thread never admitted its rows"
     # All-zero weights make every logit 0: a token they draw has log-probability -log(vocabulary).
     zeros = [(name, torch.zeros_like(param)) for name, param in engine.model.named_parameters()]
     loaded = False
