@@ -51,6 +51,7 @@ def run_variant(path: str, bucket_megabytes: float, engine: str) -> dict:
     import torch.distributed as dist
 
     from hybridflow.models.loading import load_model_config
+    from hybridflow.models.weight_checksum import part_checksum
     from hybridflow.rollout import RolloutConfig
     from hybridflow.rollout.vllm_memory import kv_cache_bytes
     from hybridflow.rollout.weight_loading import weight_buckets
@@ -84,24 +85,32 @@ def run_variant(path: str, bucket_megabytes: float, engine: str) -> dict:
             part.synced_version = None  # as after an update: the whole model is copied
             part.update_weights()
             return
+        # The sender sums what it puts in the buckets (share_weights): here a pass of its own before the load.
+        checksum = part_checksum((t for _, t in actor.hf_weights()), part.check.dtype) if part.check.freq else None
         copies = ((name, tensor.detach().clone()) for name, tensor in actor.hf_weights())
-        part.load_weight_buckets(weight_buckets(copies, bucket_megabytes))
+        part.load_weight_buckets(weight_buckets(copies, bucket_megabytes), 0, checksum)
 
-    seconds, extra = [], []
-    for _ in range(4):  # the first is a warm-up
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")  # resets VmHWM to the current resident size
-        before = _status_mib("VmRSS")
-        start = time.perf_counter()
-        sync()
-        seconds.append(time.perf_counter() - start)
-        extra.append(_status_mib("VmHWM") - before)
+    seconds, extra = {}, {}
+    for checked in (False, True):
+        part.check.freq = int(checked and part.engine.weights_readable)  # vLLM's syncs go unchecked
+        times, peaks = [], []
+        for _ in range(4):  # the first is a warm-up
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")  # resets VmHWM to the current resident size
+            before = _status_mib("VmRSS")
+            start = time.perf_counter()
+            sync()
+            times.append(time.perf_counter() - start)
+            peaks.append(_status_mib("VmHWM") - before)
+        seconds[checked], extra[checked] = statistics.median(times[1:]), max(peaks[1:])
     return {
         "path": path,
         "bucket_mib": bucket_megabytes if path == "buckets" else None,
         "engine": engine,
-        "seconds": statistics.median(seconds[1:]),
-        "extra_mib": max(extra[1:]),
+        "seconds": seconds[False],
+        "checked_seconds": seconds[True],
+        "extra_mib": extra[False],
+        "checked_extra_mib": extra[True],
         "model_mib": model_mib,
         "largest_parameter_mib": largest_mib,
         "load1": os.getloadavg()[0],
@@ -130,9 +139,10 @@ def main() -> None:
     if args.variant:
         print(json.dumps(run_variant(args.variant[0], float(args.variant[1]), args.engine)))
         return
-    header = ("path", "bucket MiB", "seconds", "extra MiB", "model MiB", "largest param MiB", "load1")
+    header = ("path", "bucket MiB", "seconds", "checked s", "extra MiB", "checked MiB", "model MiB", "largest MiB")
+    header += ("load1",)
     print(f"engine {args.engine}")
-    print("{:8} {:>10} {:>8} {:>9} {:>9} {:>17} {:>5}".format(*header))
+    print("{:8} {:>10} {:>8} {:>9} {:>9} {:>11} {:>9} {:>11} {:>5}".format(*header))
     for path, megabytes in itertools.chain([("hybrid", 0)], (("buckets", mb) for mb in BUCKET_MEGABYTES)):
         command = [
             sys.executable,
@@ -151,8 +161,9 @@ def main() -> None:
         row = json.loads(result.stdout.splitlines()[-1])
         bucket = "-" if row["bucket_mib"] is None else f"{row['bucket_mib']:.0f}"
         print(
-            f"{row['path']:8} {bucket:>10} {row['seconds']:8.3f} {row['extra_mib']:9.1f} {row['model_mib']:9.1f} "
-            f"{row['largest_parameter_mib']:17.1f} {row['load1']:5.2f}",
+            f"{row['path']:8} {bucket:>10} {row['seconds']:8.3f} {row['checked_seconds']:9.3f} {row['extra_mib']:9.1f} "
+            f"{row['checked_extra_mib']:11.1f} {row['model_mib']:9.1f} {row['largest_parameter_mib']:11.1f} "
+            f"{row['load1']:5.2f}",
             flush=True,
         )
 

@@ -209,6 +209,17 @@ def unread_engine_options(config: Any) -> list[str]:
     ]
 
 
+def unread_sync_check(config: Any) -> list[str]:
+    """The weight sync check where the engine cannot read its weights back (``vllm_engine.weights_checksum``)."""
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.name != "vllm" or rollout.weight_sync_check_freq == 0:
+        return []
+    return [
+        f"actor_rollout_ref.rollout.weight_sync_check_freq={rollout.weight_sync_check_freq} (vLLM fuses and repacks "
+        "the weights it is sent, so no checksum of what it holds can match the actor's: its syncs go unchecked)"
+    ]
+
+
 def _engine_fields(node: Any, prefix: str):
     for item in dataclasses.fields(node):
         value = getattr(node, item.name)

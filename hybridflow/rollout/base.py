@@ -105,6 +105,15 @@ class RolloutEngine(ABC):
             "actor_rollout_ref.model.lora.merge=true to sync the adapter merged into the base weights"
         )
 
+    # Whether weights_checksum reads the engine's weights back (else it returns None and syncs go unchecked).
+    weights_readable = True
+
+    @abstractmethod
+    def weights_checksum(self, adapter_only: bool) -> int | None:
+        """The exact checksum (``models/weight_checksum.py``) of the weights the engine serves, in its weight
+        dtype: the LoRA adapter's alone with ``adapter_only``; None where the engine cannot read its weights
+        (``weights_readable`` False). A tensor-parallel group's ranks call it together."""
+
     @abstractmethod
     def sleep(self) -> None:
         """Free the KV cache (and, on an accelerator, move weights off it) until ``wake()``."""

@@ -114,6 +114,11 @@ class RolloutConfig:
         "one per torch thread (up to 4) on a CPU for models up to 50M parameters, else 1.",
     )
     free_cache_engine: bool = option(True, "Call sleep() after each rollout so training gets the memory back.")
+    weight_sync_check_freq: int = option(
+        1,
+        "Check after every this-many weight syncs, and after each wake, that the engine serves the weights it was "
+        "sent (an exact checksum of its weights against the actor's; a mismatch stops the run); 0 = never.",
+    )
     gpu_memory_utilization: float = option(
         0.5,
         "'vllm' engine: share of GPU memory it may take (on CPU: of its NUMA node's, for its KV cache; "
@@ -184,6 +189,8 @@ class RolloutConfig:
                 errors.append(f"{p}.{key}={value} must be >= 1 or null")
         if self.decode_threads < 0:
             errors.append(f"{p}.decode_threads={self.decode_threads} must be >= 0 (0 = chosen by the model's size)")
+        if self.weight_sync_check_freq < 0:
+            errors.append(f"{p}.weight_sync_check_freq={self.weight_sync_check_freq} must be >= 0 (0 = never)")
         if self.val_kwargs.n < 1:
             errors.append(f"{p}.val_kwargs.n={self.val_kwargs.n} must be >= 1")
         for scope, obj in ((p, self), (f"{p}.val_kwargs", self.val_kwargs)):

@@ -15,10 +15,11 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from hybridflow.models.loading import load_causal_lm, load_tokenizer
+from hybridflow.models.loading import load_causal_lm, load_tokenizer, resolve_dtype
 from hybridflow.models.log_probs import forward_log_probs
-from hybridflow.models.lora import add_lora_layers
+from hybridflow.models.lora import add_lora_layers, is_lora_weight
 from hybridflow.models.tensor_parallel import TensorParallelError, generation_mesh, shard_for_generation
+from hybridflow.models.weight_checksum import group_checksum
 from hybridflow.rollout.base import ROLLOUT_ENGINES, RolloutEngine
 from hybridflow.rollout.batched_decoder import BatchedDecoder
 from hybridflow.rollout.config import SPLIT_ENGINE_REFUSES_REQUESTS, RolloutConfig
@@ -151,6 +152,13 @@ class HFRolloutEngine(RolloutEngine):
         with self._scheduler.paused():
             add_lora_layers(self.model, lora_config)
         self.model.eval()
+
+    def weights_checksum(self, adapter_only: bool) -> int:
+        with self._scheduler.paused():
+            named = self.model.named_parameters()
+            weights = [param for name, param in named if not adapter_only or is_lora_weight(name)]
+            group = self.group.group if self.group is not None else None
+            return group_checksum(weights, resolve_dtype(self.config.dtype), group, self.device)
 
     def sleep(self) -> None:
         """Finish in-flight requests, drop the KV cache and stop the decode thread; off-CPU, park weights on CPU."""

@@ -62,6 +62,8 @@ class VLLMRolloutEngine(RolloutEngine):
     adapter's tensors alone, as peft saves them, for vLLM to reload in place (``LoRARequest(load_inplace=True)``).
     """
 
+    weights_readable = False  # see weights_checksum
+
     def __init__(self, model_path: str | os.PathLike, tokenizer: Any, config: RolloutConfig, sleeps: bool = True):
         super().__init__(config, tokenizer)
         self.model_path = str(model_path)
@@ -216,6 +218,12 @@ class VLLMRolloutEngine(RolloutEngine):
         safetensors.torch.save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
         self._lora_config.save_pretrained(folder)
         self._lora_request = LoRARequest("actor", 1, folder, load_inplace=True)
+
+    def weights_checksum(self, adapter_only: bool) -> None:
+        """None: vLLM does not keep the weights it is sent as they are (it fuses layers, pads the vocabulary, and
+        on CPU repacks each linear layer's weight into its matmul kernel, dropping the original), so no sum over
+        what it holds equals the sender's."""
+        return None
 
     def sleep(self) -> None:
         if self.sleeps:

@@ -53,6 +53,9 @@ PHASE_UPDATE_WEIGHTS = "update_weights"
 # actor_rollout_ref.hybrid_engine=false (verl's one-step-off names): ``gen`` is then the wait for the generation
 # started a step earlier, and the weights travel to the rollout pool in ``sync_rollout_weights``.
 PHASE_SYNC_ROLLOUT_WEIGHTS = "sync_rollout_weights"
+# The checks that the engine serves the weights sent (rollout.weight_sync_check_freq): part of update_weights,
+# sync_rollout_weights and gen (a wake is checked too), reported on its own for its cost.
+CHECK_WEIGHT_SYNC = "check_weight_sync"
 PHASE_STEP = "step"
 PHASE_TESTING = "testing"
 

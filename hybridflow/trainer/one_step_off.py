@@ -53,18 +53,18 @@ class RolloutWeightSync:
         if self.synced_step == step:
             return
         with timer(names.PHASE_SYNC_ROLLOUT_WEIGHTS):
-            buckets = self.actor.share_weights(self.bucket_megabytes)[0]
+            buckets, checksum = self.actor.share_weights(self.bucket_megabytes)[0]
             if queue:
-                self.loading = self.rollout.load_shared_weights.submit(buckets, version)
+                self.loading = self.rollout.load_shared_weights.submit(buckets, version, checksum)
             else:
-                self.rollout.load_shared_weights(buckets, version)
+                timer.add(names.CHECK_WEIGHT_SYNC, max(self.rollout.load_shared_weights(buckets, version, checksum)))
         self.synced_step = step
 
     def wait(self, timer: StepTimer) -> None:
         """The queued load, finished (its time counts as the sync's)."""
         if self.loading is not None:
             with timer(names.PHASE_SYNC_ROLLOUT_WEIGHTS):
-                self.loading.get()
+                timer.add(names.CHECK_WEIGHT_SYNC, max(self.loading.get()))
             self.loading = None
 
 

@@ -227,7 +227,7 @@ class RolloutCollector:
     def sync_weights(self, step: int, timer: StepTimer) -> None:
         """Phase 8: the actor's weights after step ``step``'s update into the rollout engines of its processes."""
         with timer(names.PHASE_UPDATE_WEIGHTS):
-            self.generate.actor_rollout.update_weights()
+            timer.add(names.CHECK_WEIGHT_SYNC, max(self.generate.actor_rollout.update_weights()))
 
     def use_current_weights(self, step: int) -> None:
         """Before a validation: nothing to do, the step's weight sync left the engines current."""

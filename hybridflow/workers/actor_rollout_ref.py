@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from hybridflow.algos import BypassCorrection
 from hybridflow.distributed import Dispatch, Worker, register
-from hybridflow.models.loading import load_tokenizer
+from hybridflow.models.loading import load_tokenizer, resolve_dtype
 from hybridflow.models.tensor_parallel import ROW_SPLIT
+from hybridflow.models.weight_checksum import ChecksummedWeights
 from hybridflow.protocol import DataProto, Part
 from hybridflow.rollout.weight_loading import weight_buckets
 from hybridflow.workers.actor import ActorPart
@@ -137,10 +138,11 @@ class ActorRolloutRefWorker(Worker):
         )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def update_weights(self) -> None:
+    def update_weights(self) -> float:
         """The hybrid engine's weight sync: the actor's weights into this worker's rollout engine, unless it holds
-        them already (after an update, a checkpoint load, or for a LoRA adapter's engine before its first use)."""
-        self._part("rollout", "update_weights").update_weights()
+        them already (after an update, a checkpoint load, or for a LoRA adapter's engine before its first use).
+        Returns the seconds the sync checks took since the last call (``rollout.weight_sync_check_freq``)."""
+        return self._part("rollout", "update_weights").update_weights()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -156,22 +158,28 @@ class ActorRolloutRefWorker(Worker):
         yield from self._part("rollout", "generate_sequences_stream").generate_sequences_stream(prompts)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def share_weights(self, bucket_megabytes: float) -> list[SharedObject]:
+    def share_weights(self, bucket_megabytes: float) -> tuple[list[SharedObject], int]:
         """The actor's full weights (Hugging Face names, LoRA merged) put in the object store in buckets of about
-        ``bucket_megabytes``, for a rollout pool of its own (``load_shared_weights``). Every rank gathers (each
-        parameter is a collective); rank 0 returns the buckets, the others an empty list."""
+        ``bucket_megabytes``, for a rollout pool of its own (``load_shared_weights``), and their checksum in the
+        rollout's dtype (``models/weight_checksum.py``). Every rank gathers (each parameter is a collective);
+        rank 0 returns the buckets, the others an empty list."""
         from hybridflow.distributed import share  # loads Ray, which only a rollout pool of its own needs
 
-        weights = ((name, tensor.detach().cpu()) for name, tensor in self._part("actor", "share_weights").hf_weights())
-        return [share(bucket) for bucket in weight_buckets(weights, bucket_megabytes) if self.rank == 0]
+        gathered = self._part("actor", "share_weights").hf_weights()
+        weights = ChecksummedWeights(
+            ((name, tensor.detach().cpu()) for name, tensor in gathered), resolve_dtype(self.config.rollout.dtype)
+        )
+        buckets = [share(bucket) for bucket in weight_buckets(weights, bucket_megabytes) if self.rank == 0]
+        return buckets, weights.part
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrent=True)
-    def load_shared_weights(self, buckets: list[SharedObject], version: int = 0) -> float:
+    def load_shared_weights(self, buckets: list[SharedObject], version: int = 0, checksum: int | None = None) -> float:
         """Load ``share_weights``' buckets into this rollout engine one bucket at a time, as weight version
-        ``version``; returns seconds taken. Concurrent: on a group started for it, the load lands between the
-        decode steps of a generation in progress (fully async's partial rollout)."""
+        ``version``, checked against their ``checksum``; returns the seconds the sync checks took since the
+        last call. Concurrent: on a group started for it, the load lands between the decode steps of a
+        generation in progress (fully async's partial rollout)."""
         rollout = self._part("rollout", "load_shared_weights")
-        return rollout.load_weight_buckets((bucket.get() for bucket in buckets), version)
+        return rollout.load_weight_buckets((bucket.get() for bucket in buckets), version, checksum)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> DataProto:

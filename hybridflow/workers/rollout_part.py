@@ -7,7 +7,8 @@ generation model between training and generation. With one generation model per 
 exists at any moment. With a tensor-parallel engine (``rollout.tensor_model_parallel_size`` > 1) the shards go
 in as they are and each rank receives only the part of its generation shard it lacks (the paper's scheme: no
 rank ever holds a whole weight). Generating with weights older than the actor's is refused (``StaleRolloutError``),
-never silently done. The engine sleeps (frees its KV cache) between rollouts when asked.
+never silently done, and a sync or a wake that leaves the engine other weights than it was sent stops the run
+(``workers/sync_check.py``). The engine sleeps (frees its KV cache) between rollouts when asked.
 
 A LoRA actor's base weights never change. Unless ``merge_lora`` (verl's ``model.lora.merge``), the engine
 holds the same adapter structure on top of the base model and a sync copies the adapter tensors alone;
@@ -17,15 +18,17 @@ with ``merge_lora`` it copies every weight with the adapter merged in (``W + (al
 from __future__ import annotations
 
 import itertools
-import time
 from typing import Any, Iterable, Iterator
 
 import torch
 
 from hybridflow.errors import HybridflowError
+from hybridflow.models.loading import resolve_dtype
+from hybridflow.models.weight_checksum import reduced
 from hybridflow.protocol import DataProto, Part, join_parts
 from hybridflow.rollout import RolloutConfig, create_rollout_engine
 from hybridflow.workers.actor import ActorPart
+from hybridflow.workers.sync_check import WeightSyncCheck
 
 
 class StaleRolloutError(HybridflowError, RuntimeError):
@@ -51,12 +54,19 @@ class RolloutPart:
         merge_lora: bool = False,
     ):
         self.config = config
+        self.device = device
         self.engine = create_rollout_engine(config, model_path, tokenizer=tokenizer, device=str(device))
         self.weight_source = weight_source
         lora_config = weight_source.lora_config if weight_source is not None else None
         self.syncs_adapter_only = lora_config is not None and not merge_lora
         if self.syncs_adapter_only:
             self.engine.add_lora_adapter(lora_config)
+        mode = "hybrid engine" if weight_source is not None else "rollout pool"
+        if lora_config is not None:
+            mode += ", adapter-only LoRA" if self.syncs_adapter_only else ", merged LoRA"
+        self.check = WeightSyncCheck(
+            self.engine, config.weight_sync_check_freq, mode, resolve_dtype(config.dtype), self.syncs_adapter_only
+        )
         in_sync = weight_source is not None and weight_source.matches_model_folder and not self.syncs_adapter_only
         self.synced_version = weight_source.weights_version if in_sync else None
         self.sleep_between_rollouts = config.free_cache_engine
@@ -68,31 +78,42 @@ class RolloutPart:
     def is_stale(self) -> bool:
         return self.weight_source is not None and self.synced_version != self.weight_source.weights_version
 
-    def update_weights(self) -> None:
+    def update_weights(self) -> float:
         """Stream the actor's weights (full, or the adapter alone) into the engine, one tensor at a time, unless
-        it holds them already. Every rank of the group calls it together (each gather is a collective)."""
-        if not self.is_stale:
-            return
-        source = self.weight_source
+        it holds them already, and check the due syncs; returns the seconds the checks took since the last call.
+        Every rank of the group calls it together (each gather is a collective)."""
+        if self.is_stale:
+            self._sync(self.weight_source)
+        return self.check.take_seconds()
+
+    def _sync(self, source: ActorPart) -> None:
+        sharded = self.engine.takes_sharded_weights and source.lora_config is None and not self.syncs_adapter_only
         if self.syncs_adapter_only:
             weights = source.lora_weights()
-        elif self.engine.takes_sharded_weights and source.lora_config is None:
-            weights = source.sharded_weights()
         else:
-            weights = source.hf_weights()
+            weights = source.sharded_weights() if sharded else source.hf_weights()
+        checked = self.check.due()
+        if checked:  # the shards' parts add up over every rank; gathered weights are whole on each
+            weights = self.check.sent(weights, 0 if sharded else None)
         with source.trainer.on_device():
             self.engine.load_weights(weights)
         self.synced_version = source.weights_version
+        if checked:
+            checksum = reduced(weights.part, None, self.device) if sharded else weights.part
+            self.check.after_sync(source.weights_version, checksum)
 
-    def load_weight_buckets(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int = 0) -> float:
+    def load_weight_buckets(
+        self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int = 0, checksum: int | None = None
+    ) -> float:
         """A rollout on its own pool (no ``weight_source``): one ``load_weights`` over every bucket's ``(name,
         tensor)`` pairs, each bucket read as the engine reaches it (so one is held at a time), all landing as
-        weight version ``version``; returns seconds taken. One call, because vLLM reloads the whole model per
-        call."""
-        start = time.perf_counter()
+        weight version ``version``, checked against the sender's ``checksum`` when due; returns the seconds the
+        checks took since the last call. One call, because vLLM reloads the whole model per call."""
         with self.engine.loading_weights(version):
             self.engine.load_weights(itertools.chain.from_iterable(buckets))
-        return time.perf_counter() - start
+        if self.check.due() and checksum is not None:
+            self.check.after_sync(version, checksum)
+        return self.check.take_seconds()
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """``engine.generate_sequences`` with the actor's current weights."""
@@ -121,3 +142,4 @@ class RolloutPart:
         if self.asleep:
             self.engine.wake()
             self.asleep = False
+            self.check.after_wake()

@@ -134,11 +134,19 @@ def test_a_knob_nothing_reads_is_accepted_and_listed_once(base):
     assert unread == []
 
 
+SYNC_CHECK = "actor_rollout_ref.rollout.weight_sync_check_freq"
+
+
 def test_engine_knobs_go_to_their_engine_and_are_listed_on_another(base):
     knobs = ["actor_rollout_ref.rollout.enforce_eager=true", "actor_rollout_ref.rollout.max_num_batched_tokens=4096"]
     config, unread = _check(base + knobs + ["actor_rollout_ref.rollout.name=vllm"])
-    assert unread == []
+    assert unread == [
+        "actor_rollout_ref.rollout.weight_sync_check_freq=1 (vLLM fuses and repacks the weights it is sent, so no "
+        "checksum of what it holds can match the actor's: its syncs go unchecked)"
+    ]
     assert config.actor_rollout_ref.rollout.enforce_eager is True
+    _, unread = _check(base + knobs + ["actor_rollout_ref.rollout.name=vllm", f"{SYNC_CHECK}=0"])
+    assert unread == []
     _, unread = _check(base + knobs)
     assert len(unread) == 2 and all("read only by the vllm rollout engine; this run uses hf" in line for line in unread)
 

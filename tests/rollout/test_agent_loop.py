@@ -53,6 +53,10 @@ class ScriptedEngine(RolloutEngine):
     def load_weights(self, named_tensors):
         """A script has no weights."""
 
+    def weights_checksum(self, adapter_only):
+        """A script has no weights."""
+        return None
+
     def sleep(self):
         """A script holds no cache."""
 

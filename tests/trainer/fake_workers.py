@@ -145,16 +145,18 @@ class FakeActorRollout:
     def share_weights(self, bucket_megabytes):
         """Rank 0's buckets, then the other rank's none; a bucket here is the weights' version."""
         self.calls.append(("share_weights", self.version))
-        return [[self.version], []]
+        return [([self.version], 0), ([], 0)]
 
     @group_method
-    def load_shared_weights(self, buckets, version=0):
+    def load_shared_weights(self, buckets, version=0, checksum=None):
         self.calls.append(("load_shared_weights", buckets[0]))
         self.version = buckets[0]
+        return [0.0]
 
     def update_weights(self):
         """The hybrid engine's weight sync: the fake rollout is the actor itself, so there is nothing to copy."""
         self.calls.append(("update_weights", self.version))
+        return [0.0]
 
     def save_checkpoint(self, local_path, global_step=0):
         self.calls.append(("save_checkpoint", local_path))

@@ -1,6 +1,7 @@
 """Failures that appear only once a run is going, through the real command line in a subprocess: the run stops
 with one line naming the culprit and a non-zero exit, after the workers started, and leaves its metrics."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -88,6 +89,33 @@ def test_ctrl_c_says_where_the_run_stopped_and_what_resumes(tiny_model_dir, tiny
         "the same command resumes from",
         str(run_dir / "global_step_"),
         code=130,
+        workers_started=True,
+    )
+    assert "\n" not in error
+
+
+@pytest.mark.parametrize("local_mode", [False, True], ids=["ray", "local"])
+def test_a_weight_sync_that_does_not_take_stops_the_run_in_one_line(tiny_model_dir, tiny_parquet, tmp_path, local_mode):
+    """Every process of the run (Ray's workers inherit the environment) imports a ``sitecustomize`` whose hf engine
+    reads the weights it is sent and keeps its own: the first sync after an update is caught."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "from hybridflow.rollout.hf_engine import HFRolloutEngine\n"
+        "HFRolloutEngine.load_weights = lambda self, named_tensors: [None for _ in named_tensors]\n"
+    )
+    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run") + [
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        f"trainer.local_mode={str(local_mode).lower()}",
+    ]
+    python_path = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+    outcome = run_subprocess("main_ppo", overrides, cwd=tmp_path, env={"PYTHONPATH": python_path})
+    error = assert_refused(
+        outcome,
+        "weight sync check: the hf rollout engine does not serve weight version 1 after the hybrid engine sync",
+        "the run stops rather than train on samples of weights the actor never had",
+        code=1,
         workers_started=True,
     )
     assert "\n" not in error
