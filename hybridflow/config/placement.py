@@ -11,7 +11,7 @@ Under either, a ``rollout`` role (``actor_rollout_ref.hybrid_engine=false``) get
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 # The package loads Ray on first use, so planning pools does not start it.
@@ -31,9 +31,20 @@ class ResourcePlan:
 
     pools: dict[str, ResourcePool]
     role_pool: dict[str, str]
+    # Per pool, how long its collectives wait for a stopped or stuck rank (the roles' nccl_timeout); absent: torch's.
+    collective_timeouts: dict[str, float] = field(default_factory=dict)
 
     def roles_in(self, pool_name: str) -> list[str]:
         return [role for role, pool in self.role_pool.items() if pool == pool_name]
+
+    def with_collective_timeouts(self, role_timeouts: dict[str, float]) -> "ResourcePlan":
+        """This plan with each pool's collective timeout: the longest of its roles' ``role_timeouts``."""
+        timeouts = {
+            name: max(role_timeouts[role] for role in self.roles_in(name) if role in role_timeouts)
+            for name in self.pools
+            if any(role in role_timeouts for role in self.roles_in(name))
+        }
+        return ResourcePlan(self.pools, self.role_pool, timeouts)
 
     def total_cpus(self) -> float:
         return sum(pool.world_size * pool.num_cpus_per_process for pool in self.pools.values())

@@ -141,6 +141,10 @@ def _layout(config: PPOTrainerConfig) -> dict[str, Any]:
         cpus_per_process=trainer.cpus_per_worker,
         rollout_pool_shape=(config.rollout.nnodes, config.rollout.n_gpus_per_node),
     )
+    arr_timeout = config.actor_rollout_ref.nccl_timeout
+    resources = resources.with_collective_timeouts(
+        {"actor_rollout_ref": arr_timeout, ROLLOUT_ROLE: arr_timeout, "critic": config.critic.nccl_timeout}
+    )
     critic_pool = resources.role_pool.get("critic")
     return {
         "mode": FULLY_ASYNC if fully_async(config) else ONE_STEP_OFF if one_step_off(config) else SYNC,

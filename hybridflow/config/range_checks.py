@@ -65,6 +65,8 @@ RANGES = (
     Range("reward_model.overlong_buffer.penalty_factor", low=0),
     Range("algorithm.kl_ctrl.horizon", low=0, low_inclusive=False),  # the adaptive controller divides by it
     Range("algorithm.kl_ctrl.target_kl", low=0, low_inclusive=False),
+    Range("actor_rollout_ref.nccl_timeout", low=0, low_inclusive=False),
+    Range("critic.nccl_timeout", low=0, low_inclusive=False),
 )
 
 SFT_RANGES = (

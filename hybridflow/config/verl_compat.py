@@ -166,7 +166,6 @@ RULES: tuple[Rule, ...] = (
     _unread("*enable_activation_offload", "activation offload is not implemented (GPU memory knob)"),
     _unread("*use_shm", "models and data load from disk, not shared memory"),
     _unread("*hf_config_path", "the model's config.json is read from model.path"),
-    _unread("actor_rollout_ref.nccl_timeout", "the process-group timeout is HYBRIDFLOW_DIST_TIMEOUT_S"),
     _unread("actor_rollout_ref.actor.freeze_vision_tower", VISION),
     _unread("actor_rollout_ref.actor.calculate_entropy", "entropy is computed when entropy_coeff != 0 and for metrics"),
     _unread("actor_rollout_ref.rollout.mode", VLLM_SERVER),

@@ -16,7 +16,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "class_with_init": ["RayClassWithInitArgs"],
         "colocate": ["ColocatedClassWithInitArgs", "WorkerGroupView", "create_colocated_worker_cls"],
         "decorator": ["Dispatch", "Execute", "register"],
-        "errors": ["InsufficientResourcesError", "WorkerError", "WorkerTimeoutError"],
+        "errors": ["InsufficientResourcesError", "StalledRanksError", "WorkerError", "WorkerTimeoutError"],
         "futures": ["GroupFuture"],
         "streams": ["PartStream"],
         "local_group": ["LocalWorkerGroup"],

@@ -59,6 +59,10 @@ class WorkerError(RuntimeError):
         )
 
 
+class StalledRanksError(HybridflowError, RuntimeError):
+    """A rank's collective timed out waiting for peers that never joined it (stuck, or stopped mid-call)."""
+
+
 class WorkerTimeoutError(HybridflowError, TimeoutError):
     """A group call did not finish within the caller's timeout; names the ranks still running."""
 

@@ -1,20 +1,27 @@
 """``GroupFuture``: the pending result of a non-blocking group call.
 
 Waiting watches every rank at once (``ray.wait``) and raises as soon as any one fails, so a rank that
-died never leaves the driver blocked on its peers (which may be stuck in a collective waiting for it).
+died never leaves the driver blocked on its peers (which may be stuck in a collective waiting for it). A rank
+whose collective timed out (the process group's timeout, the role's ``nccl_timeout``) names the ranks it waited
+for: those still running once the other waiters' timeouts have had ``STALL_GRACE_S`` to arrive.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Callable
 
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from hybridflow.distributed.errors import WorkerError, WorkerTimeoutError
+from hybridflow.distributed.errors import StalledRanksError, WorkerError, WorkerTimeoutError
 
 _UNSET = object()
+# gloo's and NCCL's words for a collective that waited past the process group's timeout.
+_COLLECTIVE_TIMEOUT = re.compile(r"[Tt]imed out|timing out|Timeout\(ms\)")
+# The waiters of one collective time out within this much of each other, unless they entered it that far apart.
+STALL_GRACE_S = 5.0
 
 
 def worker_error(group: str, rank: int, method: str, error: RayError) -> WorkerError:
@@ -45,8 +52,26 @@ def wait_for_ranks(group: str, method: str, refs: dict[int, ray.ObjectRef], time
         try:
             results[rank] = ray.get(ready[0])
         except RayError as error:
-            raise worker_error(group, rank, method, error) from None
+            failure = worker_error(group, rank, method, error)
+            if _COLLECTIVE_TIMEOUT.search(failure.cause_message) and pending:
+                raise _stalled(failure, [rank_of[ref] for ref in _still_running(pending)]) from None
+            raise failure from None
     return results
+
+
+def _still_running(refs: list[ray.ObjectRef]) -> list[ray.ObjectRef]:
+    _, running = ray.wait(refs, num_returns=len(refs), timeout=STALL_GRACE_S)
+    return running
+
+
+def _stalled(failure: WorkerError, ranks: list[int]) -> WorkerError | StalledRanksError:
+    if not ranks:
+        return failure
+    return StalledRanksError(
+        f"worker group {failure.group!r}: rank(s) {sorted(ranks)} never joined a collective of {failure.method!r} "
+        f"(stuck, or stopped mid-call); rank {failure.rank} waited for them until the process group's timeout "
+        f"({failure.cause_message.strip()}); the role's nccl_timeout sets how long that wait is"
+    )
 
 
 class GroupFuture:

@@ -15,8 +15,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-# How long a collective may wait for the slowest rank before torch.distributed gives up.
-PROCESS_GROUP_TIMEOUT_S = float(os.environ.get("HYBRIDFLOW_DIST_TIMEOUT_S", "1800"))
+# How long a collective may wait for the slowest rank before torch.distributed gives up: the worker group sets
+# it from the role's ``nccl_timeout`` (verl's key); torch's own default outside a group.
+PROCESS_GROUP_TIMEOUT_ENV = "HYBRIDFLOW_DIST_TIMEOUT_S"
+DEFAULT_PROCESS_GROUP_TIMEOUT_S = 1800.0
 
 
 def find_free_port() -> int:
@@ -75,10 +77,11 @@ class Worker:
     def _init_process_group(self) -> None:
         if dist.is_initialized():
             return
+        timeout_s = float(os.environ.get(PROCESS_GROUP_TIMEOUT_ENV, DEFAULT_PROCESS_GROUP_TIMEOUT_S))
         dist.init_process_group(
             backend=process_group_backend(),
             init_method=f"tcp://{self.master_addr}:{self.master_port}",
             rank=self.rank,
             world_size=self.world_size,
-            timeout=timedelta(seconds=PROCESS_GROUP_TIMEOUT_S),
+            timeout=timedelta(seconds=timeout_s),
         )

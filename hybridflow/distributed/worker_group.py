@@ -21,6 +21,7 @@ from hybridflow.distributed.group_base import WorkerGroupBase, roles_of
 from hybridflow.distributed.ray_init import WORKER_ENV_VARS
 from hybridflow.distributed.resource_pool import ResourcePool
 from hybridflow.distributed.streams import RayPartStream
+from hybridflow.distributed.worker import PROCESS_GROUP_TIMEOUT_ENV
 from hybridflow.distributed.worker_host import CONCURRENT_GROUP, ConcurrentWorkerHost, WorkerHost
 
 _RemoteWorkerHost = ray.remote(WorkerHost)
@@ -45,7 +46,9 @@ class RayWorkerGroup(WorkerGroupBase):
     failure in a later call raises ``WorkerError`` naming the group, rank and method, with its traceback.
     ``name_prefix`` names the group in errors and logs (default: the class name, or the fused role names);
     ``init_timeout_s`` bounds each start-up phase (actors starting, workers constructing);
-    ``concurrent_calls``: ``register(concurrent=True)`` methods run beside a call in progress.
+    ``concurrent_calls``: ``register(concurrent=True)`` methods run beside a call in progress;
+    ``process_group_timeout_s``: how long a collective waits for a rank that stopped or is stuck before the
+    ranks waiting in it fail (None: torch's 30 minutes).
     """
 
     def __init__(
@@ -55,9 +58,11 @@ class RayWorkerGroup(WorkerGroupBase):
         name_prefix: str | None = None,
         init_timeout_s: float | None = 600.0,
         concurrent_calls: bool = False,
+        process_group_timeout_s: float | None = None,
     ):
         self._roles = roles_of(ray_cls_with_init, type(self).__name__)
         self._concurrent_calls = concurrent_calls
+        self._process_group_timeout_s = process_group_timeout_s
         self.name = name_prefix or "_".join(self._roles) or self._roles[""].cls.__name__
         self.resource_pool = resource_pool
         self._hosts: list[Any] = self._start_hosts()
@@ -107,6 +112,8 @@ class RayWorkerGroup(WorkerGroupBase):
                 "MASTER_ADDR": master["ip"],
                 "MASTER_PORT": str(master["free_port"]),
             }
+            if self._process_group_timeout_s is not None:
+                env[PROCESS_GROUP_TIMEOUT_ENV] = str(self._process_group_timeout_s)
             refs[rank] = host.construct.remote(roles, env)
         wait_for_ranks(self.name, "__init__", refs, timeout)
 

@@ -33,20 +33,21 @@ class WorkerGroups:
 def _start_groups(
     plan: ResourcePlan, role_classes: dict[str, RayClassWithInitArgs], make_group: Callable[..., Any]
 ) -> WorkerGroups:
-    """A group per pool, made by ``make_group(pool, class_with_init, name)``: a plain group for a pool with
-    one role, a fused one with per-role views for a pool with several, so the driver calls
+    """A group per pool, made by ``make_group(pool, class_with_init, name, collective_timeout_s)``: a plain group
+    for a pool with one role, a fused one with per-role views for a pool with several, so the driver calls
     ``roles["critic"].compute_values(batch)`` either way."""
     roles: dict[str, object] = {}
     groups: list[Any] = []
     try:
         for pool_name, pool in plan.pools.items():
             pool_roles = plan.roles_in(pool_name)
+            timeout = plan.collective_timeouts.get(pool_name)
             if len(pool_roles) == 1:
-                group = make_group(pool, role_classes[pool_roles[0]], pool_roles[0])
+                group = make_group(pool, role_classes[pool_roles[0]], pool_roles[0], timeout)
                 roles[pool_roles[0]] = group
             else:
                 fused = distributed.create_colocated_worker_cls({role: role_classes[role] for role in pool_roles})
-                group = make_group(pool, fused, pool_name)
+                group = make_group(pool, fused, pool_name, timeout)
                 roles.update(group.spawn())
             groups.append(group)
     except BaseException:
@@ -63,8 +64,8 @@ def create_worker_groups(
     return _start_groups(
         plan,
         role_classes,
-        lambda pool, cls_with_init, name: distributed.RayWorkerGroup(
-            pool, cls_with_init, name, concurrent_calls=name in concurrent_roles
+        lambda pool, cls_with_init, name, timeout: distributed.RayWorkerGroup(
+            pool, cls_with_init, name, concurrent_calls=name in concurrent_roles, process_group_timeout_s=timeout
         ),
     )
 
@@ -75,7 +76,8 @@ def create_local_worker_groups(plan: ResourcePlan, role_classes: dict[str, RayCl
     return _start_groups(
         plan,
         role_classes,
-        lambda pool, cls_with_init, name: distributed.LocalWorkerGroup(
+        # One rank per pool here: no collective waits for another process.
+        lambda pool, cls_with_init, name, timeout: distributed.LocalWorkerGroup(
             cls_with_init, name, num_threads=int(pool.num_cpus_per_process)
         ),
     )

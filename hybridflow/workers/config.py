@@ -276,6 +276,11 @@ class ActorRolloutRefConfig:
         "top-level rollout section), one step ahead of training (one-step-off policy) or fully async "
         "(async_training.enable).",
     )
+    nccl_timeout: int = option(
+        600,
+        "Seconds a collective of these workers waits for a rank that stopped or is stuck; then the run stops "
+        "naming the ranks and the call (verl's key; torch's own default is 30 minutes).",
+    )
 
 
 @dataclass
@@ -299,6 +304,11 @@ class CriticConfig:
     ppo_micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per forward/backward on one rank.")
     forward_micro_batch_size: Optional[int] = option(None, GLOBAL_MICRO_BATCH_HELP)
     forward_micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per compute_values forward.")
+    nccl_timeout: int = option(
+        600,
+        "Seconds a collective of these workers waits for a rank that stopped or is stuck; then the run stops "
+        "naming the ranks and the call (verl's key; torch's own default is 30 minutes).",
+    )
     use_dynamic_bsz: bool = option(False, "Form micro-batches by a token budget.")
     ppo_max_token_len_per_gpu: int = option(32768, "Token budget of an update micro-batch when dynamic.")
     forward_max_token_len_per_gpu: int = option(32768, "Token budget of a compute_values micro-batch.")

@@ -185,3 +185,15 @@ class FlagWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrent=True)
     def raise_flag(self) -> None:
         self.flag.set()
+
+
+class StuckPeerWorker(Worker):
+    """A rank that stops answering while its peers wait for it in a collective."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stuck_on_rank_while_peers_all_reduce(self, bad_rank: int, seconds: float) -> float:
+        if self.rank == bad_rank:
+            time.sleep(seconds)
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor)
+        return tensor.item()

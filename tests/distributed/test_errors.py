@@ -4,11 +4,18 @@ import time
 
 import pytest
 
-from hybridflow.distributed import RayClassWithInitArgs, WorkerError, WorkerTimeoutError
-from hybridflow.distributed.worker import PROCESS_GROUP_TIMEOUT_S
+from hybridflow.distributed import (
+    RayClassWithInitArgs,
+    RayWorkerGroup,
+    StalledRanksError,
+    WorkerError,
+    WorkerTimeoutError,
+)
+from hybridflow.distributed.resource_pool import ResourcePool
+from hybridflow.distributed.worker import DEFAULT_PROCESS_GROUP_TIMEOUT_S
 
 from .conftest import start_group, stop_group
-from .sample_workers import CollectiveWorker, FailingInitWorker
+from .sample_workers import CollectiveWorker, FailingInitWorker, StuckPeerWorker
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +42,7 @@ def test_exception_names_group_rank_method_and_carries_the_traceback(collective_
 # Without prompt failure reports the driver would wait for a peer blocked in a collective (or a rendezvous)
 # until the process group's timeout: 30 minutes. Start-up takes seconds, a minute on a machine loaded 10x;
 # a tenth of the timeout separates the two on any machine.
-HANG_BOUND_S = PROCESS_GROUP_TIMEOUT_S / 10
+HANG_BOUND_S = DEFAULT_PROCESS_GROUP_TIMEOUT_S / 10
 
 
 def test_exception_while_peers_block_in_a_collective_arrives_within_seconds(doomed_group):
@@ -67,3 +74,23 @@ def test_constructor_failure_on_one_rank_fails_the_group_and_frees_its_actors(ra
     assert "could not load its model" in str(caught.value)
     # Bounded by the actors' start-up (torch imports), not by rank 0's rendezvous timeout.
     assert time.monotonic() - start < HANG_BOUND_S
+
+
+def test_a_rank_stuck_while_its_peers_wait_in_a_collective_is_named_within_the_timeout(ray_cluster):
+    """The group's collective timeout (a role's nccl_timeout) bounds the wait: the waiting rank fails, and the
+    rank that never joined (still running after the grace for the other waiters) is named."""
+    pool = ResourcePool([2], num_cpus_per_process=0.5, name_prefix="stuck")
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(StuckPeerWorker), name_prefix="stuck", process_group_timeout_s=3)
+    try:
+        start = time.monotonic()
+        with pytest.raises(StalledRanksError) as caught:
+            group.stuck_on_rank_while_peers_all_reduce(1, DEFAULT_PROCESS_GROUP_TIMEOUT_S)
+        assert time.monotonic() - start < HANG_BOUND_S
+        assert str(caught.value).startswith(
+            "worker group 'stuck': rank(s) [1] never joined a collective of 'stuck_on_rank_while_peers_all_reduce' "
+            "(stuck, or stopped mid-call); rank 0 waited for them until the process group's timeout ("
+        )
+        assert "Timed out waiting 3000ms" in str(caught.value)
+    finally:
+        group.kill()
+        pool.release()
