@@ -33,6 +33,7 @@ from hybridflow.algos.masked_stats import (
     masked_sum,
     seq_mean_token_mean,
 )
+from hybridflow.errors import HybridflowError
 from hybridflow.help_fields import option
 from hybridflow.registry import Registry
 
@@ -50,7 +51,7 @@ LOG_RATIO_BOUND = 20.0
 NO_LOWER_CLIP_MODES = frozenset({"cispo"})
 
 
-class PolicyLossConfigError(ValueError):
+class PolicyLossConfigError(HybridflowError, ValueError):
     """A policy-loss option has a value the loss cannot use; ``errors`` holds one line per problem."""
 
     def __init__(self, errors: list[str]):

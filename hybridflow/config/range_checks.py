@@ -66,6 +66,8 @@ RANGES = (
     Range("algorithm.kl_ctrl.horizon", low=0, low_inclusive=False),  # the adaptive controller divides by it
     Range("algorithm.kl_ctrl.target_kl", low=0, low_inclusive=False),
     Range("actor_rollout_ref.nccl_timeout", low=0, low_inclusive=False),
+    Range("actor_rollout_ref.actor.entropy_from_logits_chunk_size", low=1),
+    Range("actor_rollout_ref.ref.entropy_from_logits_chunk_size", low=1),
     Range("critic.nccl_timeout", low=0, low_inclusive=False),
 )
 

@@ -31,6 +31,7 @@ from hybridflow.config.rollout_pool_options import rollout_pool_errors
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.sequence_parallel_options import sequence_parallel_errors
 from hybridflow.config.tensor_parallel_options import tensor_parallel_errors, training_tensor_parallel_errors
+from hybridflow.config.worker_start_checks import worker_start_errors
 from hybridflow.data.truncation import TRUNCATION_MODES
 from hybridflow.rewards import REWARD_MANAGERS
 from hybridflow.rollout.config import ENGINE_NAMES, RolloutConfigError
@@ -65,6 +66,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + tensor_parallel_errors(config)
         + training_tensor_parallel_errors(config, uses_critic(config))
         + range_errors(config)
+        + worker_start_errors(config, uses_critic(config))
     )
 
 

@@ -76,6 +76,12 @@ def training_tensor_parallel_errors(config: PPOTrainerConfig, with_critic: bool)
                 f"choose a divisor of {world} or -1 (all)"
             )
         errors += _role_errors(config, f"{prefix}.{TRAINING_KEY}", fsdp, ulysses, model)
+    reward_fsdp = config.reward_model.model.fsdp_config.fsdp_size
+    if config.reward_model.enable and 0 < reward_fsdp < world and world % reward_fsdp:
+        errors.append(
+            f"reward_model.model.fsdp_config.fsdp_size={reward_fsdp} does not divide the {world} processes; choose "
+            f"a divisor of {world} or -1 (all)"
+        )
     reward = config.reward_model.model.fsdp_config.tensor_parallel_size
     if config.reward_model.enable and reward != 1:
         errors.append(

@@ -20,10 +20,11 @@ from typing import Sequence
 
 import torch
 
+from hybridflow.errors import HybridflowError
 from hybridflow.protocol import DataProto
 
 
-class TokenBudgetError(ValueError):
+class TokenBudgetError(HybridflowError, ValueError):
     """A micro-batch token budget that the batch cannot be split to fit."""
 
 

@@ -39,13 +39,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from hybridflow.errors import HybridflowError
+
 MANIFEST_FILE = "manifest.json"
 EXTRA_STATE_FILE = "extra_state.pt"
 HF_DIR = "huggingface"
 CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
 
-class CheckpointContentError(ValueError):
+class CheckpointContentError(HybridflowError, ValueError):
     """A checkpoint was asked to save or load a part it does not know or does not hold."""
 
 

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.algos.policy_losses import PolicyLossConfig, PolicyLossModeConfig
+from hybridflow.errors import HybridflowError
 from hybridflow.help_fields import option, section
 from hybridflow.rollout.config import LORA_ADAPTER_ENGINES, RolloutConfig
 
@@ -24,7 +25,7 @@ T = TypeVar("T")
 GLOBAL_MICRO_BATCH_HELP = "Deprecated: samples over all ranks; each rank takes this // ranks. Set it or *_per_gpu."
 
 
-class WorkerConfigError(ValueError):
+class WorkerConfigError(HybridflowError, ValueError):
     """A worker config section has a key or value the worker cannot use."""
 
 

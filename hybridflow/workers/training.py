@@ -306,7 +306,8 @@ def lr_multiplier(config: OptimConfig) -> Callable[[int], float]:
     if style not in WARMUP_STYLES:
         raise WorkerConfigError(f"optim.warmup_style={style!r} is not supported; choose one of {list(WARMUP_STYLES)}")
     warmup = warmup_steps(config)
-    if style == "cosine" and config.total_training_steps <= warmup:
+    # 0 steps (a validation-only run): the schedule is never read.
+    if style == "cosine" and config.total_training_steps != 0 and config.total_training_steps <= warmup:
         raise WorkerConfigError(
             f"optim.warmup_style='cosine' needs optim.total_training_steps > warmup steps ({warmup}), got "
             f"{config.total_training_steps}; the trainer sets total_training_steps before building the worker"
