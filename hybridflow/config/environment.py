@@ -16,6 +16,7 @@ from typing import Any
 from hybridflow.config.fully_async_options import step_prompts
 from hybridflow.config.input_checks import model_folder_errors, parquet_errors, run_folder_errors
 from hybridflow.config.lora_options import adapter_errors
+from hybridflow.config.model_structure import model_structure_errors
 from hybridflow.config.resume_checks import resume_errors
 from hybridflow.config.rollout_pool_options import rollout_pool_processes
 from hybridflow.config.schema import PPOTrainerConfig
@@ -41,15 +42,17 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
     model = config.actor_rollout_ref.model
     errors = model_errors("actor_rollout_ref.model.path", model.path)
     errors += model_folder_errors("actor_rollout_ref.model.path", model.path)
+    if uses_critic:
+        errors += model_errors("critic.model.path", config.critic.model.path)
+        errors += model_folder_errors("critic.model.path", config.critic.model.path)
+    if not errors:  # the folders read: build the models' structure on the meta device where the run needs it
+        errors += model_structure_errors(config, uses_critic)
     errors += adapter_errors(model)
     if model.tokenizer_path and not pathlib.Path(model.tokenizer_path).expanduser().is_dir():
         errors.append(
             f"actor_rollout_ref.model.tokenizer_path={model.tokenizer_path!r} does not exist; "
             "point it at a tokenizer folder or set it to null"
         )
-    if uses_critic:
-        errors += model_errors("critic.model.path", config.critic.model.path)
-        errors += model_folder_errors("critic.model.path", config.critic.model.path)
     if config.reward_model.enable:
         errors += model_errors("reward_model.model.path", config.reward_model.model.path)
         errors += model_folder_errors("reward_model.model.path", config.reward_model.model.path)

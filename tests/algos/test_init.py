@@ -5,8 +5,9 @@ import sys
 import hybridflow.algos as algos
 
 ALLOWED_THIRD_PARTY = {"torch", "numpy"}
-# The bottom-layer helpers every layer shares: the name registry and help-carrying config fields.
-ALLOWED_PROJECT = ("hybridflow.algos", "hybridflow.registry", "hybridflow.help_fields")
+# The bottom-layer helpers every layer shares: the name registry, help-carrying config fields and the base of the
+# errors a user fixes from their message (hybridflow.errors imports nothing).
+ALLOWED_PROJECT = ("hybridflow.algos", "hybridflow.registry", "hybridflow.help_fields", "hybridflow.errors")
 
 
 def _imported_modules(source_file: pathlib.Path) -> set[str]:
