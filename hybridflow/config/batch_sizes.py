@@ -143,4 +143,10 @@ def batch_size_errors(config: PPOTrainerConfig, world: int, with_critic: bool) -
                 f"critic.rollout_n={critic.rollout_n} differs from actor_rollout_ref.rollout.n={n}; "
                 "remove the critic.rollout_n override (it follows rollout.n)"
             )
-    return errors
+    return errors + _reward_model_errors(config)
+
+
+def _reward_model_errors(config: PPOTrainerConfig) -> list[str]:
+    if not config.reward_model.enable:
+        return []
+    return positive("reward_model.micro_batch_size_per_gpu", config.reward_model.micro_batch_size_per_gpu)

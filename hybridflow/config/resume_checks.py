@@ -8,12 +8,14 @@ the keys were recorded is compared on what its data loader state holds (batch si
 
 from __future__ import annotations
 
+import json
 import pathlib
 from typing import Any
 
-from hybridflow.checkpoints.manager import DRIVER_STATE_FILE, CheckpointError, CheckpointManager
+from hybridflow.checkpoints.manager import ACTOR_DIR, CRITIC_DIR, DRIVER_STATE_FILE, CheckpointError, CheckpointManager
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.errors import HybridflowError
+from hybridflow.workers.checkpoint import MANIFEST_FILE
 
 STATE_KEY = "resume_keys"
 WORLD_SIZE = "trainer.nnodes * trainer.n_gpus_per_node"
@@ -79,7 +81,29 @@ def resume_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
         f"not continue exactly; restore the saved value, or {FIX}"
         for key in RESUME_KEYS
         if key in saved and saved[key] != now[key]
-    ]
+    ] + _missing_part_errors(config, uses_critic, step_dir)
+
+
+def _missing_part_errors(config: PPOTrainerConfig, uses_critic: bool, step_dir: pathlib.Path) -> list[str]:
+    """A ``load_contents`` part (model or extra) that a role's checkpoint did not save (its manifest says which
+    it holds; a missing optimizer is left fresh, as the worker does)."""
+    roles = {ACTOR_DIR: "actor_rollout_ref.actor.checkpoint.load_contents"}
+    if uses_critic:
+        roles[CRITIC_DIR] = "critic.checkpoint.load_contents"
+    sections = {ACTOR_DIR: config.actor_rollout_ref.actor.checkpoint, CRITIC_DIR: config.critic.checkpoint}
+    errors = []
+    for folder, key in roles.items():
+        manifest = step_dir / folder / MANIFEST_FILE
+        if not manifest.is_file():
+            continue  # the checkpoint's integrity check names a missing manifest
+        held = set(json.loads(manifest.read_text()).get("contents", []))
+        missing = [part for part in sections[folder].load_contents if part in ("model", "extra") and part not in held]
+        if missing:
+            errors.append(
+                f"{key} asks for {missing}, but {step_dir / folder} holds {sorted(held)}; drop them from {key}, or "
+                f"{FIX}"
+            )
+    return errors
 
 
 class ResumeMismatchError(HybridflowError):

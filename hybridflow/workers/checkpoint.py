@@ -16,6 +16,8 @@ model, LoRA merged, that ``from_pretrained`` loads.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import pathlib
@@ -30,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -129,7 +131,8 @@ def save_checkpoint(
     dist.barrier()
     sharded = _sharded_state(state, _savable(state, contents))
     if sharded:
-        dcp.save(sharded, checkpoint_id=str(staging))
+        with _full_disk_named(staging):
+            dcp.save(sharded, checkpoint_id=str(staging))
     if "extra" in contents:
         _save_torch(capture_rng_state(), staging / f"rng_rank{rank}.pt")
         if rank == 0 and state.lr_scheduler is not None:
@@ -143,6 +146,25 @@ def save_checkpoint(
     if rank == 0:
         _replace_dir(staging, final)
     dist.barrier()
+
+
+# DCP's file writer goes through torch's zip writer, which reports a write that failed for want of space as one of
+# these, with no errno; after such a failure the partial file holds what space was left.
+_TORCH_WRITE_FAILURES = ("unexpected pos", "failed writing file", "file write failed")
+_FULL_BELOW_BYTES = 1 << 20
+
+
+@contextlib.contextmanager
+def _full_disk_named(folder: pathlib.Path) -> Iterator[None]:
+    """A torch write failure on a filesystem left with under a MiB is re-raised as the full disk it is (ENOSPC),
+    which the checkpoint manager names in one line."""
+    try:
+        yield
+    except (Exception, CheckpointException) as error:  # DCP's CheckpointException is a BaseException
+        failed_write = any(text in str(error) for text in _TORCH_WRITE_FAILURES)
+        if failed_write and shutil.disk_usage(folder).free < _FULL_BELOW_BYTES:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder)) from error
+        raise
 
 
 def _save_torch(value: Any, path: pathlib.Path) -> None:

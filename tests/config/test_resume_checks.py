@@ -95,3 +95,16 @@ def test_a_damaged_checkpoint_given_as_the_resume_path_is_one_line(saved, tmp_pa
     (step_dir / "actor" / "version").write_text("changed after the manifest was written")
     errors = config_errors(saved + [f"trainer.resume_mode={step_dir}"])
     assert len(errors) == 1 and f"asks to resume from {step_dir}, which is damaged" in errors[0], errors
+
+
+def test_a_part_to_load_that_the_checkpoint_did_not_save_is_refused_before_start(saved, tmp_path):
+    """The role's manifest (as ``workers/checkpoint.save_checkpoint`` writes it) says which parts it holds."""
+    actor_dir = tmp_path / "run" / "global_step_1" / "actor"
+    actor_dir.mkdir(parents=True, exist_ok=True)
+    (actor_dir / "manifest.json").write_text('{"contents": ["model"], "world_size": 1}')
+    assert config_errors(saved) == [
+        f"actor_rollout_ref.actor.checkpoint.load_contents asks for ['extra'], but {actor_dir} holds ['model']; drop "
+        "them from actor_rollout_ref.actor.checkpoint.load_contents, or start a new run: a new "
+        "trainer.default_local_dir, or trainer.resume_mode=disable"
+    ]
+    assert load_config(compose_config(saved + ["actor_rollout_ref.actor.checkpoint.load_contents=[model]"]))

@@ -90,3 +90,10 @@ def test_a_workers_own_checks_reach_the_user_as_one_line(error):
         wrapped = host._error("actor.init_model", raised)
     assert wrapped.user_facing
     assert wrapped.summary() == f"worker group 'actor_rollout_ref' rank 0 (actor.init_model): {error}"
+
+
+def test_the_reward_models_micro_batch_must_be_positive(base, tiny_model_dir):
+    reward = ["reward_model.enable=true", f"reward_model.model.path={tiny_model_dir}"]
+    assert config_errors(base + reward + ["reward_model.micro_batch_size_per_gpu=0"]) == [
+        "reward_model.micro_batch_size_per_gpu=0 must be a positive integer (or null)"
+    ]

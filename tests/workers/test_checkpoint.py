@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import pickle
+import subprocess
 
 import pytest
 import torch
@@ -125,6 +126,55 @@ def test_a_full_disk_in_a_worker_reaches_the_driver_as_one_line(tiny_model_dir, 
     assert message.startswith(f"disk full while writing checkpoint {step_dir} (") and "\n" not in message
     assert "the previous checkpoint global_step_1 is kept" in message
     assert not step_dir.exists() and manager.resume_dir() == tmp_path / "global_step_1"
+
+
+def _folder_bytes(folder: pathlib.Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+@pytest.fixture()
+def small_filesystem(tmp_path):
+    """``mount(bytes)``: a tmpfs of that size, as a user's small disk; skipped where this machine does not let the
+    test mount one (it needs root)."""
+    mounted = []
+
+    def mount(size: int) -> pathlib.Path:
+        point = tmp_path / f"disk{len(mounted)}"
+        point.mkdir()
+        command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)]
+        result = subprocess.run(command, capture_output=True)
+        if result.returncode:
+            pytest.skip(f"cannot mount a small filesystem here: {result.stderr.decode().strip()}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", str(point)], check=False)
+
+
+def test_a_disk_that_fills_during_a_workers_save_is_one_line(tiny_model_dir, tmp_path, small_filesystem):
+    """A real filesystem fills while DCP writes the shard: torch's zip writer says only "unexpected pos" (the
+    issue's 98 lines); the worker names it ENOSPC and the driver says it in one line. The disk holds one
+    checkpoint and a half, so step 1 fits and step 2, beside it, does not."""
+    host = WorkerHost("actor_rollout", 0)
+    host.construct({"actor": (ActorRolloutRefWorker, (actor_rollout_ref_config(tiny_model_dir), "actor"), {})}, {})
+    host.execute("actor", "init_model", (), {})
+    host.execute("actor", "save_checkpoint", (str(tmp_path / "measure" / "actor"),), {"global_step": 1})
+    disk = small_filesystem(_folder_bytes(tmp_path / "measure") * 3 // 2)
+    manager = CheckpointManager(disk, "auto")
+    with manager.saving(1) as step_dir:
+        host.execute("actor", "save_checkpoint", (str(step_dir / "actor"),), {"global_step": 1})
+    with pytest.raises(CheckpointError) as raised:
+        with manager.saving(2) as step_dir:
+            try:
+                host.execute("actor", "save_checkpoint", (str(step_dir / "actor"),), {"global_step": 2})
+            except Exception as error:  # what Ray ships to the driver: the pickled WorkerError
+                raise pickle.loads(pickle.dumps(error)) from None
+    message = str(raised.value)
+    assert message.startswith(f"disk full while writing checkpoint {step_dir} (") and "\n" not in message
+    assert f" MiB free on {disk}); the previous checkpoint global_step_1 is kept" in message
+    assert not step_dir.exists() and manager.resume_dir() == disk / "global_step_1"
 
 
 @pytest.mark.parametrize("model", [{}, {"lora_rank": 4, "lora_alpha": 8}], ids=["full", "lora"])
