@@ -166,11 +166,13 @@ class ActorRolloutRefWorker(Worker):
         from hybridflow.distributed import share  # loads Ray, which only a rollout pool of its own needs
 
         gathered = self._part("actor", "share_weights").hf_weights()
-        weights = ChecksummedWeights(
-            ((name, tensor.detach().cpu()) for name, tensor in gathered), resolve_dtype(self.config.rollout.dtype)
-        )
-        buckets = [share(bucket) for bucket in weight_buckets(weights, bucket_megabytes) if self.rank == 0]
-        return buckets, weights.part
+        weights = ((name, tensor.detach().cpu()) for name, tensor in gathered)
+        if self.rank != 0:  # the gathers are collectives; only rank 0's buckets and checksum are used
+            for _ in weights:
+                pass
+            return [], 0
+        checksummed = ChecksummedWeights(weights, resolve_dtype(self.config.rollout.dtype))
+        return [share(bucket) for bucket in weight_buckets(checksummed, bucket_megabytes)], checksummed.part
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrent=True)
     def load_shared_weights(self, buckets: list[SharedObject], version: int = 0, checksum: int | None = None) -> float:

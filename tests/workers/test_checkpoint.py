@@ -99,6 +99,18 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_usable(tiny_model_dir, 
         assert torch.equal(tensor, saved[name]), name
 
 
+def _second_save_refused(host: WorkerHost, manager: CheckpointManager) -> tuple[pathlib.Path, str]:
+    """Save step 2 through the worker as the driver does, the worker's error pickled as Ray ships it; the step
+    folder and the driver's one line."""
+    with pytest.raises(CheckpointError) as raised:
+        with manager.saving(2) as step_dir:
+            try:
+                host.execute("actor", "save_checkpoint", (str(step_dir / "actor"),), {"global_step": 2})
+            except Exception as error:
+                raise pickle.loads(pickle.dumps(error)) from None
+    return step_dir, str(raised.value)
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 def test_a_full_disk_in_a_worker_reaches_the_driver_as_one_line(tiny_model_dir, tmp_path, monkeypatch):
     """DCP's shard writes meet a real ENOSPC (/dev/full); the worker's error, as Ray hands it to the driver,
@@ -116,13 +128,7 @@ def test_a_full_disk_in_a_worker_reaches_the_driver_as_one_line(tiny_model_dir, 
             yield stream
 
     monkeypatch.setattr(FileSystem, "create_stream", full_disk)
-    with pytest.raises(CheckpointError) as raised:
-        with manager.saving(2) as step_dir:
-            try:
-                host.execute("actor", "save_checkpoint", (str(step_dir / "actor"),), {"global_step": 2})
-            except Exception as error:  # what Ray ships to the driver: the pickled WorkerError
-                raise pickle.loads(pickle.dumps(error)) from None
-    message = str(raised.value)
+    step_dir, message = _second_save_refused(host, manager)
     assert message.startswith(f"disk full while writing checkpoint {step_dir} (") and "\n" not in message
     assert "the previous checkpoint global_step_1 is kept" in message
     assert not step_dir.exists() and manager.resume_dir() == tmp_path / "global_step_1"
@@ -165,13 +171,7 @@ def test_a_disk_that_fills_during_a_workers_save_is_one_line(tiny_model_dir, tmp
     manager = CheckpointManager(disk, "auto")
     with manager.saving(1) as step_dir:
         host.execute("actor", "save_checkpoint", (str(step_dir / "actor"),), {"global_step": 1})
-    with pytest.raises(CheckpointError) as raised:
-        with manager.saving(2) as step_dir:
-            try:
-                host.execute("actor", "save_checkpoint", (str(step_dir / "actor"),), {"global_step": 2})
-            except Exception as error:  # what Ray ships to the driver: the pickled WorkerError
-                raise pickle.loads(pickle.dumps(error)) from None
-    message = str(raised.value)
+    step_dir, message = _second_save_refused(host, manager)
     assert message.startswith(f"disk full while writing checkpoint {step_dir} (") and "\n" not in message
     assert f" MiB free on {disk}); the previous checkpoint global_step_1 is kept" in message
     assert not step_dir.exists() and manager.resume_dir() == disk / "global_step_1"
