@@ -10,6 +10,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 
+from tests.hydra_configs_once import parse_package_configs_once
+
+parse_package_configs_once()
+
 
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory):

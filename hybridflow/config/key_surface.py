@@ -114,7 +114,13 @@ class Surface:
 
     def rule_for(self, key: str) -> Rule | None:
         """The first rule whose pattern matches ``key``, or None."""
-        return next((rule for rule in self.rules if fnmatch.fnmatchcase(key, rule.pattern)), None)
+        if key not in self._rules_found:  # every config check asks for most keys: each is matched once
+            self._rules_found[key] = next((rule for rule in self.rules if fnmatch.fnmatchcase(key, rule.pattern)), None)
+        return self._rules_found[key]
+
+    @functools.cached_property
+    def _rules_found(self) -> dict[str, Rule | None]:
+        return {}
 
     @functools.cached_property
     def compat_defaults(self) -> dict[str, Any]:
@@ -133,9 +139,14 @@ class Surface:
         raw = OmegaConf.to_container(config, resolve=False)
         values = flatten(raw)
         report = CompatReport(lacks=self.lacks_lines(values))
+        under: dict[str, dict[str, Any]] = {}  # the leaves at each surface key or below it (an open dict's too)
+        for dotted, value in values.items():
+            key = self.compat_key(dotted)
+            if key is not None:
+                under.setdefault(key, {})[dotted] = value
         for key, default in self.compat_defaults.items():
             rule = self.rule_for(key)
-            for dotted, value in _values_under(values, key).items():
+            for dotted, value in under.get(key, {}).items():
                 if value == default or rule is None:
                     continue
                 if rule.kind == ALIAS:
@@ -177,11 +188,6 @@ class Surface:
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
-
-
-def _values_under(values: dict[str, Any], key: str) -> dict[str, Any]:
-    """The leaves at ``key`` or below it (an open dict such as engine_kwargs.vllm may gain keys)."""
-    return {dotted: value for dotted, value in values.items() if dotted == key or dotted.startswith(f"{key}.")}
 
 
 def _drop(raw: dict, key: str) -> None:

@@ -77,12 +77,21 @@ def _nested_schema(field: dataclasses.Field) -> type | None:
 
 
 def to_dataclass(config: DictConfig, keys_known: bool) -> tuple[PPOTrainerConfig | None, list[str]]:
-    """Merge each section onto the schema separately so one bad section does not hide another's errors.
+    """The typed config; where it cannot be built, each section is merged onto the schema alone, so one bad
+    section does not hide another's errors.
 
     Unknown keys are reported by :func:`unknown_key_errors`; here they are skipped, and no typed config is
     built while any remain.
     """
     schema = OmegaConf.structured(PPOTrainerConfig)
+    whole_error = None
+    if keys_known:  # the common case, a config that merges whole, merges once
+        try:
+            return OmegaConf.to_object(OmegaConf.merge(schema, config)), []
+        except OmegaConfBaseException as error:
+            whole_error = one_line(error, "")
+        except (ValueError, TypeError) as error:  # a section's __post_init__ refused a value
+            whole_error = " ".join(str(error).split())
     errors = []
     for section in config.keys():
         if section not in schema:
@@ -95,14 +104,7 @@ def to_dataclass(config: DictConfig, keys_known: bool) -> tuple[PPOTrainerConfig
             errors.append(one_line(error, section))
         except (ValueError, TypeError) as error:
             errors.append(f"{section}: {error}")
-    if errors or not keys_known:
-        return None, errors
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(schema, config)), []
-    except OmegaConfBaseException as error:
-        return None, [one_line(error, "")]
-    except (ValueError, TypeError) as error:  # a section's __post_init__ refused a value
-        return None, [" ".join(str(error).split())]
+    return None, errors or ([whole_error] if whole_error else [])
 
 
 def one_line(error: OmegaConfBaseException, section: str) -> str:

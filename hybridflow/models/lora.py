@@ -24,6 +24,10 @@ from peft.tuners.lora import LoraLayer
 
 from hybridflow.models.adapter_files import read_adapter_config
 
+# The adapter's A matrices start random (B at 0), drawn from this seed: two runs of one config train alike (a run
+# killed and resumed is compared with an uninterrupted one so).
+LORA_INIT_SEED = 0
+
 
 class NotALoraModelError(TypeError):
     """A LoRA operation was asked of a model that has no adapter."""
@@ -57,7 +61,9 @@ def apply_lora(
         # The scalar head trains in full (peft's modules_to_save), so it must not also get an adapter.
         exclude_modules=exclude_modules if is_causal_lm else _also_exclude(exclude_modules, "score"),
     )
-    return get_peft_model(model, config)
+    with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
+        torch.manual_seed(LORA_INIT_SEED)
+        return get_peft_model(model, config)
 
 
 def _also_exclude(exclude_modules: str | list[str] | None, name: str) -> str | list[str]:

@@ -33,10 +33,10 @@ def _plain(value: Any) -> Any:
 
 class RolloutDump:
     """Every ``every`` steps, ``<out_dir>/step_<N>.jsonl``: one line per sample with its prompt, response,
-    score, data_source, ground truth and whatever else the reward manager returned (verl's
-    ``trainer.rollout_data_dir``)."""
+    score, data_source, ground truth, the prompt's ``index`` in the data set and whatever else the reward manager
+    returned (verl's ``trainer.rollout_data_dir``; the index shows which prompts each step trained on)."""
 
-    BATCH_COLUMNS = ("data_source", "reward_model", "uid")
+    BATCH_COLUMNS = ("data_source", "reward_model", "index", "uid")
 
     def __init__(
         self,

@@ -61,11 +61,18 @@ def assert_demo_learned(completed: subprocess.CompletedProcess, rows: list[dict]
     assert len(accuracy) == 2 and accuracy[1] >= accuracy[0] + 0.05, accuracy
 
 
-def run_cli(overrides: list[str], cwd: pathlib.Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run the trainer to completion; raises with its output if it fails."""
+def run_cli(
+    overrides: list[str], cwd: pathlib.Path, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run the trainer to completion (``env`` added to its environment); raises with its output if it fails."""
     with RayTempDir() as ray_temp_dir:
         result = subprocess.run(
-            command(overrides, ray_temp_dir), cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout
+            command(overrides, ray_temp_dir),
+            cwd=cwd,
+            env={**cli_env(), **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     if result.returncode != 0:
         raise AssertionError(
@@ -86,13 +93,18 @@ def _wait_for_first_checkpoint(run_dir: pathlib.Path, process: subprocess.Popen,
     raise AssertionError("no checkpoint within the timeout")
 
 
+def sft_command(overrides: list[str], ray_temp_dir: str) -> list[str]:
+    return [sys.executable, "-m", "hybridflow.trainer.main_sft", *overrides, f"ray_init.temp_dir={ray_temp_dir}"]
+
+
 def kill_9_at_first_checkpoint(
-    overrides: list[str], run_dir: pathlib.Path, cwd: pathlib.Path, timeout: float = 180
+    overrides: list[str], run_dir: pathlib.Path, cwd: pathlib.Path, timeout: float = 180, trainer=command
 ) -> int:
-    """Start the trainer, kill -9 it once its first checkpoint is written; returns the step that checkpoint saved."""
+    """Start the trainer (``command``, or ``sft_command``), kill -9 it once its first checkpoint is written;
+    returns the step that checkpoint saved."""
     with RayTempDir() as ray_temp_dir:
         process = subprocess.Popen(
-            command(overrides, ray_temp_dir),
+            trainer(overrides, ray_temp_dir),
             cwd=cwd,
             env=cli_env(),
             stdout=subprocess.DEVNULL,

@@ -17,6 +17,7 @@ from hybridflow.tracking.trackers import read_metrics
 
 from .cli import cli_env, kill_9_at_first_checkpoint, run_cli
 from .helpers import tiny_run_overrides, tool_calling_model
+from .trained_prompts import COUNTED, DUMPS, assert_each_prompt_trained_once_per_epoch, prompts_by_step
 
 pytestmark = pytest.mark.slow
 
@@ -99,6 +100,7 @@ def ppo_run(tiny_model_dir, tiny_parquet, tmp_path_factory):
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
         "algorithm.use_kl_in_reward=true",
         "algorithm.kl_ctrl.type=adaptive",
+        *COUNTED,
     ]
     extra = [
         f"ray_kwargs.timeline_json_file={work / 'timeline.json'}",
@@ -134,8 +136,9 @@ def _comparable(record):
 
 
 def kill_9_then_resume(reference_dir, overrides, tmp_path, steps=STEPS):
-    """Run ``overrides`` (``steps`` steps) in a new folder, kill -9 it at its first checkpoint, run the same command
-    again, and check every step after the kill equals the uninterrupted run's; returns (resumed, reference) by step."""
+    """Run ``overrides`` (``steps`` steps, ``COUNTED`` among them) in a new folder, kill -9 it at its first
+    checkpoint, run the same command again, and check every step after the kill equals the uninterrupted run's,
+    its prompts too, and every prompt of an epoch was trained once; returns (resumed, reference) by step."""
     run_dir = tmp_path / "run"
     overrides = [o for o in overrides if not o.startswith("trainer.default_local_dir=")]
     overrides.append(f"trainer.default_local_dir={run_dir}")
@@ -147,6 +150,8 @@ def kill_9_then_resume(reference_dir, overrides, tmp_path, steps=STEPS):
     assert sorted(resumed) == sorted(reference)
     for step in range(killed_at + 1, steps + 1):
         assert _comparable(resumed[step]) == _comparable(reference[step]), f"step {step} differs"
+    assert prompts_by_step(tmp_path / DUMPS) == prompts_by_step(reference_dir.parent / DUMPS)
+    assert_each_prompt_trained_once_per_epoch(tmp_path / DUMPS, overrides, steps)
     return resumed, reference
 
 
@@ -218,3 +223,24 @@ def test_grpo_with_lora_trains_the_adapter_syncs_it_and_merges_to_a_hugging_face
     tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(merged(tokens).logits, exported(tokens).logits, rtol=0, atol=1e-5)
+
+
+def test_lora_kill_9_then_resume_matches_an_uninterrupted_run(tiny_model_dir, tiny_parquet, tmp_path):
+    """GRPO with a LoRA adapter (local mode): the adapter, its optimizer state, the engine's adapter sync and the
+    data position resume exactly, every prompt of an epoch trained once."""
+    reference = tmp_path / "uninterrupted"
+    reference.mkdir()
+    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, reference / "run", "grpo") + [
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.save_freq=1",
+        "trainer.val_before_train=false",
+        "trainer.local_mode=true",
+        "actor_rollout_ref.model.lora_rank=4",
+        "actor_rollout_ref.model.lora_alpha=8",
+        "actor_rollout_ref.actor.optim.lr=1e-2",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        *COUNTED,
+    ]
+    run_cli(overrides, cwd=reference)
+    resumed, _ = kill_9_then_resume(reference / "run", overrides, tmp_path)
+    assert resumed[STEPS]["actor/kl_loss"] > 0  # the adapter trained (the reference is the adapter-less base)

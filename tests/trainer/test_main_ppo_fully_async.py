@@ -2,6 +2,8 @@
 filling a bounded queue while the actor trains, the weights synced every ``trigger_parameter_sync_step`` steps,
 and a kill -9 mid-run whose resumed steps equal an uninterrupted run's."""
 
+import os
+
 import pytest
 
 from hybridflow.tracking import metric_names as names
@@ -9,6 +11,7 @@ from hybridflow.tracking import metric_names as names
 from .cli import kill_9_at_first_checkpoint, run_cli
 from .helpers import tiny_run_overrides
 from .test_main_ppo import _steps, kill_9_then_resume
+from .trained_prompts import COUNTED, DUMPS, assert_each_prompt_trained_once_per_epoch, prompts_by_step
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +39,7 @@ def fully_async_run(tiny_model_dir, tiny_parquet, tmp_path_factory):
         "rollout.total_rollout_steps=8",
         "trainer.save_freq=1",
         "trainer.test_freq=2",
+        *COUNTED,  # the run's 8 prompts are one epoch
     ]
     run_cli(overrides, cwd=work)
     return work / "run", overrides
@@ -85,19 +89,56 @@ def _partial_rollout_overrides(tiny_model_dir, tiny_parquet, run_dir):
         "async_training.concurrent_samples_per_replica=2",
         "rollout.total_rollout_steps=8",
         "trainer.val_before_train=false",
+        *COUNTED,  # the run's 8 prompts are one epoch
     ]
+
+
+# Imported by every process of the run: from the rollout engine's second call on, each sequence waits after its
+# 2nd token until new weights land (at most 20 s, so a run whose syncs wait for the call ends, and fails the test).
+HOLD_FOR_A_SYNC = """
+import time
+from hybridflow.rollout.scheduler import DecodeScheduler
+
+calls = []
+submit_all, admit = DecodeScheduler.submit_all, DecodeScheduler._admit
+
+
+def counted_submit_all(self, requests):
+    calls.append(len(requests))
+    return submit_all(self, requests)
+
+
+def held_admit(self):
+    deadline = time.monotonic() + 20
+    while len(calls) > 1 and self.decoder.sequences and time.monotonic() < deadline and all(
+        len(seq.weight_versions) >= 2 and seq.weight_versions[0] == self.decoder.weights_version
+        for seq in self.decoder.sequences
+    ):
+        self._condition.wait(0.01)
+    return admit(self)
+
+
+DecodeScheduler.submit_all, DecodeScheduler._admit = counted_submit_all, held_admit
+"""
 
 
 def test_partial_rollout_tags_each_token_with_its_weights(tiny_model_dir, tiny_parquet, tmp_path):
     """async_training.partial_rollout=true on real pools: the rollout pool's group takes the weight load beside a
-    generation in progress and the engine tags every token, so each step reports verl's partial metrics (where a
-    sync lands in a call depends on timing: tests/rollout/test_hf_engine.py pins that down)."""
-    run_cli(_partial_rollout_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run"), cwd=tmp_path)
+    generation in progress and the engine tags every token, so each step reports verl's partial metrics. Each call
+    after the first is held after its samples' 2nd token until a sync lands (the trainer waits for the first, so
+    no sync could): the steps that train on them hold samples drawn by two weight versions."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOLD_FOR_A_SYNC)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
+    run_cli(_partial_rollout_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run"), cwd=tmp_path, env=env)
     steps = _steps(tmp_path / "run")
     assert sorted(steps) == [1, 2, 3, 4]
-    for record in steps.values():
-        assert 0 <= record[names.FULLY_ASYNC_PARTIAL_RATIO] <= 1
-        assert record[names.FULLY_ASYNC_MAX_PARTIAL_SPAN] in (0, 1)  # a call in flight meets one sync at most
+    assert steps[1][names.FULLY_ASYNC_PARTIAL_SAMPLES] == 0
+    for step in (2, 3, 4):
+        # Samples of more than 2 tokens (the untrained model rarely stops sooner) span the sync, and one only
+        assert steps[step][names.FULLY_ASYNC_PARTIAL_SAMPLES] > 0, steps[step]
+        assert steps[step][names.FULLY_ASYNC_MAX_PARTIAL_SPAN] == 1
     # Calls of 2 prompts, each started during a step's training and in flight across the next step's sync
     assert [steps[s][names.FULLY_ASYNC_PARAM_VERSION] for s in range(1, 5)] == [0, 1, 2, 3]
     assert [steps[s][names.FULLY_ASYNC_STALE_SAMPLES] for s in range(1, 5)] == [0, 2, 4, 6]
@@ -105,7 +146,8 @@ def test_partial_rollout_tags_each_token_with_its_weights(tiny_model_dir, tiny_p
 
 def test_partial_rollout_resumes_after_kill_9_and_finishes(tiny_model_dir, tiny_parquet, tmp_path):
     """kill -9 at the first checkpoint, then the same command: the run resumes from it and finishes, every prompt
-    generated once (its steps are not compared with another run's: where a sync lands in a call is timing)."""
+    generated and trained once (its steps are not compared with another run's: where a sync lands in a call is
+    timing)."""
     run_dir = tmp_path / "run"
     overrides = _partial_rollout_overrides(tiny_model_dir, tiny_parquet, run_dir) + ["trainer.save_freq=1"]
     killed_at = kill_9_at_first_checkpoint(overrides, run_dir, cwd=tmp_path)
@@ -115,3 +157,47 @@ def test_partial_rollout_resumes_after_kill_9_and_finishes(tiny_model_dir, tiny_
     assert sorted(steps) == [1, 2, 3, 4]
     assert (run_dir / "latest").read_text().strip() == "global_step_4"
     assert [steps[s][names.FULLY_ASYNC_GENERATED_SAMPLES] for s in range(1, 5)] == [4, 6, 8, 8]
+    assert_each_prompt_trained_once_per_epoch(tmp_path / DUMPS, overrides, STEPS)
+
+
+def test_a_sync_every_step_without_staleness_trains_on_the_synchronous_runs_samples(
+    tiny_model_dir, tiny_parquet, tmp_path
+):
+    """Fully async with a sync every step, staleness 0 and calls of a whole step's prompts is the synchronous
+    algorithm on two pools: every step samples the same prompts with the same seeds from the weights after the
+    previous update, so it trains on exactly the synchronous run's samples, metric for metric (the async
+    counters and timings aside)."""
+    steps = 3
+    common = tiny_run_overrides(tiny_model_dir, tiny_parquet, "run", "grpo") + [
+        "trainer.val_before_train=false",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        f"trainer.rollout_data_dir={DUMPS}",
+    ]
+    fully_async = [
+        "actor_rollout_ref.hybrid_engine=false",
+        "async_training.enable=true",
+        "async_training.partial_rollout=false",
+        "data.train_batch_size=0",
+        "data.gen_batch_size=1",
+        "async_training.require_batches=2",  # x ppo_mini_batch_size 2: the synchronous run's 4 prompts a step
+        "async_training.trigger_parameter_sync_step=1",
+        "async_training.staleness_threshold=0",
+        "async_training.concurrent_samples_per_replica=4",
+        f"rollout.total_rollout_steps={4 * steps}",
+    ]
+    runs = {}
+    for name, overrides in (("sync", [f"trainer.total_training_steps={steps}"]), ("fully_async", fully_async)):
+        (tmp_path / name).mkdir()
+        run_cli(common + overrides, cwd=tmp_path / name)
+        runs[name] = _steps(tmp_path / name / "run")
+    assert sorted(runs["sync"]) == sorted(runs["fully_async"]) == list(range(1, steps + 1))
+    assert prompts_by_step(tmp_path / "sync" / DUMPS) == prompts_by_step(tmp_path / "fully_async" / DUMPS)
+    for step in range(1, steps + 1):
+        assert runs["fully_async"][step][names.FULLY_ASYNC_STALE_SAMPLES] == 0
+        sync, fully_async = (_learning_metrics(runs[name][step]) for name in ("sync", "fully_async"))
+        assert fully_async == sync, f"step {step} differs"
+
+
+def _learning_metrics(record):
+    """A step's metrics less its timings and the async counters."""
+    return {key: value for key, value in record.items() if not (names.is_timing(key) or key.startswith("fully_async/"))}

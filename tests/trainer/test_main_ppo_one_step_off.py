@@ -9,6 +9,7 @@ from hybridflow.tracking import metric_names as names
 from .cli import run_cli
 from .helpers import tiny_run_overrides
 from .test_main_ppo import STEPS, _steps, kill_9_then_resume
+from .trained_prompts import COUNTED
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +28,7 @@ def one_step_off_run(tiny_model_dir, tiny_parquet, tmp_path_factory):
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         # Small buckets, so the sync travels in several.
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
+        *COUNTED,
     ]
     run_cli(overrides, cwd=work)
     return work / "run", overrides

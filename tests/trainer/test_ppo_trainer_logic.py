@@ -177,6 +177,7 @@ def test_rollout_dump_every_n_steps(run, tmp_path):
     assert len(lines) == 8
     assert lines[0]["data_source"] == "arithmetic" and "What is" in lines[0]["prompt"]
     assert 0 <= lines[0]["score"] <= 1 and "acc" in lines[0] and lines[0]["uid"] == lines[1]["uid"]
+    assert isinstance(lines[0]["index"], int) and lines[0]["index"] == lines[1]["index"]  # the prompt's row
 
 
 def test_split_placement_gives_each_role_its_pool_and_overlaps_the_critic_with_the_actor(run, tmp_path):

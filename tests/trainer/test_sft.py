@@ -9,9 +9,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridflow.config.load import ConfigError
 from hybridflow.config.sft import SFTTrainerConfig, load_sft_config
+from hybridflow.tracking.metric_names import is_timing
 from hybridflow.tracking.trackers import read_metrics
 from hybridflow.trainer import main_sft
 from hybridflow.trainer.sft_trainer import worker_optim_config
+
+from .cli import kill_9_at_first_checkpoint, sft_command
 
 
 def sft_overrides(model_dir, parquet, run_dir, steps):
@@ -114,6 +117,33 @@ def test_a_resumed_run_continues_from_the_saved_step(ray_cluster, tiny_model_dir
     steps = [record["step"] for record in read_metrics(run_dir) if "train/loss" in record]
     assert steps == [1, 2, 3, 4]
     assert (run_dir / "latest").read_text().strip() == "global_step_4"
+
+
+def test_kill_9_then_resume_matches_an_uninterrupted_run(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
+    """``python -m hybridflow.trainer.main_sft`` killed with -9 at its first checkpoint, then the same run again
+    (in this process): the steps after the kill log the uninterrupted run's metrics (losses, learning rates,
+    gradient norms, epoch), and the exported weights are the same to the bit."""
+
+    def overrides(run_dir):
+        return sft_overrides(tiny_model_dir, tiny_parquet, run_dir, steps=4) + [
+            "trainer.save_freq=1",
+            "optim.lr_scheduler=cosine",  # the schedule's position resumes too
+        ]
+
+    reference = main_sft.run_sft(composed(overrides(tmp_path / "uninterrupted")))
+    run_dir = tmp_path / "run"
+    killed_at = kill_9_at_first_checkpoint(overrides(run_dir), run_dir, cwd=tmp_path, trainer=sft_command)
+    assert killed_at < 4, "the run finished before it could be killed"
+    resumed = main_sft.run_sft(composed(overrides(run_dir)))
+
+    def logged(folder):
+        return {r["step"]: {k: v for k, v in r.items() if not is_timing(k)} for r in read_metrics(folder)}
+
+    expected, steps = logged(tmp_path / "uninterrupted"), logged(run_dir)
+    assert sorted(steps) == [1, 2, 3, 4] and "train/lr" in steps[4]
+    for step in range(killed_at + 1, 5):
+        assert steps[step] == expected[step], f"step {step} differs"
+    assert max_weight_change(reference, resumed) == 0
 
 
 def test_config_problems_are_reported_together_before_anything_starts(tiny_model_dir, tiny_parquet, tmp_path):

@@ -1,6 +1,6 @@
 """Through the command line: ``main_ppo`` logging to jsonl, mlflow and wandb is killed with -9 after a step its
 checkpoint does not hold, and the same command goes on with the same mlflow run and the same wandb run id, every
-step logged once."""
+step logged once and every prompt of an epoch trained once (local mode's counting test)."""
 
 import os
 import pathlib
@@ -16,6 +16,7 @@ from hybridflow.tracking.trackers import METRICS_FILE, read_metrics
 from .cli import cli_env
 from .helpers import tiny_run_overrides
 from .tracker_files import mlflow_runs, mlflow_table, offline_trackers, wandb_offline_runs
+from .trained_prompts import COUNTED, DUMPS, assert_each_prompt_trained_once_per_epoch
 
 pytestmark = pytest.mark.slow
 
@@ -75,6 +76,7 @@ def test_kill_9_then_resume_continues_the_same_mlflow_and_wandb_runs(
         "trainer.test_freq=2",
         "trainer.log_val_generations=1",
         "trainer.logger=[jsonl,mlflow,wandb]",
+        *COUNTED,  # two epochs of 8 prompts
     ]
     # Step 3 is logged but never saved: the resumed run redoes it from step 2's checkpoint.
     _kill_9_in_the_step_after(3, overrides, run_dir, cwd=tmp_path)
@@ -94,3 +96,4 @@ def test_kill_9_then_resume_continues_the_same_mlflow_and_wandb_runs(
     assert killed_id == resumed_id
     assert [row["_step"] for row in killed if SCORE in row] == [1, 2, 3]
     assert [row["_step"] for row in resumed if SCORE in row] == [4]
+    assert_each_prompt_trained_once_per_epoch(tmp_path / DUMPS, overrides, steps=4)
