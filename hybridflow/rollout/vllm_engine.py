@@ -247,6 +247,13 @@ def _vllm_lora_rank(rank: int) -> int:
     return min(allowed for allowed in typing.get_args(MaxLoRARanks) if allowed >= rank)
 
 
+def largest_lora_rank() -> int:
+    """The largest adapter rank vLLM serves (its largest ``max_lora_rank`` choice; 512 in vLLM 0.32)."""
+    from vllm.config.lora import MaxLoRARanks
+
+    return max(typing.get_args(MaxLoRARanks))
+
+
 def _saved_adapter_name(name: str) -> str:
     # A peft model's parameter names carry the adapter's name (lora_A.default.weight, lora_embedding_A.default);
     # its saved files do not.

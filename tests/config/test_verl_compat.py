@@ -410,3 +410,32 @@ def test_an_ascend_machine_is_named_even_when_no_key_says_npu(base, tmp_path, mo
     with pytest.raises(ConfigError) as caught:
         _check(base, check_environment=True)
     assert any("Ascend NPUs (torch_npu)" in line for line in caught.value.errors)
+
+
+def test_a_lora_rank_larger_than_vllm_serves_is_refused_unless_the_adapter_is_merged(base, monkeypatch):
+    """vLLM holds adapters up to its largest max_lora_rank (read from vLLM: tests/rollout/test_vllm_engine.py runs
+    this check on the real one); a larger adapter synced alone is refused before start, a merged one is not."""
+    import hybridflow.config.environment as environment
+    from hybridflow.rollout import vllm_engine
+
+    real_find_spec = environment.importlib.util.find_spec
+    monkeypatch.setattr(
+        environment.importlib.util, "find_spec", lambda name: object() if name == "vllm" else real_find_spec(name)
+    )
+    monkeypatch.setattr(vllm_engine, "largest_lora_rank", lambda: 512)
+    vllm_lora = base + ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.lora_alpha=16"]
+
+    def rank_errors(overrides):
+        try:
+            _check(overrides, check_environment=True)
+        except ConfigError as error:
+            return [line for line in error.errors if "lora_rank" in line]
+        return []
+
+    assert rank_errors(vllm_lora + ["actor_rollout_ref.model.lora_rank=1024"]) == [
+        "actor_rollout_ref.model.lora_rank=1024: vLLM serves adapters of rank 512 at most; lower it, or set "
+        "actor_rollout_ref.model.lora.merge=true (the adapter synced merged into full weights)"
+    ]
+    assert rank_errors(vllm_lora + ["actor_rollout_ref.model.lora_rank=512"]) == []
+    merged = ["actor_rollout_ref.model.lora_rank=1024", "actor_rollout_ref.model.lora.merge=true"]
+    assert rank_errors(vllm_lora + merged) == []

@@ -227,3 +227,16 @@ def test_adapter_tensors_are_written_under_peft_saved_names():
         _saved_adapter_name("base_model.model.model.embed_tokens.lora_embedding_B.default")
         == "base_model.model.model.embed_tokens.lora_embedding_B"
     )
+
+
+def test_the_largest_lora_rank_the_config_check_allows_is_the_largest_vllm_takes():
+    """The config check's bound (tests/config/test_verl_compat.py) read from this vLLM: it takes that rank and
+    refuses the next one up."""
+    from vllm.config.lora import LoRAConfig
+
+    from hybridflow.rollout.vllm_engine import largest_lora_rank
+
+    largest = largest_lora_rank()
+    assert LoRAConfig(max_lora_rank=largest).max_lora_rank == largest
+    with pytest.raises(ValueError, match="max_lora_rank"):
+        LoRAConfig(max_lora_rank=largest + 1)

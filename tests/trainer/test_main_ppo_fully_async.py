@@ -93,8 +93,8 @@ def _partial_rollout_overrides(tiny_model_dir, tiny_parquet, run_dir):
     ]
 
 
-# Imported by every process of the run: from the rollout engine's second call on, each sequence waits after its
-# 2nd token until new weights land (at most 20 s, so a run whose syncs wait for the call ends, and fails the test).
+# Imported by every process of the run: from the rollout engine's second call on, the sequences wait after their
+# 2nd token until new weights land, once and for 20 s at most (a run whose syncs wait for the call ends, and fails).
 HOLD_FOR_A_SYNC = """
 import time
 from hybridflow.rollout.scheduler import DecodeScheduler
@@ -109,12 +109,13 @@ def counted_submit_all(self, requests):
 
 
 def held_admit(self):
-    deadline = time.monotonic() + 20
-    while len(calls) > 1 and self.decoder.sequences and time.monotonic() < deadline and all(
-        len(seq.weight_versions) >= 2 and seq.weight_versions[0] == self.decoder.weights_version
-        for seq in self.decoder.sequences
-    ):
-        self._condition.wait(0.01)
+    running = [seq for seq in self.decoder.sequences if not getattr(seq, "held", False)]
+    if len(calls) > 1 and running and all(len(seq.weight_versions) >= 2 for seq in running):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and self.decoder.weights_version == running[0].weight_versions[0]:
+            self._condition.wait(0.01)
+        for seq in running:
+            seq.held = True
     return admit(self)
 
 

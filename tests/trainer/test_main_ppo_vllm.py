@@ -1,13 +1,19 @@
 """GRPO through main_ppo with rollout.name=vllm: the demo's task for 12 steps, its workers in Ray, the rollout
 in the actor's processes (hybrid engine; also split over 2 ranks), or on a pool of its own a step ahead
 (one-step-off policy) or generating continuously (fully async, without partial rollout, which vLLM does not take); the
-validation accuracy (the mean validation reward) must rise. Runs where vllm is installed (`make test-vllm`)."""
+validation accuracy (the mean validation reward) must rise; and a kill -9 mid-run whose resumed steps equal an
+uninterrupted run's. Runs where vllm is installed (`make test-vllm`)."""
 
 import pytest
 
 pytest.importorskip("vllm")
 
-from tests.trainer.cli import assert_demo_learned, run_demo  # noqa: E402
+from hybridflow.models.loading import load_model_config  # noqa: E402
+from hybridflow.rollout.vllm_memory import kv_cache_bytes  # noqa: E402
+from tests.trainer.cli import assert_demo_learned, run_cli, run_demo  # noqa: E402
+from tests.trainer.helpers import tiny_run_overrides  # noqa: E402
+from tests.trainer.test_main_ppo import STEPS, kill_9_then_resume  # noqa: E402
+from tests.trainer.trained_prompts import COUNTED  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -57,3 +63,25 @@ def test_a_grpo_run_on_vllm_learns(tmp_path, placement):
     )
     synced = {row["step"]: row[sync] for row in rows if sync in row}
     assert set(range(1, 12)) <= set(synced) and all(seconds > 0 for seconds in synced.values()), synced
+
+
+def test_kill_9_then_resume_on_vllm_matches_an_uninterrupted_run(tiny_model_dir, tiny_parquet, tmp_path):
+    """The hybrid engine on vLLM: killed with -9 at its first checkpoint, the same command resumes (the engine
+    starts from the model folder and takes the checkpoint's weights), and every later step equals an
+    uninterrupted run's, each prompt of an epoch trained once."""
+    # A cache for a step's 8 samples of up to 64 + 8 tokens, in float32 (the widest dtype)
+    cache = kv_cache_bytes(load_model_config(tiny_model_dir), "float32", 8, 72)
+    reference = tmp_path / "uninterrupted"
+    reference.mkdir()
+    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, reference / "run", "grpo") + [
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.save_freq=1",
+        "trainer.val_before_train=false",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.enforce_eager=true",
+        "actor_rollout_ref.rollout.enable_chunked_prefill=false",
+        f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={cache}",
+        *COUNTED,
+    ]
+    run_cli(overrides, cwd=reference, timeout=400)
+    kill_9_then_resume(reference / "run", overrides, tmp_path)

@@ -157,6 +157,29 @@ def test_config_problems_are_reported_together_before_anything_starts(tiny_model
     assert "optim.lr_scheduler='linear' is not one of ['constant', 'cosine']" in str(raised.value)
 
 
+def test_what_the_worker_would_refuse_as_it_builds_the_model_is_refused_before_start(
+    tiny_model_dir, tiny_parquet, tmp_path
+):
+    """Dtype names, an fsdp_size that does not divide the processes, LoRA modules that match nothing (the model
+    built on the meta device): each named in the one check, before any worker starts."""
+    bad = [
+        "model.dtype=fp17",
+        "model.fsdp_config.mixed_precision.reduce_dtype=bf17",
+        "model.fsdp_config.fsdp_size=3",
+        "trainer.n_gpus_per_node=4",
+        "model.lora_rank=4",
+        "model.target_modules=[gate]",
+    ]
+    with pytest.raises(ConfigError) as raised:
+        composed(sft_overrides(tiny_model_dir, tiny_parquet, tmp_path, steps=2) + bad)
+    errors = raised.value.errors
+    assert len(errors) == 4, errors
+    assert errors[0].startswith("model.dtype='fp17' is not a dtype hybridflow loads")
+    assert errors[1].startswith("model.fsdp_config.mixed_precision.reduce_dtype='bf17' is not a dtype")
+    assert errors[2].startswith("model.fsdp_config.fsdp_size=3 does not divide the 4 worker processes")
+    assert errors[3].startswith("model.target_modules=['gate'] with exclude_modules=None: Target modules {'gate'}")
+
+
 def test_warmup_steps_come_from_lr_warmup_steps_or_the_ratio():
     config = SFTTrainerConfig()
     config.optim.warmup_steps_ratio = 0.1
