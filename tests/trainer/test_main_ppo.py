@@ -225,22 +225,31 @@ def test_grpo_with_lora_trains_the_adapter_syncs_it_and_merges_to_a_hugging_face
         torch.testing.assert_close(merged(tokens).logits, exported(tokens).logits, rtol=0, atol=1e-5)
 
 
-def test_lora_kill_9_then_resume_matches_an_uninterrupted_run(tiny_model_dir, tiny_parquet, tmp_path):
-    """GRPO with a LoRA adapter (local mode): the adapter, its optimizer state, the engine's adapter sync and the
-    data position resume exactly, every prompt of an epoch trained once."""
+def grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, extra, timeout=240):
+    """A GRPO run of ``STEPS`` steps with ``extra`` overrides, checkpointed every step and counted: uninterrupted,
+    then killed with -9 and resumed (``kill_9_then_resume``); returns the resumed run's records by step."""
     reference = tmp_path / "uninterrupted"
     reference.mkdir()
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, reference / "run", "grpo") + [
         f"trainer.total_training_steps={STEPS}",
         "trainer.save_freq=1",
         "trainer.val_before_train=false",
+        *COUNTED,
+        *extra,
+    ]
+    run_cli(overrides, cwd=reference, timeout=timeout)
+    return kill_9_then_resume(reference / "run", overrides, tmp_path)[0]
+
+
+def test_lora_kill_9_then_resume_matches_an_uninterrupted_run(tiny_model_dir, tiny_parquet, tmp_path):
+    """GRPO with a LoRA adapter (local mode): the adapter, its optimizer state, the engine's adapter sync and the
+    data position resume exactly, every prompt of an epoch trained once."""
+    lora = [
         "trainer.local_mode=true",
         "actor_rollout_ref.model.lora_rank=4",
         "actor_rollout_ref.model.lora_alpha=8",
         "actor_rollout_ref.actor.optim.lr=1e-2",
         "actor_rollout_ref.actor.use_kl_loss=true",
-        *COUNTED,
     ]
-    run_cli(overrides, cwd=reference)
-    resumed, _ = kill_9_then_resume(reference / "run", overrides, tmp_path)
+    resumed = grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, lora)
     assert resumed[STEPS]["actor/kl_loss"] > 0  # the adapter trained (the reference is the adapter-less base)

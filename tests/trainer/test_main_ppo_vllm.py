@@ -10,10 +10,8 @@ pytest.importorskip("vllm")
 
 from hybridflow.models.loading import load_model_config  # noqa: E402
 from hybridflow.rollout.vllm_memory import kv_cache_bytes  # noqa: E402
-from tests.trainer.cli import assert_demo_learned, run_cli, run_demo  # noqa: E402
-from tests.trainer.helpers import tiny_run_overrides  # noqa: E402
-from tests.trainer.test_main_ppo import STEPS, kill_9_then_resume  # noqa: E402
-from tests.trainer.trained_prompts import COUNTED  # noqa: E402
+from tests.trainer.cli import assert_demo_learned, run_demo  # noqa: E402
+from tests.trainer.test_main_ppo import grpo_kill_9_then_resume  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -71,17 +69,10 @@ def test_kill_9_then_resume_on_vllm_matches_an_uninterrupted_run(tiny_model_dir,
     uninterrupted run's, each prompt of an epoch trained once."""
     # A cache for a step's 8 samples of up to 64 + 8 tokens, in float32 (the widest dtype)
     cache = kv_cache_bytes(load_model_config(tiny_model_dir), "float32", 8, 72)
-    reference = tmp_path / "uninterrupted"
-    reference.mkdir()
-    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, reference / "run", "grpo") + [
-        f"trainer.total_training_steps={STEPS}",
-        "trainer.save_freq=1",
-        "trainer.val_before_train=false",
+    vllm = [
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.enforce_eager=true",
         "actor_rollout_ref.rollout.enable_chunked_prefill=false",
         f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={cache}",
-        *COUNTED,
     ]
-    run_cli(overrides, cwd=reference, timeout=400)
-    kill_9_then_resume(reference / "run", overrides, tmp_path)
+    grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, vllm, timeout=400)
