@@ -24,24 +24,6 @@ pytestmark = pytest.mark.slow
 STEPS = 3
 
 
-def _run_overrides(tiny_model_dir, tiny_parquet, run_dir, estimator):
-    return tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir, estimator) + [
-        f"trainer.total_training_steps={STEPS}",
-        "actor_rollout_ref.actor.use_kl_loss=true",
-        "trainer.save_freq=1",
-        "trainer.test_freq=2",
-    ]
-
-
-@pytest.fixture(scope="module")
-def grpo_run(tiny_model_dir, tiny_parquet, tmp_path_factory):
-    """An uninterrupted GRPO run (with GRPO's KL loss): its folder and its command-line overrides."""
-    work = tmp_path_factory.mktemp("grpo")
-    overrides = _run_overrides(tiny_model_dir, tiny_parquet, work / "run", "grpo")
-    run_cli(overrides + ["trainer.logger=[console,jsonl]"], cwd=work)
-    return work / "run", overrides
-
-
 def _steps(run_dir):
     return {record["step"]: record for record in read_metrics(run_dir)}
 
@@ -163,15 +145,32 @@ def test_kill_9_then_resume_matches_an_uninterrupted_run(ppo_run, tmp_path):
     assert json.dumps(_comparable(resumed[1]), sort_keys=True) == json.dumps(_comparable(reference[1]), sort_keys=True)
 
 
-def test_grpo_with_lora_trains_the_adapter_syncs_it_and_merges_to_a_hugging_face_folder(
+def grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, extra, timeout=240):
+    """A GRPO run of ``STEPS`` steps with ``extra`` overrides, checkpointed every step and counted: uninterrupted
+    (in ``tmp_path / "uninterrupted"``), then killed with -9 and resumed (``kill_9_then_resume``); returns
+    (resumed, uninterrupted) records by step."""
+    reference = tmp_path / "uninterrupted"
+    reference.mkdir()
+    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, reference / "run", "grpo") + [
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.save_freq=1",
+        "trainer.val_before_train=false",
+        *COUNTED,
+        *extra,
+    ]
+    run_cli(overrides, cwd=reference, timeout=timeout)
+    return kill_9_then_resume(reference / "run", overrides, tmp_path)
+
+
+def test_grpo_with_lora_trains_the_adapter_syncs_it_merges_and_resumes_exactly_after_kill_9(
     tiny_model_dir, tiny_parquet, tmp_path
 ):
-    run_dir = tmp_path / "run"
+    """GRPO with a LoRA adapter (local mode): the adapter trains and syncs alone into the engine, the checkpoint
+    merges into a Hugging Face folder (the worker's and ``python -m hybridflow.model_merger``'s agree), and a run
+    killed with -9 resumes exactly (adapter, optimizer state, engine sync, data position)."""
     model = "actor_rollout_ref.model"
-    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir, "grpo") + [
-        "trainer.total_training_steps=2",
-        "trainer.save_freq=2",
-        "trainer.val_before_train=false",
+    lora = [
+        "trainer.local_mode=true",
         f"{model}.lora_rank=4",
         f"{model}.lora_alpha=8",
         "actor_rollout_ref.actor.optim.lr=1e-2",
@@ -182,18 +181,17 @@ def test_grpo_with_lora_trains_the_adapter_syncs_it_and_merges_to_a_hugging_face
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
     ]
-    run_cli(overrides, cwd=tmp_path)
-    steps = _steps(run_dir)
+    _, steps = grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, lora)
     # The reference is the adapter-disabled base: equal to the actor while B = 0, apart once B has trained.
-    assert steps[1]["actor/kl_loss"] == 0.0 and steps[2]["actor/kl_loss"] > 0
-    # Step 2 sampled after the step-1 update was synced (adapter tensors only): the engine's token
+    assert steps[1]["actor/kl_loss"] == 0.0 and steps[2]["actor/kl_loss"] > 0 and steps[3]["actor/kl_loss"] > 0
+    # Steps 2 and 3 sampled after the previous update was synced (adapter tensors only): the engine's token
     # probabilities equal the actor's up to float32 rounding of two forward paths (KV cache vs packed):
     # |dp| <= p |d log p| with |d log p| a few 1e-6 at most. (With the sync skipped, step 2 measured 1.4e-3.)
-    for step in (1, 2):
+    for step in (1, 2, 3):
         assert steps[step]["training/rollout_probs_diff_valid"] == 1.0
         assert steps[step]["training/rollout_probs_diff_max"] < 1e-5, steps[step]
 
-    actor_dir = run_dir / "global_step_2" / "actor"
+    actor_dir = tmp_path / "uninterrupted" / "run" / f"global_step_{STEPS}" / "actor"
     trained = dict(load_trained_policy(actor_dir).model.named_parameters())
     base = load_file(tiny_model_dir / "model.safetensors")
     base_layers = {name: tensor for name, tensor in trained.items() if ".lora_" not in name}
@@ -223,33 +221,3 @@ def test_grpo_with_lora_trains_the_adapter_syncs_it_and_merges_to_a_hugging_face
     tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(merged(tokens).logits, exported(tokens).logits, rtol=0, atol=1e-5)
-
-
-def grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, extra, timeout=240):
-    """A GRPO run of ``STEPS`` steps with ``extra`` overrides, checkpointed every step and counted: uninterrupted,
-    then killed with -9 and resumed (``kill_9_then_resume``); returns the resumed run's records by step."""
-    reference = tmp_path / "uninterrupted"
-    reference.mkdir()
-    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, reference / "run", "grpo") + [
-        f"trainer.total_training_steps={STEPS}",
-        "trainer.save_freq=1",
-        "trainer.val_before_train=false",
-        *COUNTED,
-        *extra,
-    ]
-    run_cli(overrides, cwd=reference, timeout=timeout)
-    return kill_9_then_resume(reference / "run", overrides, tmp_path)[0]
-
-
-def test_lora_kill_9_then_resume_matches_an_uninterrupted_run(tiny_model_dir, tiny_parquet, tmp_path):
-    """GRPO with a LoRA adapter (local mode): the adapter, its optimizer state, the engine's adapter sync and the
-    data position resume exactly, every prompt of an epoch trained once."""
-    lora = [
-        "trainer.local_mode=true",
-        "actor_rollout_ref.model.lora_rank=4",
-        "actor_rollout_ref.model.lora_alpha=8",
-        "actor_rollout_ref.actor.optim.lr=1e-2",
-        "actor_rollout_ref.actor.use_kl_loss=true",
-    ]
-    resumed = grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, lora)
-    assert resumed[STEPS]["actor/kl_loss"] > 0  # the adapter trained (the reference is the adapter-less base)

@@ -161,20 +161,16 @@ def test_partial_rollout_resumes_after_kill_9_and_finishes(tiny_model_dir, tiny_
     assert_each_prompt_trained_once_per_epoch(tmp_path / DUMPS, overrides, STEPS)
 
 
-def test_a_sync_every_step_without_staleness_trains_on_the_synchronous_runs_samples(
-    tiny_model_dir, tiny_parquet, tmp_path
-):
+def test_a_sync_every_step_without_staleness_trains_on_the_synchronous_runs_samples(grpo_run, tmp_path):
     """Fully async with a sync every step, staleness 0 and calls of a whole step's prompts is the synchronous
     algorithm on two pools: every step samples the same prompts with the same seeds from the weights after the
-    previous update, so it trains on exactly the synchronous run's samples, metric for metric (the async
-    counters and timings aside)."""
-    steps = 3
-    common = tiny_run_overrides(tiny_model_dir, tiny_parquet, "run", "grpo") + [
-        "trainer.val_before_train=false",
-        "actor_rollout_ref.actor.use_kl_loss=true",
-        f"trainer.rollout_data_dir={DUMPS}",
-    ]
-    fully_async = [
+    previous update, so it trains on exactly the synchronous run's samples (tests/trainer/conftest.py), metric
+    for metric, validations included (the async counters and timings aside)."""
+    sync_dir, overrides = grpo_run
+    sync = _steps(sync_dir)
+    fully_async = [o for o in overrides if not o.startswith(("trainer.total_training_steps=", "trainer.default_"))]
+    fully_async += [
+        f"trainer.default_local_dir={tmp_path / 'run'}",
         "actor_rollout_ref.hybrid_engine=false",
         "async_training.enable=true",
         "async_training.partial_rollout=false",
@@ -184,19 +180,15 @@ def test_a_sync_every_step_without_staleness_trains_on_the_synchronous_runs_samp
         "async_training.trigger_parameter_sync_step=1",
         "async_training.staleness_threshold=0",
         "async_training.concurrent_samples_per_replica=4",
-        f"rollout.total_rollout_steps={4 * steps}",
+        f"rollout.total_rollout_steps={4 * max(sync)}",
     ]
-    runs = {}
-    for name, overrides in (("sync", [f"trainer.total_training_steps={steps}"]), ("fully_async", fully_async)):
-        (tmp_path / name).mkdir()
-        run_cli(common + overrides, cwd=tmp_path / name)
-        runs[name] = _steps(tmp_path / name / "run")
-    assert sorted(runs["sync"]) == sorted(runs["fully_async"]) == list(range(1, steps + 1))
-    assert prompts_by_step(tmp_path / "sync" / DUMPS) == prompts_by_step(tmp_path / "fully_async" / DUMPS)
-    for step in range(1, steps + 1):
-        assert runs["fully_async"][step][names.FULLY_ASYNC_STALE_SAMPLES] == 0
-        sync, fully_async = (_learning_metrics(runs[name][step]) for name in ("sync", "fully_async"))
-        assert fully_async == sync, f"step {step} differs"
+    run_cli(fully_async, cwd=tmp_path)
+    steps = _steps(tmp_path / "run")
+    assert sorted(steps) == sorted(sync) == list(range(max(sync) + 1))
+    assert prompts_by_step(tmp_path / DUMPS) == prompts_by_step(sync_dir.parent / DUMPS)
+    for step in sorted(sync):
+        assert steps[step].get(names.FULLY_ASYNC_STALE_SAMPLES, 0) == 0
+        assert _learning_metrics(steps[step]) == _learning_metrics(sync[step]), f"step {step} differs"
 
 
 def _learning_metrics(record):
