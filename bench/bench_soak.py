@@ -5,7 +5,8 @@ Modes: ``local`` (every role in the driver's process, the demo as shipped), ``ra
 on a local Ray cluster), ``one_step_off`` and ``fully_async`` (``bench_one_step_off``'s settings). Each runs
 ``python -m hybridflow.demo`` without validation or checkpoints (the epochs repeat) for ``--minutes``, and every
 ``--every`` seconds reads each process of the run's tree (the driver, Ray's own processes, each worker): resident
-memory, open files, threads. Ray's object-store bytes are not read yet.
+memory, open files, threads; and, where the run has a Ray cluster, the bytes in its object store (asked of the
+raylet through Ray's internal API, the one ``ray memory --stats-only`` uses: there is no public one).
 
 Reported per mode, from one run: the totals at every ``--report_steps``-th step reached; the resident memory's
 growth per 1,000 steps, from a least-squares line over the samples after warm-up (the first quarter of the run
@@ -26,6 +27,7 @@ import os
 import pathlib
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -55,6 +57,7 @@ class Sample:
     seconds: float
     step: int
     processes: dict[str, tuple[int, int, int]]  # role -> (resident bytes, open files, threads), summed
+    object_store_bytes: int | None = None  # None: no Ray cluster (local mode), or not up yet
 
     def total(self, index: int) -> int:
         return sum(values[index] for values in self.processes.values())
@@ -85,6 +88,37 @@ def read_tree(root: psutil.Process) -> dict[str, tuple[int, int, int]]:
     return {key: (rss, fds, threads) for key, (rss, fds, threads) in totals.items()}
 
 
+class ObjectStore:
+    """The bytes in the object store of the Ray cluster started under ``root`` (found from its raylet's
+    ``--gcs-address``)."""
+
+    def __init__(self, root: psutil.Process):
+        self.root, self.state = root, None
+
+    def bytes_used(self) -> int | None:
+        import grpc
+        from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+        if self.state is None:
+            address = self.gcs_address()
+            if address is None:
+                return None
+            self.state = get_state_from_address(address)
+        try:
+            return get_memory_info_reply(self.state, timeout_seconds=10).store_stats.object_store_bytes_used
+        except grpc.RpcError:  # the cluster is starting or stopping
+            return None
+
+    def gcs_address(self) -> str | None:
+        for process in self.root.children(recursive=True):
+            try:
+                if process.name() == "raylet":
+                    return next(arg.split("=", 1)[1] for arg in process.cmdline() if arg.startswith("--gcs-address="))
+            except (psutil.Error, StopIteration):
+                continue
+        return None
+
+
 def steps_logged(run_dir: pathlib.Path) -> int:
     metrics = run_dir / "metrics.jsonl"
     return len(metrics.read_text().splitlines()) if metrics.exists() else 0
@@ -103,8 +137,10 @@ def soak(mode: str, minutes: float, every: float, out: pathlib.Path) -> list[Sam
     start, samples = time.monotonic(), []
     try:
         root = psutil.Process(process.pid)
+        store = ObjectStore(root) if mode != "local" else None
         while time.monotonic() - start < minutes * 60 and process.poll() is None:
-            samples.append(Sample(time.monotonic() - start, steps_logged(run_dir), read_tree(root)))
+            tree, stored = read_tree(root), store.bytes_used() if store else None
+            samples.append(Sample(time.monotonic() - start, steps_logged(run_dir), tree, stored))
             time.sleep(every)
     finally:
         stop(process)
@@ -127,29 +163,37 @@ def stop(process: subprocess.Popen) -> None:
             continue
 
 
-def growth(samples: list[Sample]) -> tuple[float, float]:
-    """Resident bytes per 1,000 steps (least squares over the samples after warm-up) and the warmed-up size."""
-    warm = [sample for sample in samples[len(samples) // 4 :] if sample.step > 0]
-    if len(warm) < 2 or warm[-1].step == warm[0].step:
+def growth(samples: list[Sample], window_steps: int) -> tuple[float, float]:
+    """Resident bytes per 1,000 steps after warm-up, and the warmed-up size: a least-squares line through the
+    median of each ``window_steps`` window (a sample lands anywhere in a step, whose phases differ by ~100 MiB, so
+    single samples scatter), the first quarter of the windows dropped."""
+    windows: dict[int, list[int]] = collections.defaultdict(list)
+    for sample in samples:
+        if sample.step > 0:
+            windows[sample.step // window_steps].append(sample.total(0))
+    medians = [(index * window_steps, statistics.median(values)) for index, values in sorted(windows.items())]
+    warm = medians[len(medians) // 4 :]
+    if len(warm) < 2:
         return float("nan"), float("nan")
-    steps = [sample.step for sample in warm]
-    rss = [sample.total(0) for sample in warm]
-    mean_step, mean_rss = sum(steps) / len(steps), sum(rss) / len(rss)
+    steps, rss = [step for step, _ in warm], [size for _, size in warm]
+    mean_step, mean_rss = statistics.fmean(steps), statistics.fmean(rss)
     slope = sum((s - mean_step) * (r - mean_rss) for s, r in zip(steps, rss)) / sum((s - mean_step) ** 2 for s in steps)
-    return 1000 * slope, warm[0].total(0)
+    return 1000 * slope, mean_rss
 
 
 def report(mode: str, samples: list[Sample], report_steps: int) -> str:
     lines = [f"{mode}: {samples[-1].step} steps in {samples[-1].seconds:.0f} s, {len(samples)} samples"]
-    lines.append("  step  resident MiB  open files  threads")
+    lines.append("  step  resident MiB  open files  threads  object store MiB")
     next_step = 0
     for sample in samples:
         if sample.step >= next_step:
+            stored = "-" if sample.object_store_bytes is None else f"{sample.object_store_bytes / 2**20:.1f}"
             lines.append(
                 f"  {sample.step:>4}  {sample.total(0) / 2**20:>12.0f}  {sample.total(1):>10}  {sample.total(2):>7}"
+                f"  {stored:>16}"
             )
             next_step = (sample.step // report_steps + 1) * report_steps
-    per_1000, size = growth(samples)
+    per_1000, size = growth(samples, report_steps)
     percent = 100 * per_1000 / size if size == size else float("nan")
     verdict = "meets" if percent < GOAL_PERCENT_PER_1000_STEPS else "misses"
     lines.append(
@@ -160,6 +204,9 @@ def report(mode: str, samples: list[Sample], report_steps: int) -> str:
     grown = sorted(((last[key][0] - first.get(key, (0,))[0], key) for key in last), reverse=True)[:3]
     lines.append("  grew most: " + ", ".join(f"{key} {delta / 2**20:+.0f} MiB" for delta, key in grown))
     lines.append(f"  peak: {max(sample.total(0) for sample in samples) / 2**20:.0f} MiB resident")
+    stored = [sample.object_store_bytes for sample in samples if sample.object_store_bytes is not None]
+    if stored:
+        lines.append(f"  object store: peak {max(stored) / 2**20:.1f} MiB, at the end {stored[-1] / 2**20:.1f} MiB")
     return "\n".join(lines)
 
 
@@ -187,7 +234,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--every", type=float, default=5.0, help="seconds between samples")
     parser.add_argument("--report_steps", type=int, default=100, help="report the totals every N steps")
     parser.add_argument("--out", type=pathlib.Path, default=REPO_DIR / "outputs" / "soak")
+    parser.add_argument("--report", type=pathlib.Path, help="report a soak.json again, running nothing")
     args = parser.parse_args(argv)
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        for mode, samples in saved.items():
+            print(report(mode, [Sample(**sample) for sample in samples], args.report_steps))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     runs = {}

@@ -29,6 +29,7 @@ from hybridflow.config.fully_async_options import (
 )
 from hybridflow.config.fully_async_options import training_steps as fully_async_training_steps
 from hybridflow.config.load import ConfigError
+from hybridflow.config.memory_estimate import ProcessEstimate, estimate, memory_errors, runtime_bytes
 from hybridflow.config.phases import Phase
 from hybridflow.config.placement import ROLLOUT_ROLE, ResourcePlan, make_resource_plan
 from hybridflow.config.resume_checks import resume_keys
@@ -102,17 +103,20 @@ class RunPlan:
     custom_reward_function: CustomRewardFunctionConfig
     ray_kwargs: RayKwargsConfig
     bucket_megabytes: float
+    # Each pool's process at its peak (``config/memory_estimate.py``); None where a model folder is not here.
+    memory: tuple[ProcessEstimate, ...] | None = None
 
 
 def build_plan(config: PPOTrainerConfig, train_prompts: int) -> RunPlan:
     """The plan of ``config`` (checked) for a training set of ``train_prompts`` prompts; raises
-    :class:`ConfigError` for what only the run's length decides (a cosine schedule no longer than its warm-up)."""
+    :class:`ConfigError` for what only the run's length decides (a cosine schedule no longer than its warm-up) and
+    for processes whose estimated peak memory does not fit this machine (``config/memory_estimate.py``)."""
     prompts_per_generation = 1 if fully_async(config) else config.data.gen_batch_size or config.data.train_batch_size
     steps = _training_steps(config, train_prompts // prompts_per_generation)
     uses_critic = phase_rules.uses_critic(config)
     if errors := schedule_errors(config, steps, uses_critic):
         raise ConfigError(errors)
-    return RunPlan(
+    plan = RunPlan(
         **_layout(config),
         **_step_shape(config),
         prompts_per_step=phase_rules.step_prompts(config),
@@ -126,6 +130,11 @@ def build_plan(config: PPOTrainerConfig, train_prompts: int) -> RunPlan:
         notes=tuple(slow_dtype_notes(config, uses_critic)),
         **_sections(config, steps),
     )
+    own_bytes = runtime_bytes()
+    memory = estimate(plan, own_bytes)
+    if memory and (errors := memory_errors(plan, memory, own_bytes)):
+        raise ConfigError(errors)
+    return dataclasses.replace(plan, memory=memory)
 
 
 def _layout(config: PPOTrainerConfig) -> dict[str, Any]:
@@ -262,4 +271,5 @@ def describe(plan: RunPlan) -> list[str]:
     width = max(len(name) for name in plan.phases)
     for name, phase in plan.phases.items():
         lines.append(f"  {phase.number} {name:<{width}}  {'runs' if phase.runs else 'skipped'}: {phase.why}")
-    return lines + sizes(plan) + [f"note: {note}" for note in plan.notes]
+    memory = [process.describe() for process in plan.memory or ()]
+    return lines + sizes(plan) + memory + [f"note: {note}" for note in plan.notes]

@@ -39,7 +39,7 @@ from hybridflow.config.rules import DEVICES
 from hybridflow.config.schema import DataFiles, RayInitConfig, RunConfig
 from hybridflow.config.typed import accepted_forms, unknown_key_errors
 from hybridflow.config.verl_sft_compat import SFT_SURFACE
-from hybridflow.config.worker_start_checks import unknown_dtype_errors
+from hybridflow.config.worker_start_checks import fsdp_size_errors, unknown_dtype_errors
 from hybridflow.data.sft_dataset import SFT_PAD_MODES, SFT_TRUNCATION_MODES
 from hybridflow.help_fields import option, section
 from hybridflow.tracking.trackers import LOGGER_BACKENDS
@@ -226,11 +226,7 @@ def _model_errors(config: SFTTrainerConfig, processes: int) -> list[str]:
             "model.fsdp_config.mixed_precision.reduce_dtype": mixed.reduce_dtype,
         }
     )
-    if processes >= 1 and 0 < fsdp.fsdp_size < processes and processes % fsdp.fsdp_size:
-        errors.append(
-            f"model.fsdp_config.fsdp_size={fsdp.fsdp_size} does not divide the {processes} worker processes; choose "
-            "a divisor (or -1: shard over all of them)"
-        )
+    errors += fsdp_size_errors("model.fsdp_config.fsdp_size", fsdp.fsdp_size, processes, "worker processes")
     if not config.model.partial_pretrain:
         errors.append("model.partial_pretrain is empty; set it (or model.path) to a Hugging Face model folder")
     return errors

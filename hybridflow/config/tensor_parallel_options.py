@@ -9,6 +9,7 @@ from hybridflow.config.phases import uses_reference
 from hybridflow.config.resources import num_processes
 from hybridflow.config.rollout_pool_options import one_step_off, rollout_pool_processes
 from hybridflow.config.schema import PPOTrainerConfig
+from hybridflow.config.worker_start_checks import fsdp_size_errors
 from hybridflow.workers.config import FSDPConfig, ModelConfig
 
 KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
@@ -70,18 +71,11 @@ def training_tensor_parallel_errors(config: PPOTrainerConfig, with_critic: bool)
         roles["critic.model"] = (critic.model.fsdp_config, critic.ulysses_sequence_parallel_size, critic.model)
     world = num_processes(config)
     for prefix, (fsdp, ulysses, model) in roles.items():
-        if 0 < fsdp.fsdp_size < world and world % fsdp.fsdp_size:
-            errors.append(
-                f"{prefix}.fsdp_config.fsdp_size={fsdp.fsdp_size} does not divide the {world} training processes; "
-                f"choose a divisor of {world} or -1 (all)"
-            )
+        errors += fsdp_size_errors(f"{prefix}.fsdp_config.fsdp_size", fsdp.fsdp_size, world, "training processes")
         errors += _role_errors(config, f"{prefix}.{TRAINING_KEY}", fsdp, ulysses, model)
-    reward_fsdp = config.reward_model.model.fsdp_config.fsdp_size
-    if config.reward_model.enable and 0 < reward_fsdp < world and world % reward_fsdp:
-        errors.append(
-            f"reward_model.model.fsdp_config.fsdp_size={reward_fsdp} does not divide the {world} processes; choose "
-            f"a divisor of {world} or -1 (all)"
-        )
+    if config.reward_model.enable:
+        reward_fsdp = config.reward_model.model.fsdp_config.fsdp_size
+        errors += fsdp_size_errors("reward_model.model.fsdp_config.fsdp_size", reward_fsdp, world, "processes")
     reward = config.reward_model.model.fsdp_config.tensor_parallel_size
     if config.reward_model.enable and reward != 1:
         errors.append(

@@ -44,6 +44,14 @@ def _dtype_errors(config: PPOTrainerConfig, with_critic: bool) -> list[str]:
     return unknown_dtype_errors(dtypes)
 
 
+def fsdp_size_errors(key: str, size: int, processes: int, what: str) -> list[str]:
+    """FSDP2's hybrid sharding groups ``processes`` in meshes of ``size`` (``key``; -1 or >= processes: all of
+    them), so ``size`` must divide them; ``what`` names the processes."""
+    if 0 < size < processes and processes % size:
+        return [f"{key}={size} does not divide the {processes} {what}; choose a divisor of {processes} or -1 (all)"]
+    return []
+
+
 def unknown_dtype_errors(dtypes: dict[str, Any]) -> list[str]:
     """One line per ``{key: dtype name}`` that names no dtype hybridflow loads."""
     return [

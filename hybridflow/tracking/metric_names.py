@@ -64,6 +64,13 @@ PERF_TOTAL_NUM_TOKENS = "perf/total_num_tokens"
 PERF_TIME_PER_STEP = "perf/time_per_step"
 PERF_THROUGHPUT = "perf/throughput"
 PERF_MFU_ACTOR = "perf/mfu/actor"
+# Memory after each actor update, as verl logs it (GPU: torch's allocator peaks; the machine's used memory), and
+# the actor process's peak resident memory, which the config check's estimate is measured against.
+PERF_MAX_MEMORY_ALLOCATED = "perf/max_memory_allocated_gb"
+PERF_MAX_MEMORY_RESERVED = "perf/max_memory_reserved_gb"
+PERF_CPU_MEMORY_USED = "perf/cpu_memory_used_gb"
+PERF_MAX_RESIDENT_MEMORY = "perf/max_resident_memory_gb"
+PERF_MEMORY = (PERF_MAX_MEMORY_ALLOCATED, PERF_MAX_MEMORY_RESERVED, PERF_CPU_MEMORY_USED, PERF_MAX_RESIDENT_MEMORY)
 
 # Rollout engine vs actor on the same tokens (verl's debug metrics): |exp(old_log_probs) - exp(rollout_log_probs)|
 # over response tokens, reduced to ``<group>_max``/``_mean``/``_std``; ``_valid`` is 0 when no token was compared.

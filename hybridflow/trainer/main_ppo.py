@@ -142,6 +142,7 @@ def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> N
             temp_dir=ray_init.temp_dir,
             address=ray_init.address,
             runtime_env={key: value for key, value in ray_init.runtime_env.items() if value is not None},
+            keep_task_events=bool(ray_kwargs.timeline_json_file),
         )
     try:
         trainer.init_workers()

@@ -20,6 +20,7 @@ from hybridflow.rollout.weight_loading import weight_buckets
 from hybridflow.workers.actor import ActorPart
 from hybridflow.workers.config import ActorRolloutRefConfig, WorkerConfigError, as_config
 from hybridflow.workers.fsdp import build_device_mesh
+from hybridflow.workers.memory_metrics import memory_metrics
 from hybridflow.workers.ref import RefPart
 from hybridflow.workers.rollout_part import RolloutPart
 from hybridflow.workers.training import LossCounts, MicroBatching, RowGroup, metrics_output, row_group
@@ -208,7 +209,7 @@ class ActorRolloutRefWorker(Worker):
         its rows were sent)."""
         counts = None if loss_counts is None else LossCounts(**loss_counts)
         metrics = self._part("actor", "update_actor").update(data, self.temperature, old_log_probs_from_update, counts)
-        return metrics_output(metrics, self.rank)
+        return metrics_output({**metrics, **memory_metrics(self.device)}, self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int = 0) -> None:

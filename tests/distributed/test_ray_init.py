@@ -1,7 +1,9 @@
 """init_local_ray: explicit resources, and idempotent under the session cluster."""
 
+import psutil
+
 from hybridflow.distributed import init_local_ray
-from hybridflow.distributed.ray_init import DEFAULT_OBJECT_STORE_BYTES
+from hybridflow.distributed.ray_init import DEFAULT_OBJECT_STORE_BYTES, TASK_EVENTS_KEPT, TASK_EVENTS_KEY
 
 
 def test_session_cluster_has_the_requested_cpus_and_a_small_object_store(ray_cluster):
@@ -14,3 +16,9 @@ def test_second_call_joins_the_running_cluster_instead_of_starting_another(ray_c
     before = ray_cluster.get_runtime_context().get_node_id()
     assert init_local_ray(num_cpus=1)["CPU"] == 4
     assert ray_cluster.get_runtime_context().get_node_id() == before
+
+
+def test_the_local_clusters_gcs_keeps_a_bounded_number_of_task_events(ray_cluster):
+    gcs = [p for p in psutil.Process().children(recursive=True) if p.name() == "gcs_server"]
+    assert len(gcs) == 1
+    assert gcs[0].environ()[TASK_EVENTS_KEY] == TASK_EVENTS_KEPT

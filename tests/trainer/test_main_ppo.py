@@ -47,6 +47,10 @@ def test_grpo_writes_metrics_and_checkpoints(grpo_run):
         assert names.timing("values") not in record and "critic/values/mean" not in record
         assert "actor/kl_loss" in record
         assert record[names.PERF_THROUGHPUT] > 0 and record[names.PERF_MFU_ACTOR] > 0
+        assert record[names.PERF_CPU_MEMORY_USED] > 0 and names.PERF_MAX_MEMORY_ALLOCATED not in record  # CPU
+    # The actor process's high-water mark: the same process every step, so it never falls
+    peaks = [steps[step][names.PERF_MAX_RESIDENT_MEMORY] for step in (1, 2, 3)]
+    assert 0 < peaks[0] <= peaks[1] <= peaks[2], peaks
     assert (run_dir / "latest").read_text().strip() == "global_step_3"
     for step in (1, 2, 3):
         assert (run_dir / f"global_step_{step}" / "driver_state.pt").is_file()

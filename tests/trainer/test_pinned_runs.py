@@ -137,8 +137,15 @@ def test_logged_losses_kl_entropy_and_grad_norms_match_the_pinned_run(logged_run
             )
 
 
-# Metrics that measure time, not the computation.
-TIMED = ("timing_s/", "timing_per_token_ms/", names.PERF_THROUGHPUT, names.PERF_TIME_PER_STEP, "perf/mfu/")
+# Metrics that measure time or memory, not the computation.
+TIMED = (
+    "timing_s/",
+    "timing_per_token_ms/",
+    names.PERF_THROUGHPUT,
+    names.PERF_TIME_PER_STEP,
+    "perf/mfu/",
+    *names.PERF_MEMORY,
+)
 
 
 def test_local_mode_logs_exactly_what_the_ray_run_logs(logged_run, tiny_model_dir, tiny_parquet, tmp_path):
