@@ -240,18 +240,21 @@ def _is_kv_cache_shortfall(error: ValueError) -> bool:
     return "on kv cache allocation" in message or "is less than desired CPU memory utilization" in message
 
 
-def _vllm_lora_rank(rank: int) -> int:
-    """The smallest ``max_lora_rank`` vLLM accepts that holds ``rank``."""
+def _lora_ranks_served() -> tuple[int, ...]:
+    """The ``max_lora_rank`` values vLLM accepts."""
     from vllm.config.lora import MaxLoRARanks
 
-    return min(allowed for allowed in typing.get_args(MaxLoRARanks) if allowed >= rank)
+    return typing.get_args(MaxLoRARanks)
+
+
+def _vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds ``rank``."""
+    return min(allowed for allowed in _lora_ranks_served() if allowed >= rank)
 
 
 def largest_lora_rank() -> int:
     """The largest adapter rank vLLM serves (its largest ``max_lora_rank`` choice; 512 in vLLM 0.32)."""
-    from vllm.config.lora import MaxLoRARanks
-
-    return max(typing.get_args(MaxLoRARanks))
+    return max(_lora_ranks_served())
 
 
 def _saved_adapter_name(name: str) -> str:
