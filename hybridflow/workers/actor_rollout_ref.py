@@ -20,10 +20,9 @@ from hybridflow.rollout.weight_loading import weight_buckets
 from hybridflow.workers.actor import ActorPart
 from hybridflow.workers.config import ActorRolloutRefConfig, WorkerConfigError, as_config
 from hybridflow.workers.fsdp import build_device_mesh
-from hybridflow.workers.memory_metrics import memory_metrics
 from hybridflow.workers.ref import RefPart
 from hybridflow.workers.rollout_part import RolloutPart
-from hybridflow.workers.training import LossCounts, MicroBatching, RowGroup, metrics_output, row_group
+from hybridflow.workers.training import LossCounts, MicroBatching, RowGroup, memory_metrics, metrics_output, row_group
 
 if TYPE_CHECKING:
     from hybridflow.distributed import SharedObject

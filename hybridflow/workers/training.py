@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import resource
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
+import psutil
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -46,6 +49,7 @@ from hybridflow.distributed.rank_groups import MeshGroup, gather_objects
 from hybridflow.distributed.sequence_parallel import SequenceParallelGroup, sequence_parallel_group
 from hybridflow.models.tensor_parallel import is_training_split
 from hybridflow.protocol import DataProto
+from hybridflow.tracking import metric_names as names
 from hybridflow.workers.checkpoint import TrainingState
 from hybridflow.workers.config import (
     WARMUP_STYLES,
@@ -343,6 +347,21 @@ def metrics_output(metrics: dict, rank: int) -> DataProto:
     the driver's mean exact (the mean of world_size equal floats can differ from them in the last bit).
     """
     return DataProto(meta_info={"metrics": metrics} if rank == 0 else {})
+
+
+def memory_metrics(device: str) -> dict[str, float]:
+    """Memory after an update: verl's ``perf/max_memory_allocated_gb`` and ``..._reserved_gb`` (GPU) and
+    ``perf/cpu_memory_used_gb`` (the machine's), and this process's high-water resident memory, the number the
+    config check's estimate is measured against (``config/memory_estimate.py``)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    metrics = {
+        names.PERF_CPU_MEMORY_USED: psutil.virtual_memory().used / 2**30,
+        names.PERF_MAX_RESIDENT_MEMORY: (peak if sys.platform == "darwin" else peak * 1024) / 2**30,
+    }
+    if device == "cuda":
+        metrics[names.PERF_MAX_MEMORY_ALLOCATED] = torch.cuda.max_memory_allocated() / 2**30
+        metrics[names.PERF_MAX_MEMORY_RESERVED] = torch.cuda.max_memory_reserved() / 2**30
+    return metrics
 
 
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
