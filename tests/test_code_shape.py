@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.source_tree import parse
+
 PACKAGE = Path(__file__).resolve().parents[1] / "hybridflow"
 MAX_FUNCTION_LINES = 45
 
 
 def _long_functions(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path)
     return [
         f"{node.name} ({node.end_lineno - node.lineno + 1} lines, from line {node.lineno})"
         for node in ast.walk(tree)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.source_tree import parse
+
 PACKAGE = Path(__file__).resolve().parents[1] / "hybridflow"
 
 FOUNDATION = {"registry", "errors", "help_fields", "lazy_exports"}
@@ -49,7 +51,7 @@ def _package_of(module_parts: list[str] | tuple[str, ...]) -> str | None:
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path)
     relative_base = path.relative_to(PACKAGE.parent).with_suffix("").parts
     found = []
     for node in ast.walk(tree):
