@@ -32,13 +32,13 @@ from hybridflow.config.batch_sizes import micro_batch_sizes
 from hybridflow.config.phases import OLD_FROM_PASS
 from hybridflow.config.placement import ROLLOUT_ROLE
 from hybridflow.config.sequence_parallel_options import data_parallel_ranks
+from hybridflow.models.dtypes import DTYPES
 
 if TYPE_CHECKING:
     from hybridflow.config.plan import RunPlan
 
 ACTOR = "actor_rollout_ref.actor"
 GIB = 2**30
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 # A CUDA process's context and cuBLAS workspace before any tensor (torch's documented ~300-600 MiB; the upper end).
 CUDA_CONTEXT_BYTES = 600 * 2**20
 WORKER_MODULES = (
@@ -62,18 +62,16 @@ class ModelShape:
     @classmethod
     def read(cls, path: str, trust_remote_code: bool = False) -> ModelShape:
         from hybridflow.models.loading import load_model_config
-        from hybridflow.rollout.vllm_memory import weight_bytes
+        from hybridflow.rollout.vllm_memory import kv_width, weight_bytes
 
         text = load_model_config(path, trust_remote_code=trust_remote_code).get_text_config()
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         intermediate = getattr(text, "intermediate_size", None) or 4 * text.hidden_size
         return cls(
             weight_bytes(path, "float32") // 4,
             text.num_hidden_layers,
             text.hidden_size,
             intermediate,
-            kv_heads * head_dim,
+            kv_width(text),
             text.vocab_size,
         )
 
@@ -192,13 +190,13 @@ def _role_parts(plan: RunPlan, role: str, shapes: dict[str, ModelShape]) -> list
 def _actor_parts(plan: RunPlan, shape: ModelShape) -> list[Part]:
     arr, world = plan.actor_rollout_ref, plan.world_size
     actor, model = arr.actor, arr.model
-    width = DTYPE_BYTES[model.dtype]
+    width = _width(model.dtype)
     trainable = shape.adapter_parameters(model.lora_rank) if model.lora_rank > 0 else shape.parameters
     shards = _shards(actor.fsdp_config.fsdp_size, world)
     parts = _training_state("actor", shape.parameters, trainable, width, shards, "actor_rollout_ref.model.lora_rank")
     micro = micro_batch_sizes(arr, plan.critic, world)[0]
     ranks = data_parallel_ranks(world, actor.ulysses_sequence_parallel_size, actor.fsdp_config.tensor_parallel_size)
-    compute = DTYPE_BYTES[actor.fsdp_config.mixed_precision.param_dtype]
+    compute = _width(actor.fsdp_config.mixed_precision.param_dtype)
     checkpointing = model.enable_gradient_checkpointing
     update = _batching(ACTOR, "ppo_micro_batch_size", actor.use_dynamic_bsz, "ppo_max_token_len_per_gpu", actor)
     tokens, key = update.tokens(plan, micro, actor.ppo_mini_batch_size, ranks)
@@ -277,7 +275,7 @@ def _rollout_parts(plan: RunPlan, shape: ModelShape, processes: int) -> list[Par
     """A whole copy of the weights (1/tp of each split weight), and the KV cache and prefill of the sequences
     decoded at once (``max_num_seqs``, at most a rank's share of the step)."""
     rollout = plan.actor_rollout_ref.rollout
-    width, split = DTYPE_BYTES[rollout.dtype], rollout.tensor_model_parallel_size
+    width, split = _width(rollout.dtype), rollout.tensor_model_parallel_size
     length = plan.data.max_prompt_length + plan.data.max_response_length
     groups = max(1, processes // split)
     sequences = min(rollout.max_num_seqs, -(-plan.prompts_per_generation * plan.samples_per_prompt // groups))
@@ -303,7 +301,7 @@ def _rollout_parts(plan: RunPlan, shape: ModelShape, processes: int) -> list[Par
 
 def _critic_parts(plan: RunPlan, shape: ModelShape) -> list[Part]:
     critic, world = plan.critic, plan.world_size
-    width = DTYPE_BYTES[critic.model.dtype]
+    width = _width(critic.model.dtype)
     trainable = shape.adapter_parameters(critic.model.lora_rank) if critic.model.lora_rank > 0 else shape.parameters
     shards = _shards(critic.model.fsdp_config.fsdp_size, world)
     parts = _training_state("critic", shape.parameters, trainable, width, shards, "critic.model.lora_rank")
@@ -311,7 +309,7 @@ def _critic_parts(plan: RunPlan, shape: ModelShape) -> list[Part]:
     ranks = data_parallel_ranks(
         world, critic.ulysses_sequence_parallel_size, critic.model.fsdp_config.tensor_parallel_size
     )
-    compute = DTYPE_BYTES[critic.model.fsdp_config.mixed_precision.param_dtype]
+    compute = _width(critic.model.fsdp_config.mixed_precision.param_dtype)
     checkpointing = critic.model.enable_gradient_checkpointing
     update = _batching("critic", "ppo_micro_batch_size", critic.use_dynamic_bsz, "ppo_max_token_len_per_gpu", critic)
     tokens, key = update.tokens(plan, micro, critic.ppo_mini_batch_size, ranks)
@@ -327,7 +325,7 @@ def _critic_parts(plan: RunPlan, shape: ModelShape) -> list[Part]:
 
 def _reward_model_parts(plan: RunPlan, shape: ModelShape) -> list[Part]:
     reward_model = plan.reward_model
-    width = DTYPE_BYTES[reward_model.model.dtype]
+    width = _width(reward_model.model.dtype)
     length = plan.data.max_prompt_length + plan.data.max_response_length
     samples = reward_model.micro_batch_size_per_gpu or max(
         1, plan.prompts_per_step * plan.samples_per_prompt // plan.world_size
@@ -374,7 +372,9 @@ def memory_errors(plan: RunPlan, estimates: tuple[ProcessEstimate, ...], own_byt
 
 
 def _gpu_errors(estimates: tuple[ProcessEstimate, ...], total: int) -> list[str]:
-    for process in estimates if total else ():
+    if not total:
+        return []  # no GPU here to measure against
+    for process in estimates:
         needed = process.peak - process.runtime + CUDA_CONTEXT_BYTES
         if needed > total:
             return [
@@ -393,6 +393,11 @@ def _refusal(process: ProcessEstimate, needed: str, capacity: str) -> str:
     )
 
 
+def _width(dtype: str) -> int:
+    """Bytes per element of a config's dtype name."""
+    return DTYPES[dtype].itemsize
+
+
 def _gib(size: int) -> str:
     return f"{size / GIB:.2f}"
 
@@ -400,8 +405,8 @@ def _gib(size: int) -> str:
 def runtime_bytes() -> int:
     """A worker process's runtime: this process's resident memory once it has imported what a worker imports
     (the driver imports the worker classes to start them, so this costs it nothing)."""
-    import psutil
+    from hybridflow.rollout.vllm_memory import resident_bytes
 
     for module in WORKER_MODULES:
         importlib.import_module(module)
-    return psutil.Process(os.getpid()).memory_info().rss
+    return resident_bytes()

@@ -55,9 +55,14 @@ def kv_bytes_per_token(model_config: Any, dtype: str) -> int:
     """Keys and values of one token over every layer (each layer full attention: an upper bound where some
     layers attend within a sliding window)."""
     text = model_config.get_text_config()
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    return 2 * text.num_hidden_layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
+    return 2 * text.num_hidden_layers * kv_width(text) * DTYPE_BYTES[dtype]
+
+
+def kv_width(text_config: Any) -> int:
+    """Elements of one token's keys (or values) in one layer: key/value heads x head size."""
+    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+    kv_heads = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
+    return kv_heads * head_dim
 
 
 def kv_cache_bytes(model_config: Any, dtype: str, sequences: int, max_model_len: int) -> int:

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from hybridflow.config import memory_estimate
 from hybridflow.config.load import ConfigError, load_config
 from hybridflow.config.memory_estimate import CUDA_CONTEXT_BYTES, ModelShape, Part, ProcessEstimate
-from hybridflow.config.plan import build_plan
+from hybridflow.config.plan import build_plan, describe
 from tests.trainer.helpers import compose_config
 
 # The demo's model (examples/tiny_base_model): hidden 256, 2 layers, 2 of 4 heads for keys and values, vocab 263.
@@ -77,13 +77,7 @@ def test_a_grpo_runs_parts_follow_its_keys(base, tiny_model_dir):
     # the rollout decodes the step's 4 x 2 samples at once
     assert parts["rollout KV cache"].bytes == 8 * 72 * shape.kv_bytes_per_token(4)
     assert "critic weights" not in parts
-    assert any(line.startswith("memory per process of the driver") for line in describe_lines(plan))
-
-
-def describe_lines(plan):
-    from hybridflow.config.plan import describe
-
-    return describe(plan)
+    assert any(line.startswith("memory per process of the driver") for line in describe(plan))
 
 
 def test_lora_trains_the_adapter_alone_and_its_reference_is_the_actor(base, tiny_model_dir):
