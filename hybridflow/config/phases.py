@@ -187,6 +187,9 @@ def _advantages(config: PPOTrainerConfig) -> str:
 
 def _weight_sync(config: PPOTrainerConfig) -> str:
     if not one_step_off(config):
+        rollout = config.actor_rollout_ref.rollout
+        if rollout.tensor_model_parallel_size > 1 and not config.actor_rollout_ref.model.uses_lora:
+            return "the actor's shards into its split rollout engine, each rank receiving only what its shard lacks"
         return "the actor's weights into its rollout engine, one gathered parameter at a time"
     buckets = config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes
     to_pool = f"the actor's weights into the rollout pool in buckets of {buckets} MB"

@@ -111,14 +111,22 @@ def rank_boxes(tensor: DTensor) -> dict[int, Box]:
 def reshard_into(source: torch.Tensor, target: DTensor) -> Traffic:
     """Write ``source`` (a DTensor in any layout over the default group's ranks, or the whole tensor) into this
     rank's shard of ``target``. Every rank of the default group calls it together for a DTensor source."""
-    local, own_target = target.to_local(), own_box(target)
+    local = target.to_local()
     if not isinstance(source, DTensor):
-        local.copy_(source[_slices(own_target)])
+        local.copy_(source[_slices(own_box(target))])
         return Traffic()
     if tuple(source.shape) != tuple(target.shape):
         raise ValueError(f"resharding a {tuple(source.shape)} weight into a {tuple(target.shape)} one")
-    sources, targets = rank_boxes(source), rank_boxes(target)
+    return reshard_to_boxes(source, local, rank_boxes(target))
+
+
+def reshard_to_boxes(source: DTensor, local: torch.Tensor, targets: dict[int, Box]) -> Traffic:
+    """Write the box ``targets[rank]`` of ``source`` (a DTensor over the default group's ranks) into ``local``
+    (shaped as that box), each rank receiving only what it does not hold. Every rank of the default group calls
+    it together, with the same ``targets``: every rank's box of the global tensor."""
+    sources = rank_boxes(source)
     world, me = dist.get_world_size(), dist.get_rank()
+    own_target = targets[me]
     plan = _exchange_plan(tuple(sorted(sources.items())), tuple(sorted(targets.items())))
     mine = source.to_local()
     own = plan[me][me]

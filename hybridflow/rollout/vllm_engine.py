@@ -2,10 +2,11 @@
 
 Written against vLLM's offline ``LLM`` API (``LLM.generate`` with token prompts, ``SamplingParams``,
 ``sleep``/``wake_up``). vLLM runs in the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), one replica per
-rank at tensor-parallel size 1, so a weight sync hands it the actor's tensors without a copy through another
-process. The sync goes through the worker's ``reload_weights`` (vLLM's in-place reload for RL weight updates),
-called once per sync with the tensors streamed as they come: vLLM's layer-wise reload re-initialises any layer
-a call does not cover, so one call per bucket would zero the rest of the model.
+rank at tensor-parallel size 1 (or a shard of an SPMD engine split over the group's ranks), so a weight sync hands
+it the actor's tensors without a copy through another process; a split engine is sent only its shard's part of
+each weight (``vllm_shards.py``). The sync goes through the worker's ``reload_weights`` (vLLM's in-place reload
+for RL weight updates), called once per sync with the tensors streamed as they come: vLLM's layer-wise reload
+re-initialises any layer a call does not cover, so one call per bucket would zero the rest of the model.
 
 Log-probs are vLLM's own under ``logprobs_mode`` (verl's default ``processed_logprobs``: after temperature, and
 after top-k/top-p, which vLLM renormalises over the tokens they keep; with both off, as in verl's defaults,
@@ -35,6 +36,7 @@ from hybridflow.rollout import vllm_memory
 from hybridflow.rollout.base import ROLLOUT_ENGINES, MissingExtraError, RolloutEngine
 from hybridflow.rollout.config import SPLIT_ENGINE_REFUSES_REQUESTS, RolloutConfig, SamplingParams
 from hybridflow.rollout.requests import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, GenerationRequest, GenerationResult
+from hybridflow.rollout.vllm_shards import VLLMShards, read_layout
 
 
 def import_vllm() -> Any:
@@ -72,6 +74,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._lora_config: Any = None
         self._adapter_folder: tempfile.TemporaryDirectory | None = None
         self._lora_request: Any = None
+        self._shards: VLLMShards | None = None
         self._waiting: list[tuple[GenerationRequest, asyncio.Future]] = []
         self._flushing = False
 
@@ -201,12 +204,27 @@ class VLLMRolloutEngine(RolloutEngine):
                 future.set_result(result)
         self._flushing = False
 
+    @property
+    def takes_sharded_weights(self) -> bool:
+        """Split over a tensor-parallel group: each rank is sent only its vLLM shard's part (``vllm_shards.py``)."""
+        return self.config.tensor_model_parallel_size > 1
+
+    @property
+    def shards(self) -> VLLMShards:
+        """Where every rank's vLLM shard lies (gathered at the first sync: every rank syncs together)."""
+        if self._shards is None:
+            (layout,) = self.llm.collective_rpc(read_layout)
+            self._shards = VLLMShards(layout)
+        return self._shards
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """All of the model's weights, in one call: vLLM reloads layer by layer as each layer's tensors arrive.
-        With an adapter: the adapter's tensors (peft's names), written as peft saves an adapter, which vLLM
-        reloads in place before the next generation."""
+        A weight sharded over the actor's ranks (a DTensor) is resharded into this rank's vLLM shard; a whole one
+        is passed as it is. With an adapter: the adapter's tensors (peft's names), written as peft saves an
+        adapter, which vLLM reloads in place before the next generation."""
         if self._lora_config is None:
-            self.llm.collective_rpc(_reload_weights, args=(_full_tensors(named_tensors),))
+            tensors = self.shards.checkpoint_tensors(named_tensors) if self.takes_sharded_weights else named_tensors
+            self.llm.collective_rpc(_reload_weights, args=(_full_tensors(tensors),))
             return
         from vllm.lora.request import LoRARequest
 

@@ -1,14 +1,21 @@
 """The vllm engine split over a tensor-parallel group (vLLM's SPMD engines, ``external_launcher``), on a real gloo
 group of 2 processes: each rank passes its own prompts, the group generates them together, and each rank gets
-its own back, equal token for token to one whole engine's, before and after a weight sync."""
+its own back, equal token for token to one whole engine's, before and after a weight sync from the actor's FSDP2
+shards, in which each rank receives only what its vLLM shard lacks."""
+
+import math
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Shard
 
 pytest.importorskip("vllm")
 
 from hybridflow.models.loading import load_causal_lm, load_model_config, load_tokenizer  # noqa: E402
+from hybridflow.models.tensor_parallel import ROW_SPLIT  # noqa: E402
 from hybridflow.rollout import GenerationRequest, RolloutConfig, SamplingParams, create_rollout_engine  # noqa: E402
 from hybridflow.rollout.vllm_memory import kv_cache_bytes  # noqa: E402
 from tests.float_bounds import longest_reduction, model_output_bound  # noqa: E402
@@ -45,7 +52,8 @@ def _generations(engine, prompts: list[list[int]]) -> list[tuple[list[int], torc
 
 def _before_and_after_a_sync(model_dir: str) -> dict:
     """This rank's prompts (its half when 2 ranks split the model, all of them alone), greedy, before and after a
-    sync of weights that every rank changes alike."""
+    sync of weights that every rank changes alike: whole into one engine; into a split engine, as the actor's
+    FSDP2 shards (the row-split layers by columns, as a run with a split rollout trains them)."""
     size, rank = dist.get_world_size(), dist.get_rank()
     prompts = PROMPTS[rank * 2 : rank * 2 + 2] if size == 2 else PROMPTS
     engine = _engine(model_dir, size)
@@ -55,8 +63,33 @@ def _before_and_after_a_sync(model_dir: str) -> dict:
     with torch.no_grad():
         for param in model.parameters():
             param.add_(0.05 * torch.randn(param.shape, generator=generator))
-    engine.load_weights(model.named_parameters())
-    return {"before": before, "after": _generations(engine, prompts)}
+    if size == 1:
+        engine.load_weights(model.named_parameters())
+        return {"before": before, "after": _generations(engine, prompts)}
+    by_columns = {id(m.weight) for n, m in model.named_modules() if n.rpartition(".")[2] in ROW_SPLIT}
+    fully_shard(model, mesh=init_device_mesh("cpu", (size,)), shard_placement_fn=lambda p: _by_columns(p, by_columns))
+    engine.load_weights((name, param.detach()) for name, param in model.named_parameters())
+    return {"before": before, "after": _generations(engine, prompts), "received": engine.shards.traffic.received}
+
+
+def _by_columns(param: torch.Tensor, by_columns: set[int]) -> Shard | None:
+    return Shard(1) if id(param) in by_columns else None
+
+
+def _lacking(model_dir, rank: int) -> int:
+    """The bytes rank ``rank`` of 2 lacks of its vLLM shard when FSDP2 holds chunk ``rank`` of every weight (by
+    rows, by columns for o and down). Of every split linear layer: nothing (vLLM takes the same half). Of the
+    tied embedding: vLLM's rows (the vocabulary padded to a multiple of 64, then halved) outside FSDP's
+    (ceil(V / 2) each). Of each norm (whole in vLLM): the other half."""
+    config = load_model_config(model_dir)
+    vocab, hidden, layers = config.vocab_size, config.hidden_size, config.num_hidden_layers
+    assert config.tie_word_embeddings
+    vllm_rows = math.ceil(vocab / 64) * 64 // 2
+    vllm = range(rank * vllm_rows, min((rank + 1) * vllm_rows, vocab))
+    fsdp = range(rank * math.ceil(vocab / 2), min((rank + 1) * math.ceil(vocab / 2), vocab))
+    embedding_rows = len(set(vllm) - set(fsdp))
+    norms = 2 * layers + 1
+    return 4 * (embedding_rows * hidden + norms * hidden // 2)  # float32
 
 
 def test_a_split_engine_generates_what_a_whole_one_does_before_and_after_a_sync(tiny_model_dir, tmp_path):
@@ -69,3 +102,5 @@ def test_a_split_engine_generates_what_a_whole_one_does_before_and_after_a_sync(
         for (_, log_probs), (_, expected) in zip(got, whole[moment]):
             torch.testing.assert_close(log_probs, expected, rtol=0, atol=model_output_bound(expected, num_terms))
     assert whole["before"] != whole["after"], "the sync changed nothing to compare"
+    # Each rank received only what its shard lacked: a few KiB, against half the model's 1.3 MB gathering whole.
+    assert [split[rank]["received"] for rank in (0, 1)] == [_lacking(tiny_model_dir, rank) for rank in (0, 1)]
