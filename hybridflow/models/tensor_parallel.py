@@ -32,6 +32,20 @@ from hybridflow.errors import HybridflowError
 # Linear layers split by output rows, and by input columns, in the decoders transformers ships.
 COLUMN_SPLIT = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW_SPLIT = ("o_proj", "down_proj")
+# The input embedding and the output head, split by vocabulary rows, under their names in those decoders.
+VOCABULARY_SPLIT = ("embed_tokens", "lm_head")
+
+
+def split_dimension(name: str) -> int | None:
+    """The dimension along which a split model (:func:`split_plan`) divides the weight ``name`` (a Hugging Face
+    parameter name), or None where every rank holds it whole."""
+    module, _, kind = name.rpartition(".")
+    leaf = module.rpartition(".")[2]
+    if leaf in COLUMN_SPLIT or leaf in VOCABULARY_SPLIT:
+        return 0
+    if leaf in ROW_SPLIT and kind == "weight":
+        return 1
+    return None
 
 
 class TensorParallelError(HybridflowError, ValueError):

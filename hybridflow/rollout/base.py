@@ -90,6 +90,12 @@ class RolloutEngine(ABC):
         then receiving only its own shard's part; otherwise every weight comes whole."""
         return False
 
+    @property
+    def generation_shard(self) -> int:
+        """Which slice of every split weight this rank's generation model holds (its place in its tensor-parallel
+        group): the buckets of a rollout pool's sync it loads (``weight_loading.weight_buckets``)."""
+        return 0
+
     @contextmanager
     def loading_weights(self, version: int) -> Iterator[None]:
         """The ``load_weights`` calls inside land together, as weight version ``version``; an engine that can

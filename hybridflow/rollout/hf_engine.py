@@ -92,6 +92,10 @@ class HFRolloutEngine(RolloutEngine):
         return self.group is not None
 
     @property
+    def generation_shard(self) -> int:
+        return 0 if self.group is None else self.group.rank
+
+    @property
     def eos_token_ids(self) -> set[int]:
         return set(self._eos_token_ids)
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from hybridflow.distributed.resharding import Box, Traffic, reshard_to_boxes
-from hybridflow.models.tensor_parallel import COLUMN_SPLIT, ROW_SPLIT
+from hybridflow.models.tensor_parallel import VOCABULARY_SPLIT, split_dimension
 
 
 @dataclass(frozen=True)
@@ -37,20 +37,14 @@ class ShardLayout:
 
     def box(self, name: str, shape: tuple[int, ...]) -> Box:
         """The box of the weight ``name`` (a Hugging Face name) that this rank's vLLM loader keeps."""
-        module, _, kind = name.rpartition(".")
-        leaf = module.rpartition(".")[2]
-        whole = [(0, size) for size in shape]
+        box = [(0, size) for size in shape]
+        module, dim = name.rpartition(".")[0], split_dimension(name)
         if module in self.vocab_rows:
-            whole[0] = self.vocab_rows[module]
-        elif leaf in COLUMN_SPLIT:
-            whole[0] = self._chunk(shape[0])
-        elif leaf in ROW_SPLIT and kind == "weight":
-            whole[1] = self._chunk(shape[1])
-        return tuple(whole)
-
-    def _chunk(self, size: int) -> tuple[int, int]:
-        part = size // self.tp_size
-        return self.tp_rank * part, (self.tp_rank + 1) * part
+            box[0] = self.vocab_rows[module]
+        elif dim is not None and module.rpartition(".")[2] not in VOCABULARY_SPLIT:  # vLLM's rows, or whole
+            part = shape[dim] // self.tp_size
+            box[dim] = (self.tp_rank * part, (self.tp_rank + 1) * part)
+        return tuple(box)
 
 
 def read_layout(worker: Any) -> ShardLayout:

@@ -4,7 +4,8 @@ The caller streams ``(name, tensor)`` pairs, e.g. each FSDP2 parameter gathered 
 each is copied into the matching parameter and can be freed before the next arrives, so at most one extra
 parameter-sized tensor is alive: never a second state dict. A tensor-parallel model's parameters (DTensors)
 take their own shard only: resharded from a DTensor source (``distributed/resharding.py``, every rank receiving
-just what it lacks), sliced from a whole tensor.
+just what it lacks), sliced from a whole tensor, or copied as they come where they are the rank's slice already
+(a split rollout pool's buckets, :func:`weight_buckets`).
 
 Names are matched after removing wrapper segments that FSDP, torch.compile, activation checkpointing, DDP and
 PEFT insert (``_fsdp_wrapped_module.``, ``_orig_mod.``, ``_checkpoint_wrapped_module.``, ``module.``,
@@ -17,9 +18,10 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 import torch
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
-from hybridflow.distributed.resharding import reshard_into
+from hybridflow.distributed.resharding import reshard_into, shard_box
+from hybridflow.models.tensor_parallel import split_dimension
 
 _WRAPPER_SEGMENTS = ("_fsdp_wrapped_module.", "_orig_mod.", "_checkpoint_wrapped_module.")
 _WRAPPER_PREFIXES = ("module.", "base_model.model.")
@@ -73,12 +75,14 @@ def load_weights_in_place(model: torch.nn.Module, named_tensors: Iterable[tuple[
     for name, tensor in named_tensors:
         target_name = canonical_name(name, targets)
         target = targets[target_name]
-        if target.shape != tensor.shape:
+        if target.shape != tensor.shape and not _is_own_slice(tensor, target):
             raise WeightShapeError(
                 f"weight {name!r} has shape {tuple(tensor.shape)} but the rollout model's {target_name!r} has "
                 f"{tuple(target.shape)}; the actor and rollout models must have the same architecture"
             )
-        if isinstance(target, DTensor):
+        if target.shape != tensor.shape:  # this rank's slice already (a split rollout pool's bucket)
+            target.to_local().copy_(tensor)
+        elif isinstance(target, DTensor):
             reshard_into(tensor, target)
         else:
             target.copy_(tensor.full_tensor() if isinstance(tensor, DTensor) else tensor)
@@ -87,17 +91,38 @@ def load_weights_in_place(model: torch.nn.Module, named_tensors: Iterable[tuple[
     return loaded
 
 
+def _is_own_slice(tensor: torch.Tensor, target: torch.Tensor) -> bool:
+    return isinstance(target, DTensor) and not isinstance(tensor, DTensor) and tensor.shape == target.to_local().shape
+
+
 def weight_buckets(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], megabytes: float
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """The stream cut into lists of at least ``megabytes`` (the last may be smaller), each yielded once full, so
-    one bucket is held at a time (verl's ``update_weights_bucket_megabytes``)."""
-    bucket, size, limit = [], 0, megabytes * 2**20
+    named_tensors: Iterable[tuple[str, torch.Tensor]], megabytes: float, shards: int = 1
+) -> Iterator[tuple[int, list[tuple[str, torch.Tensor]]]]:
+    """``(shard, bucket)``: the stream cut, for each of the ``shards`` ranks of a generation model split that
+    many ways, into lists of at least ``megabytes`` of that rank's slices (the last may be smaller), each yielded
+    once full, so one bucket per shard is held at a time (verl's ``update_weights_bucket_megabytes``). A rank of
+    a split rollout then receives only its own slices."""
+    buckets: list[list[tuple[str, torch.Tensor]]] = [[] for _ in range(shards)]
+    sizes, limit = [0] * shards, megabytes * 2**20
     for name, tensor in named_tensors:
-        bucket.append((name, tensor))
-        size += tensor.numel() * tensor.element_size()
-        if size >= limit:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
-        yield bucket
+        for shard, piece in enumerate(generation_slices(name, tensor, shards)):
+            buckets[shard].append((name, piece))
+            sizes[shard] += piece.numel() * piece.element_size()
+            if sizes[shard] >= limit:
+                yield shard, buckets[shard]
+                buckets[shard], sizes[shard] = [], 0
+    for shard, bucket in enumerate(buckets):
+        if bucket:
+            yield shard, bucket
+
+
+def generation_slices(name: str, tensor: torch.Tensor, shards: int) -> list[torch.Tensor]:
+    """The slice of the whole weight ``tensor`` that each of ``shards`` ranks of a split generation model holds
+    (DTensor's chunks along ``split_dimension``), each a copy so that a bucket holds no more; the tensor itself
+    for each rank where it stays whole."""
+    dim = split_dimension(name) if shards > 1 else None
+    if dim is None:
+        return [tensor] * shards
+    shape, placements = tuple(tensor.shape), [Shard(dim)]
+    boxes = [shard_box(shape, (shards,), placements, (shard,)) for shard in range(shards)]
+    return [tensor[tuple(slice(start, stop) for start, stop in box)].clone() for box in boxes]

@@ -158,11 +158,12 @@ class ActorRolloutRefWorker(Worker):
         yield from self._part("rollout", "generate_sequences_stream").generate_sequences_stream(prompts)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def share_weights(self, bucket_megabytes: float) -> tuple[list[SharedObject], int]:
+    def share_weights(self, bucket_megabytes: float) -> tuple[list[list[SharedObject]], int]:
         """The actor's full weights (Hugging Face names, LoRA merged) put in the object store in buckets of about
         ``bucket_megabytes``, for a rollout pool of its own (``load_shared_weights``), and their checksum in the
-        rollout's dtype (``models/weight_checksum.py``). Every rank gathers (each parameter is a collective);
-        rank 0 returns the buckets, the others an empty list."""
+        rollout's dtype (``models/weight_checksum.py``). A pool split ``rollout.tensor_model_parallel_size`` ways
+        gets a list of buckets per shard, each of that shard's slices. Every rank gathers (each parameter is a
+        collective); rank 0 returns the buckets, the others an empty list."""
         from hybridflow.distributed import share  # loads Ray, which only a rollout pool of its own needs
 
         gathered = self._part("actor", "share_weights").hf_weights()
@@ -172,16 +173,23 @@ class ActorRolloutRefWorker(Worker):
                 pass
             return [], 0
         checksummed = ChecksummedWeights(weights, resolve_dtype(self.config.rollout.dtype))
-        return [share(bucket) for bucket in weight_buckets(checksummed, bucket_megabytes)], checksummed.part
+        shards = self.config.rollout.tensor_model_parallel_size
+        buckets: list[list[SharedObject]] = [[] for _ in range(shards)]
+        for shard, bucket in weight_buckets(checksummed, bucket_megabytes, shards):
+            buckets[shard].append(share(bucket))
+        return buckets, checksummed.part
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrent=True)
-    def load_shared_weights(self, buckets: list[SharedObject], version: int = 0, checksum: int | None = None) -> float:
-        """Load ``share_weights``' buckets into this rollout engine one bucket at a time, as weight version
+    def load_shared_weights(
+        self, buckets: list[list[SharedObject]], version: int = 0, checksum: int | None = None
+    ) -> float:
+        """Load ``share_weights``' buckets of this rank's shard into its rollout engine one at a time, as weight version
         ``version``, checked against their ``checksum``; returns the seconds the sync checks took since the
         last call. Concurrent: on a group started for it, the load lands between the decode steps of a
         generation in progress (fully async's partial rollout)."""
         rollout = self._part("rollout", "load_shared_weights")
-        return rollout.load_weight_buckets((bucket.get() for bucket in buckets), version, checksum)
+        own = buckets[rollout.engine.generation_shard]
+        return rollout.load_weight_buckets((bucket.get() for bucket in own), version, checksum)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False) -> DataProto:

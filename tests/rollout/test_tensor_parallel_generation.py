@@ -1,6 +1,7 @@
 """Tensor-parallel generation on real gloo groups of 4 processes: resharding puts every element where its
 layout says with the bytes the paper counts, the split model generates the one-rank model's tokens (greedy and
-seeded sampling, groups of 2 and 4), and a sync from FSDP2 shards leaves each rank exactly its slice."""
+seeded sampling, groups of 2 and 4), and a sync from FSDP2 shards, or from a rollout pool's buckets of each rank's
+slices, leaves each rank exactly its slice."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from transformers import AutoConfig
 from hybridflow.distributed.resharding import check_rank_order, rank_boxes, reshard_into
 from hybridflow.models.loading import load_causal_lm, load_tokenizer
 from hybridflow.rollout import GenerationRequest, HFRolloutEngine, RolloutConfig, SamplingParams
+from hybridflow.rollout.weight_loading import weight_buckets
 from hybridflow.workers import ActorRolloutRefWorker
 from tests.float_bounds import longest_reduction, model_output_bound
 from tests.gloo_ranks import run_on_ranks
+from tests.rollout.moved_weights import moved_model
 
 WORLD_SIZE = 4
 GROUP_SIZES = (2, 4)
@@ -110,6 +113,19 @@ def _worker_sync_check(model_dir: str, training_split: int) -> bool:
     return exact
 
 
+def _bucket_sync_check(model_dir: str) -> bool:
+    """A rollout pool's sync into a t_g = 2 engine: each rank loads only its shard's buckets of a changed model's
+    whole weights (``weight_buckets``); each rank's shard equals the new weights' slice."""
+    new = {name: param.detach() for name, param in moved_model(model_dir).named_parameters()}
+    config = RolloutConfig.from_dict({"tensor_model_parallel_size": 2})
+    engine = HFRolloutEngine.from_pretrained(model_dir, config, tokenizer=load_tokenizer(model_dir))
+    own = [bucket for shard, bucket in weight_buckets(new.items(), 0.01, 2) if shard == engine.generation_shard]
+    engine.load_weights(pair for bucket in own for pair in bucket)
+    exact = all(_holds_slice(param, new[name]) for name, param in engine.model.named_parameters())
+    engine.close()
+    return exact
+
+
 def _holds_slice(param: torch.Tensor, whole: torch.Tensor) -> bool:
     if not isinstance(param, DTensor):
         return torch.equal(param, whole)
@@ -120,6 +136,7 @@ def _holds_slice(param: torch.Tensor, whole: torch.Tensor) -> bool:
 def _all_checks(model_dir: str) -> dict:
     out = {"reshard": _reshard_checks(), "sync": _sync_check(model_dir)}
     out["worker_sync"] = [_worker_sync_check(model_dir, split) for split in (1, 2, 4)]
+    out["bucket_sync"] = _bucket_sync_check(model_dir)
     for size in GROUP_SIZES:
         out[size] = _generations(model_dir, size, dist.get_rank())
     return out
@@ -153,7 +170,7 @@ def test_a_mesh_whose_ranks_do_not_increase_is_refused():
 def test_synced_shards_are_exact_and_no_rank_holds_the_whole_model(every_rank):
     for out in every_rank.values():
         exact, total = out["sync"]
-        assert exact and all(out["worker_sync"])
+        assert exact and all(out["worker_sync"]) and out["bucket_sync"]
         # Norm weights stay whole on every rank: they are the only excess over 1/k.
         assert out[2]["local_parameters"] < 0.6 * total and out[4]["local_parameters"] < 0.35 * total
 

@@ -159,7 +159,30 @@ def test_weight_buckets_hold_each_tensor_once_in_order_and_close_at_the_size():
             yield item
 
     buckets = weight_buckets(stream(), 3)
-    first = next(buckets)
-    assert [name for name, _ in first] == ["w0", "w1"] and pulled == ["w0", "w1"]  # read only as far as needed
+    shard, first = next(buckets)
+    assert shard == 0 and [name for name, _ in first] == ["w0", "w1"] and pulled == ["w0", "w1"]  # only as needed
     rest = list(buckets)
-    assert [[name for name, _ in bucket] for bucket in rest] == [["w2"], ["w3", "w4"]]  # the last may be smaller
+    assert [[name for name, _ in bucket] for _, bucket in rest] == [["w2"], ["w3", "w4"]]  # the last may be smaller
+
+
+def test_a_split_rollouts_buckets_hold_each_ranks_slices(tiny_model_dir):
+    """Buckets for a rollout split 2 ways: shard r's hold rank r's slice of every split weight (DTensor's chunks:
+    q/k/v/gate/up and the vocabulary by rows, o/down by columns) and every other weight whole (the same tensor)."""
+    model = moved_model(tiny_model_dir)
+    weights = {name: param.detach() for name, param in model.named_parameters()}
+    by_shard: dict[int, dict[str, torch.Tensor]] = {0: {}, 1: {}}
+    for shard, bucket in weight_buckets(weights.items(), 0.01, shards=2):
+        by_shard[shard].update(bucket)
+    vocab = weights["model.embed_tokens.weight"].shape[0]
+    rows = -(-vocab // 2)  # torch.chunk's: the first half rounded up
+    for shard, pieces in by_shard.items():
+        assert pieces.keys() == weights.keys()
+        q = weights["model.layers.0.self_attn.q_proj.weight"]
+        half = q.shape[0] // 2
+        assert torch.equal(pieces["model.layers.0.self_attn.q_proj.weight"], q[shard * half : (shard + 1) * half])
+        o = weights["model.layers.0.self_attn.o_proj.weight"]
+        assert torch.equal(pieces["model.layers.0.self_attn.o_proj.weight"], o[:, shard * half : (shard + 1) * half])
+        embedding = weights["model.embed_tokens.weight"]
+        assert torch.equal(pieces["model.embed_tokens.weight"], embedding[shard * rows : (shard + 1) * rows])
+        norm = weights["model.norm.weight"]
+        assert pieces["model.norm.weight"] is norm

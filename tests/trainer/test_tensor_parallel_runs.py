@@ -25,8 +25,8 @@ def test_split_generation_steps_equal_the_whole_model_ones(ray_cluster, tiny_mod
 
 
 def test_a_split_rollout_pool_steps_like_a_whole_one(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
-    """One-step-off, the rollout on a pool of 2 processes: split in halves, it takes each bucketed sync's whole
-    weights and keeps its slice of each. The actor trains alone in its process either way, so the runs are
+    """One-step-off, the rollout on a pool of 2 processes: split in halves, each rank loads only its own slices
+    of each bucketed sync. The actor trains alone in its process either way, so the runs are
     equal to the bit: samples, losses and weights (a sync that did not take would change the later samples)."""
     base = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "unused", "grpo") + [
         "trainer.total_training_steps=3",
