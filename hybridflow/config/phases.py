@@ -193,6 +193,8 @@ def _weight_sync(config: PPOTrainerConfig) -> str:
         return "the actor's weights into its rollout engine, one gathered parameter at a time"
     buckets = config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes
     to_pool = f"the actor's weights into the rollout pool in buckets of {buckets} MB"
+    if config.actor_rollout_ref.rollout.tensor_model_parallel_size > 1:
+        to_pool += " (each split rank's own slices)"
     if not fully_async(config):
         return f"{to_pool} after each update; the next generation starts with them"
     every = config.async_training.trigger_parameter_sync_step

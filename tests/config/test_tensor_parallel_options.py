@@ -17,10 +17,13 @@ FOUR = ["trainer.n_gpus_per_node=4", CPUS, "actor_rollout_ref.actor.ppo_micro_ba
 def test_the_size_is_read_and_the_plan_says_how_the_rollout_is_split(base):
     overrides = FOUR + [f"{KEY}=2"]
     assert load_config(compose_config(base + overrides)).actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+    lines = describe(plan_of(base + overrides))
     assert (
         "rollout: tensor-parallel groups of 2 ranks; each holds 1/2 of every attention and MLP weight and decodes "
         "its group's prompts with the others"
-    ) in describe(plan_of(base + overrides))
+    ) in lines
+    sync = "the actor's shards into its split rollout engine, each rank receiving only what its shard lacks"
+    assert any(line.endswith(sync) for line in lines)
 
 
 def test_a_size_that_does_not_divide_the_ranks_or_the_heads_is_refused(base):
