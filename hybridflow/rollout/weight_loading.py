@@ -5,7 +5,7 @@ each is copied into the matching parameter and can be freed before the next arri
 parameter-sized tensor is alive: never a second state dict. A tensor-parallel model's parameters (DTensors)
 take their own shard only: resharded from a DTensor source (``distributed/resharding.py``, every rank receiving
 just what it lacks), sliced from a whole tensor, or copied as they come where they are the rank's slice already
-(a split rollout pool's buckets, :func:`weight_buckets`).
+(a split rollout pool's buckets, :func:`shard_buckets`).
 
 Names are matched after removing wrapper segments that FSDP, torch.compile, activation checkpointing, DDP and
 PEFT insert (``_fsdp_wrapped_module.``, ``_orig_mod.``, ``_checkpoint_wrapped_module.``, ``module.``,
@@ -15,6 +15,7 @@ PEFT insert (``_fsdp_wrapped_module.``, ``_orig_mod.``, ``_checkpoint_wrapped_mo
 
 from __future__ import annotations
 
+import operator
 from typing import Iterable, Iterator
 
 import torch
@@ -96,12 +97,18 @@ def _is_own_slice(tensor: torch.Tensor, target: torch.Tensor) -> bool:
 
 
 def weight_buckets(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], megabytes: float, shards: int = 1
+    named_tensors: Iterable[tuple[str, torch.Tensor]], megabytes: float
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The stream cut into lists of at least ``megabytes`` (the last may be smaller), each yielded once full, so
+    one bucket is held at a time (verl's ``update_weights_bucket_megabytes``)."""
+    return map(operator.itemgetter(1), shard_buckets(named_tensors, megabytes, 1))
+
+
+def shard_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], megabytes: float, shards: int
 ) -> Iterator[tuple[int, list[tuple[str, torch.Tensor]]]]:
-    """``(shard, bucket)``: the stream cut, for each of the ``shards`` ranks of a generation model split that
-    many ways, into lists of at least ``megabytes`` of that rank's slices (the last may be smaller), each yielded
-    once full, so one bucket per shard is held at a time (verl's ``update_weights_bucket_megabytes``). A rank of
-    a split rollout then receives only its own slices."""
+    """``(shard, bucket)``: :func:`weight_buckets` for each of the ``shards`` ranks of a generation model split
+    that many ways, of that rank's slices, so that a rank of a split rollout receives only its own."""
     buckets: list[list[tuple[str, torch.Tensor]]] = [[] for _ in range(shards)]
     sizes, limit = [0] * shards, megabytes * 2**20
     for name, tensor in named_tensors:

@@ -99,7 +99,10 @@ def _write_traceback(trace: str, entry: str) -> pathlib.Path | None:
 
 def _hydra_output_dir() -> pathlib.Path | None:
     from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
 
     if not HydraConfig.initialized():
         return None
-    return pathlib.Path(HydraConfig.get().runtime.output_dir)
+    # None where Hydra was set up without a run (its compose API): no output folder then.
+    output_dir = OmegaConf.select(HydraConfig.get(), "runtime.output_dir", throw_on_missing=False)
+    return None if output_dir is None else pathlib.Path(output_dir)

@@ -16,7 +16,7 @@ from hybridflow.models.loading import load_tokenizer, resolve_dtype
 from hybridflow.models.tensor_parallel import ROW_SPLIT
 from hybridflow.models.weight_checksum import ChecksummedWeights
 from hybridflow.protocol import DataProto, Part
-from hybridflow.rollout.weight_loading import weight_buckets
+from hybridflow.rollout.weight_loading import shard_buckets
 from hybridflow.workers.actor import ActorPart
 from hybridflow.workers.config import ActorRolloutRefConfig, WorkerConfigError, as_config
 from hybridflow.workers.fsdp import build_device_mesh
@@ -175,7 +175,7 @@ class ActorRolloutRefWorker(Worker):
         checksummed = ChecksummedWeights(weights, resolve_dtype(self.config.rollout.dtype))
         shards = self.config.rollout.tensor_model_parallel_size
         buckets: list[list[SharedObject]] = [[] for _ in range(shards)]
-        for shard, bucket in weight_buckets(checksummed, bucket_megabytes, shards):
+        for shard, bucket in shard_buckets(checksummed, bucket_megabytes, shards):
             buckets[shard].append(share(bucket))
         return buckets, checksummed.part
 

@@ -6,15 +6,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.trainer.cli import RayTempDir
+
 SCRIPT = Path(__file__).with_name("two_node_cluster.py")
 
 
-def test_group_spreads_over_two_nodes_and_all_reduces_across_them(tmp_path_factory):
+def test_group_spreads_over_two_nodes_and_all_reduces_across_them():
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    env["RAY_TMPDIR"] = str(tmp_path_factory.mktemp("ray2"))  # short: Ray's socket paths must fit 107 bytes
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT)], cwd=SCRIPT.parent, env=env, capture_output=True, text=True, timeout=150
-    )
+    with RayTempDir() as ray_temp_dir:  # short: Ray's socket paths must fit 107 bytes
+        env["RAY_TMPDIR"] = ray_temp_dir
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT)], cwd=SCRIPT.parent, env=env, capture_output=True, text=True, timeout=150
+        )
     assert done.returncode == 0, done.stderr[-4000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     report = lines[0]

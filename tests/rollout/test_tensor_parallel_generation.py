@@ -16,7 +16,7 @@ from transformers import AutoConfig
 from hybridflow.distributed.resharding import check_rank_order, rank_boxes, reshard_into
 from hybridflow.models.loading import load_causal_lm, load_tokenizer
 from hybridflow.rollout import GenerationRequest, HFRolloutEngine, RolloutConfig, SamplingParams
-from hybridflow.rollout.weight_loading import weight_buckets
+from hybridflow.rollout.weight_loading import shard_buckets
 from hybridflow.workers import ActorRolloutRefWorker
 from tests.float_bounds import longest_reduction, model_output_bound
 from tests.gloo_ranks import run_on_ranks
@@ -115,11 +115,11 @@ def _worker_sync_check(model_dir: str, training_split: int) -> bool:
 
 def _bucket_sync_check(model_dir: str) -> bool:
     """A rollout pool's sync into a t_g = 2 engine: each rank loads only its shard's buckets of a changed model's
-    whole weights (``weight_buckets``); each rank's shard equals the new weights' slice."""
+    whole weights (``shard_buckets``); each rank's shard equals the new weights' slice."""
     new = {name: param.detach() for name, param in moved_model(model_dir).named_parameters()}
     config = RolloutConfig.from_dict({"tensor_model_parallel_size": 2})
     engine = HFRolloutEngine.from_pretrained(model_dir, config, tokenizer=load_tokenizer(model_dir))
-    own = [bucket for shard, bucket in weight_buckets(new.items(), 0.01, 2) if shard == engine.generation_shard]
+    own = [bucket for shard, bucket in shard_buckets(new.items(), 0.01, 2) if shard == engine.generation_shard]
     engine.load_weights(pair for bucket in own for pair in bucket)
     exact = all(_holds_slice(param, new[name]) for name, param in engine.model.named_parameters())
     engine.close()

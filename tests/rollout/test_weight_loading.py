@@ -10,7 +10,13 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_log_probs
-from hybridflow.rollout.weight_loading import WeightNameError, WeightShapeError, load_weights_in_place, weight_buckets
+from hybridflow.rollout.weight_loading import (
+    WeightNameError,
+    WeightShapeError,
+    load_weights_in_place,
+    shard_buckets,
+    weight_buckets,
+)
 from tests.rollout.moved_weights import moved_model
 from tests.rollout.prompts import left_padded
 
@@ -159,10 +165,10 @@ def test_weight_buckets_hold_each_tensor_once_in_order_and_close_at_the_size():
             yield item
 
     buckets = weight_buckets(stream(), 3)
-    shard, first = next(buckets)
-    assert shard == 0 and [name for name, _ in first] == ["w0", "w1"] and pulled == ["w0", "w1"]  # only as needed
+    first = next(buckets)
+    assert [name for name, _ in first] == ["w0", "w1"] and pulled == ["w0", "w1"]  # read only as far as needed
     rest = list(buckets)
-    assert [[name for name, _ in bucket] for _, bucket in rest] == [["w2"], ["w3", "w4"]]  # the last may be smaller
+    assert [[name for name, _ in bucket] for bucket in rest] == [["w2"], ["w3", "w4"]]  # the last may be smaller
 
 
 def test_a_split_rollouts_buckets_hold_each_ranks_slices(tiny_model_dir):
@@ -171,7 +177,7 @@ def test_a_split_rollouts_buckets_hold_each_ranks_slices(tiny_model_dir):
     model = moved_model(tiny_model_dir)
     weights = {name: param.detach() for name, param in model.named_parameters()}
     by_shard: dict[int, dict[str, torch.Tensor]] = {0: {}, 1: {}}
-    for shard, bucket in weight_buckets(weights.items(), 0.01, shards=2):
+    for shard, bucket in shard_buckets(weights.items(), 0.01, 2):
         by_shard[shard].update(bucket)
     vocab = weights["model.embed_tokens.weight"].shape[0]
     rows = -(-vocab // 2)  # torch.chunk's: the first half rounded up

@@ -79,3 +79,20 @@ def test_a_bug_keeps_its_traceback(capsys):
     with pytest.raises(WorkerError), error_boundary("test"):
         raise bug
     assert capsys.readouterr().err == ""
+
+
+def test_an_error_under_hydra_set_up_without_a_run_is_still_one_line(capsys, monkeypatch, tmp_path):
+    """Hydra's compose API leaves no run output folder: the traceback goes to the temporary folder instead."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.hydra_config import HydraConfig
+
+    monkeypatch.delenv(FULL_ERROR_ENV, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with initialize_config_module(config_module="hybridflow.config.yaml", version_base=None):
+        HydraConfig.instance().set_config(compose(config_name="ppo_trainer", return_hydra_config=True))
+        try:
+            code, out = _stopped(HybridflowError("bad thing; fix it"), capsys)
+        finally:
+            HydraConfig.instance().cfg = None
+    assert code == 1 and out.err == "hybridflow: error: bad thing; fix it\n"
+    assert next(tmp_path.glob("hybridflow_test_error_*.log"))
