@@ -124,7 +124,7 @@ def hybridflow_overrides(spec: dict[str, Any]) -> list[str]:
         "data.val_files=null",
         f"data.train_batch_size={PROMPTS_PER_STEP}",
         f"data.max_prompt_length={spec['max_prompt_length']}",
-        f"data.max_response_length={MAX_NEW_TOKENS}",
+        f"data.max_response_length={spec['max_new_tokens']}",
         f"data.seed={spec['seed']}",
         f"actor_rollout_ref.model.path={spec['model_dir']}",
         "actor_rollout_ref.model.dtype=float32",
@@ -163,6 +163,7 @@ def hybridflow_overrides(spec: dict[str, Any]) -> list[str]:
             if spec["reward"] == "dense"
             else []
         ),
+        *(["actor_rollout_ref.rollout.ignore_eos=true"] if spec["fixed_lengths"] else []),
         *spec["hybridflow_extra_overrides"],
     ]
 
@@ -236,8 +237,15 @@ def run_hybridflow(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------------------- set-up
-def prepare_inputs(work_dir: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Build the model and the prompt parquet once; returns the spec both sides read."""
+def prepare_inputs(
+    work_dir: pathlib.Path,
+    args: argparse.Namespace,
+    model_size: dict[str, int] = MODEL_SIZE,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    fixed_lengths: bool = False,
+) -> dict[str, Any]:
+    """Build the model (Qwen2 of ``model_size``) and the prompt parquet once; returns the spec both sides read.
+    ``fixed_lengths``: both sides generate ``max_new_tokens`` for every sample (no stop at EOS), the same work."""
     from hybridflow.data.parquet_io import write_parquet_rows
     from hybridflow.data.synthetic import arithmetic_problems, to_verl_rows
     from hybridflow.models.loading import load_tokenizer
@@ -245,7 +253,7 @@ def prepare_inputs(work_dir: pathlib.Path, args: argparse.Namespace) -> dict[str
     from hybridflow.trainer.perf import count_parameters
 
     total_steps = args.warmup + args.steps
-    model_dir = build_tiny_model(work_dir / "model", seed=0, **MODEL_SIZE)
+    model_dir = build_tiny_model(work_dir / "model", seed=0, **model_size)
     rows = to_verl_rows(
         arithmetic_problems(PROMPTS_PER_STEP * total_steps, seed=args.seed), "arithmetic", "math", "train"
     )
@@ -261,7 +269,9 @@ def prepare_inputs(work_dir: pathlib.Path, args: argparse.Namespace) -> dict[str
         "total_steps": total_steps,
         "prompts_per_step": PROMPTS_PER_STEP,
         "samples_per_prompt": SAMPLES_PER_PROMPT,
-        "max_new_tokens": MAX_NEW_TOKENS,
+        "max_new_tokens": max_new_tokens,
+        "model_size": model_size,
+        "fixed_lengths": fixed_lengths,
         "temperature": 1.0,
         "lr": 1e-6,
         "clip_ratio": 0.2,
@@ -302,23 +312,24 @@ def launch(system: str, spec: dict[str, Any], run_dir: pathlib.Path) -> dict[str
     spec_path, out_path = run_dir / "spec.json", run_dir / "result.json"
     spec_path.write_text(json.dumps(spec))
     module = ["bench.trl_side"] if system == "trl" else ["bench.bench_vs_trl", "--child", "hybridflow"]
+    log_path = run_dir / "output.log"
     try:
-        completed = subprocess.run(
-            [sys.executable, "-m", *module, str(spec_path), str(out_path)],
-            cwd=REPO_DIR,
-            env=child_env(spec["threads"]),
-            capture_output=True,
-            text=True,
-            timeout=1800,
-        )
+        with open(log_path, "w") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", *module, str(spec_path), str(out_path)],
+                cwd=REPO_DIR,
+                env=child_env(spec["threads"]),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            # The child's own rusage: its peak resident memory (with --ray, not that of its Ray worker).
+            _, status, usage = os.wait4(process.pid, 0)
+            process.returncode = os.waitstatus_to_exitcode(status)
     finally:
         shutil.rmtree(ray_temp_dir, ignore_errors=True)
-    if completed.returncode != 0:
-        sys.exit(
-            f"{system} run failed (exit {completed.returncode}):\n"
-            f"{completed.stdout[-3000:]}\n{completed.stderr[-6000:]}"
-        )
-    return json.loads(out_path.read_text())
+    if process.returncode != 0:
+        sys.exit(f"{system} run failed (exit {process.returncode}):\n{log_path.read_text()[-6000:]}")
+    return {**json.loads(out_path.read_text()), "peak_rss_gib": usage.ru_maxrss / 2**20}
 
 
 # ------------------------------------------------------------------------------------------ analysis
@@ -369,6 +380,7 @@ def summarize(result: dict[str, Any], warmup: int) -> dict[str, Any]:
         "setup_s": result["setup_s"],
         "phases": {name: statistics.median(step["phases"].get(name, 0.0) for step in measured) for name in phase_names},
         "steps_measured": len(measured),
+        "peak_rss_gib": result["peak_rss_gib"],
     }
 
 
@@ -384,6 +396,7 @@ ROWS = (
     ("load1 at start", "load_start", "{:.2f}"),
     ("load1 at end", "load_end", "{:.2f}"),
     ("start-up s (not in steps)", "setup_s", "{:.1f}"),
+    ("peak RSS GiB (main process)", "peak_rss_gib", "{:.2f}"),
 )
 
 
@@ -427,7 +440,10 @@ def print_settings(spec: dict[str, Any], results: dict[str, dict[str, Any]]) -> 
     }
     print("  " + json.dumps(shared))
     reward = "bench/dense_reward.py" if spec["reward"] == "dense" else "default_compute_score"
-    print(f"  model: Qwen2 {json.dumps(MODEL_SIZE)}, vocab 263, fp32 weights, sdpa; task: arithmetic, reward: {reward}")
+    print(
+        f"  model: Qwen2 {json.dumps(spec['model_size'])}, vocab 263, fp32 weights, sdpa; task: arithmetic, "
+        f"reward: {reward}"
+    )
     print(
         f"  hybridflow's workers: {'one Ray worker process' if spec['ray'] else 'in its driver process (local mode)'}"
     )

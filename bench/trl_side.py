@@ -83,6 +83,8 @@ def grpo_settings(spec: dict[str, Any]) -> dict[str, Any]:
         disable_tqdm=True,
         dataloader_num_workers=0,
         dataloader_pin_memory=False,
+        # Fixed lengths: no EOS before max_new_tokens, as hybridflow's rollout.ignore_eos.
+        generation_kwargs={"min_new_tokens": spec["max_new_tokens"]} if spec.get("fixed_lengths") else None,
     )
 
 
