@@ -10,10 +10,12 @@ parameters, and answers of exactly 16, 128 or 512 tokens on both sides (``rollou
 Per point and side: wall s/step and CPU-seconds/step (medians over the measured steps), peak resident memory of
 the side's process, generated tokens/s; the update's achieved FLOP/s (6 x parameters x the step's tokens, prompt
 and answer, over the update's seconds: hybridflow's ``update_actor`` phase, TRL's time after generate-and-score)
-against this CPU's matmul peak, and the generation's seconds against its bound: per decoded token the larger of
-reading every weight once at the measured memory bandwidth and the batch's matmuls at the peak, plus the prompts'
-prefill at the peak. The matmul peak (square matmuls of 2048) and the bandwidth (a 512 MiB copy) are measured in
-the same run, with the same threads. A point whose run fails (out of memory, say) is reported as such.
+against this CPU's matmul peak (the same work on both sides: the FLOPs of every sample's whole sequence, so
+hybridflow's shared prompts, computed once per group, can read above 100%), and the generation's seconds
+against its bound: per decoded token the larger of reading every weight once at the measured memory bandwidth and
+the batch's matmuls at the peak, plus the prompts' prefill at the peak. The matmul peak (square matmuls of 2048)
+and the bandwidth (a 512 MiB copy) are measured in the same run, with the same threads. A point whose run fails
+(out of memory, say) is reported as such.
 
 Run: ``.venv/bin/python -m bench.bench_scaling [--models 4M,30M,100M] [--lengths 16,128,512]
 [--precisions fp32,bf16] [--steps 3] [--long-steps 1] [--plot docs/images/scaling.png]``; points of 512 tokens or
@@ -112,7 +114,6 @@ def run_point(work_dir: pathlib.Path, args, model: str, length: int, precision: 
     runs: dict[str, list[dict[str, Any]]] = {system: [] for system in SYSTEMS}
     for repeat in range(args.repeats):
         for system in SYSTEMS if repeat % 2 == 0 else reversed(SYSTEMS):
-            print(f"  {model} x {length} tokens, {precision}: {system} (load1 {os.getloadavg()[0]:.2f})", flush=True)
             try:
                 result = launch(system, {**spec, "precision": precision}, work_dir / f"{precision}_{system}{repeat}")
             except SystemExit as failure:
@@ -130,31 +131,33 @@ def _median(values: list) -> Any:
     return statistics.median(numbers) if len(numbers) == len(values) else values[0]
 
 
-def print_table(points: list[dict[str, Any]], peaks: dict[str, float], started: str) -> None:
+def print_header(peaks: dict[str, float], started: str) -> None:
     print(
         f"\n{started}, {os.cpu_count()} CPUs; matmul peak {peaks['fp32']:.0f} GFLOP/s fp32, {peaks['bf16']:.0f} "
-        f"bf16; copy bandwidth {peaks['bandwidth_gb_s']:.1f} GB/s"
+        f"bf16; copy bandwidth {peaks['bandwidth_gb_s']:.1f} GB/s; steps: measured steps per side, after 1 warm-up"
     )
     print(
         "| model | answer | dtype | TRL s/step | ours s/step | wall x | CPU x | peak GiB TRL / ours | tokens/s ours | "
         "update % of peak TRL / ours | generation / bound TRL / ours | steps | load1 |"
     )
-    print("|---" * 13 + "|")
-    for point in points:
-        head = f"| {point['model']} | {point['length']} | {point['precision']} "
-        if "failed" in point:
-            print(head + f"| did not run: {point['failed'][:80]} |" + " |" * 10)
-            continue
-        trl, ours = point["trl"], point["hybridflow"]
-        print(
-            head + f"| {trl['s_per_step']:.1f} | {ours['s_per_step']:.1f} "
-            f"| {trl['s_per_step'] / ours['s_per_step']:.2f} | {trl['cpu_s_per_step'] / ours['cpu_s_per_step']:.2f} "
-            f"| {trl['peak_rss_gib']:.2f} / {ours['peak_rss_gib']:.2f} | {ours['tokens_per_s']:.0f} "
-            f"| {_pct(trl['update_peak_pct'])} / {_pct(ours['update_peak_pct'])} "
-            f"| {_ratio(trl)} / {_ratio(ours)} | {ours['steps_measured']} "
-            f"| {ours['load_start']:.1f}-{ours['load_end']:.1f} |"
-        )
-    print("steps: measured steps per side, after 1 warm-up step")
+    print("|---" * 13 + "|", flush=True)
+
+
+def print_row(point: dict[str, Any]) -> None:
+    head = f"| {point['model']} | {point['length']} | {point['precision']} "
+    if "failed" in point:
+        print(head + f"| did not run: {point['failed'][:80]} |" + " |" * 10, flush=True)
+        return
+    trl, ours = point["trl"], point["hybridflow"]
+    print(
+        head + f"| {trl['s_per_step']:.1f} | {ours['s_per_step']:.1f} "
+        f"| {trl['s_per_step'] / ours['s_per_step']:.2f} | {trl['cpu_s_per_step'] / ours['cpu_s_per_step']:.2f} "
+        f"| {trl['peak_rss_gib']:.2f} / {ours['peak_rss_gib']:.2f} | {ours['tokens_per_s']:.0f} "
+        f"| {_pct(trl['update_peak_pct'])} / {_pct(ours['update_peak_pct'])} "
+        f"| {_ratio(trl)} / {_ratio(ours)} | {ours['steps_measured']} "
+        f"| {ours['load_start']:.1f}-{ours['load_end']:.1f} |",
+        flush=True,
+    )
 
 
 def _pct(value: float | None) -> str:
@@ -215,7 +218,7 @@ def main() -> None:
         sys.exit(f"--models: {unknown} unknown; choose from {list(MODELS)}")
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     peaks = measure_peaks(args.threads)
-    print(f"peaks: {json.dumps(peaks)}", flush=True)
+    print_header(peaks, started)
     work_dir = pathlib.Path(tempfile.mkdtemp(prefix="bench_scaling_"))
     points = []
     try:
@@ -226,11 +229,11 @@ def main() -> None:
                     shutil.rmtree(point_dir, ignore_errors=True)
                     point_dir.mkdir()
                     points.append(run_point(point_dir, args, model, length, precision, peaks))
+                    print_row(points[-1])
+                    if args.json:  # after every point: a long grid cut short keeps what it measured
+                        args.json.write_text(json.dumps({"peaks": peaks, "started": started, "points": points}))
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
-    print_table(points, peaks, started)
-    if args.json:
-        args.json.write_text(json.dumps({"peaks": peaks, "started": started, "points": points}, indent=1))
     if args.plot:
         plot(points, args.plot)
 
