@@ -29,13 +29,20 @@ async def run_off_loop(coroutine: Coroutine[Any, Any, T], timeout: float, name: 
         else:
             future.set_exception(error)
 
+    def hand_over(result: Any, error: BaseException | None) -> None:
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:
+            if not loop.is_closed():
+                raise  # an abandoned call that ends after the caller's loop closed has no one to tell
+
     def target() -> None:
         try:
             result = asyncio.run(coroutine)
         except BaseException as error:  # noqa: BLE001 - handed to the caller, who decides
-            loop.call_soon_threadsafe(settle, None, error)
+            hand_over(None, error)
         else:
-            loop.call_soon_threadsafe(settle, result, None)
+            hand_over(result, None)
 
     threading.Thread(target=target, name=name, daemon=True).start()
     return await asyncio.wait_for(future, timeout)
