@@ -1,7 +1,6 @@
 """What only a GPU runs: FSDP2 on CUDA over NCCL, bf16 mixed precision, offload, the flash-attention packed
 path, the hf engine's sleep freeing GPU memory, vLLM on GPU with weight sync, and GRPO through main_ppo on
-trainer.device=cuda. Skipped without CUDA; never yet run (docs/multi_node.md records
-each GPU run)."""
+trainer.device=cuda. Skipped without CUDA; docs/multi_node.md records each GPU run."""
 
 from __future__ import annotations
 
