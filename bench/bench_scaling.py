@@ -4,18 +4,25 @@ side by side in one run (issue 27).
 Each grid point is ``bench_vs_trl``'s matched setting (16 prompts x 4 samples, one optimizer step a step, fp32 or
 bf16 rows, hybridflow in local mode, each system in its own process with ``--threads`` torch threads, the systems
 alternating) with the model and the answer length changed: Qwen2-shaped random models of ~4M, ~30M and ~100M
-parameters, and answers of exactly 16, 128 or 512 tokens on both sides (``rollout.ignore_eos`` here,
-``min_new_tokens`` in TRL), so both generate the same work whatever the untrained model samples.
+parameters, and answers decoded to exactly 16, 128 or 512 tokens on both sides (``rollout.ignore_eos`` here,
+an end-of-sequence id no logit gives in TRL), so both generate the same work whatever the untrained model
+samples; both train on each answer up to its first EOS (TRL's mask and hybridflow's), as a run whose generation
+stopped there would. TRL's update then computes the batch padded to its longest answer, hybridflow's the real
+tokens.
 
 Per point and side: wall s/step and CPU-seconds/step (medians over the measured steps), peak resident memory of
 the side's process, generated tokens/s; the update's achieved FLOP/s (6 x parameters x the step's tokens, prompt
 and answer, over the update's seconds: hybridflow's ``update_actor`` phase, TRL's time after generate-and-score)
 against this CPU's matmul peak (the same work on both sides: the FLOPs of every sample's whole sequence, so
-hybridflow's shared prompts, computed once per group, can read above 100%), and the generation's seconds
-against its bound: per decoded token the larger of reading every weight once at the measured memory bandwidth and
-the batch's matmuls at the peak, plus the prompts' prefill at the peak. The matmul peak (square matmuls of 2048)
-and the bandwidth (a 512 MiB copy) are measured in the same run, with the same threads. A point whose run fails
-(out of memory, say) is reported as such.
+hybridflow's shared prompts, computed once per group, and its packed answers can read above 100%), and the
+generation's seconds against its bound: per decoded token the larger of reading every weight once at the
+measured memory bandwidth and the batch's matmuls at the peak, plus the prompts' prefill at the peak. The matmul
+peak (square matmuls of 2048) and the bandwidth (a 512 MiB copy) are measured in the same run, with the same
+threads. A point whose run fails (out of memory, say) is reported as such.
+
+Both sides run the update in micro-batches of ``--micro-batch`` samples (default 8, TRL's default
+``per_device_train_batch_size``; 0: the whole batch at once): the whole batch's activations cost both sides about
+3x the memory and 20-40% more time at 30M x 128 tokens.
 
 Run: ``.venv/bin/python -m bench.bench_scaling [--models 4M,30M,100M] [--lengths 16,128,512]
 [--precisions fp32,bf16] [--steps 3] [--long-steps 1] [--plot docs/images/scaling.png]``; points of 512 tokens or
@@ -36,7 +43,7 @@ import sys
 import tempfile
 from typing import Any
 
-from bench.bench_vs_trl import SYSTEMS, child_env, launch, prepare_inputs, summarize
+from bench.bench_vs_trl import SYSTEMS, check_micro_batch, child_env, launch, prepare_inputs, summarize
 
 MODELS = {
     "4M": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -131,10 +138,11 @@ def _median(values: list) -> Any:
     return statistics.median(numbers) if len(numbers) == len(values) else values[0]
 
 
-def print_header(peaks: dict[str, float], started: str) -> None:
+def print_header(peaks: dict[str, float], started: str, micro_batch: int | None) -> None:
     print(
         f"\n{started}, {os.cpu_count()} CPUs; matmul peak {peaks['fp32']:.0f} GFLOP/s fp32, {peaks['bf16']:.0f} "
-        f"bf16; copy bandwidth {peaks['bandwidth_gb_s']:.1f} GB/s; steps: measured steps per side, after 1 warm-up"
+        f"bf16; copy bandwidth {peaks['bandwidth_gb_s']:.1f} GB/s; update micro-batch {micro_batch or 'whole batch'}; "
+        "steps: measured steps per side, after 1 warm-up"
     )
     print(
         "| model | answer | dtype | TRL s/step | ours s/step | wall x | CPU x | peak GiB TRL / ours | tokens/s ours | "
@@ -208,17 +216,24 @@ def main() -> None:
     parser.add_argument("--long-steps", type=int, default=1, help=f"measured steps at {LONG_LENGTH} tokens or 100M")
     parser.add_argument("--repeats", type=int, default=1, help="alternate the systems this many times per point")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        default=8,
+        help="samples per forward and backward of the update, on both sides (0: the whole batch at once)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", type=pathlib.Path, help="write the ratios' PNG here")
     parser.add_argument("--json", type=pathlib.Path, help="write every point's numbers here")
     args = parser.parse_args()
-    args.reward, args.ray = "dense", False
+    args.reward, args.ray, args.micro_batch = "dense", False, args.micro_batch or None
+    check_micro_batch(args.micro_batch)
     unknown = [model for model in args.models.split(",") if model not in MODELS]
     if unknown:
         sys.exit(f"--models: {unknown} unknown; choose from {list(MODELS)}")
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     peaks = measure_peaks(args.threads)
-    print_header(peaks, started)
+    print_header(peaks, started, args.micro_batch)
     work_dir = pathlib.Path(tempfile.mkdtemp(prefix="bench_scaling_"))
     points = []
     try:

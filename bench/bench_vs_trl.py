@@ -6,8 +6,9 @@ intermediate 1024) on the same synthetic arithmetic prompts (one parquet file; T
 ``bench/dense_reward.py``, under which every prompt group carries signal (``--reward task``: the task's
 own 0/1 score, under which most groups of an untrained model carry none). Matched settings: 16 prompts x 4
 samples per step, at most 16 new tokens, temperature 1.0, no reference model or KL, one optimiser step per
-step (one mini-batch, one epoch, whole batch in one micro-batch), token-mean loss, group-std advantages,
-lr 1e-6 constant, grad clip 1.0.
+step (one mini-batch, one epoch; the whole batch in one micro-batch, or ``--micro-batch`` samples per forward and
+backward on both sides: TRL's ``per_device_train_batch_size`` with gradient accumulation, hybridflow's
+``ppo_micro_batch_size_per_gpu``), token-mean loss, group-std advantages, lr 1e-6 constant, grad clip 1.0.
 
 Two rows (``--precisions``): ``fp32`` (both in fp32), and ``bf16``: TRL with ``bf16=True`` (bf16 autocast
 over fp32 weights), hybridflow with FSDP2 mixed precision ``param_dtype=bfloat16`` over fp32 master weights
@@ -164,8 +165,15 @@ def hybridflow_overrides(spec: dict[str, Any]) -> list[str]:
             else []
         ),
         *(["actor_rollout_ref.rollout.ignore_eos=true"] if spec["fixed_lengths"] else []),
+        *micro_batch_overrides(spec),
         *spec["hybridflow_extra_overrides"],
     ]
+
+
+def micro_batch_overrides(spec: dict[str, Any]) -> list[str]:
+    if not spec["micro_batch"]:
+        return []
+    return [f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={spec['micro_batch']}"]
 
 
 class StepEndHook:
@@ -245,7 +253,8 @@ def prepare_inputs(
     fixed_lengths: bool = False,
 ) -> dict[str, Any]:
     """Build the model (Qwen2 of ``model_size``) and the prompt parquet once; returns the spec both sides read.
-    ``fixed_lengths``: both sides generate ``max_new_tokens`` for every sample (no stop at EOS), the same work."""
+    ``fixed_lengths``: both sides decode ``max_new_tokens`` for every sample (no stop at EOS), the same work,
+    and both train on each sample up to its first EOS, as a run whose generation stopped there would."""
     from hybridflow.data.parquet_io import write_parquet_rows
     from hybridflow.data.synthetic import arithmetic_problems, to_verl_rows
     from hybridflow.models.loading import load_tokenizer
@@ -272,6 +281,7 @@ def prepare_inputs(
         "max_new_tokens": max_new_tokens,
         "model_size": model_size,
         "fixed_lengths": fixed_lengths,
+        "vocab_size": len(tokenizer),
         "temperature": 1.0,
         "lr": 1e-6,
         "clip_ratio": 0.2,
@@ -279,6 +289,7 @@ def prepare_inputs(
         "seed": args.seed,
         "threads": args.threads,
         "hybridflow_extra_overrides": args.override,
+        "micro_batch": args.micro_batch,
         "num_parameters": count_parameters(model_dir),
         "reward": args.reward,
         "ray": args.ray,
@@ -436,6 +447,7 @@ def print_settings(spec: dict[str, Any], results: dict[str, dict[str, Any]]) -> 
             "max_prompt_length",
             "mean_prompt_length",
             "total_steps",
+            "micro_batch",
         )
     }
     print("  " + json.dumps(shared))
@@ -472,6 +484,11 @@ def main() -> None:
         default="dense",
         help="dense: every group carries signal (default); task: the arithmetic task's 0/1 score",
     )
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        help="samples per forward and backward of the update on both sides (default: the whole batch at once)",
+    )
     parser.add_argument("--ray", action="store_true", help="hybridflow's workers on Ray, not in its driver process")
     parser.add_argument(
         "--override",
@@ -489,6 +506,7 @@ def main() -> None:
         result = run_hybridflow(json.loads(pathlib.Path(spec_path).read_text()))
         pathlib.Path(out_path).write_text(json.dumps(result))
         return
+    check_micro_batch(args.micro_batch)
     if args.only != "hybridflow" and importlib.util.find_spec("trl") is None:
         sys.exit("TRL is not installed: pip install -c constraints.txt 'hybridflow[bench]', or pass --only hybridflow")
     work_dir = pathlib.Path(tempfile.mkdtemp(prefix="bench_vs_trl_"))
@@ -499,6 +517,12 @@ def main() -> None:
             print(f"work folder kept: {work_dir}")
         else:
             shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def check_micro_batch(micro_batch: int | None) -> None:
+    samples = PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
+    if micro_batch is not None and (micro_batch < 1 or samples % micro_batch):
+        sys.exit(f"--micro-batch {micro_batch}: must divide the step's {samples} samples")
 
 
 def run_all(args: argparse.Namespace, work_dir: pathlib.Path) -> None:

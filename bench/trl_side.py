@@ -62,11 +62,13 @@ def grpo_settings(spec: dict[str, Any]) -> dict[str, Any]:
     """GRPOConfig keys both TRL benchmarks share: on CPU, one optimiser step per generation of
     prompts_per_step x samples_per_prompt completions, untempered top-k/top-p, no KL, hybridflow's loss and
     advantages, no logging, saving, evaluation or loader workers."""
+    samples = spec["prompts_per_step"] * spec["samples_per_prompt"]
+    micro_batch = spec.get("micro_batch") or samples
     return dict(
         output_dir=spec["trl_output_dir"],
         use_cpu=True,
-        per_device_train_batch_size=spec["prompts_per_step"] * spec["samples_per_prompt"],
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=samples // micro_batch,
         num_generations=spec["samples_per_prompt"],
         num_iterations=1,
         max_completion_length=spec["max_new_tokens"],
@@ -83,8 +85,9 @@ def grpo_settings(spec: dict[str, Any]) -> dict[str, Any]:
         disable_tqdm=True,
         dataloader_num_workers=0,
         dataloader_pin_memory=False,
-        # Fixed lengths: no EOS before max_new_tokens, as hybridflow's rollout.ignore_eos.
-        generation_kwargs={"min_new_tokens": spec["max_new_tokens"]} if spec.get("fixed_lengths") else None,
+        # Fixed lengths, as hybridflow's rollout.ignore_eos: decode max_new_tokens past any EOS (generation stops
+        # at an id no logit can give), and TRL masks what follows the first EOS, as hybridflow does.
+        generation_kwargs={"eos_token_id": spec["vocab_size"]} if spec.get("fixed_lengths") else None,
     )
 
 
