@@ -124,6 +124,12 @@ class RolloutEngine(ABC):
     def sleep(self) -> None:
         """Free the KV cache (and, on an accelerator, move weights off it) until ``wake()``."""
 
+    def discard_weights(self) -> bool:
+        """While asleep, free the weights' memory too, when the next ``load_weights`` will send every weight again
+        (a hybrid engine's full sync); returns whether it did. Until that load the engine cannot generate. Here:
+        kept."""
+        return False
+
     @abstractmethod
     def wake(self) -> None:
         """Restore what ``sleep()`` freed; generation works again."""

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from hybridflow.models.loading import load_causal_lm, load_tokenizer, resolve_dtype
 from hybridflow.models.log_probs import forward_log_probs
@@ -26,7 +27,7 @@ from hybridflow.rollout.config import SPLIT_ENGINE_REFUSES_REQUESTS, RolloutConf
 from hybridflow.rollout.requests import GenerationRequest, GenerationResult
 from hybridflow.rollout.scheduler import DecodePool, DecodeScheduler
 from hybridflow.rollout.tensor_parallel import GroupDecoding
-from hybridflow.rollout.weight_loading import load_weights_in_place
+from hybridflow.rollout.weight_loading import IncompleteSyncError, load_weights_in_place, model_tensors
 
 # A streamed rollout comes in about this many parts (see generate_batch_stream).
 STREAM_PARTS = 8
@@ -70,6 +71,7 @@ class HFRolloutEngine(RolloutEngine):
                 for _ in range(decoders)
             ]
         )
+        self._discarded: dict[str, torch.Size] = {}
         self._scheduler.start()
 
     @classmethod
@@ -139,9 +141,35 @@ class HFRolloutEngine(RolloutEngine):
         return self._scheduler.submit_all(pooled), own
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy each ``(name, tensor)`` into the generation model between decode steps; see weight_loading.py."""
+        """Copy each ``(name, tensor)`` into the generation model between decode steps; see weight_loading.py.
+        After ``discard_weights`` the load must bring every weight back; one left out stops the run."""
         with self._scheduler.paused():
-            load_weights_in_place(self.model, named_tensors)
+            discarded, self._discarded = self._discarded, {}
+            parameters = dict(self.model.named_parameters())
+            for name, shape in discarded.items():
+                # Where sleep left it: on CPU while an accelerator's engine sleeps; wake moves it back.
+                parameter = parameters[name]
+                parameter.data = torch.empty(shape, dtype=parameter.dtype, device=parameter.device)
+            loaded = load_weights_in_place(self.model, named_tensors)
+            targets = model_tensors(self.model)
+            written = {id(targets[name]) for name in loaded}
+            missing = sorted(name for name in discarded if id(parameters[name]) not in written)
+            if missing:
+                raise IncompleteSyncError(
+                    f"the hf rollout engine freed its weights while asleep and this sync sent {len(loaded)} of "
+                    f"{len(discarded)}; missing {missing[:3]}: a discarding engine needs full syncs"
+                )
+
+    def discard_weights(self) -> bool:
+        """Free every parameter's storage until the next ``load_weights`` (the hybrid engine's next sync): in
+        training the generation model's weights are dead memory. Not for a tensor-parallel model's DTensors."""
+        parameters = dict(self.model.named_parameters())
+        if self.group is not None or any(isinstance(p, DTensor) for p in parameters.values()):
+            return False
+        for name, parameter in parameters.items():
+            self._discarded.setdefault(name, parameter.shape)
+            parameter.data = torch.empty(0, dtype=parameter.dtype, device=parameter.device)
+        return True
 
     @contextmanager
     def loading_weights(self, version: int) -> Iterator[None]:

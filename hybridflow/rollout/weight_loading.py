@@ -22,6 +22,7 @@ import torch
 from torch.distributed.tensor import DTensor, Shard
 
 from hybridflow.distributed.resharding import reshard_into, shard_box
+from hybridflow.errors import HybridflowError
 from hybridflow.models.tensor_parallel import split_dimension
 
 _WRAPPER_SEGMENTS = ("_fsdp_wrapped_module.", "_orig_mod.", "_checkpoint_wrapped_module.")
@@ -33,6 +34,10 @@ class WeightNameError(KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class IncompleteSyncError(HybridflowError, RuntimeError):
+    """A rollout model that freed its weights while asleep was sent only some of them."""
 
 
 class WeightShapeError(ValueError):

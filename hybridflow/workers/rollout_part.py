@@ -4,11 +4,14 @@ HybridFlow's 3D-HybridEngine (arXiv 2409.19256, section 5) reshards the trained 
 generation model between training and generation. With one generation model per rank, the driver's weight sync
 (``update_weights``, the phase that closes each step) gathers the actor's FSDP2 shards one parameter at a time
 (``DTensor.full_tensor()``) and copies them into the engine's model in place, so no second full state dict
-exists at any moment. With a tensor-parallel engine (``rollout.tensor_model_parallel_size`` > 1) the shards go
-in as they are and each rank receives only the part of its generation shard it lacks (the paper's scheme: no
-rank ever holds a whole weight). Generating with weights older than the actor's is refused (``StaleRolloutError``),
-never silently done, and a sync or a wake that leaves the engine other weights than it was sent stops the run
-(``workers/sync_check.py``). The engine sleeps (frees its KV cache) between rollouts when asked.
+exists at any moment. Asleep after a rollout, an ``hf`` engine frees its weights as well (the actor holds them
+and the next sync sends them all): they are dead memory while the actor trains. A generation with no sync since
+(a validation after the step's sync) has them sent again first. With a tensor-parallel engine
+(``rollout.tensor_model_parallel_size`` > 1) the shards go in as they are and each rank receives only the part
+of its generation shard it lacks (the paper's scheme: no rank ever holds a whole weight). Generating with weights
+older than the actor's is refused (``StaleRolloutError``), never silently done, and a sync or a wake that leaves
+the engine other weights than it was sent stops the run (``workers/sync_check.py``). The engine sleeps (frees its
+KV cache) between rollouts when asked.
 
 A LoRA actor's base weights never change. Unless ``merge_lora`` (verl's ``model.lora.merge``), the engine
 holds the same adapter structure on top of the base model and a sync copies the adapter tensors alone;
@@ -70,6 +73,9 @@ class RolloutPart:
         in_sync = weight_source is not None and weight_source.matches_model_folder and not self.syncs_adapter_only
         self.synced_version = weight_source.weights_version if in_sync else None
         self.sleep_between_rollouts = config.free_cache_engine
+        # A hybrid engine's full syncs send every weight: asleep, it may free them (the actor holds them).
+        self.may_discard = weight_source is not None and not self.syncs_adapter_only
+        self.discarded_version: int | None = None
         self.asleep = False
         if self.sleep_between_rollouts:
             self._sleep()
@@ -97,7 +103,7 @@ class RolloutPart:
             weights = self.check.sent(weights, 0 if sharded else None)
         with source.trainer.on_device():
             self.engine.load_weights(weights)
-        self.synced_version = source.weights_version
+        self.synced_version, self.discarded_version = source.weights_version, None
         if checked:
             checksum = reduced(weights.part, None, self.device) if sharded else weights.part
             self.check.after_sync(source.weights_version, checksum)
@@ -121,6 +127,8 @@ class RolloutPart:
 
     def generate_sequences_stream(self, prompts: DataProto) -> Iterator[Part]:
         """``generate_sequences``'s rows in parts as the engine finishes them."""
+        if self.discarded_version is not None and self.discarded_version == self.weight_source.weights_version:
+            self._sync(self.weight_source)  # weights freed while asleep, the actor's unchanged since (a validation)
         if self.is_stale:
             raise StaleRolloutError(
                 f"the rollout engine holds the actor's weights of version {self.synced_version}, the actor is at "
@@ -131,12 +139,14 @@ class RolloutPart:
             yield from self.engine.generate_sequences_stream(prompts)
         finally:
             if self.sleep_between_rollouts:
-                self._sleep()
+                self._sleep(discard=self.may_discard)
 
-    def _sleep(self) -> None:
+    def _sleep(self, discard: bool = False) -> None:
         if not self.asleep:
             self.engine.sleep()
             self.asleep = True
+            if discard and self.engine.discard_weights():
+                self.discarded_version, self.synced_version = self.synced_version, None
 
     def _wake(self) -> None:
         if self.asleep:

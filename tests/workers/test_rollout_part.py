@@ -1,5 +1,6 @@
 """Hybrid-engine weight sync: after an actor update and ``update_weights`` the rollout engine generates with the new
-weights; generating with weights older than the actor's is refused."""
+weights; generating with weights older than the actor's is refused; after a rollout the engine frees its weights
+until a sync sends them all again."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from transformers import AutoConfig
 
 from hybridflow.protocol import DataProto
+from hybridflow.rollout.weight_loading import IncompleteSyncError
 from hybridflow.workers import ActorRolloutRefWorker
 from hybridflow.workers.rollout_part import StaleRolloutError
 from tests.float_bounds import longest_reduction, model_output_bound
@@ -57,11 +59,50 @@ def test_rollout_log_probs_equal_the_trained_actor_after_sync(tiny_model_dir, mo
     with pytest.raises(StaleRolloutError, match="call update_weights"):
         worker.generate_sequences(prompts_of(batch))
     worker.update_weights()
-    output = worker.generate_sequences(prompts_of(batch))
-    assert len(output) == 8 and not rollout.is_stale and rollout.asleep
+    assert not rollout.is_stale
     torch.testing.assert_close(
         engine_log_probs(rollout, batch), trained, rtol=0, atol=model_output_bound(trained, num_terms)
     )
+    output = worker.generate_sequences(prompts_of(batch))
+    assert len(output) == 8 and rollout.asleep
+
+
+def engine_weight_bytes(rollout_part) -> int:
+    return sum(parameter.untyped_storage().nbytes() for parameter in rollout_part.engine.model.parameters())
+
+
+def test_after_a_rollout_the_engine_frees_its_weights_until_the_next_sync_sends_them_all(tiny_model_dir):
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(tiny_model_dir), "actor_rollout")
+    worker.init_model()
+    rollout, batch = worker.parts["rollout"], rollout_batch(8, seed=1)
+    held = engine_weight_bytes(rollout)
+    first = worker.generate_sequences(prompts_of(batch))
+    assert held > 0 and engine_weight_bytes(rollout) == 0 and rollout.is_stale
+    # No update since (a validation after the step's sync): the next rollout has the actor's weights sent again.
+    loads = spy_on_weight_loads(rollout)
+    again = worker.generate_sequences(prompts_of(batch))
+    assert len(loads) > 0 and engine_weight_bytes(rollout) == 0
+    assert first.batch["responses"].shape == again.batch["responses"].shape
+    # An update since: refused as before, not silently synced; update_weights brings every weight back.
+    worker.update_actor(batch.union(worker.compute_log_prob(batch)))
+    with pytest.raises(StaleRolloutError, match="call update_weights"):
+        worker.generate_sequences(prompts_of(batch))
+    worker.update_weights()
+    assert engine_weight_bytes(rollout) == held
+    trained = worker.compute_log_prob(batch).batch["old_log_probs"]
+    bound = model_output_bound(trained, longest_reduction(AutoConfig.from_pretrained(tiny_model_dir)))
+    torch.testing.assert_close(engine_log_probs(rollout, batch), trained, rtol=0, atol=bound)
+
+
+def test_a_sync_that_leaves_out_a_freed_weight_stops_the_run(tiny_model_dir):
+    worker = ActorRolloutRefWorker(actor_rollout_ref_config(tiny_model_dir), "actor_rollout")
+    worker.init_model()
+    engine = worker.parts["rollout"].engine
+    weights = list(worker.parts["actor"].hf_weights())
+    engine.sleep()
+    assert engine.discard_weights()
+    with pytest.raises(IncompleteSyncError, match="missing"):
+        engine.load_weights(weights[1:])
 
 
 def test_without_new_weights_the_sync_copies_nothing(tiny_model_dir):
