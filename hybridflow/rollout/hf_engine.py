@@ -145,20 +145,27 @@ class HFRolloutEngine(RolloutEngine):
         After ``discard_weights`` the load must bring every weight back; one left out stops the run."""
         with self._scheduler.paused():
             discarded, self._discarded = self._discarded, {}
-            parameters = dict(self.model.named_parameters())
-            for name, shape in discarded.items():
-                # Where sleep left it: on CPU while an accelerator's engine sleeps; wake moves it back.
-                parameter = parameters[name]
-                parameter.data = torch.empty(shape, dtype=parameter.dtype, device=parameter.device)
-            loaded = load_weights_in_place(self.model, named_tensors)
-            targets = model_tensors(self.model)
-            written = {id(targets[name]) for name in loaded}
-            missing = sorted(name for name in discarded if id(parameters[name]) not in written)
-            if missing:
-                raise IncompleteSyncError(
-                    f"the hf rollout engine freed its weights while asleep and this sync sent {len(loaded)} of "
-                    f"{len(discarded)}; missing {missing[:3]}: a discarding engine needs full syncs"
-                )
+            if discarded:
+                self._refill(discarded, named_tensors)
+            else:
+                load_weights_in_place(self.model, named_tensors)
+
+    def _refill(self, discarded: dict[str, torch.Size], named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Allocate the discarded parameters again and load the stream, which must write every one of them."""
+        parameters = dict(self.model.named_parameters())
+        for name, shape in discarded.items():
+            # Where sleep left it: on CPU while an accelerator's engine sleeps; wake moves it back.
+            parameter = parameters[name]
+            parameter.data = torch.empty(shape, dtype=parameter.dtype, device=parameter.device)
+        loaded = load_weights_in_place(self.model, named_tensors)
+        targets = model_tensors(self.model)  # tied weights: one parameter under several names
+        written = {id(targets[name]) for name in loaded}
+        missing = sorted(name for name in discarded if id(parameters[name]) not in written)
+        if missing:
+            raise IncompleteSyncError(
+                f"the hf rollout engine freed its weights while asleep and this sync sent {len(loaded)} of "
+                f"{len(discarded)}; missing {missing[:3]}: a discarding engine needs full syncs"
+            )
 
     def discard_weights(self) -> bool:
         """Free every parameter's storage until the next ``load_weights`` (the hybrid engine's next sync): in
