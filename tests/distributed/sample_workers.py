@@ -35,6 +35,7 @@ class CollectiveWorker(Worker):
             "backend": dist.get_backend(),
             "torch_threads": torch.get_num_threads(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "onednn_cache": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
             "pid": os.getpid(),
         }
 

@@ -24,6 +24,7 @@ def local_group(monkeypatch):
         "OMP_NUM_THREADS",
     ):
         monkeypatch.setenv(key, os.environ.get(key, "0"))
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     threads = torch.get_num_threads()
     group = LocalWorkerGroup(RayClassWithInitArgs(CollectiveWorker), num_threads=1)
     yield group
@@ -34,8 +35,18 @@ def test_the_one_rank_runs_in_this_process_with_the_threads_asked_for(local_grou
     (environment,) = local_group.environment()
     assert (environment["rank"], environment["world_size"], environment["pid"]) == (0, 1, os.getpid())
     assert environment["torch_threads"] == 1
+    # oneDNN's primitive cache bounded before any model is built (the driver's process, in local mode).
+    assert environment["onednn_cache"] == "64"
     assert local_group.world_size == 1
     assert local_group.all_reduce_sum(2.0) == [2.0]
+
+
+def test_a_primitive_cache_size_the_user_set_is_kept(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, os.environ.get(key, "0"))
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
+    group = LocalWorkerGroup(RayClassWithInitArgs(CollectiveWorker))
+    assert group.environment()[0]["onednn_cache"] == "512"
 
 
 def test_every_dispatch_mode_collects_as_a_ray_group_of_one_rank(local_group):

@@ -1,5 +1,7 @@
 """RayWorkerGroup on the session's local Ray cluster: the process group and every dispatch mode."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -45,6 +47,8 @@ def test_workers_wait_passively_with_one_thread_per_half_cpu(collective_group):
     env = collective_group.environment()
     assert {e["omp_wait_policy"] for e in env} == {"PASSIVE"}
     assert {e["torch_threads"] for e in env} == {1}
+    # oneDNN's primitive cache bounded (hybridflow's 64 unless the driver's environment sets it).
+    assert {e["onednn_cache"] for e in env} == {os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")}
 
 
 @pytest.mark.parametrize("rows", [5, 1, 4])
