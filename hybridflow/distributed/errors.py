@@ -11,7 +11,8 @@ class WorkerError(RuntimeError):
     Carries the group name, the rank, the method name and the remote traceback, so the driver's error
     points at the line inside the worker that failed. ``user_facing``: the cause was a
     :class:`~hybridflow.errors.HybridflowError`, whose message (``cause_message``) says all the user needs;
-    ``process_died``: the rank's process is gone (killed, out of memory).
+    ``process_died``: the rank's process is gone (killed, out of memory, its node down); ``node``: where it ran
+    (the node, and the group's ranks on it), when the group knows.
     """
 
     def __init__(
@@ -24,6 +25,7 @@ class WorkerError(RuntimeError):
         cause_message: str = "",
         user_facing: bool = False,
         process_died: bool = False,
+        node: str = "",
     ):
         self.group = group
         self.rank = rank
@@ -33,13 +35,15 @@ class WorkerError(RuntimeError):
         self.cause_message = cause_message
         self.user_facing = user_facing
         self.process_died = process_died
+        self.node = node
         super().__init__(f"group {group!r} rank {rank} method {method!r} failed:\n{remote_traceback}")
 
     def summary(self) -> str:
         """One line: where it failed and why (the cause's own message when it is meant for the user)."""
         where = f"worker group {self.group!r} rank {self.rank} ({self.method})"
         if self.process_died:
-            return f"{where}: the worker process died or was killed; its log is in the Ray session folder"
+            on_node = f" on {self.node}" if self.node else ""
+            return f"{where}: the worker process died or was killed{on_node}; its log is in the Ray session folder"
         return f"{where}: {self.cause_message}"
 
     def __reduce__(self):
@@ -55,6 +59,7 @@ class WorkerError(RuntimeError):
                 self.cause_message,
                 self.user_facing,
                 self.process_died,
+                self.node,
             ),
         )
 

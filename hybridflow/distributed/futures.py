@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
@@ -24,18 +24,34 @@ _COLLECTIVE_TIMEOUT = re.compile(r"[Tt]imed out|timing out|Timeout\(ms\)")
 STALL_GRACE_S = 5.0
 
 
-def worker_error(group: str, rank: int, method: str, error: RayError) -> WorkerError:
-    """The driver-side error for one rank's failed call."""
+def worker_error(group: str, rank: int, method: str, error: RayError, nodes: Sequence[dict] = ()) -> WorkerError:
+    """The driver-side error for one rank's failed call; ``nodes`` (``node_id`` and ``ip`` by rank, when the group
+    knows them) name the node of a rank whose process died."""
     if isinstance(error, RayTaskError) and isinstance(error.cause, WorkerError):
         return error.cause
     if isinstance(error, RayActorError):
         reason = f"the worker process died or was killed: {error}"
-        return WorkerError(group, rank, method, reason, type(error).__name__, str(error), process_died=True)
+        node = node_of_rank(rank, nodes)
+        return WorkerError(group, rank, method, reason, type(error).__name__, str(error), process_died=True, node=node)
     return WorkerError(group, rank, method, str(error), type(error).__name__)
 
 
-def wait_for_ranks(group: str, method: str, refs: dict[int, ray.ObjectRef], timeout: float | None) -> dict[int, Any]:
-    """Every rank's result, by rank; raises the first rank's failure as soon as it happens."""
+def node_of_rank(rank: int, nodes: Sequence[dict]) -> str:
+    """Where ``rank`` ran: its node's IP and id, the group's ranks on that node (all lost with it, if the node went
+    down), and whether Ray already counts the node dead (it notices within its health checks' period)."""
+    if rank >= len(nodes):
+        return ""
+    node_id, ip = nodes[rank]["node_id"], nodes[rank]["ip"]
+    ranks = [other for other, node in enumerate(nodes) if node["node_id"] == node_id]
+    dead = any(node["NodeID"] == node_id and not node["Alive"] for node in ray.nodes())
+    return f"node {ip} ({node_id[:8]}{', which Ray lists as dead' if dead else ''}) with rank(s) {ranks} of the group"
+
+
+def wait_for_ranks(
+    group: str, method: str, refs: dict[int, ray.ObjectRef], timeout: float | None, nodes: Sequence[dict] = ()
+) -> dict[int, Any]:
+    """Every rank's result, by rank; raises the first rank's failure as soon as it happens (``nodes``: see
+    :func:`worker_error`)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     rank_of = {ref: rank for rank, ref in refs.items()}
     pending = list(refs.values())
@@ -52,7 +68,7 @@ def wait_for_ranks(group: str, method: str, refs: dict[int, ray.ObjectRef], time
         try:
             results[rank] = ray.get(ready[0])
         except RayError as error:
-            failure = worker_error(group, rank, method, error)
+            failure = worker_error(group, rank, method, error, nodes)
             if _COLLECTIVE_TIMEOUT.search(failure.cause_message) and pending:
                 raise _stalled(failure, [rank_of[ref] for ref in _still_running(pending)]) from None
             raise failure from None
@@ -77,11 +93,19 @@ def _stalled(failure: WorkerError, ranks: list[int]) -> WorkerError | StalledRan
 class GroupFuture:
     """Result of a ``blocking=False`` group method; ``get()`` waits and applies the method's collect mode."""
 
-    def __init__(self, group: str, method: str, refs: dict[int, ray.ObjectRef], collect: Callable[[list[Any]], Any]):
+    def __init__(
+        self,
+        group: str,
+        method: str,
+        refs: dict[int, ray.ObjectRef],
+        collect: Callable[[list[Any]], Any],
+        nodes: Sequence[dict] = (),
+    ):
         self.group = group
         self.method = method
         self._refs = refs
         self._collect = collect
+        self._nodes = nodes
         self._result: Any = _UNSET
 
     def done(self) -> bool:
@@ -96,7 +120,7 @@ class GroupFuture:
         Raises ``WorkerError`` as soon as any rank fails, ``WorkerTimeoutError`` after ``timeout`` seconds.
         """
         if self._result is _UNSET:
-            by_rank = wait_for_ranks(self.group, self.method, self._refs, timeout)
+            by_rank = wait_for_ranks(self.group, self.method, self._refs, timeout, self._nodes)
             self._result = self._collect([by_rank[rank] for rank in sorted(by_rank)])
         return self._result
 

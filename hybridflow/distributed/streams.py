@@ -9,7 +9,7 @@ unstreamed form would. A rank's failure is raised when the stream reaches it, as
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from hybridflow.protocol import Part, join_parts
 
@@ -58,8 +58,16 @@ class PartStream(ABC):
 class RayPartStream(PartStream):
     """Reads every rank's Ray streaming generator (``num_returns="streaming"``), whichever has a part ready."""
 
-    def __init__(self, group: str, method: str, generators: dict[int, Any], collect: Callable[[list[Any]], Any]):
+    def __init__(
+        self,
+        group: str,
+        method: str,
+        generators: dict[int, Any],
+        collect: Callable[[list[Any]], Any],
+        nodes: Sequence[dict] = (),
+    ):
         self._generators = generators
+        self._nodes = nodes  # where each rank runs, to name the node of a rank that died
         super().__init__(group, method, len(generators), collect)
 
     def _arrivals(self) -> Iterator[tuple[int, Any]]:
@@ -78,7 +86,7 @@ class RayPartStream(PartStream):
                 del pending[rank]
                 continue
             except RayError as error:
-                raise worker_error(self.group, rank, self.method, error) from None
+                raise worker_error(self.group, rank, self.method, error, self._nodes) from None
             yield rank, value
 
 

@@ -65,6 +65,7 @@ class RayWorkerGroup(WorkerGroupBase):
         self._process_group_timeout_s = process_group_timeout_s
         self.name = name_prefix or "_".join(self._roles) or self._roles[""].cls.__name__
         self.resource_pool = resource_pool
+        self.nodes: list[dict[str, str]] = []  # per rank: the Ray node_id and IP of its process
         self._hosts: list[Any] = self._start_hosts()
         try:
             self._construct(init_timeout_s)
@@ -100,7 +101,8 @@ class RayWorkerGroup(WorkerGroupBase):
         address_refs = {rank: host.node_address.remote() for rank, host in enumerate(self._hosts)}
         addresses = wait_for_ranks(self.name, "node_address", address_refs, timeout)
         master = addresses[0]
-        local = _local_ranks([addresses[r]["node_id"] for r in range(self.world_size)])
+        self.nodes = [{"node_id": addresses[r]["node_id"], "ip": addresses[r]["ip"]} for r in range(self.world_size)]
+        local = _local_ranks([node["node_id"] for node in self.nodes])
         roles = ray.put({role: (spec.cls, spec.args, spec.kwargs) for role, spec in self._roles.items()})
         refs = {}
         for rank, host in enumerate(self._hosts):
@@ -115,7 +117,7 @@ class RayWorkerGroup(WorkerGroupBase):
             if self._process_group_timeout_s is not None:
                 env[PROCESS_GROUP_TIMEOUT_ENV] = str(self._process_group_timeout_s)
             refs[rank] = host.construct.remote(roles, env)
-        wait_for_ranks(self.name, "__init__", refs, timeout)
+        wait_for_ranks(self.name, "__init__", refs, timeout, self.nodes)
 
     def _run(self, role: str, method: str, public_name: str, plan: DispatchedCall) -> GroupFuture:
         if not self._hosts:
@@ -140,8 +142,8 @@ class RayWorkerGroup(WorkerGroupBase):
             else:
                 refs[rank] = self._hosts[rank].execute.remote(role, method, call[0], call[1])
         if plan.stream:
-            return RayPartStream(self.name, public_name, refs, plan.collect)
-        return GroupFuture(self.name, public_name, refs, plan.collect)
+            return RayPartStream(self.name, public_name, refs, plan.collect, self.nodes)
+        return GroupFuture(self.name, public_name, refs, plan.collect, self.nodes)
 
     def worker_info(self) -> list[dict[str, Any]]:
         """Per rank: ``rank``, ``pid`` and Ray ``node_id`` of its process."""

@@ -146,6 +146,8 @@ def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> N
         )
     try:
         trainer.init_workers()
+        for line in trainer.workers.placement_lines():
+            print(f"[hybridflow] {line}", flush=True)
         trainer.fit()
     except KeyboardInterrupt:
         raise RunInterrupted(

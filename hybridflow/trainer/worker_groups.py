@@ -22,6 +22,18 @@ class WorkerGroups:
     groups: list[RayWorkerGroup | LocalWorkerGroup]
     plan: ResourcePlan
 
+    def placement_lines(self) -> list[str]:
+        """Per Ray group, the nodes its ranks landed on (local groups run in this process: none)."""
+        lines = []
+        for group in self.groups:
+            by_node: dict[tuple[str, str], list[int]] = {}
+            for rank, node in enumerate(getattr(group, "nodes", [])):
+                by_node.setdefault((node["ip"], node["node_id"][:8]), []).append(rank)
+            where = ", ".join(f"rank(s) {ranks} on node {ip} ({node_id})" for (ip, node_id), ranks in by_node.items())
+            if where:
+                lines.append(f"group {group.name!r}: {where}")
+        return lines
+
     def shutdown(self) -> None:
         """End the worker processes and free their reservations."""
         for group in self.groups:
