@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 from hybridflow.rewards.failures import Failure
 from hybridflow.rewards.managers import REWARD_MANAGERS, NaiveRewardManager, RewardCallError
 from hybridflow.rewards.response_batch import ResponseBatch, read_response_batch
-from hybridflow.rewards.timed_calls import CallTimeout
+from hybridflow.rewards.timed_calls import CallOutcome, CallTimeout
 
 OPTIONS = "reward_model.reward_kwargs"
 BODY_SHOWN = 200  # characters of a bad answer's body shown in its error line
@@ -73,7 +73,9 @@ def remote_judge_option_errors(options: Mapping[str, Any]) -> list[str]:
             "e.g. +reward_model.reward_kwargs.url=http://127.0.0.1:8000/score"
         )
     for name, (integer, smallest, inclusive) in _LIMITS.items():
-        value = options.get(name, smallest + 1)
+        if name not in options:
+            continue  # the manager's default
+        value = options[name]
         kind = numbers.Integral if integer else numbers.Real
         fits = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
         if not (fits and (value >= smallest if inclusive else value > smallest)):
@@ -187,6 +189,12 @@ def _read_quietly(error: urllib.error.HTTPError) -> bytes:
         return b""
 
 
+SCORES_WITHOUT_FUNCTION = (
+    "reward_model.reward_manager=remote scores with the server at reward_model.reward_kwargs.url, not with "
+    "custom_reward_function.path; unset one of them"
+)
+
+
 class RemoteJudgeManager(NaiveRewardManager):
     """The naive manager's per-sample scoring, each sample a request to the judge server at ``url`` (see the module
     docstring); ``max_concurrent`` threads send a batch's requests, so at most that many are in flight."""
@@ -207,8 +215,8 @@ class RemoteJudgeManager(NaiveRewardManager):
     ):
         if compute_score is not None:
             raise RewardCallError(SCORES_WITHOUT_FUNCTION)
-        limits = {"max_concurrent": max_concurrent, "timeout_s": timeout_s, "max_retries": max_retries}
-        errors = remote_judge_option_errors({"url": url, "retry_backoff_s": retry_backoff_s, **limits})
+        options = {"url": url, "max_concurrent": max_concurrent, "timeout_s": timeout_s, "max_retries": max_retries}
+        errors = remote_judge_option_errors({**options, "retry_backoff_s": retry_backoff_s})
         if errors:
             raise RewardCallError("; ".join(errors))
         self.judge = RemoteJudge(url, timeout_s, max_retries, retry_backoff_s)
@@ -223,9 +231,11 @@ class RemoteJudgeManager(NaiveRewardManager):
         )
 
     def read(self, data: Any) -> ResponseBatch:
+        """The naive manager's columns and each prompt, which a judge reads with the response."""
         return read_response_batch(data, self.tokenizer, self.reward_fn_key, with_prompts=True)
 
-    def outcomes(self, responses: ResponseBatch) -> list:
+    def outcomes(self, responses: ResponseBatch) -> list[CallOutcome]:
+        """One request's outcome per sample, ``max_concurrent`` of them at a time."""
         calls = [
             functools.partial(self.judge, *sample)
             for sample in zip(
@@ -245,8 +255,4 @@ class RemoteJudgeManager(NaiveRewardManager):
         )
 
 
-SCORES_WITHOUT_FUNCTION = (
-    "reward_model.reward_manager=remote scores with the server at reward_model.reward_kwargs.url, not with "
-    "custom_reward_function.path; unset one of them"
-)
 REWARD_MANAGERS.add("remote", RemoteJudgeManager, scores_with_function=False, option_errors=remote_judge_option_errors)

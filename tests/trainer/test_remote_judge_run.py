@@ -1,6 +1,7 @@
 """``main_ppo`` scored only by a remote judge: a judge server on the loopback address, started by the test."""
 
 import json
+import time
 
 import pytest
 
@@ -43,18 +44,31 @@ def test_the_run_trains_on_the_judges_scores(tiny_model_dir, tiny_parquet, tmp_p
         assert row["reward/score_errors"] == row["reward/score_timeouts"] == 0.0
 
 
+def stopped_run(tiny_model_dir, tiny_parquet, tmp_path, url: str, *fragments: str) -> None:
+    """The run stops in its first step's scoring with one line naming every fragment, well within a minute."""
+    overrides = remote_run(tiny_model_dir, tiny_parquet, tmp_path, url) + ["+reward_model.reward_kwargs.timeout_s=0.5"]
+    start = time.monotonic()
+    outcome = run_subprocess("main_ppo", overrides, tmp_path, timeout=120)
+    fragments = (f"the remote judge at {url} failed on {SAMPLES_PER_STEP} of {SAMPLES_PER_STEP} samples", *fragments)
+    error = assert_refused(outcome, *fragments, code=1, workers_started=True)
+    assert "\n" not in error and time.monotonic() - start < 60
+
+
 def test_a_dead_judge_stops_the_first_step_in_one_line(tiny_model_dir, tiny_parquet, tmp_path):
     url = dead_url()
-    outcome = run_subprocess("main_ppo", remote_run(tiny_model_dir, tiny_parquet, tmp_path, url), tmp_path)
-    error = assert_refused(
-        outcome,
-        f"the remote judge at {url} failed on {SAMPLES_PER_STEP} of {SAMPLES_PER_STEP} samples",
-        f"POST {url} failed on all 3 attempts",
-        "ConnectionRefusedError",
-        code=1,
-        workers_started=True,
-    )
-    assert "\n" not in error
+    stopped_run(tiny_model_dir, tiny_parquet, tmp_path, url, f"POST {url} failed on all 3 attempts", "Refused")
+
+
+def test_a_slow_judge_stops_the_first_step_in_one_line(tiny_model_dir, tiny_parquet, tmp_path):
+    with judge_server(delay_s=120) as server:
+        stopped_run(
+            tiny_model_dir,
+            tiny_parquet,
+            tmp_path,
+            server.url,
+            f"POST {server.url} got no answer within 0.5 s (reward_model.reward_kwargs.timeout_s)",
+        )
+        assert len(server.requests) == SAMPLES_PER_STEP  # each sent once, none answered
 
 
 def test_options_that_cannot_work_are_refused_before_anything_starts(base, capsys, monkeypatch, tmp_path):
