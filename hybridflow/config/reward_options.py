@@ -4,7 +4,8 @@
 Options the config holds under other keys are filled in from there: ``reward_fn_key`` from
 ``data.reward_fn_key``; ``max_resp_len`` (DAPO's length limit) from ``data.max_response_length`` unless
 ``reward_kwargs`` sets it; DAPO's overlong penalty from ``reward_model.overlong_buffer`` (the layout of
-verl's DAPO recipe). :func:`reward_manager_errors` checks them all before anything starts.
+verl's DAPO recipe). :func:`reward_manager_errors` checks them all before anything starts, with the checks the
+manager's registry entry carries (``option_errors``: the remote judge's URL and limits).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def reward_manager_errors(config: PPOTrainerConfig) -> list[str]:
     name = config.reward_model.reward_manager
     if name not in REWARD_MANAGERS:
         return []  # the registry check reports the name itself
-    parameters = manager_parameters(name)
+    parameters, traits = manager_parameters(name), REWARD_MANAGERS.traits(name)
     errors = _reward_kwargs_errors(config, name, list(parameters))
     if config.reward_model.overlong_buffer.enable and "overlong_buffer_len" not in parameters:
         errors.append(
@@ -49,7 +50,7 @@ def reward_manager_errors(config: PPOTrainerConfig) -> list[str]:
             "set reward_model.reward_manager=dapo or reward_model.overlong_buffer.enable=false"
         )
     if errors:
-        return errors
+        return errors + _function_errors(config, name)
     options = reward_manager_options(config)
     for option, parameter in parameters.items():
         if parameter.default is parameter.empty and option not in options:
@@ -57,10 +58,23 @@ def reward_manager_errors(config: PPOTrainerConfig) -> list[str]:
                 f"reward_model.reward_manager={name!r} needs its option {option}; "
                 f"set +reward_model.reward_kwargs.{option}"
             )
+    if not errors and traits["option_errors"]:  # the manager's own checks, once it has every option it needs
+        errors += traits["option_errors"](options)
     if "overlong_buffer_len" in options and "max_resp_len" in options:
         error = overlong_buffer_error(options["max_resp_len"], options["overlong_buffer_len"])
         errors += [f"reward_model.overlong_buffer.len: {error}"] if error else []
-    return errors
+    return errors + _function_errors(config, name)
+
+
+def _function_errors(config: PPOTrainerConfig, name: str) -> list[str]:
+    """A reward function file given to a manager that scores without one (the remote judge)."""
+    path = config.custom_reward_function.path
+    if not path or REWARD_MANAGERS.traits(name)["scores_with_function"]:
+        return []
+    return [
+        f"custom_reward_function.path={path!r} is set, but reward_model.reward_manager={name!r} scores without a "
+        "reward function; unset custom_reward_function.path or choose another reward manager"
+    ]
 
 
 def _reward_kwargs_errors(config: PPOTrainerConfig, name: str, accepted: list[str]) -> list[str]:

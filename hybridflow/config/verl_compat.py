@@ -123,7 +123,10 @@ RULES: tuple[Rule, ...] = (
     _lacks("actor_rollout_ref.rollout.multi_turn.function_tool_path", "tools defined as Python functions by path"),
     _lacks("*.lora.rank", "verl's model.lora block (Megatron LoRA); set model.lora_rank, lora_alpha, target_modules"),
     _lacks("data.custom_cls.path", "custom dataset classes"),
-    _lacks("*sandbox_fusion.url", "the Sandbox Fusion code-execution service"),
+    _lacks(
+        "*sandbox_fusion.url",
+        "the Sandbox Fusion code-execution service (a judge server of your own: reward_model.reward_manager=remote)",
+    ),
     _lacks("reward.reward_manager.source", "reward managers loaded from a module", "register"),
     _lacks("reward.reward_manager.module.path", "reward managers loaded from a file"),
     _lacks("reward_model.reward_loop_*", "custom reward-loop classes"),

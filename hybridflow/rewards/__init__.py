@@ -15,6 +15,7 @@ from hybridflow.rewards.managers import (
     overlong_buffer_error,
     overlong_penalty,
 )
+from hybridflow.rewards.remote_judge import RemoteJudge, RemoteJudgeError, RemoteJudgeManager
 from hybridflow.rewards.response_batch import RewardInputError
 from hybridflow.rewards.scoring import (
     SCORING_FUNCTIONS,
@@ -33,6 +34,9 @@ __all__ = [
     "CustomRewardError",
     "DAPORewardManager",
     "NaiveRewardManager",
+    "RemoteJudge",
+    "RemoteJudgeError",
+    "RemoteJudgeManager",
     "RewardInputError",
     "RewardResult",
     "SampleScoring",

@@ -34,6 +34,7 @@ from hybridflow.rewards.failures import (
     FAILED_SHARE_METRIC,
     SCORE_ERRORS_METRIC,
     SCORE_TIMEOUTS_METRIC,
+    Failure,
     RewardFunctionError,
     failure_message,
     function_name,
@@ -55,9 +56,13 @@ if TYPE_CHECKING:  # DataProto loads tensordict (~2 s): not needed to check a co
 
 
 # scores_each_sample: each sample is scored alone, so a batch can be scored in parts while the rest of it is generated
-# (start_batch); a manager that scores whole batches does not.
+# (start_batch); a manager that scores whole batches does not. scores_with_function: it calls the user's function
+# (custom_reward_function) or else each data_source's registered one; one that does not takes neither.
+# option_errors: None, or options -> one line per option that cannot work, checked before anything starts.
 REWARD_MANAGERS: Registry[type] = Registry(
-    "reward manager", config_key="reward_model.reward_manager", traits={"scores_each_sample": True}
+    "reward manager",
+    config_key="reward_model.reward_manager",
+    traits={"scores_each_sample": True, "scores_with_function": True, "option_errors": None},
 )
 
 
@@ -165,13 +170,15 @@ class NaiveRewardManager:
     ) -> tuple[list[dict[str, Any]], dict[str, float]]:
         results, metrics, first = results_from_outcomes(outcomes, data_sources)
         if first and metrics[FAILED_SHARE_METRIC] >= self.max_failed_share:
-            custom = not self.uses_registered_scoring
-            scorer = function_name(self.compute_score if custom else resolve_scoring_function(first.data_source))
             failed = int(metrics[SCORE_ERRORS_METRIC] + metrics[SCORE_TIMEOUTS_METRIC])
-            raise RewardFunctionError(
-                failure_message(scorer, custom, first, failed, len(outcomes), self.max_failed_share, self.timeout_s)
-            )
+            raise RewardFunctionError(self.failure_line(first, failed, len(outcomes)))
         return results, metrics
+
+    def failure_line(self, first: Failure, failed: int, total: int) -> str:
+        """The line that stops the run when ``failed`` of ``total`` samples failed, ``first`` the first of them."""
+        custom = not self.uses_registered_scoring
+        scorer = function_name(self.compute_score if custom else resolve_scoring_function(first.data_source))
+        return failure_message(scorer, custom, first, failed, total, self.max_failed_share, self.timeout_s)
 
     def close(self) -> None:
         """Stop the idle scoring threads."""

@@ -26,6 +26,7 @@ class ResponseBatch:
     extra_infos: list[dict | None]
     valid_response_lengths: list[int]
     response_width: int
+    prompt_strs: list[str] | None = None  # read only for a manager that asks (with_prompts)
 
     def __len__(self) -> int:
         return len(self.solution_strs)
@@ -45,6 +46,7 @@ def join_response_batches(batches: list[ResponseBatch], order: np.ndarray) -> Re
         extra_infos=joined("extra_infos"),
         valid_response_lengths=joined("valid_response_lengths"),
         response_width=batches[0].response_width,
+        prompt_strs=joined("prompt_strs") if all(batch.prompt_strs is not None for batch in batches) else None,
     )
 
 
@@ -63,8 +65,11 @@ def valid_response_lengths(data: DataProto) -> torch.Tensor:
     raise RewardInputError("the batch has neither 'attention_mask' nor 'response_mask'; rollout output carries both")
 
 
-def read_response_batch(data: DataProto, tokenizer: Any, reward_fn_key: str = "data_source") -> ResponseBatch:
-    """Decode each response (special tokens skipped) and gather its data_source, ground truth and extra_info."""
+def read_response_batch(
+    data: DataProto, tokenizer: Any, reward_fn_key: str = "data_source", with_prompts: bool = False
+) -> ResponseBatch:
+    """Decode each response (special tokens skipped) and gather its data_source, ground truth and extra_info;
+    ``with_prompts``: each prompt too (:func:`prompt_strs`)."""
     for key in (reward_fn_key, "reward_model"):
         if key not in data.non_tensor_batch:
             raise RewardInputError(
@@ -84,7 +89,18 @@ def read_response_batch(data: DataProto, tokenizer: Any, reward_fn_key: str = "d
         extra_infos=list(extra_infos) if extra_infos is not None else [None] * len(lengths),
         valid_response_lengths=[int(length) for length in lengths],
         response_width=responses.shape[-1],
+        prompt_strs=prompt_strs(data, tokenizer) if with_prompts else None,
     )
+
+
+def prompt_strs(data: DataProto, tokenizer: Any) -> list[str]:
+    """Each prompt as the model saw it: its tokens under ``attention_mask`` (no padding), special tokens kept."""
+    keys = data.batch.keys()
+    if "prompts" not in keys or "attention_mask" not in keys:
+        raise RewardInputError("the batch lacks 'prompts' or 'attention_mask'; rollout output carries both")
+    prompts = data.batch["prompts"]
+    mask = data.batch["attention_mask"][:, : prompts.shape[-1]].bool()
+    return tokenizer.batch_decode([row[keep].tolist() for row, keep in zip(prompts, mask)], skip_special_tokens=False)
 
 
 def _ground_truth(reward_model: Any) -> Any:

@@ -5,7 +5,8 @@ running ``timeout_s`` seconds after it started gives a ``timeout`` outcome and i
 kill a thread, so its thread keeps running until the call returns (then exits) while a fresh thread takes
 its place. Because the threads are daemons, a call that never returns cannot block interpreter exit;
 ``num_stuck_threads`` counts the abandoned threads still running. Scoring functions that need a hard
-kill (e.g. running untrusted code) should isolate that work in a subprocess of their own.
+kill (e.g. running untrusted code) should isolate that work in a subprocess of their own. A call that bounds
+its own time (a remote judge's request) raises :class:`CallTimeout` when it runs out, a ``timeout`` outcome too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ class CallOutcome:
     error: str = ""
 
 
+class CallTimeout(TimeoutError):
+    """Raised by a call that ran past a time limit of its own; its outcome is a "timeout", not an "error"."""
+
+
 @dataclass(eq=False)
 class _Job:
     index: int
@@ -41,6 +46,8 @@ def call_safely(call: Callable[[], Any]) -> CallOutcome:
     """Run ``call`` in this thread and turn an exception into an "error" outcome."""
     try:
         return CallOutcome("ok", call())
+    except CallTimeout as error:
+        return CallOutcome("timeout", error=str(error))
     except Exception as error:  # a user's scoring function may raise anything
         return CallOutcome("error", error=f"{type(error).__name__}: {error}")
 

@@ -364,12 +364,13 @@ class RewardModelConfig:
     reward_manager: str = option(
         "naive",
         "Reward manager: naive (gdpo is its verl alias), prime (naive in killable processes), batch (one call per "
-        "batch) or dapo (with the overlong penalty).",
+        "batch), dapo (with the overlong penalty) or remote (each sample POSTed to a judge server).",
     )
     reward_kwargs: dict = option(
         {},
         "Further reward manager options, e.g. +reward_model.reward_kwargs.timeout_s=60, or max_failed_share=0.5 "
-        "(stop once half a batch fails to score; default 1.0).",
+        "(stop once half a batch fails to score; default 1.0); remote takes url, max_concurrent, max_retries and "
+        "retry_backoff_s.",
     )
     overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO's overlong penalty (dapo manager).")
     model: RewardModelModelConfig = section(RewardModelModelConfig, "The reward model.")

@@ -306,7 +306,7 @@ def test_a_batch_without_ground_truths_is_refused(tokenizer, managers):
 
 
 def test_manager_names_and_options_are_checked(tokenizer):
-    assert REWARD_MANAGERS.names() == ["batch", "dapo", "gdpo", "naive", "prime"]
+    assert REWARD_MANAGERS.names() == ["batch", "dapo", "gdpo", "naive", "prime", "remote"]
     assert REWARD_MANAGERS.get("naive") is NaiveRewardManager and REWARD_MANAGERS.get("batch") is BatchRewardManager
     with pytest.raises(UnknownNameError) as error:
         build_reward_manager("prim", tokenizer)

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from hybridflow.rewards.timed_calls import TimedCallRunner
+from hybridflow.rewards.timed_calls import CallTimeout, TimedCallRunner
 
 
 def fail():
@@ -22,6 +22,16 @@ def test_outcomes_come_back_in_order_with_errors_caught(runner):
     assert [o.status for o in outcomes] == ["ok", "error", "ok"]
     assert outcomes[0].value == 1 and outcomes[2].value == "three"
     assert outcomes[1].error == "RuntimeError: boom"
+
+
+def test_a_call_that_runs_out_of_its_own_time_is_a_timeout(runner):
+    """A remote judge's request bounds its own time and raises CallTimeout: counted as a timeout, not an error."""
+
+    def own_limit():
+        raise CallTimeout("no answer within 1 s")
+
+    (outcome,) = runner.run([own_limit])
+    assert (outcome.status, outcome.error) == ("timeout", "no answer within 1 s")
 
 
 def test_a_hanging_call_times_out_and_its_thread_is_replaced(runner):
