@@ -59,6 +59,11 @@ def unread(pattern: str, why: str) -> Rule:
     return Rule(pattern, UNREAD, why)
 
 
+def moot(pattern: str, switch: str) -> Rule:
+    """``unread`` keys read only when ``switch`` is on, which a ``lacks`` rule refuses: they change nothing."""
+    return Rule(pattern, UNREAD, f"read only with {switch}, which hybridflow refuses")
+
+
 def alias(pattern: str, target: str) -> Rule:
     return Rule(pattern, ALIAS, target)
 

@@ -86,6 +86,15 @@ def test_an_alias_and_its_key_set_differently_is_one_error(base):
         ("actor_rollout_ref.rollout.name=trtllm", "TensorRT-LLM"),
         ("distillation.enabled=true", "on-policy distillation"),
         ("actor_rollout_ref.model.mtp.enable=true", "multi-token prediction"),
+        ("data.image_key=pixels", "image, video and audio inputs"),
+        ("data.video_key=clips", "image, video and audio inputs"),
+        ("actor_rollout_ref.actor.freeze_vision_tower=true", "image, video and audio inputs"),
+        ("actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", "weight-sync transports"),
+        ("reward.reward_manager.module.name=my_manager", "reward managers loaded from a file"),
+        ("actor_rollout_ref.actor.optim.zero_indexed_step=false", "counted from step 1"),
+        ("actor_rollout_ref.rollout.enable_rollout_routing_replay=true", "MoE router replay"),
+        ("trainer.del_local_ckpt_after_load=true", "deleting local checkpoints"),
+        ("trainer.v1.trainer_mode=separate_async", "v1 asynchronous trainer modes"),
         ("--config-name=ppo_megatron_trainer", "Megatron"),
     ],
 )
@@ -110,8 +119,26 @@ def test_a_lacking_key_at_its_default_or_an_allowed_value_is_accepted(base):
         "actor_rollout_ref.ref.strategy=fsdp",
         "model_engine=dp",
         "distillation.enabled=false",
+        "data.image_key=images",  # verl's default, which its text scripts set too
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
     ):
         _check(base + [override])
+
+
+def test_a_key_read_only_with_a_refused_capability_is_listed_with_that_capability(base):
+    _, unread = _check(base + ["distillation.teacher_models.teacher_model.num_replicas=2"])
+    assert unread == [
+        "distillation.teacher_models.teacher_model.num_replicas=2 (read only with distillation.enabled, which "
+        "hybridflow refuses)"
+    ]
+
+
+def test_verl_engine_weight_dtype_is_the_model_dtype(base):
+    config, unread = _check(base + ["actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"])
+    assert config.actor_rollout_ref.model.dtype == "bf16" and unread == []
+    config, _ = _check(base + ["critic.fsdp.model_dtype=bfloat16"])
+    assert config.critic.model.dtype == "bfloat16"
+    assert "in a dtype of its own" in _refusal(base + ["actor_rollout_ref.ref.fsdp_config.model_dtype=bf16"])
 
 
 # -------------------------------------------------------------------------------------- read by nothing
@@ -384,6 +411,7 @@ def test_a_vllm_kv_cache_share_that_leaves_no_room_on_this_cpu_is_refused_before
 def test_rules_name_what_is_missing():
     assert rule_for("actor_rollout_ref.actor.strategy").kind == LACKS
     assert rule_for("actor_rollout_ref.actor.profiler.enable").kind == "unread"
+    assert rule_for("distillation.nnodes").kind == "unread"
 
 
 def test_verl_dapo_overlong_buffer_cfg_is_the_overlong_buffer(base):
