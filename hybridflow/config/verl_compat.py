@@ -55,7 +55,6 @@ COMPAT_YAML = pathlib.Path(__file__).parent / "yaml" / "verl_compat.yaml"
 ACTOR, REF, ULYSSES = "actor_rollout_ref.actor", "actor_rollout_ref.ref", "ulysses_sequence_parallel_size"
 KERNELS = "fused/Liger/tiled kernels are not used: hybridflow runs the model's own transformers modules (same math)"
 FSDP1_KNOB = "an FSDP1/verl-engine tuning knob; hybridflow's FSDP2 engine has no such setting (same math)"
-PROFILER = "verl's profiler hooks (nsys, torch, npu) are not implemented; profile the workers with torch.profiler"
 VLLM_SERVER = "verl's async rollout-server infrastructure; hybridflow's engines run inside the actor workers"
 MULTIMODAL = "image, video and audio inputs (hybridflow trains text-only models on text prompts)"
 SAME_MATH = "a speed or memory knob whose results are the same"
@@ -248,8 +247,16 @@ RULES: tuple[Rule, ...] = (
     _moot("distillation.*", "distillation.enabled"),
     _moot("transfer_queue.*", "transfer_queue.enable"),
     _moot("skip.*", "skip.*.enable"),
-    _unread("global_profiler.*", PROFILER),
-    _unread("*profiler*", PROFILER),
+    # torch.profiler is served (global_profiler and each role's profiler section); what it does not do, refused.
+    _lacks("*profiler.tool", "a profiler tool per role (global_profiler.tool sets every role's)"),
+    _lacks("*profiler.save_path", "a trace folder per role (global_profiler.save_path holds every role's traces)"),
+    _lacks("*finish_hook_cmd", "a command run after the last profiled step (finish_hook_cmd)"),
+    _moot("*finish_hook_*", "finish_hook_cmd"),
+    _unread("*relocate_results", "each process writes its trace to global_profiler.save_path itself: nothing to move"),
+    _lacks("*profiler.tool_config.torch.schedule.*", "a torch.profiler schedule over the update's mini-batches"),
+    _lacks("*profiler.tool_config.torch.profile_token_*", "a rollout trace of a window of response tokens"),
+    _moot("*profiler.tool_config.*", "a profiler tool other than torch"),
+    _moot("global_profiler.global_tool_config.*", "a global_profiler.tool other than torch"),
     _unread("trainer.use_v1", "verl's legacy and v1 trainers run the same synchronous PPO; hybridflow has one"),
     _moot("trainer.v1.*", "a trainer.v1.trainer_mode other than sync"),
     _unread("trainer.ray_wait_register_center_timeout", VLLM_SERVER),
@@ -261,6 +268,10 @@ UNAVAILABLE_CHOICES = {
     ("trainer.device", "npu"): "Ascend NPU support (trainer.device=cuda or cpu)",
     ("actor_rollout_ref.rollout.name", "sglang"): "an SGLang rollout engine (rollout.name=vllm on GPU, or hf)",
     ("actor_rollout_ref.rollout.name", "trtllm"): "a TensorRT-LLM rollout engine (rollout.name=vllm on GPU, or hf)",
+    **{
+        ("global_profiler.tool", tool): f"the {tool} profiler (global_profiler.tool=torch is torch.profiler)"
+        for tool in ("nsys", "npu", "torch_memory", "precision_debugger")
+    },
 }
 
 

@@ -410,7 +410,6 @@ def test_a_vllm_kv_cache_share_that_leaves_no_room_on_this_cpu_is_refused_before
 
 def test_rules_name_what_is_missing():
     assert rule_for("actor_rollout_ref.actor.strategy").kind == LACKS
-    assert rule_for("actor_rollout_ref.actor.profiler.enable").kind == "unread"
     assert rule_for("distillation.nnodes").kind == "unread"
 
 
