@@ -58,6 +58,11 @@ FSDP1_KNOB = "an FSDP1/verl-engine tuning knob; hybridflow's FSDP2 engine has no
 VLLM_SERVER = "verl's async rollout-server infrastructure; hybridflow's engines run inside the actor workers"
 MULTIMODAL = "image, video and audio inputs (hybridflow trains text-only models on text prompts)"
 SAME_MATH = "a speed or memory knob whose results are the same"
+# verl's data.image_key, video_key and audio_key defaults: a prompt file with such a column has inputs nothing reads.
+MULTIMODAL_COLUMNS = {
+    column: f"{MULTIMODAL}, which hybridflow does not have; drop the column"
+    for column in ("images", "videos", "audios")
+}
 
 
 RULES: tuple[Rule, ...] = (
@@ -170,7 +175,11 @@ RULES: tuple[Rule, ...] = (
     _lacks("*fsdp*.dtype", "the verl engine's compute dtype key (set fsdp_config.mixed_precision.param_dtype)"),
     _alias(f"{ACTOR}.fsdp_config.model_dtype", "actor_rollout_ref.model.dtype"),
     _alias("critic.fsdp.model_dtype", "critic.model.dtype"),
-    _lacks(f"{REF}.fsdp_config.model_dtype", "a reference model in a dtype of its own (it follows the actor's)"),
+    _lacks(
+        f"{REF}.fsdp_config.model_dtype",
+        "a reference model in a dtype of its own (it follows the actor's)",
+        same_as=f"{ACTOR}.fsdp_config.model_dtype",
+    ),
     _lacks("critic.model.lora_adapter_path", "starting the critic from a saved LoRA adapter"),
     _lacks("*external_lib", "importing extra model-code modules (external_lib)"),
     # Accepted and listed at start-up when set, each with why it changes nothing here: a knob of speed or memory

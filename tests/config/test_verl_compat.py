@@ -125,6 +125,20 @@ def test_a_lacking_key_at_its_default_or_an_allowed_value_is_accepted(base):
         _check(base + [override])
 
 
+def test_a_prompt_file_with_verls_image_column_is_refused(base, tiny_parquet, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tiny_parquet[0])
+    images = tmp_path / "images.parquet"
+    pq.write_table(table.append_column("images", pa.array([["img.png"]] * table.num_rows)), images)
+    with pytest.raises(ConfigError) as caught:
+        _check([*base, f"data.train_files={images}"], check_environment=True)
+    assert f"data.train_files: {images} has a 'images' column, which needs image, video and audio inputs" in (
+        " ".join(caught.value.errors)
+    )
+
+
 def test_a_key_read_only_with_a_refused_capability_is_listed_with_that_capability(base):
     _, unread = _check(base + ["distillation.teacher_models.teacher_model.num_replicas=2"])
     assert unread == [
@@ -139,6 +153,12 @@ def test_verl_engine_weight_dtype_is_the_model_dtype(base):
     config, _ = _check(base + ["critic.fsdp.model_dtype=bfloat16"])
     assert config.critic.model.dtype == "bfloat16"
     assert "in a dtype of its own" in _refusal(base + ["actor_rollout_ref.ref.fsdp_config.model_dtype=bf16"])
+    both = [
+        "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16",
+        "actor_rollout_ref.ref.fsdp_config.model_dtype=bf16",
+    ]
+    config, _ = _check(base + both)  # verl's LoRA merge script: the reference follows the actor's bf16
+    assert config.actor_rollout_ref.model.dtype == "bf16"
 
 
 # -------------------------------------------------------------------------------------- read by nothing
