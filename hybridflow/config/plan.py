@@ -275,4 +275,5 @@ def describe(plan: RunPlan) -> list[str]:
     for name, phase in plan.phases.items():
         lines.append(f"  {phase.number} {name:<{width}}  {'runs' if phase.runs else 'skipped'}: {phase.why}")
     memory = [process.describe() for process in plan.memory or ()]
-    return lines + sizes(plan) + memory + [f"note: {note}" for note in plan.notes]
+    profile = [f"profile: {plan.profile.describe()}"] if plan.profile else []
+    return lines + sizes(plan) + memory + profile + [f"note: {note}" for note in plan.notes]

@@ -30,6 +30,13 @@ class ProfilePlan:
     save_path: str
     groups: dict[str, tuple[tuple[int, ...] | None, tuple[str, ...]]]
 
+    def describe(self) -> str:
+        steps = ", ".join(f"{first}" if first == last else f"{first}-{last}" for first, last in self.ranges)
+        groups = ", ".join(
+            f"{group} (ranks {'all' if ranks is None else list(ranks)})" for group, (ranks, _) in self.groups.items()
+        )
+        return f"torch.profiler over steps {steps} of {groups}, traces in {self.save_path}"
+
 
 def role_sections(config: PPOTrainerConfig) -> dict[str, ProfilerConfig]:
     """{config path of a role's profiler section: the section}."""

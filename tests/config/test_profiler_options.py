@@ -44,6 +44,9 @@ def test_the_plan_traces_the_groups_whose_roles_enable_it(base):
     profile = build_plan(config, train_prompts=16).profile
     assert profile.ranges == ((1, 2), (5, 5)) and profile.save_path == "/traces"
     assert profile.groups == {"actor_rollout_ref": ((0, 1), ("cuda", "shapes"))}
+    assert (
+        profile.describe() == "torch.profiler over steps 1-2, 5 of actor_rollout_ref (ranks [0, 1]), traces in /traces"
+    )
 
 
 def test_the_hybrid_engines_rollout_follows_the_actor_and_its_own_switch_traces_the_actors_processes(base):
