@@ -125,6 +125,10 @@ RULES: tuple[Rule, ...] = (
     _lacks("actor_rollout_ref.rollout.disaggregation.enabled", "prefill/decode disaggregation"),
     _lacks("actor_rollout_ref.rollout.agent.agent_loop_config_path", "agent loops defined in a config file"),
     _lacks("actor_rollout_ref.rollout.agent.custom_async_server.*", "custom async rollout servers"),
+    _lacks(
+        "actor_rollout_ref.rollout.agent.default_agent_loop",
+        "agent loops chosen by name (the tool-calling loop is actor_rollout_ref.rollout.multi_turn.enable=true)",
+    ),
     _lacks("actor_rollout_ref.rollout.trace.backend", "rollout tracing backends (weave, mlflow traces)"),
     _lacks("actor_rollout_ref.rollout.prometheus.enable", "the rollout servers' Prometheus metrics"),
     _lacks("actor_rollout_ref.rollout.multi_turn.function_tool_path", "tools defined as Python functions by path"),
