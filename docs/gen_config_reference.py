@@ -161,17 +161,11 @@ def generate(yaml_path: pathlib.Path = YAML_PATH) -> str:
 
 
 def _verl_only_keys() -> list[str]:
-    """One row per rule of hybridflow/config/verl_compat.py, with how many of verl's keys it covers."""
-    from hybridflow.config.verl_compat import COMPAT_YAML, RULES, compat_defaults, rule_for
+    """One row per alias or refusal of hybridflow/config/verl_compat.py, then the keys accepted but not read."""
+    from hybridflow.config.verl_compat import COMPAT_YAML, PPO_SURFACE
+    from hybridflow.config.verl_sft_compat import SFT_SURFACE
 
-    counts: dict = {}
-    for key in compat_defaults():
-        counts[rule_for(key)] = counts.get(rule_for(key), 0) + 1
-    meaning = {
-        "alias": "another name of `{what}`",
-        "lacks": "refused unless at verl's default: needs {what}",
-        "unread": "accepted; listed at start-up when set: {what}",
-    }
+    meaning = {"alias": "another name of `{what}`", "lacks": "refused unless at verl's default: needs {what}"}
     lines = [
         "## verl's other keys",
         "",
@@ -183,12 +177,39 @@ def _verl_only_keys() -> list[str]:
         "| Keys | Means | verl keys |",
         "|---|---|---|",
     ]
-    for rule in RULES:
-        if counts.get(rule):
+    counts = _rule_counts(PPO_SURFACE)
+    for rule in PPO_SURFACE.rules:
+        if counts.get(rule) and rule.kind in meaning:
             lines.append(
                 f"| `{_cell(rule.pattern)}` | {_cell(meaning[rule.kind].format(what=rule.what))} | {counts[rule]} |"
             )
-    return lines + [""]
+    lines += [
+        "",
+        "### Accepted, but not read",
+        "",
+        "These keys change nothing in hybridflow, each for the reason given: a knob of speed or memory whose",
+        "results are the same, a key read only with a capability refused above, or one that follows a schema key.",
+        "Set to anything but verl's default, each is listed once in the start-up banner with its reason. (An",
+        "engine knob of the schema, such as `rollout.enforce_eager`, is listed the same way on the engine that",
+        "does not read it.)",
+        "",
+    ]
+    for title, surface in (("`main_ppo`", PPO_SURFACE), ("`main_sft`", SFT_SURFACE)):
+        counts = _rule_counts(surface)
+        lines += [f"{title}:", "", "| Keys | Why it changes nothing | verl keys |", "|---|---|---|"]
+        for rule in surface.rules:
+            if counts.get(rule) and rule.kind == "unread":
+                lines.append(f"| `{_cell(rule.pattern)}` | {_cell(rule.what)} | {counts[rule]} |")
+        lines.append("")
+    return lines
+
+
+def _rule_counts(surface) -> dict:
+    """How many of the surface's keys each rule decides."""
+    counts: dict = {}
+    for key in surface.compat_defaults:
+        counts[surface.rule_for(key)] = counts.get(surface.rule_for(key), 0) + 1
+    return counts
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from hybridflow.config.model_structure import model_structure_errors
 from hybridflow.config.resume_checks import resume_errors
 from hybridflow.config.rollout_pool_options import rollout_pool_processes
 from hybridflow.config.schema import PPOTrainerConfig
+from hybridflow.config.verl_compat import MULTIMODAL_COLUMNS
 from hybridflow.rewards.custom import CustomRewardError, load_custom_reward_function
 from hybridflow.rewards.managers import REWARD_MANAGERS, RewardCallError, check_call
 from hybridflow.tracking.trackers import OPTIONAL_BACKEND_PACKAGES
@@ -60,7 +61,9 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
     for key in ("train_files", "val_files"):
         files = getattr(config.data, key)
         errors += data_file_errors(f"data.{key}", files)
-        errors += parquet_errors(f"data.{key}", files, lambda _: {"data.prompt_key": prompt_key}, chat_key=prompt_key)
+        errors += parquet_errors(
+            f"data.{key}", files, lambda _: {"data.prompt_key": prompt_key}, prompt_key, MULTIMODAL_COLUMNS
+        )
     errors += run_folder_errors("trainer.default_local_dir", config.trainer.default_local_dir)
     errors += resume_errors(config, uses_critic)
     reward_path = config.custom_reward_function.path

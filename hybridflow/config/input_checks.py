@@ -100,12 +100,15 @@ def tokenizer_file_errors(key: str, folder: pathlib.Path) -> list[str]:
 Columns = Callable[[list[str]], dict[str, str]]
 
 
-def parquet_errors(key: str, files: Any, columns: Columns, chat_key: str | None = None) -> list[str]:
+def parquet_errors(
+    key: str, files: Any, columns: Columns, chat_key: str | None = None, unread: dict[str, str] | None = None
+) -> list[str]:
     """Each existing file of ``key`` readable as parquet, not empty, with the columns it needs.
 
     ``columns(names)``: the config key -> column name pairs a file with the columns ``names`` must have (what a
     file needs can depend on what it has, as for SFT's multi-turn rows). ``chat_key``: a column whose first rows
-    must be chat messages.
+    must be chat messages. ``unread``: {column: what reading it needs} for columns a file must not have, since
+    nothing here would read them (verl's image, video and audio columns).
     """
     if files is None or files == "":
         return []
@@ -114,11 +117,13 @@ def parquet_errors(key: str, files: Any, columns: Columns, chat_key: str | None 
         error
         for name in names
         if pathlib.Path(name).expanduser().is_file()
-        for error in _parquet_file_errors(key, pathlib.Path(name).expanduser(), columns, chat_key)
+        for error in _parquet_file_errors(key, pathlib.Path(name).expanduser(), columns, chat_key, unread or {})
     ]
 
 
-def _parquet_file_errors(key: str, path: pathlib.Path, columns: Columns, chat_key: str | None) -> list[str]:
+def _parquet_file_errors(
+    key: str, path: pathlib.Path, columns: Columns, chat_key: str | None, unread: dict[str, str]
+) -> list[str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -138,6 +143,9 @@ def _parquet_file_errors(key: str, path: pathlib.Path, columns: Columns, chat_ke
             f"{option}={column!r} is not a column of {path} (columns: {names}); set {option}"
             for option, column in missing
         ]
+    found = [column for column in unread if column in names]
+    if found:
+        return [f"{key}: {path} has a {column!r} column, which needs {unread[column]}" for column in found]
     if chat_key is None:
         return []
     try:

@@ -42,6 +42,7 @@ class Rule:
     what: str  # lacks: the missing capability; unread: why nothing reads it; alias: the schema key ('*' = suffix)
     allowed: tuple = ()  # lacks: values besides the default that hybridflow serves itself
     decisive: bool = False  # lacks: a choice of engine or device; refused alone, the rest of the config is moot
+    same_as: str = ""  # lacks: a value equal to this key's asks for nothing more (a copy of a key this one follows)
 
     def target(self, key: str) -> str:
         """The schema key an alias points at: ``what`` with ``*`` replaced by the part ``*`` matched."""
@@ -51,12 +52,17 @@ class Rule:
         return self.what.replace("*", key[len(prefix) :])
 
 
-def lacks(pattern: str, what: str, *allowed: Any, decisive: bool = False) -> Rule:
-    return Rule(pattern, LACKS, what, tuple(allowed), decisive)
+def lacks(pattern: str, what: str, *allowed: Any, decisive: bool = False, same_as: str = "") -> Rule:
+    return Rule(pattern, LACKS, what, tuple(allowed), decisive, same_as)
 
 
 def unread(pattern: str, why: str) -> Rule:
     return Rule(pattern, UNREAD, why)
+
+
+def moot(pattern: str, switch: str) -> Rule:
+    """``unread`` keys read only when ``switch`` is on, which a ``lacks`` rule refuses: they change nothing."""
+    return Rule(pattern, UNREAD, f"read only with {switch}, which hybridflow refuses")
 
 
 def alias(pattern: str, target: str) -> Rule:
@@ -165,7 +171,7 @@ class Surface:
             key = self.compat_key(dotted)
             rule = self.rule_for(key) if key is not None else None
             default = self.compat_defaults.get(key)
-            if rule is not None and rule.kind == LACKS and value != default and value not in rule.allowed:
+            if rule is not None and rule.kind == LACKS and not _served(rule, value, default, values):
                 line = _lacks_line(dotted, value, rule.what)
                 if rule.decisive:
                     decisive.append(line)
@@ -188,6 +194,11 @@ class Surface:
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
+
+
+def _served(rule: Rule, value: Any, default: Any, values: dict[str, Any]) -> bool:
+    """A ``lacks`` key at its default, at a value in ``allowed``, or equal to the key it follows (``same_as``)."""
+    return value == default or value in rule.allowed or (bool(rule.same_as) and values.get(rule.same_as) == value)
 
 
 def _drop(raw: dict, key: str) -> None:

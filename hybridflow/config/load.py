@@ -15,6 +15,7 @@ from hybridflow.config.environment import detected_device, environment_errors
 from hybridflow.config.fully_async_options import unread_async_options
 from hybridflow.config.key_surface import unread_sync_check
 from hybridflow.config.phases import uses_critic
+from hybridflow.config.profiler_options import unread_profiler_options
 from hybridflow.config.resources import machine_resource_errors
 from hybridflow.config.rollout_pool_options import unread_pool_options
 from hybridflow.config.rules import semantic_errors
@@ -69,5 +70,5 @@ def load_config_with_notes(
     if errors:
         raise ConfigError(errors)
     unread = unread_engine_options(typed) + unread_sync_check(typed) + unread_pool_options(typed)
-    unread += unread_async_options(typed)
+    unread += unread_async_options(typed) + unread_profiler_options(typed)
     return typed, compat.unread + unread

@@ -32,6 +32,7 @@ from hybridflow.config.load import ConfigError
 from hybridflow.config.memory_estimate import ProcessEstimate, estimate, memory_errors, runtime_bytes
 from hybridflow.config.phases import Phase
 from hybridflow.config.placement import ROLLOUT_ROLE, ResourcePlan, make_resource_plan
+from hybridflow.config.profiler_options import ProfilePlan, profile_plan
 from hybridflow.config.resume_checks import resume_keys
 from hybridflow.config.rollout_correction_options import bypass_correction, correction_settings
 from hybridflow.config.rollout_pool_options import one_step_off
@@ -90,6 +91,7 @@ class RunPlan:
     total_training_steps: int
     steps_per_version: int
     fully_async: AsyncPlan | None
+    profile: ProfilePlan | None  # torch.profiler's step ranges and traced groups (``config/profiler_options.py``)
     resume_keys: dict[str, Any]
     config_record: dict[str, Any]
     notes: tuple[str, ...]
@@ -125,6 +127,7 @@ def build_plan(config: PPOTrainerConfig, train_prompts: int) -> RunPlan:
         total_training_steps=steps,
         steps_per_version=steps_per_version(config),
         fully_async=_async_plan(config) if fully_async(config) else None,
+        profile=profile_plan(config),
         resume_keys=resume_keys(config, uses_critic),
         config_record=dataclasses.asdict(config),
         notes=tuple(slow_dtype_notes(config, uses_critic)),
@@ -272,4 +275,5 @@ def describe(plan: RunPlan) -> list[str]:
     for name, phase in plan.phases.items():
         lines.append(f"  {phase.number} {name:<{width}}  {'runs' if phase.runs else 'skipped'}: {phase.why}")
     memory = [process.describe() for process in plan.memory or ()]
-    return lines + sizes(plan) + memory + [f"note: {note}" for note in plan.notes]
+    profile = [f"profile: {plan.profile.describe()}"] if plan.profile else []
+    return lines + sizes(plan) + memory + profile + [f"note: {note}" for note in plan.notes]

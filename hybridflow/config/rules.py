@@ -23,6 +23,7 @@ from hybridflow.config.local_mode import local_mode_errors
 from hybridflow.config.lora_options import lora_errors
 from hybridflow.config.phases import uses_critic
 from hybridflow.config.placement import PLACEMENTS
+from hybridflow.config.profiler_options import profiler_errors
 from hybridflow.config.range_checks import range_errors
 from hybridflow.config.resources import num_processes, resource_errors
 from hybridflow.config.reward_options import reward_manager_errors
@@ -67,6 +68,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + training_tensor_parallel_errors(config, uses_critic(config))
         + range_errors(config)
         + worker_start_errors(config, uses_critic(config))
+        + profiler_errors(config)
     )
 
 

@@ -268,6 +268,20 @@ class CustomRewardFunctionConfig:
 
 
 @dataclass
+class GlobalProfilerConfig:
+    """Which steps the roles' profilers trace, with which tool, and where (``global_profiler``)."""
+
+    tool: Optional[str] = option(None, "Profiler of every role: torch (torch.profiler); None: off.")
+    steps: Any = option(None, "Training steps to trace (counted from 1), e.g. [1, 2, 5]; None: none.")
+    profile_continuous_steps: bool = option(
+        False, "One trace per run of consecutive steps ([1, 2] together) instead of one per step."
+    )
+    save_path: str = option(
+        "outputs/profile", "Folder of the traces, <role>_step<N>[-<M>]_rank<R>.json (chrome trace JSON)."
+    )
+
+
+@dataclass
 class PPOTrainerConfig:
     """Everything ``python -m hybridflow.trainer.main_ppo`` reads."""
 
@@ -285,3 +299,4 @@ class PPOTrainerConfig:
         AsyncTrainingConfig, "Fully async training (async_training.enable=true)."
     )
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "Ray cluster.")
+    global_profiler: GlobalProfilerConfig = section(GlobalProfilerConfig, "torch.profiler traces of chosen steps.")

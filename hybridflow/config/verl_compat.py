@@ -5,7 +5,7 @@ A verl launch script passes keys from verl's whole generated ``ppo_trainer`` con
 (:mod:`hybridflow.config.schema`) lacks, with verl's default, and :data:`RULES` says what each means
 here (first matching pattern wins; ``tests/trainer/test_verl_compat.py`` checks every key has a rule):
 aliases (``ray_init.num_cpus`` -> ``ray_kwargs.ray_init.num_cpus``), capabilities hybridflow lacks (Megatron,
-NPU, on-policy distillation, ...) and knobs nothing here reads (profilers, fused kernels). The mechanism is
+NPU, on-policy distillation, ...) and knobs that change nothing here (fused kernels), each with why. The mechanism is
 :mod:`hybridflow.config.key_surface`.
 """
 
@@ -28,6 +28,7 @@ from hybridflow.config.key_surface import (
 )
 from hybridflow.config.key_surface import alias as _alias
 from hybridflow.config.key_surface import lacks as _lacks
+from hybridflow.config.key_surface import moot as _moot
 from hybridflow.config.key_surface import unread as _unread
 
 __all__ = [
@@ -54,9 +55,15 @@ COMPAT_YAML = pathlib.Path(__file__).parent / "yaml" / "verl_compat.yaml"
 ACTOR, REF, ULYSSES = "actor_rollout_ref.actor", "actor_rollout_ref.ref", "ulysses_sequence_parallel_size"
 KERNELS = "fused/Liger/tiled kernels are not used: hybridflow runs the model's own transformers modules (same math)"
 FSDP1_KNOB = "an FSDP1/verl-engine tuning knob; hybridflow's FSDP2 engine has no such setting (same math)"
-PROFILER = "verl's profiler hooks (nsys, torch, npu) are not implemented; profile the workers with torch.profiler"
 VLLM_SERVER = "verl's async rollout-server infrastructure; hybridflow's engines run inside the actor workers"
-VISION = "vision/audio inputs: hybridflow trains text-only models"
+MULTIMODAL = "image, video and audio inputs (hybridflow trains text-only models on text prompts)"
+SAME_MATH = "a speed or memory knob whose results are the same"
+# verl's data.image_key, video_key and audio_key defaults: a prompt file with such a column has inputs nothing reads.
+MULTIMODAL_COLUMNS = {
+    column: f"{MULTIMODAL}, which hybridflow does not have; drop the column"
+    for column in ("images", "videos", "audios")
+}
+
 
 RULES: tuple[Rule, ...] = (
     _lacks(
@@ -118,6 +125,10 @@ RULES: tuple[Rule, ...] = (
     _lacks("actor_rollout_ref.rollout.disaggregation.enabled", "prefill/decode disaggregation"),
     _lacks("actor_rollout_ref.rollout.agent.agent_loop_config_path", "agent loops defined in a config file"),
     _lacks("actor_rollout_ref.rollout.agent.custom_async_server.*", "custom async rollout servers"),
+    _lacks(
+        "actor_rollout_ref.rollout.agent.default_agent_loop",
+        "agent loops chosen by name (the tool-calling loop is actor_rollout_ref.rollout.multi_turn.enable=true)",
+    ),
     _lacks("actor_rollout_ref.rollout.trace.backend", "rollout tracing backends (weave, mlflow traces)"),
     _lacks("actor_rollout_ref.rollout.prometheus.enable", "the rollout servers' Prometheus metrics"),
     _lacks("actor_rollout_ref.rollout.multi_turn.function_tool_path", "tools defined as Python functions by path"),
@@ -128,7 +139,7 @@ RULES: tuple[Rule, ...] = (
         "the Sandbox Fusion code-execution service (a judge server of your own: reward_model.reward_manager=remote)",
     ),
     _lacks("reward.reward_manager.source", "reward managers loaded from a module", "register"),
-    _lacks("reward.reward_manager.module.path", "reward managers loaded from a file"),
+    _lacks("reward.reward_manager.module.*", "reward managers loaded from a file"),
     _lacks("reward_model.reward_loop_*", "custom reward-loop classes"),
     _lacks("*reward_model.rollout.name", "reward models served by a rollout engine (generative reward models)"),
     _lacks("algorithm.use_pf_ppo", "PF-PPO policy filtration"),
@@ -136,100 +147,135 @@ RULES: tuple[Rule, ...] = (
     _lacks("transfer_queue.enable", "the TransferQueue data plane"),
     _lacks("skip.*.enable", "verl's rollout skip/dump (use trainer.rollout_data_dir to dump rollouts)"),
     _lacks("trainer.default_hdfs_dir", "copying checkpoints to HDFS"),
-    # Knobs nothing here reads: accepted, listed at start-up when set.
+    _lacks("trainer.esi_redundant_time", "extra checkpoint saves before an elastic instance expires (ESI)"),
+    _lacks("trainer.del_local_ckpt_after_load", "deleting local checkpoints after loading them"),
+    _lacks("trainer.v1.trainer_mode", "verl's v1 asynchronous trainer modes (hybridflow's are its async entry points)"),
+    _lacks("data.image_*", MULTIMODAL),
+    _lacks("data.video_key", MULTIMODAL),
+    _lacks("data.audio_key", MULTIMODAL),
+    _lacks("data.mm_processor_kwargs", MULTIMODAL),
+    _lacks("data.return_multi_modal_inputs", MULTIMODAL),
+    _lacks("actor_rollout_ref.actor.freeze_vision_tower", MULTIMODAL),
+    _lacks("data.function_tool_path", "tools defined as Python functions by path"),
+    _lacks(
+        "actor_rollout_ref.rollout.checkpoint_engine.backend",
+        "weight-sync transports other than verl's default (naive: hybridflow's engines load the actor's weights in "
+        "process, a rollout pool of its own through Ray's object store)",
+    ),
+    _lacks("actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module", "custom weight-sync transports"),
+    _lacks("actor_rollout_ref.rollout.enable_rollout_routing_replay", "MoE router replay"),
+    _lacks(
+        "actor_rollout_ref.rollout.quantization_config_file",
+        "rollout quantization from a config file (the vllm engine takes rollout.quantization)",
+    ),
+    _lacks(
+        "actor_rollout_ref.rollout.moe_load_balance_metrics_interval", "the rollout servers' MoE load-balance metrics"
+    ),
+    _lacks(
+        "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side",
+        "choosing the side tool responses are cut on",
+    ),
+    _lacks("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template", "sglang's inference chat template"),
+    _lacks("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts", "sglang's repeated multi-turn rollouts"),
+    _lacks("*.optim.zero_indexed_step", "a learning-rate schedule counted from step 1 (zero_indexed_step=false)"),
+    _lacks("*hf_config_path", "a model config.json from somewhere other than the model's folder (hf_config_path)"),
+    _lacks("*fsdp*.dtype", "the verl engine's compute dtype key (set fsdp_config.mixed_precision.param_dtype)"),
+    _alias(f"{ACTOR}.fsdp_config.model_dtype", "actor_rollout_ref.model.dtype"),
+    _alias("critic.fsdp.model_dtype", "critic.model.dtype"),
+    _lacks(
+        f"{REF}.fsdp_config.model_dtype",
+        "a reference model in a dtype of its own (it follows the actor's)",
+        same_as=f"{ACTOR}.fsdp_config.model_dtype",
+    ),
+    _lacks("critic.model.lora_adapter_path", "starting the critic from a saved LoRA adapter"),
+    _lacks("*external_lib", "importing extra model-code modules (external_lib)"),
+    # Accepted and listed at start-up when set, each with why it changes nothing here: a knob of speed or memory
+    # whose results are the same, one only read with a capability refused above, or one that follows a schema key.
     _unread("*mixed_precision.buffer_dtype", "FSDP2's mixed precision has no buffer dtype: buffers keep the model's"),
     _unread("*use_fused_kernels", KERNELS),
     _unread("*fused_kernel_options.*", KERNELS),
     _unread("*use_liger", KERNELS),
     _unread("*tiled_mlp.*", KERNELS),
-    _unread("*.turbo_config.*", FSDP1_KNOB),
+    _moot("*.turbo_config.*", "strategy=fsdp_turbo"),
     _unread("*fsdp*.wrap_policy.*", FSDP1_KNOB),
     _unread("*fsdp*.offload_policy", FSDP1_KNOB),
     _unread("*fsdp*.forward_prefetch", FSDP1_KNOB),
     _unread("*fsdp*.use_orig_params", FSDP1_KNOB),
     _unread("*fsdp*.pad_to_length*", FSDP1_KNOB),
     _unread("*pad_to_length", FSDP1_KNOB),
-    _unread("*fsdp*.forward_only", FSDP1_KNOB),
-    _unread("*fsdp*.seed", FSDP1_KNOB),
-    _unread("*fsdp*.full_determinism", FSDP1_KNOB),
-    _unread("*fsdp*.model_dtype", "verl-engine dtype key; set actor_rollout_ref.model.dtype / critic.model.dtype"),
-    _unread("*fsdp*.dtype", "verl-engine dtype key; set fsdp_config.mixed_precision.param_dtype"),
-    _unread("*fsdp*.entropy_*", "verl-engine copy of the actor's entropy keys"),
-    _unread("*fsdp*.use_torch_compile", "verl-engine copy of use_torch_compile"),
-    _unread("*qat.*", "quantization-aware training is off"),
-    _unread("*mtp.*", "multi-token prediction is off"),
-    _unread("*mtp", "multi-token prediction is off"),
-    _unread("*router_replay.*", "MoE router replay is off"),
-    _unread("*.lora.*", "verl's model.lora block is Megatron's; hybridflow reads model.lora_rank and friends"),
-    _unread("*profiler*", PROFILER),
+    _unread("*fsdp*.forward_only", "the verl engine's inference-only switch; each role here knows whether it trains"),
+    _unread("*fsdp*.seed", "the verl engine's seed; hybridflow seeds from the role's seed and data.seed"),
+    _unread("*fsdp*.full_determinism", "deterministic-kernel flags of the verl engine: " + SAME_MATH),
+    _unread("*fsdp*.entropy_*", "the verl engine's copy of the role's entropy memory knobs: " + SAME_MATH),
+    _unread("*fsdp*.use_torch_compile", "the verl engine's copy of use_torch_compile: " + SAME_MATH),
+    _moot("*qat.*", "qat.enable"),
+    _moot("*mtp.*", "mtp.enable"),
+    _moot("*mtp", "mtp.enable"),
+    _moot("*router_replay.*", "router_replay.mode"),
+    _moot("*.lora.*", "model.lora.rank (verl's Megatron LoRA block; hybridflow reads model.lora_rank)"),
     _unread("*.rollout_n", "follows actor_rollout_ref.rollout.n"),
-    _unread("*checkpoint.async_save", "checkpoints are saved synchronously (atomically, then renamed)"),
-    _unread("*checkpoint.strict", "checkpoints load strictly"),
-    _unread("*.optim.zero_indexed_step", "the lr schedule counts from step 0"),
-    _unread("*enable_activation_offload", "activation offload is not implemented (GPU memory knob)"),
-    _unread("*use_shm", "models and data load from disk, not shared memory"),
-    _unread("*hf_config_path", "the model's config.json is read from model.path"),
-    _unread("actor_rollout_ref.actor.freeze_vision_tower", VISION),
+    _unread("*checkpoint.async_save", "the same files are saved, synchronously (atomically, then renamed)"),
+    _unread(
+        "*checkpoint.strict", "checkpoints load strictly: one that does not match stops the run, none loads in part"
+    ),
+    _unread("*enable_activation_offload", "activations kept on the device instead of offloaded: " + SAME_MATH),
+    _unread("*use_shm", "models and data load from disk, not shared memory: " + SAME_MATH),
     _unread("actor_rollout_ref.actor.calculate_entropy", "entropy is computed when entropy_coeff != 0 and for metrics"),
     _unread("actor_rollout_ref.rollout.mode", VLLM_SERVER),
     _unread("actor_rollout_ref.rollout.skip_tokenizer_init", "the vllm engine decodes text (stop strings, tools)"),
     _unread("actor_rollout_ref.rollout.full_determinism", "the hf engine is deterministic given its per-sample seeds"),
-    _unread("actor_rollout_ref.rollout.layered_summon", "weights are synced tensor by tensor already"),
-    _unread("actor_rollout_ref.rollout.multi_stage_wake_up", "weights are synced tensor by tensor already"),
-    _unread("actor_rollout_ref.rollout.enable_rollout_routing_replay", "MoE router replay is off"),
-    _unread("actor_rollout_ref.rollout.quantization_config_file", "rollout quantization is vLLM's quantization key"),
+    _unread("actor_rollout_ref.rollout.layered_summon", "weights are synced tensor by tensor already: " + SAME_MATH),
+    _unread(
+        "actor_rollout_ref.rollout.multi_stage_wake_up", "weights are synced tensor by tensor already: " + SAME_MATH
+    ),
     _unread(
         "*entropy_checkpointing",
         "the chunked entropy's own backward keeps only per-row statistics, which is what entropy checkpointing saves",
     ),
     _unread("actor_rollout_ref.rollout.agent.*", VLLM_SERVER),
-    _unread(
-        "actor_rollout_ref.rollout.checkpoint_engine.*",
-        "weights reach a rollout pool of its own through Ray's "
-        "object store, in buckets of checkpoint_engine.update_weights_bucket_megabytes",
-    ),
-    _unread("actor_rollout_ref.rollout.trace.*", "rollout tracing is off"),
-    _unread("actor_rollout_ref.rollout.prometheus.*", VLLM_SERVER),
-    _unread("actor_rollout_ref.rollout.disaggregation.*", "prefill/decode disaggregation is off"),
+    _moot("actor_rollout_ref.rollout.checkpoint_engine.*", "a checkpoint_engine.backend other than naive"),
+    _moot("actor_rollout_ref.rollout.trace.*", "rollout.trace.backend"),
+    _moot("actor_rollout_ref.rollout.prometheus.*", "rollout.prometheus.enable"),
+    _moot("actor_rollout_ref.rollout.disaggregation.*", "rollout.disaggregation.enabled"),
     _unread(
         "actor_rollout_ref.rollout.n_gpus_per_node",
         "the rollout runs in the actor's processes, or with "
         "actor_rollout_ref.hybrid_engine=false on a pool sized by the top-level rollout.nnodes/n_gpus_per_node",
     ),
-    _unread("actor_rollout_ref.rollout.moe_load_balance_metrics_interval", VLLM_SERVER),
-    _unread("actor_rollout_ref.rollout.multi_turn.*", "an sglang multi-turn option hybridflow's agent loop lacks"),
-    _unread("actor_rollout_ref.rollout.qat", "quantization-aware training is off"),
-    _unread("data.image_*", VISION),
-    _unread("data.video_key", VISION),
-    _unread("data.audio_key", VISION),
-    _unread("data.mm_processor_kwargs", VISION),
-    _unread("data.return_multi_modal_inputs", VISION),
+    _unread(
+        "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode",
+        "a check of sglang's incremental tokenization; hybridflow's agent loop tokenizes each turn once",
+    ),
+    _moot("actor_rollout_ref.rollout.qat", "qat.enable"),
     _unread("data.dataloader_num_workers", "prompts are loaded in the driver from memory; no loader workers"),
-    _unread("data.custom_cls.*", "custom dataset classes are off"),
+    _moot("data.custom_cls.*", "data.custom_cls.path"),
     _unread("data.tool_config_path", "follows actor_rollout_ref.rollout.multi_turn.tool_config_path"),
-    _unread("data.function_tool_path", "tools defined as Python functions are off"),
     _unread("data.tokenizer", "the tokenizer is actor_rollout_ref.model.tokenizer_path"),
     _unread("data.return_raw_input_ids", "no component here reads raw_prompt_ids (reward models share the tokenizer)"),
     _unread("data.return_full_prompt", "no component here reads full_prompts"),
     _unread("data.filter_overlong_prompts_workers", "prompts are tokenized in one batched call of the fast tokenizer"),
-    _lacks("critic.model.lora_adapter_path", "starting the critic from a saved LoRA adapter"),
-    _lacks("*external_lib", "importing extra model-code modules (external_lib)"),
-    _unread("reward.num_workers", "rule rewards are scored in the driver with a timeout per sample"),
-    _unread("reward.reward_manager.module.*", "reward managers loaded from a file are off"),
+    _unread("reward.num_workers", "rule rewards are scored in the driver with a timeout per sample: " + SAME_MATH),
     _unread("reward.reward_model.*", "a reward model is placed like the other roles (trainer.placement)"),
     _unread("reward_model.*", "a reward model is placed like the other roles (trainer.placement)"),
-    _unread("*sandbox_fusion.*", "the Sandbox Fusion service is off"),
-    _unread("algorithm.pf_ppo.*", "PF-PPO is off"),
-    _unread("algorithm.filter_groups.max_inflight_gen_batches", "generation batches run one at a time"),
-    _unread("distillation.*", "on-policy distillation is off"),
-    _unread("transfer_queue.*", "the TransferQueue data plane is off"),
-    _unread("skip.*", "verl's rollout skip/dump is off"),
-    _unread("global_profiler.*", PROFILER),
-    _unread("trainer.use_v1", "hybridflow has one trainer"),
-    _unread("trainer.v1.*", "hybridflow has one trainer"),
-    _unread("trainer.esi_redundant_time", "elastic-instance checkpoint timing (ESI) is not implemented"),
+    _moot("*sandbox_fusion.*", "sandbox_fusion.url"),
+    _moot("algorithm.pf_ppo.*", "algorithm.use_pf_ppo"),
+    _unread("algorithm.filter_groups.max_inflight_gen_batches", "generation batches run one at a time: " + SAME_MATH),
+    _moot("distillation.*", "distillation.enabled"),
+    _moot("transfer_queue.*", "transfer_queue.enable"),
+    _moot("skip.*", "skip.*.enable"),
+    # torch.profiler is served (global_profiler and each role's profiler section); what it does not do, refused.
+    _lacks("*profiler.tool", "a profiler tool per role (global_profiler.tool sets every role's)"),
+    _lacks("*profiler.save_path", "a trace folder per role (global_profiler.save_path holds every role's traces)"),
+    _lacks("*finish_hook_cmd", "a command run after the last profiled step (finish_hook_cmd)"),
+    _moot("*finish_hook_*", "finish_hook_cmd"),
+    _unread("*relocate_results", "each process writes its trace to global_profiler.save_path itself: nothing to move"),
+    _lacks("*profiler.tool_config.torch.schedule.*", "a torch.profiler schedule over the update's mini-batches"),
+    _lacks("*profiler.tool_config.torch.profile_token_*", "a rollout trace of a window of response tokens"),
+    _moot("*profiler.tool_config.*", "a profiler tool other than torch"),
+    _moot("global_profiler.global_tool_config.*", "a global_profiler.tool other than torch"),
+    _unread("trainer.use_v1", "verl's legacy and v1 trainers run the same synchronous PPO; hybridflow has one"),
+    _moot("trainer.v1.*", "a trainer.v1.trainer_mode other than sync"),
     _unread("trainer.ray_wait_register_center_timeout", VLLM_SERVER),
-    _unread("trainer.del_local_ckpt_after_load", "local checkpoints are kept after loading"),
 )
 
 
@@ -238,6 +284,10 @@ UNAVAILABLE_CHOICES = {
     ("trainer.device", "npu"): "Ascend NPU support (trainer.device=cuda or cpu)",
     ("actor_rollout_ref.rollout.name", "sglang"): "an SGLang rollout engine (rollout.name=vllm on GPU, or hf)",
     ("actor_rollout_ref.rollout.name", "trtllm"): "a TensorRT-LLM rollout engine (rollout.name=vllm on GPU, or hf)",
+    **{
+        ("global_profiler.tool", tool): f"the {tool} profiler (global_profiler.tool=torch is torch.profiler)"
+        for tool in ("nsys", "npu", "torch_memory", "precision_debugger")
+    },
 }
 
 

@@ -19,9 +19,10 @@ import pathlib
 from hybridflow.config.key_surface import Group, Rule, Surface
 from hybridflow.config.key_surface import alias as _alias
 from hybridflow.config.key_surface import lacks as _lacks
+from hybridflow.config.key_surface import moot as _moot
 from hybridflow.config.key_surface import unread as _unread
 from hybridflow.config.verl_compat import FSDP1_KNOB as FSDP_KNOB
-from hybridflow.config.verl_compat import KERNELS, PROFILER
+from hybridflow.config.verl_compat import KERNELS
 
 SFT_COMPAT_YAML = pathlib.Path(__file__).parent / "yaml" / "verl_sft_compat.yaml"
 
@@ -66,6 +67,10 @@ SFT_RULES: tuple[Rule, ...] = (
     _lacks("model.external_lib", "importing extra model-code modules (external_lib)"),
     _lacks("data.custom_cls.path", "custom dataset classes"),
     _lacks("trainer.default_hdfs_dir", "copying checkpoints to HDFS"),
+    _lacks("model.hf_config_path", "a model config.json from somewhere other than the model's folder (hf_config_path)"),
+    _lacks("optim.zero_indexed_step", "a learning-rate schedule counted from step 1 (zero_indexed_step=false)"),
+    _lacks("profiler.enable", "profiling the SFT trainer (main_ppo profiles with global_profiler)"),
+    _lacks("trainer.profile_interval", "profiling the SFT trainer (main_ppo profiles with global_profiler)"),
     # Knobs nothing here reads: accepted, listed at start-up when set.
     _unread(
         "*ulysses_sequence_parallel_size",
@@ -77,14 +82,13 @@ SFT_RULES: tuple[Rule, ...] = (
     _unread("model.fused_kernel_options.*", KERNELS),
     _unread("model.tiled_mlp.*", KERNELS),
     _unread("model.enable_activation_offload", "activation offload is not implemented (GPU memory knob)"),
-    _unread("model.hf_config_path", "the model's config.json is read from model.partial_pretrain"),
     _unread(
         "model.fsdp_config.cpu_offload",
         "FSDP1's switch for offload_params; FSDP2 offload is model.fsdp_config.param_offload",
     ),
     _unread("model.fsdp_config.wrap_policy.*", FSDP_KNOB),
-    _unread("model.mtp.*", "multi-token prediction is off"),
-    _unread("model.lora.*", "verl's model.lora block is Megatron's; hybridflow reads model.lora_rank and friends"),
+    _moot("model.mtp.*", "model.mtp.enable"),
+    _moot("model.lora.*", "model.lora.rank (verl's Megatron LoRA block; hybridflow reads model.lora_rank)"),
     _unread("*use_shm", "models and data load from disk, not shared memory"),
     _unread("engine.wrap_policy.*", FSDP_KNOB),
     _unread("engine.offload_policy", FSDP_KNOB),
@@ -96,10 +100,9 @@ SFT_RULES: tuple[Rule, ...] = (
     _unread("engine.forward_only", "the verl engine's inference-only switch; the SFT worker trains"),
     _unread("engine.entropy_*", "SFT computes no entropy"),
     _unread("engine.use_torch_compile", "torch.compile is not applied to the model (same math)"),
-    _unread("engine.qat.*", "quantization-aware training is off"),
-    _unread("engine.turbo_config.*", FSDP_KNOB),
+    _moot("engine.qat.*", "engine.qat.enable"),
+    _moot("engine.turbo_config.*", "engine.strategy=fsdp_turbo"),
     _unread("optim.total_training_steps", "the schedule spans trainer.total_training_steps (or the epochs' steps)"),
-    _unread("optim.zero_indexed_step", "the lr schedule counts from step 0"),
     _unread(
         "data.micro_batch_size", "verl's deprecated global micro-batch size; data.micro_batch_size_per_gpu is read"
     ),
@@ -110,9 +113,8 @@ SFT_RULES: tuple[Rule, ...] = (
         "each conversation's prefixes are rendered whole, so there is no "
         "per-turn mismatch to ignore; a template whose prefixes are unstable is refused at load",
     ),
-    _unread("data.custom_cls.*", "custom dataset classes are off"),
-    _unread("profiler.*", PROFILER),
-    _unread("trainer.profile_interval", PROFILER),
+    _moot("data.custom_cls.*", "data.custom_cls.path"),
+    _moot("profiler.*", "profiler.enable"),
     _unread("trainer.balance_batch", "each rank gets an equal number of examples, not of tokens (same math)"),
 )
 

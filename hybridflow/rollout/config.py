@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
+from hybridflow.distributed.profiler import ProfilerConfig
 from hybridflow.errors import HybridflowError
 from hybridflow.help_fields import option, section
 
@@ -168,6 +169,9 @@ class RolloutConfig:
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "Agent loop: multi-turn generation with tools.")
     checkpoint_engine: CheckpointEngineConfig = section(
         CheckpointEngineConfig, "Weight sync into a rollout pool of its own."
+    )
+    profiler: ProfilerConfig = section(
+        ProfilerConfig, "torch.profiler traces of the rollout's processes (the actor's, in the hybrid engine)."
     )
 
     @classmethod

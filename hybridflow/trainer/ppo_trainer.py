@@ -53,6 +53,7 @@ from hybridflow.trainer.phases import (
     join_columns,
     rows_with_signal,
 )
+from hybridflow.trainer.profiling import NoProfiler, StepProfiler, step_profiler
 from hybridflow.trainer.rollout_collection import EndOfData, PromptSource, assign_uids, generate_and_score
 from hybridflow.trainer.val_generations import ValidationGenerations
 from hybridflow.trainer.worker_groups import WorkerGroups
@@ -89,6 +90,7 @@ class RayPPOTrainer:
         self.global_step = 0
         self._saved_step = -1
         self.workers: WorkerGroups | None = None
+        self.profiler: StepProfiler | NoProfiler = NoProfiler()
 
     # ----------------------------------------------------------------------------------------- workers
     def init_workers(self, start_workers: Callable[..., WorkerGroups] | None = None) -> None:
@@ -106,6 +108,7 @@ class RayPPOTrainer:
         self.actor_rollout = groups["actor_rollout_ref"]
         self.phases = assembly.step_phases(plan, self.actor_rollout, groups.get("critic"))
         self.rollout = assembly.collector(plan, groups, self.tokenizer, self.reward_manager)
+        self.profiler = step_profiler(plan.profile, groups)
         self.num_parameters = count_parameters(plan.actor_rollout_ref.model.path)
         self.peak_flops = peak_flops_per_process(
             plan.trainer.peak_flops_per_device, plan.trainer.device, plan.trainer.cpus_per_worker
@@ -125,6 +128,7 @@ class RayPPOTrainer:
             while self.global_step < self.total_training_steps:
                 self.global_step += 1
                 timer = StepTimer()
+                self.profiler.before_step(self.global_step)  # global_profiler.steps: torch.profiler in the workers
                 with timer(names.PHASE_STEP):
                     batch, train_batch, metrics = self.step(self.global_step, timer)
                 trained = finite = train_batch is not None  # scores that were not finite: nothing trained
@@ -135,6 +139,7 @@ class RayPPOTrainer:
                 metrics.update(self.nonfinite.metrics(self.global_step))
                 for hook in self.hooks if trained else ():
                     hook.after_step(self.global_step, batch, metrics)
+                self.profiler.after_step(self.global_step)
                 # A step whose values were not finite is never saved
                 self._end_step(metrics, tracker, last=self.global_step == self.total_training_steps, save=finite)
         except EndOfData as end:
@@ -145,6 +150,7 @@ class RayPPOTrainer:
             if self.plan.trainer.save_freq > 0 and unsaved:
                 self.save_checkpoint()
         finally:
+            self.profiler.close()
             tracker.close()
 
     def step(self, step: int, timer: StepTimer) -> tuple[DataProto, DataProto | None, dict[str, float]]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from hybridflow.algos import BypassCorrection
 from hybridflow.distributed import Dispatch, Worker, register
+from hybridflow.distributed.profiler import Profiled
 from hybridflow.models.loading import load_tokenizer, resolve_dtype
 from hybridflow.models.tensor_parallel import ROW_SPLIT
 from hybridflow.models.weight_checksum import ChecksummedWeights
@@ -41,7 +42,7 @@ class MissingPartError(RuntimeError):
     """A method was called on a worker whose role does not include the part it needs."""
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(Worker, Profiled):
     """SPMD worker over the ``actor_rollout_ref`` config section; ``role`` is a key of ``ROLE_PARTS``.
 
     ``bypass``: the actor trains with rollout correction's bypass-mode loss (``algorithm.rollout_correction``,

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.algos.policy_losses import PolicyLossConfig, PolicyLossModeConfig
+from hybridflow.distributed.profiler import ProfilerConfig
 from hybridflow.errors import HybridflowError
 from hybridflow.help_fields import option, section
 from hybridflow.rollout.config import LORA_ADAPTER_ENGINES, RolloutConfig
@@ -227,6 +228,7 @@ class ActorConfig:
     optim: OptimConfig = section(OptimConfig, "Optimizer and learning-rate schedule.")
     fsdp_config: FSDPConfig = section(FSDPConfig, "FSDP2 sharding, offload and mixed precision.")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "What checkpoints hold.")
+    profiler: ProfilerConfig = section(ProfilerConfig, "torch.profiler traces of the actor's processes.")
 
     def policy_loss_config(self) -> PolicyLossConfig:
         """What the policy loss reads, resolved and checked (raises ``PolicyLossConfigError`` listing every
@@ -261,6 +263,7 @@ class RefConfig:
     )
     ulysses_sequence_parallel_size: int = option(1, ULYSSES_HELP + " Follows the actor's.")
     fsdp_config: FSDPConfig = section(FSDPConfig, "FSDP2 sharding of the reference model.")
+    profiler: ProfilerConfig = section(ProfilerConfig, "torch.profiler traces of the reference's processes.")
 
 
 @dataclass
@@ -333,6 +336,7 @@ class CriticConfig:
     ulysses_sequence_parallel_size: int = option(1, ULYSSES_HELP)
     optim: OptimConfig = section(OptimConfig, "Optimizer and learning-rate schedule.")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "What checkpoints hold.")
+    profiler: ProfilerConfig = section(ProfilerConfig, "torch.profiler traces of the critic's processes.")
 
 
 @dataclass

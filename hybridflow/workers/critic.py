@@ -14,6 +14,7 @@ import torch
 from hybridflow.algos import masked_mean
 from hybridflow.algos.value_loss import compute_value_loss
 from hybridflow.distributed import Dispatch, Worker, register
+from hybridflow.distributed.profiler import Profiled
 from hybridflow.models.layouts import Layout, choose_layout
 from hybridflow.models.value_model import forward_values, load_value_model
 from hybridflow.protocol import DataProto
@@ -156,7 +157,7 @@ class CriticPart:
             return checkpoint.load_checkpoint(path, self.trainer.training_state, self.config.checkpoint.load_contents)
 
 
-class CriticWorker(Worker):
+class CriticWorker(Worker, Profiled):
     """SPMD worker over the ``critic`` config section."""
 
     def __init__(self, config: Any):

@@ -86,6 +86,16 @@ def test_an_alias_and_its_key_set_differently_is_one_error(base):
         ("actor_rollout_ref.rollout.name=trtllm", "TensorRT-LLM"),
         ("distillation.enabled=true", "on-policy distillation"),
         ("actor_rollout_ref.model.mtp.enable=true", "multi-token prediction"),
+        ("data.image_key=pixels", "image, video and audio inputs"),
+        ("data.video_key=clips", "image, video and audio inputs"),
+        ("actor_rollout_ref.actor.freeze_vision_tower=true", "image, video and audio inputs"),
+        ("actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", "weight-sync transports"),
+        ("reward.reward_manager.module.name=my_manager", "reward managers loaded from a file"),
+        ("actor_rollout_ref.actor.optim.zero_indexed_step=false", "counted from step 1"),
+        ("actor_rollout_ref.rollout.enable_rollout_routing_replay=true", "MoE router replay"),
+        ("trainer.del_local_ckpt_after_load=true", "deleting local checkpoints"),
+        ("trainer.v1.trainer_mode=separate_async", "v1 asynchronous trainer modes"),
+        ("actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent", "multi_turn.enable=true"),
         ("--config-name=ppo_megatron_trainer", "Megatron"),
     ],
 )
@@ -110,8 +120,46 @@ def test_a_lacking_key_at_its_default_or_an_allowed_value_is_accepted(base):
         "actor_rollout_ref.ref.strategy=fsdp",
         "model_engine=dp",
         "distillation.enabled=false",
+        "data.image_key=images",  # verl's default, which its text scripts set too
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
     ):
         _check(base + [override])
+
+
+def test_a_prompt_file_with_verls_image_column_is_refused(base, tiny_parquet, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tiny_parquet[0])
+    images = tmp_path / "images.parquet"
+    pq.write_table(table.append_column("images", pa.array([["img.png"]] * table.num_rows)), images)
+    with pytest.raises(ConfigError) as caught:
+        _check([*base, f"data.train_files={images}"], check_environment=True)
+    assert f"data.train_files: {images} has a 'images' column, which needs image, video and audio inputs" in (
+        " ".join(caught.value.errors)
+    )
+
+
+def test_a_key_read_only_with_a_refused_capability_is_listed_with_that_capability(base):
+    _, unread = _check(base + ["distillation.teacher_models.teacher_model.num_replicas=2"])
+    assert unread == [
+        "distillation.teacher_models.teacher_model.num_replicas=2 (read only with distillation.enabled, which "
+        "hybridflow refuses)"
+    ]
+
+
+def test_verl_engine_weight_dtype_is_the_model_dtype(base):
+    config, unread = _check(base + ["actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"])
+    assert config.actor_rollout_ref.model.dtype == "bf16" and unread == []
+    config, _ = _check(base + ["critic.fsdp.model_dtype=bfloat16"])
+    assert config.critic.model.dtype == "bfloat16"
+    assert "in a dtype of its own" in _refusal(base + ["actor_rollout_ref.ref.fsdp_config.model_dtype=bf16"])
+    both = [
+        "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16",
+        "actor_rollout_ref.ref.fsdp_config.model_dtype=bf16",
+    ]
+    config, _ = _check(base + both)  # verl's LoRA merge script: the reference follows the actor's bf16
+    assert config.actor_rollout_ref.model.dtype == "bf16"
 
 
 # -------------------------------------------------------------------------------------- read by nothing
@@ -383,7 +431,7 @@ def test_a_vllm_kv_cache_share_that_leaves_no_room_on_this_cpu_is_refused_before
 
 def test_rules_name_what_is_missing():
     assert rule_for("actor_rollout_ref.actor.strategy").kind == LACKS
-    assert rule_for("actor_rollout_ref.actor.profiler.enable").kind == "unread"
+    assert rule_for("distillation.nnodes").kind == "unread"
 
 
 def test_verl_dapo_overlong_buffer_cfg_is_the_overlong_buffer(base):
