@@ -12,18 +12,24 @@ from .helpers import tiny_run_overrides
 pytestmark = pytest.mark.slow
 
 
-def test_a_traced_ppo_step_writes_a_chrome_trace_per_process(tiny_model_dir, tiny_parquet, tmp_path):
-    traces = tmp_path / "profile"
-    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run", estimator="gae") + [
-        "trainer.local_mode=true",
+def traced_ppo(tiny_model_dir, tiny_parquet, tmp_path, *extra: str) -> list[str]:
+    """Two PPO steps, the actor's and the critic's profilers on, ``extra`` choosing the mode and the steps."""
+    return tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run", estimator="gae") + [
         "trainer.total_training_steps=2",
         "trainer.val_before_train=false",
         "global_profiler.tool=torch",
-        "global_profiler.steps=[2]",
-        f"global_profiler.save_path={traces}",
+        f"global_profiler.save_path={tmp_path / 'profile'}",
         "actor_rollout_ref.actor.profiler.enable=true",
         "critic.profiler.enable=true",
+        *extra,
     ]
+
+
+def test_a_traced_ppo_step_writes_a_chrome_trace_per_process(tiny_model_dir, tiny_parquet, tmp_path):
+    traces = tmp_path / "profile"
+    overrides = traced_ppo(
+        tiny_model_dir, tiny_parquet, tmp_path, "trainer.local_mode=true", "global_profiler.steps=[2]"
+    )
     completed = run_cli(overrides, cwd=tmp_path)
     (trace,) = traces.iterdir()
     assert trace.name == "actor_rollout_ref+critic_step2_rank0.json"
@@ -34,19 +40,9 @@ def test_a_traced_ppo_step_writes_a_chrome_trace_per_process(tiny_model_dir, tin
 
 def test_on_ray_each_pool_writes_its_own_trace_of_a_run_of_consecutive_steps(tiny_model_dir, tiny_parquet, tmp_path):
     traces = tmp_path / "profile"
-    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run", estimator="gae") + [
-        "trainer.placement=split",
-        "trainer.cpus_per_worker=0.5",
-        "trainer.total_training_steps=2",
-        "trainer.val_before_train=false",
-        "global_profiler.tool=torch",
-        "global_profiler.steps=[1,2]",
-        "global_profiler.profile_continuous_steps=true",
-        f"global_profiler.save_path={traces}",
-        "actor_rollout_ref.actor.profiler.enable=true",
-        "critic.profiler.enable=true",
-    ]
-    run_cli(overrides, cwd=tmp_path)
+    split = ["trainer.placement=split", "trainer.cpus_per_worker=0.5"]
+    steps = ["global_profiler.steps=[1,2]", "global_profiler.profile_continuous_steps=true"]
+    run_cli(traced_ppo(tiny_model_dir, tiny_parquet, tmp_path, *split, *steps), cwd=tmp_path)
     assert sorted(trace.name for trace in traces.iterdir()) == [
         "actor_rollout_ref_step1-2_rank0.json",
         "critic_step1-2_rank0.json",
