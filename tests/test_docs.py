@@ -24,7 +24,15 @@ import torch
 
 from hybridflow.algos import advantage_registry, get_adv_estimator_fn, get_policy_loss_fn
 from hybridflow.algos.policy_losses import POLICY_LOSSES, PolicyLossConfig
-from hybridflow.rewards import SCORING_FUNCTIONS, check_data_sources, default_compute_score, load_custom_reward_function
+from hybridflow.rewards import (
+    SCORING_FUNCTIONS,
+    check_data_sources,
+    default_compute_score,
+    load_custom_reward_function,
+    load_reward_manager_class,
+)
+from hybridflow.rewards.response_batch import ResponseBatch
+from hybridflow.rewards.timed_calls import CallOutcome
 from hybridflow.rollout.tools import load_tools
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -179,6 +187,15 @@ def test_length_reward_file():
     assert compute_score("arithmetic", "abcd", "7")["score"] == 1.0
     assert compute_score("arithmetic", "ab", "7")["score"] == 0.5
     assert compute_score("arithmetic", "7", "7") == {"score": 0.25, "acc": 1.0}
+
+
+def test_bonus_reward_manager_file():
+    manager_class = load_reward_manager_class(str(EXAMPLES / "bonus_reward_manager.py"), "BonusRewardManager")
+    manager = manager_class(None, bonus=0.5)  # scoring results needs no tokenizer (decoding does)
+    responses = ResponseBatch(["a", "b"], ["arithmetic"] * 2, ["1", "2"], [None, None], [1, 1], 1)
+    results, _ = manager.score(responses, [CallOutcome("ok", 1.0), CallOutcome("ok", {"score": 0.0, "acc": 1.0})])
+    manager.close()
+    assert results == [{"score": 1.5}, {"score": 0.5, "acc": 1.0}]
 
 
 def test_reverse_tool_from_the_yaml(monkeypatch):

@@ -18,11 +18,17 @@ from hybridflow.config.input_checks import model_folder_errors, parquet_errors, 
 from hybridflow.config.lora_options import adapter_errors
 from hybridflow.config.model_structure import model_structure_errors
 from hybridflow.config.resume_checks import resume_errors
+from hybridflow.config.reward_options import (
+    loadable_manager,
+    manager_from_file,
+    manager_source_errors,
+    reward_manager_class,
+)
 from hybridflow.config.rollout_pool_options import rollout_pool_processes
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.verl_compat import MULTIMODAL_COLUMNS
 from hybridflow.rewards.custom import CustomRewardError, load_custom_reward_function
-from hybridflow.rewards.managers import REWARD_MANAGERS, RewardCallError, check_call
+from hybridflow.rewards.managers import RewardCallError, check_call
 from hybridflow.tracking.trackers import OPTIONAL_BACKEND_PACKAGES
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -73,18 +79,29 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
         )
     elif reward_path:
         errors += reward_function_errors(config)
-    return errors + _package_errors(config) + _device_errors(config)
+    return errors + reward_manager_file_errors(config) + _package_errors(config) + _device_errors(config)
 
 
 def reward_function_errors(config: PPOTrainerConfig) -> list[str]:
     """The reward file imports, defines the function, and the function takes the reward manager's call
     (build_trainer imports it again)."""
-    custom, manager = config.custom_reward_function, config.reward_model.reward_manager
+    custom = config.custom_reward_function
     try:
         function = load_custom_reward_function(custom.path, custom.name, custom.reward_kwargs)
-        if manager in REWARD_MANAGERS:
-            check_call(function, REWARD_MANAGERS.get(manager).CALL, origin=f"custom_reward_function.path={custom.path}")
+        if loadable_manager(config):  # else the manager's own check says why
+            check_call(function, reward_manager_class(config).CALL, origin=f"custom_reward_function.path={custom.path}")
     except (CustomRewardError, RewardCallError) as error:
+        return [str(error)]
+    return []
+
+
+def reward_manager_file_errors(config: PPOTrainerConfig) -> list[str]:
+    """With reward.reward_manager.source=importlib: the file exists, imports, and defines the manager class."""
+    if not manager_from_file(config) or manager_source_errors(config):
+        return []
+    try:
+        reward_manager_class(config)
+    except CustomRewardError as error:
         return [str(error)]
     return []
 

@@ -20,10 +20,10 @@ from hybridflow.config.fully_async_options import (
     partial_rollout,
     step_prompts,
 )
+from hybridflow.config.reward_options import reward_manager_traits
 from hybridflow.config.rollout_correction_options import corrects_in_driver, uses_bypass
 from hybridflow.config.rollout_pool_options import one_step_off, rollout_pool_processes
 from hybridflow.config.schema import PPOTrainerConfig
-from hybridflow.rewards import REWARD_MANAGERS
 
 __all__ = ["Phase", "phases", "skips_zero_signal_samples", "step_prompts", "uses_critic", "uses_reference"]
 
@@ -77,8 +77,7 @@ def greedy_baseline(config: PPOTrainerConfig) -> bool:
 def streamed_reward(config: PPOTrainerConfig) -> bool:
     """Phase 2 scores each sample as the rollout hands it over: a manager that scores samples one by one, and no
     reward model."""
-    traits = REWARD_MANAGERS.traits(config.reward_model.reward_manager)
-    return not config.reward_model.enable and traits["scores_each_sample"]
+    return not config.reward_model.enable and reward_manager_traits(config)["scores_each_sample"]
 
 
 def phases(config: PPOTrainerConfig) -> dict[str, Phase]:

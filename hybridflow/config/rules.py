@@ -26,7 +26,7 @@ from hybridflow.config.placement import PLACEMENTS
 from hybridflow.config.profiler_options import profiler_errors
 from hybridflow.config.range_checks import range_errors
 from hybridflow.config.resources import num_processes, resource_errors
-from hybridflow.config.reward_options import reward_manager_errors
+from hybridflow.config.reward_options import manager_names, reward_manager_errors
 from hybridflow.config.rollout_correction_options import rollout_correction_errors
 from hybridflow.config.rollout_pool_options import rollout_pool_errors
 from hybridflow.config.schema import PPOTrainerConfig
@@ -34,7 +34,6 @@ from hybridflow.config.sequence_parallel_options import sequence_parallel_errors
 from hybridflow.config.tensor_parallel_options import tensor_parallel_errors, training_tensor_parallel_errors
 from hybridflow.config.worker_start_checks import worker_start_errors
 from hybridflow.data.truncation import TRUNCATION_MODES
-from hybridflow.rewards import REWARD_MANAGERS
 from hybridflow.rollout.config import ENGINE_NAMES, RolloutConfigError
 from hybridflow.rollout.tool_parser import TOOL_PARSERS
 from hybridflow.tracking.trackers import LOGGER_BACKENDS
@@ -87,7 +86,8 @@ def _registry_errors(config: PPOTrainerConfig) -> list[str]:
         ("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_ESTIMATORS),
         ("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, POLICY_LOSSES),
         ("critic.loss_agg_mode", config.critic.loss_agg_mode, LOSS_AGG_MODES),
-        ("reward_model.reward_manager", config.reward_model.reward_manager, REWARD_MANAGERS),
+        # A class loaded from a file (reward_manager_source=importlib) is checked by its loader instead.
+        ("reward_model.reward_manager", config.reward_model.reward_manager, manager_names(config)),
         ("trainer.placement", config.trainer.placement, PLACEMENTS),
         ("data.truncation", config.data.truncation, TRUNCATION_MODES),
         ("actor_rollout_ref.rollout.name", config.actor_rollout_ref.rollout.name, ENGINE_NAMES),

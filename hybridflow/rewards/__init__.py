@@ -1,6 +1,7 @@
 """Rewards: rule-based scoring by ``data_source``, user functions by file path, and reward managers."""
 
 from hybridflow.rewards.custom import CustomRewardError, load_custom_reward_function
+from hybridflow.rewards.manager_file import load_reward_manager_class, manager_class_traits
 from hybridflow.rewards.managers import (
     REWARD_MANAGERS,
     SCORE_ERRORS_METRIC,
@@ -45,6 +46,8 @@ __all__ = [
     "check_data_sources",
     "default_compute_score",
     "load_custom_reward_function",
+    "load_reward_manager_class",
+    "manager_class_traits",
     "manager_parameters",
     "overlong_buffer_error",
     "overlong_penalty",

@@ -33,7 +33,7 @@ def load_custom_reward_function(
             f"custom_reward_function.path={str(path)!r} does not exist (looked for {file.resolve()}); "
             f"point it at a .py file that defines {name}(data_source, solution_str, ground_truth, extra_info)"
         )
-    module = _import_file(file)
+    module = import_file(file, "custom_reward_function.path")
     function = getattr(module, name, None)
     if function is None or not callable(function):
         defined = sorted(
@@ -48,7 +48,8 @@ def load_custom_reward_function(
     return functools.partial(function, **reward_kwargs) if reward_kwargs else function
 
 
-def _import_file(file: pathlib.Path) -> Any:
+def import_file(file: pathlib.Path, key: str) -> Any:
+    """The module of the Python ``file`` that the config key ``key`` names, imported once per file version."""
     stat = file.stat()
     digest = hashlib.sha1(f"{file.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:10]
     module_name = f"hybridflow_custom_reward_{file.stem}_{digest}"
@@ -56,7 +57,7 @@ def _import_file(file: pathlib.Path) -> Any:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, file)
     if spec is None or spec.loader is None:
-        raise CustomRewardError(f"custom_reward_function.path={str(file)!r} cannot be imported as a Python module")
+        raise CustomRewardError(f"{key}={str(file)!r} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     # Registered before executing so dataclasses and pickling inside the file can find their module.
     sys.modules[module_name] = module
@@ -67,7 +68,7 @@ def _import_file(file: pathlib.Path) -> Any:
         where = f"{file}:{error.lineno}" if isinstance(error, SyntaxError) else str(file)
         reason = error.msg if isinstance(error, SyntaxError) else error
         raise CustomRewardError(
-            f"importing custom_reward_function.path {where} failed: {type(error).__name__}: {reason}; fix the file"
+            f"importing {key} {where} failed: {type(error).__name__}: {reason}; fix the file"
         ) from error
     import cloudpickle
     from ray import cloudpickle as ray_cloudpickle  # Ray's own copy pickles tasks and actor arguments

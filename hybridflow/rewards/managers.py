@@ -2,7 +2,7 @@
 
 Picked by ``reward_model.reward_manager``: ``naive`` (one scoring call per sample), ``prime`` (naive's calls in
 processes killed at their time limit), ``batch`` (one call with lists for the whole batch), ``dapo`` (naive plus
-DAPO's overlong penalty, arXiv 2503.14476). Every manager is
+DAPO's overlong penalty, arXiv 2503.14476); or a subclass from the user's file (``manager_file``). Every manager is
 called with a DataProto holding ``responses``, ``attention_mask`` (or ``response_mask``) and the non-tensor
 columns ``data_source``, ``reward_model`` and ``extra_info``, and returns a ``RewardResult``. When the batch
 already holds ``rm_scores`` (a reward model scored it), those are returned as they are, as in verl.
@@ -390,18 +390,24 @@ REWARD_MANAGERS.add("dapo", DAPORewardManager)
 REWARD_MANAGERS.add_alias("gdpo", "naive")
 
 
-def manager_parameters(name: str) -> dict[str, inspect.Parameter]:
-    """The options of the manager registered as ``name``: its constructor's parameters after the tokenizer
-    and ``compute_score``, by name (a parameter without a default is required)."""
-    parameters = inspect.signature(REWARD_MANAGERS.get(name)).parameters
+def manager_parameters(manager: str | type) -> dict[str, inspect.Parameter]:
+    """The options of the manager registered as ``manager`` (or of that class): its constructor's parameters
+    after the tokenizer and ``compute_score``, by name (a parameter without a default is required)."""
+    manager_class = REWARD_MANAGERS.get(manager) if isinstance(manager, str) else manager
+    parameters = inspect.signature(manager_class).parameters
     return {key: parameter for key, parameter in parameters.items() if key not in ("tokenizer", "compute_score")}
 
 
-def build_reward_manager(name: str, tokenizer: Any, compute_score: Callable[..., Any] | None = None, **options: Any):
-    """The manager registered as ``name`` (``reward_model.reward_manager``), built with ``options``."""
-    manager_class = REWARD_MANAGERS.get(name)
+def build_reward_manager(
+    manager: str | type, tokenizer: Any, compute_score: Callable[..., Any] | None = None, **options: Any
+):
+    """The manager registered as ``manager`` (``reward_model.reward_manager``), or that class (one loaded from
+    the user's file), built with ``options``."""
+    manager_class = REWARD_MANAGERS.get(manager) if isinstance(manager, str) else manager
+    name = manager if isinstance(manager, str) else manager.__name__
     try:
         inspect.signature(manager_class).bind(tokenizer, compute_score, **options)
     except TypeError as error:
-        raise TypeError(f"reward manager {name!r}: {error}; its options are {list(manager_parameters(name))}") from None
+        options_list = list(manager_parameters(manager_class))
+        raise TypeError(f"reward manager {name!r}: {error}; its options are {options_list}") from None
     return manager_class(tokenizer, compute_score, **options)

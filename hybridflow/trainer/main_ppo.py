@@ -19,11 +19,11 @@ from omegaconf import DictConfig
 from hybridflow.config.load import load_config_with_notes
 from hybridflow.config.plan import RunPlan, build_plan, describe
 from hybridflow.config.resume_checks import check_data_position
-from hybridflow.config.reward_options import reward_manager_options
+from hybridflow.config.reward_options import reward_manager_class, reward_manager_options, reward_manager_traits
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.verl_compat import PPO_SURFACE
 from hybridflow.errors import RunInterrupted
-from hybridflow.rewards import REWARD_MANAGERS, build_reward_manager, check_data_sources, load_custom_reward_function
+from hybridflow.rewards import build_reward_manager, check_data_sources, load_custom_reward_function
 from hybridflow.trainer.entry_point import checked_run, command_line
 from hybridflow.trainer.error_boundary import WORKERS_STARTING
 
@@ -80,12 +80,13 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
 def _reward_manager(config: PPOTrainerConfig, tokenizer: Any, train_dataset: Any, val_dataset: Any) -> Any:
     """The reward manager with the user's scoring function, or the registry's, which must know every data_source
     (unless the manager scores without a function, as the remote judge does)."""
-    custom, name = config.custom_reward_function, config.reward_model.reward_manager
+    custom = config.custom_reward_function
     compute_score = load_custom_reward_function(custom.path, custom.name, custom.reward_kwargs) if custom.path else None
-    registered_scoring = compute_score is None and REWARD_MANAGERS.traits(name)["scores_with_function"]
+    registered_scoring = compute_score is None and reward_manager_traits(config)["scores_with_function"]
     if registered_scoring and not config.reward_model.enable:
         check_data_sources(train_dataset.data_sources() + (val_dataset.data_sources() if val_dataset else []))
-    return build_reward_manager(name, tokenizer, compute_score, **reward_manager_options(config))
+    manager = reward_manager_class(config)
+    return build_reward_manager(manager, tokenizer, compute_score, **reward_manager_options(config))
 
 
 def _datasets(config: PPOTrainerConfig, tokenizer: Any) -> tuple[RLDataset, RLDataset | None]:

@@ -368,7 +368,18 @@ class RewardModelConfig:
     reward_manager: str = option(
         "naive",
         "Reward manager: naive (gdpo is its verl alias), prime (naive in killable processes), batch (one call per "
-        "batch), dapo (with the overlong penalty) or remote (each sample POSTed to a judge server).",
+        "batch), dapo (with the overlong penalty) or remote (each sample POSTed to a judge server); with "
+        "reward_manager_source=importlib, the class's name in reward_manager_module_path.",
+    )
+    reward_manager_source: str = option(
+        "register",
+        "Where reward_manager comes from (verl's reward.reward_manager.source): register (a registered name) or "
+        "importlib (a class in reward_manager_module_path).",
+    )
+    reward_manager_module_path: Optional[str] = option(
+        None,
+        "Python file defining the reward_manager class, a subclass of NaiveRewardManager (verl's "
+        "reward.reward_manager.module.path; reward_manager_source=importlib).",
     )
     reward_kwargs: dict = option(
         {},

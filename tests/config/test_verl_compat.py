@@ -61,6 +61,10 @@ def test_old_and_new_names_of_a_key_reach_the_same_field(base):
     config, _ = _check(base + ["ray_kwargs.ray_init.num_cpus=3", "reward.reward_manager.name=batch"])
     assert config.ray_kwargs.ray_init.num_cpus == 3
     assert config.reward_model.reward_manager == "batch"
+    # verl's reward manager from a file: its source and file reach the schema; its module.name is verl's unused one.
+    config, notes = _check(base + ["reward.reward_manager.source=register", "reward.reward_manager.module.name=m"])
+    assert config.reward_model.reward_manager_source == "register"
+    assert any(note.startswith("reward.reward_manager.module.name=m (verl too takes") for note in notes), notes
     config, _ = _check(base + ["actor_rollout_ref.actor.optim.clip_grad=0.5", "actor_rollout_ref.actor.tau_pos=2.0"])
     assert config.actor_rollout_ref.actor.grad_clip == 0.5
     assert config.actor_rollout_ref.actor.policy_loss.tau_pos == 2.0
@@ -90,7 +94,6 @@ def test_an_alias_and_its_key_set_differently_is_one_error(base):
         ("data.video_key=clips", "image, video and audio inputs"),
         ("actor_rollout_ref.actor.freeze_vision_tower=true", "image, video and audio inputs"),
         ("actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", "weight-sync transports"),
-        ("reward.reward_manager.module.name=my_manager", "reward managers loaded from a file"),
         ("actor_rollout_ref.actor.optim.zero_indexed_step=false", "counted from step 1"),
         ("actor_rollout_ref.rollout.enable_rollout_routing_replay=true", "MoE router replay"),
         ("trainer.del_local_ckpt_after_load=true", "deleting local checkpoints"),
