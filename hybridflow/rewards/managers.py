@@ -390,11 +390,14 @@ REWARD_MANAGERS.add("dapo", DAPORewardManager)
 REWARD_MANAGERS.add_alias("gdpo", "naive")
 
 
+def _manager_class(manager: str | type) -> type:
+    return REWARD_MANAGERS.get(manager) if isinstance(manager, str) else manager
+
+
 def manager_parameters(manager: str | type) -> dict[str, inspect.Parameter]:
     """The options of the manager registered as ``manager`` (or of that class): its constructor's parameters
     after the tokenizer and ``compute_score``, by name (a parameter without a default is required)."""
-    manager_class = REWARD_MANAGERS.get(manager) if isinstance(manager, str) else manager
-    parameters = inspect.signature(manager_class).parameters
+    parameters = inspect.signature(_manager_class(manager)).parameters
     return {key: parameter for key, parameter in parameters.items() if key not in ("tokenizer", "compute_score")}
 
 
@@ -403,7 +406,7 @@ def build_reward_manager(
 ):
     """The manager registered as ``manager`` (``reward_model.reward_manager``), or that class (one loaded from
     the user's file), built with ``options``."""
-    manager_class = REWARD_MANAGERS.get(manager) if isinstance(manager, str) else manager
+    manager_class = _manager_class(manager)
     name = manager if isinstance(manager, str) else manager.__name__
     try:
         inspect.signature(manager_class).bind(tokenizer, compute_score, **options)

@@ -127,18 +127,17 @@ class RemoteJudge:
 
     def post(self, body: bytes) -> bytes:
         """The server's answer to ``body``, retried after a connection error or a 5xx with growing waits."""
-        for attempt in range(self.max_retries):
+        for attempt in range(self.max_retries + 1):
             try:
                 return self._send(body)
-            except _Transient:
+            except _Transient as error:
+                if attempt == self.max_retries:
+                    raise RemoteJudgeError(
+                        f"POST {self.url} failed on all {attempt + 1} attempts ({OPTIONS}.max_retries="
+                        f"{self.max_retries}), the last: {error}; is the judge server up and answering at "
+                        f"{OPTIONS}.url?"
+                    ) from None
                 time.sleep(self.retry_backoff_s * 2**attempt)
-        try:
-            return self._send(body)
-        except _Transient as error:
-            raise RemoteJudgeError(
-                f"POST {self.url} failed on all {self.max_retries + 1} attempts ({OPTIONS}.max_retries="
-                f"{self.max_retries}), the last: {error}; is the judge server up and answering at {OPTIONS}.url?"
-            ) from None
 
     def _send(self, body: bytes) -> bytes:
         request = urllib.request.Request(
@@ -172,9 +171,8 @@ class RemoteJudge:
             value = json.loads(raw)
         except ValueError:
             value = None
-        numeric = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        scored = isinstance(value, dict) and isinstance(value.get("score"), numbers.Real)
-        if not (numeric or scored) or isinstance(value, dict) and isinstance(value["score"], bool):
+        score = value.get("score") if isinstance(value, dict) else value
+        if not isinstance(score, numbers.Real) or isinstance(score, bool):
             raise RemoteJudgeError(
                 f"POST {self.url} answered a body that is not a JSON number or an object with a numeric 'score': "
                 f'{body_start(raw)}; make the server answer e.g. {{"score": 1.0}}'
