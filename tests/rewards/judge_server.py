@@ -78,15 +78,18 @@ class _Handler(BaseHTTPRequestHandler):
                 server.released.wait(server.delay_s)
             time.sleep(server.hold_s)
             status, body = server.answer(sample, number)
+        finally:
+            # Counted out before the answer is written: once the client reads it, its next request may arrive
+            # on another thread before this one would get past the write.
+            with server.lock:
+                server.in_flight -= 1
+        try:
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up on a held request
-        finally:
-            with server.lock:
-                server.in_flight -= 1
 
     def log_message(self, format: str, *args) -> None:
         pass  # quiet: pytest shows failures, not each request
