@@ -45,6 +45,14 @@ def four_kv_heads_model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("four_kv_heads"), num_attention_heads=4, num_key_value_heads=4)
 
 
+@pytest.fixture(scope="session")
+def tiny_reward_model_dir(tmp_path_factory):
+    """A random tiny reward model whose tokenizer and chat template differ from the tiny model's."""
+    from hybridflow.models.tiny_reward_model import build_tiny_reward_model
+
+    return build_tiny_reward_model(tmp_path_factory.mktemp("tiny_reward_model"), seed=0)
+
+
 # The families users bring besides Qwen2 (the tiny model above), as hybridflow.models.tiny builds them.
 MODEL_FAMILIES = ("llama", "qwen3", "gemma3", "mistral")
 

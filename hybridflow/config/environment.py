@@ -18,6 +18,7 @@ from hybridflow.config.input_checks import model_folder_errors, parquet_errors, 
 from hybridflow.config.lora_options import adapter_errors
 from hybridflow.config.model_structure import model_structure_errors
 from hybridflow.config.resume_checks import resume_errors
+from hybridflow.config.reward_model_options import reward_model_tokenizer_errors
 from hybridflow.config.reward_options import (
     loadable_manager,
     manager_from_file,
@@ -60,9 +61,7 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
             f"actor_rollout_ref.model.tokenizer_path={model.tokenizer_path!r} does not exist; "
             "point it at a tokenizer folder or set it to null"
         )
-    if config.reward_model.enable:
-        errors += model_errors("reward_model.model.path", config.reward_model.model.path)
-        errors += model_folder_errors("reward_model.model.path", config.reward_model.model.path)
+    errors += reward_model_folder_errors(config, models_read=not errors)
     prompt_key = config.data.prompt_key
     for key in ("train_files", "val_files"):
         files = getattr(config.data, key)
@@ -80,6 +79,15 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
     elif reward_path:
         errors += reward_function_errors(config)
     return errors + reward_manager_file_errors(config) + _package_errors(config) + _device_errors(config)
+
+
+def reward_model_folder_errors(config: PPOTrainerConfig, models_read: bool) -> list[str]:
+    """The reward model's folder, then (once it and the policy's folders read) its tokenizer against the policy's."""
+    if not config.reward_model.enable:
+        return []
+    path = config.reward_model.model.path
+    errors = model_errors("reward_model.model.path", path) + model_folder_errors("reward_model.model.path", path)
+    return errors or (reward_model_tokenizer_errors(config) if models_read else [])
 
 
 def reward_function_errors(config: PPOTrainerConfig) -> list[str]:

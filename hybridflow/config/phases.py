@@ -127,8 +127,11 @@ def _generation(config: PPOTrainerConfig) -> str:
 
 
 def _reward(config: PPOTrainerConfig) -> str:
+    model = config.reward_model.model
+    if config.reward_model.enable and model.input_tokenizer:
+        return f"the reward model's scores ({model.path}; samples of {model.input_tokenizer} in its chat template)"
     if config.reward_model.enable:
-        return f"the reward model's scores ({config.reward_model.model.path})"
+        return f"the reward model's scores ({model.path})"
     custom = config.custom_reward_function
     source = f"{custom.name} in {custom.path}" if custom.path else "the scoring function of each row's data_source"
     how = "each sample as the rollout hands it over" if streamed_reward(config) else "the whole batch at once"

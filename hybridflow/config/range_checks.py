@@ -61,6 +61,7 @@ RANGES = (
     Range("critic.ppo_max_token_len_per_gpu", low=1),
     Range("critic.forward_max_token_len_per_gpu", low=1),
     Range("reward_model.forward_max_token_len_per_gpu", low=1),
+    Range("reward_model.max_length", low=1),
     Range("reward_model.overlong_buffer.len", low=0),
     Range("reward_model.overlong_buffer.penalty_factor", low=0),
     Range("algorithm.kl_ctrl.horizon", low=0, low_inclusive=False),  # the adaptive controller divides by it

@@ -251,7 +251,10 @@ RULES: tuple[Rule, ...] = (
     _moot("data.custom_cls.*", "data.custom_cls.path"),
     _unread("data.tool_config_path", "follows actor_rollout_ref.rollout.multi_turn.tool_config_path"),
     _unread("data.tokenizer", "the tokenizer is actor_rollout_ref.model.tokenizer_path"),
-    _unread("data.return_raw_input_ids", "no component here reads raw_prompt_ids (reward models share the tokenizer)"),
+    _unread(
+        "data.return_raw_input_ids",
+        "no component here reads raw_prompt_ids (a reward model with its own tokenizer re-tokenizes raw_prompt)",
+    ),
     _unread("data.return_full_prompt", "no component here reads full_prompts"),
     _unread("data.filter_overlong_prompts_workers", "prompts are tokenized in one batched call of the fast tokenizer"),
     _unread("reward.reward_manager.module.name", "verl too takes the class name from reward.reward_manager.name"),

@@ -55,7 +55,7 @@ def chat_template() -> str:
 
 def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level tokenizer of 263 tokens: 256 bytes, then the 3 special and 4 tool tokens."""
-    byte_alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=_byte_value)
+    byte_alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=byte_value)
     vocab = {symbol: index for index, symbol in enumerate(byte_alphabet)}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -74,7 +74,7 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def _byte_value(symbol: str) -> int:
+def byte_value(symbol: str) -> int:
     """The byte that GPT-2's byte-to-unicode table maps to ``symbol``."""
     code = ord(symbol)
     # Printable bytes map to themselves; the 68 others were shifted to 256 + their rank.

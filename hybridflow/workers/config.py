@@ -344,6 +344,13 @@ class RewardModelModelConfig:
     """The reward model's folder (``reward_model.model``)."""
 
     path: str = option("", "Hugging Face folder of a model with one output per token (score head).")
+    input_tokenizer: Optional[str] = option(
+        None,
+        "The policy's tokenizer folder (verl's key), for a reward model whose tokenizer or chat template differs: "
+        "each sample's prompt messages and decoded response are rendered by the reward model's chat template and "
+        "tokenized by its tokenizer. None, or a tokenizer the same as the reward model's: it reads the policy's "
+        "tokens as they are. Differs from verl: verl's default is the actor's folder.",
+    )
     dtype: str = option("float32", "Dtype of the reward model's weights.")
     use_remove_padding: bool = option(True, "Pack non-padding tokens into one row.")
     trust_remote_code: bool = option(False, "Allow model code from the model folder.")
@@ -361,8 +368,8 @@ class OverlongBufferConfig:
 
 @dataclass
 class RewardModelConfig:
-    """A learned reward model and the reward manager (``reward_model``); the model reads the policy's tokens,
-    so it shares its tokenizer. The manager runs in the driver."""
+    """A learned reward model and the reward manager (``reward_model``); the model reads the policy's tokens, or
+    with ``model.input_tokenizer`` the samples re-tokenized by its own tokenizer. The manager runs in the driver."""
 
     enable: bool = option(False, "Score samples with the reward model.")
     reward_manager: str = option(
@@ -390,6 +397,11 @@ class RewardModelConfig:
     overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO's overlong penalty (dapo manager).")
     model: RewardModelModelConfig = section(RewardModelModelConfig, "The reward model.")
     micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per forward on one rank.")
+    max_length: Optional[int] = option(
+        None,
+        "Tokens of a re-tokenized sample (model.input_tokenizer), padded or cut on the right to it as verl does; "
+        "None: the policy's prompt + response length.",
+    )
     use_dynamic_bsz: bool = option(False, "Form micro-batches by a token budget.")
     forward_max_token_len_per_gpu: int = option(32768, "Token budget of a micro-batch when dynamic.")
 

@@ -1,7 +1,10 @@
 """The reward-model worker: a learned scalar score per sample, placed on its last response token.
 
-The reward model reads the policy's token ids as they are, so it must share the policy's tokenizer (and
-chat template); a reward model with another tokenizer needs the samples re-tokenized first (not done here).
+The reward model reads the policy's token ids as they are when it shares the policy's tokenizer and chat template.
+With ``reward_model.model.input_tokenizer`` (the policy's tokenizer) naming a tokenizer that differs from the
+reward model's own, each sample is re-tokenized first, as verl does: its prompt messages (``raw_prompt``) and
+decoded response rendered by the reward model's chat template (:mod:`hybridflow.data.reward_model_inputs`). The
+score still lands on the policy's last response token.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from typing import Any
 
 import torch
 
+from hybridflow.data.reward_model_inputs import ChatTemplateSwitch, same_tokenizer
 from hybridflow.distributed import Dispatch, Worker, register
+from hybridflow.models.loading import load_tokenizer
 from hybridflow.models.value_model import forward_reward_scores, load_reward_model
 from hybridflow.protocol import DataProto
 from hybridflow.workers.config import RewardModelConfig, WorkerConfigError, as_config
@@ -18,7 +23,7 @@ from hybridflow.workers.fsdp import build_device_mesh, move_model, parameters_on
 from hybridflow.workers.model_setup import shard_frozen
 from hybridflow.workers.training import MicroBatching, run_in_micro_batches
 
-SCORE_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+SCORE_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
 def place_on_last_response_token(scores: torch.Tensor, response_attention_mask: torch.Tensor) -> torch.Tensor:
@@ -38,6 +43,7 @@ class RewardModelWorker(Worker):
         super().__init__()
         self.config = as_config(RewardModelConfig, config)
         self.module: torch.nn.Module | None = None
+        self.switch: ChatTemplateSwitch | None = None  # set by init_model when the tokenizers differ
         self.batching = MicroBatching(
             self.config.micro_batch_size_per_gpu, self.config.use_dynamic_bsz, self.config.forward_max_token_len_per_gpu
         )
@@ -54,6 +60,7 @@ class RewardModelWorker(Worker):
         self.module = shard_frozen(model, model_config.fsdp_config, mesh, self.device)
         if model_config.fsdp_config.param_offload:
             move_model(self.module, torch.device("cpu"))
+        self.switch = chat_template_switch(self.config)
 
     def _scores(self, micro: DataProto) -> torch.Tensor:
         batch = micro.batch
@@ -70,9 +77,36 @@ class RewardModelWorker(Worker):
         """``rm_scores`` [B, R]: the reward model's score of each whole sequence, on its last response token."""
         if self.module is None:
             raise RuntimeError("RewardModelWorker: call init_model before compute_rm_score")
-        inputs = data.select(batch_keys=list(SCORE_INPUTS))
+        inputs = self.reward_model_inputs(data)
         with parameters_on(self.module, self.device, self.config.model.fsdp_config.param_offload):
             (scores,) = run_in_micro_batches(inputs, self.batching, self.device, self._scores)
-        response_length = inputs.batch["responses"].shape[1]
-        response_attention = inputs.batch["attention_mask"][:, -response_length:]
+        response_length = data.batch["responses"].shape[1]
+        response_attention = data.batch["attention_mask"][:, -response_length:]
         return DataProto.from_dict({"rm_scores": place_on_last_response_token(scores.cpu(), response_attention)})
+
+    def reward_model_inputs(self, data: DataProto) -> DataProto:
+        """What the reward model reads: the policy's tokens, or the samples re-tokenized by its own template."""
+        if self.switch is None:
+            return data.select(batch_keys=list(SCORE_INPUTS))
+        if "raw_prompt" not in data.non_tensor_batch:
+            raise WorkerConfigError(
+                "reward_model.model.input_tokenizer re-tokenizes from each prompt's messages, but the batch has no "
+                "raw_prompt column; set data.return_raw_chat=true"
+            )
+        batch = data.batch
+        inputs = self.switch(data.non_tensor_batch["raw_prompt"], batch["responses"], batch["attention_mask"])
+        return DataProto.from_dict(inputs)
+
+
+def chat_template_switch(config: RewardModelConfig) -> ChatTemplateSwitch | None:
+    """The re-tokenizing of ``model.input_tokenizer``'s samples for the reward model, or None: no input tokenizer,
+    or one the same as the reward model's (its tokens are read as they are)."""
+    model_config = config.model
+    if not model_config.input_tokenizer:
+        return None
+    trust = model_config.trust_remote_code
+    policy_tokenizer = load_tokenizer(model_config.input_tokenizer, trust_remote_code=trust)
+    reward_tokenizer = load_tokenizer(model_config.path, trust_remote_code=trust)
+    if same_tokenizer(policy_tokenizer, reward_tokenizer):
+        return None
+    return ChatTemplateSwitch(policy_tokenizer, reward_tokenizer, config.max_length)

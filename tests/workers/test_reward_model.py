@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from hybridflow.models.value_model import load_reward_model
+from hybridflow.data.reward_model_inputs import reward_model_chat
+from hybridflow.models.loading import load_tokenizer
+from hybridflow.models.value_model import forward_reward_scores, load_reward_model
 from hybridflow.workers import RewardModelWorker, WorkerConfigError
 from hybridflow.workers.reward_model import place_on_last_response_token
 from tests.float_bounds import longest_reduction, score_head_bound
@@ -17,11 +20,12 @@ pytestmark = pytest.mark.usefixtures("process_group")
 
 @pytest.fixture(scope="module")
 def reward_model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny LM's body with a seeded random score head, saved as a reward model folder."""
+    """The tiny LM's body with a seeded random score head, saved as a reward model folder with the LM's tokenizer."""
     torch.manual_seed(0)
     model = load_reward_model(tiny_model_dir)
     folder = tmp_path_factory.mktemp("reward_model")
     model.save_pretrained(folder)
+    load_tokenizer(tiny_model_dir).save_pretrained(folder)
     return folder
 
 
@@ -60,3 +64,48 @@ def test_missing_reward_model_path_is_named():
     worker = RewardModelWorker({"enable": True})
     with pytest.raises(WorkerConfigError, match="reward_model.model.path"):
         worker.init_model()
+
+
+def test_the_same_tokenizer_reads_the_policys_tokens_as_they_are(reward_model_dir, tiny_model_dir):
+    config = {"enable": True, "model": {"path": str(reward_model_dir), "input_tokenizer": str(tiny_model_dir)}}
+    worker = RewardModelWorker(config)
+    worker.init_model()
+    assert worker.switch is None
+
+
+def with_raw_prompts(batch):
+    """``batch`` with a ``raw_prompt`` column: one user turn per sample."""
+    raw = np.empty(len(batch), dtype=object)
+    raw[:] = [[{"role": "user", "content": f"What is {row}+{row}?"}] for row in range(len(batch))]
+    batch.non_tensor_batch["raw_prompt"] = raw
+    return batch
+
+
+def test_a_reward_model_with_its_own_tokenizer_scores_the_chat_in_its_template(tiny_model_dir, tiny_reward_model_dir):
+    config = {"path": str(tiny_reward_model_dir), "input_tokenizer": str(tiny_model_dir)}
+    worker = RewardModelWorker({"enable": True, "model": config, "micro_batch_size_per_gpu": 2, "max_length": 64})
+    worker.init_model()
+    batch = with_raw_prompts(rollout_batch(5, seed=3))  # policy ids below 256: bytes
+    rm_scores = worker.compute_rm_score(batch).batch["rm_scores"]
+
+    policy, reward = load_tokenizer(tiny_model_dir), load_tokenizer(tiny_reward_model_dir)
+    model = load_reward_model(tiny_reward_model_dir)
+    tensors = batch.batch
+    expected = []
+    for row in range(5):
+        response = policy.decode(tensors["responses"][row][tensors["response_mask"][row].bool()])
+        text = reward_model_chat(reward, batch.non_tensor_batch["raw_prompt"][row], response)
+        ids = torch.tensor([reward(text, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            expected.append(forward_reward_scores(model, ids, torch.ones_like(ids), torch.arange(ids.shape[1])[None]))
+    last_response_column = tensors["response_mask"].sum(dim=1) - 1
+    torch.testing.assert_close(rm_scores[torch.arange(5), last_response_column], torch.cat(expected), rtol=0, atol=1e-4)
+    assert torch.count_nonzero(rm_scores) == 5
+
+
+def test_re_tokenizing_needs_the_prompts_messages(tiny_model_dir, tiny_reward_model_dir):
+    config = {"path": str(tiny_reward_model_dir), "input_tokenizer": str(tiny_model_dir)}
+    worker = RewardModelWorker({"enable": True, "model": config})
+    worker.init_model()
+    with pytest.raises(WorkerConfigError, match="set data.return_raw_chat=true"):
+        worker.compute_rm_score(rollout_batch(2))
