@@ -184,6 +184,8 @@ def _role_parts(plan: RunPlan, role: str, shapes: dict[str, ModelShape]) -> list
         return _rollout_parts(plan, shapes["actor"], plan.resources.pools[plan.resources.role_pool[role]].world_size)
     if role == "critic":
         return _critic_parts(plan, shapes["critic"])
+    if role == "ref":
+        return _reference_parts(plan, shapes["actor"], _role_world(plan, role))
     return _reward_model_parts(plan, shapes["reward_model"])
 
 
@@ -211,15 +213,29 @@ def _actor_parts(plan: RunPlan, shape: ModelShape) -> list[Part]:
         parts.append(
             Part("old-log-prob forward", tokens * shape.forward_bytes_per_token(compute), key, "old log-probs")
         )
-    if plan.uses_reference:
-        if not model.uses_lora:  # with LoRA the reference is the actor with its adapter off
-            ref_shards = _shards(arr.ref.fsdp_config.fsdp_size, world)
-            parts.append(
-                Part("reference weights", shape.parameters * width // ref_shards, "actor_rollout_ref.model.path")
-            )
-        tokens, key = _log_prob_batching(arr.ref, "actor_rollout_ref.ref").tokens(plan, micro, step_prompts, ranks)
-        parts.append(Part("reference forward", tokens * shape.forward_bytes_per_token(compute), key, "reference"))
+    if plan.uses_reference and "ref" not in plan.worker_roles:
+        parts += _reference_parts(plan, shape, world)
     return parts
+
+
+def _reference_parts(plan: RunPlan, shape: ModelShape, world: int) -> list[Part]:
+    """The reference's weights (none with LoRA: the actor with its adapter off) and its forward, on ``world``."""
+    arr, parts = plan.actor_rollout_ref, []
+    if not arr.model.uses_lora:
+        ref_shards = _shards(arr.ref.fsdp_config.fsdp_size, world)
+        width = _width(arr.model.dtype)
+        parts.append(Part("reference weights", shape.parameters * width // ref_shards, "actor_rollout_ref.model.path"))
+    actor = arr.actor
+    micro = micro_batch_sizes(arr, plan.critic, world)[0]
+    ranks = data_parallel_ranks(world, actor.ulysses_sequence_parallel_size, actor.fsdp_config.tensor_parallel_size)
+    compute = _width(actor.fsdp_config.mixed_precision.param_dtype)
+    tokens, key = _log_prob_batching(arr.ref, "actor_rollout_ref.ref").tokens(plan, micro, plan.prompts_per_step, ranks)
+    parts.append(Part("reference forward", tokens * shape.forward_bytes_per_token(compute), key, "reference"))
+    return parts
+
+
+def _role_world(plan: RunPlan, role: str) -> int:
+    return plan.resources.pools[plan.resources.role_pool[role]].world_size
 
 
 def _batching(prefix: str, micro: str, dynamic: bool, budget: str, section: Any) -> Batching:
@@ -300,7 +316,7 @@ def _rollout_parts(plan: RunPlan, shape: ModelShape, processes: int) -> list[Par
 
 
 def _critic_parts(plan: RunPlan, shape: ModelShape) -> list[Part]:
-    critic, world = plan.critic, plan.world_size
+    critic, world = plan.critic, _role_world(plan, "critic")
     width = _width(critic.model.dtype)
     trainable = shape.adapter_parameters(critic.model.lora_rank) if critic.model.lora_rank > 0 else shape.parameters
     shards = _shards(critic.model.fsdp_config.fsdp_size, world)
@@ -324,14 +340,12 @@ def _critic_parts(plan: RunPlan, shape: ModelShape) -> list[Part]:
 
 
 def _reward_model_parts(plan: RunPlan, shape: ModelShape) -> list[Part]:
-    reward_model = plan.reward_model
+    reward_model, world = plan.reward_model, _role_world(plan, "reward_model")
     width = _width(reward_model.model.dtype)
     length = plan.data.max_prompt_length + plan.data.max_response_length
-    samples = reward_model.micro_batch_size_per_gpu or max(
-        1, plan.prompts_per_step * plan.samples_per_prompt // plan.world_size
-    )
+    samples = reward_model.micro_batch_size_per_gpu or max(1, plan.prompts_per_step * plan.samples_per_prompt // world)
     return [
-        Part("reward model weights", shape.parameters * width // plan.world_size, "reward_model.model.path"),
+        Part("reward model weights", shape.parameters * width // world, "reward_model.model.path"),
         Part(
             "reward model forward",
             samples * length * shape.forward_bytes_per_token(width, logits=False),

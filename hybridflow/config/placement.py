@@ -5,6 +5,8 @@
 one Ray actor per process, so they share the device and hand weights over without copies.
 ``split``: each role gets its own pool of the same shape, so roles run in separate processes (the critic's
 calls overlap the actor's); it needs that many times the resources.
+A layout spelled out (``actor+ref:2/critic:2``, ``config/layouts.py``) divides the run's devices among pools of
+the sizes it names; ``auto`` is resolved to the best layout before the plan is made (``trainer/auto_placement.py``).
 Under either, a ``rollout`` role (``actor_rollout_ref.hybrid_engine=false``) gets a pool of its own shape,
 ``ROLLOUT_POOL``. Pools are specifications until the trainer starts them (``trainer/worker_groups.py``).
 """
@@ -16,11 +18,12 @@ from typing import TYPE_CHECKING
 
 # The package loads Ray on first use, so planning pools does not start it.
 from hybridflow import distributed
+from hybridflow.config.layouts import LAYOUT_NAMES, Layout
 
 if TYPE_CHECKING:
     from hybridflow.distributed import ResourcePool
 
-PLACEMENTS = ("colocated", "split")
+PLACEMENTS = ("colocated", "split", "auto")  # or a layout spelled out
 GLOBAL_POOL = "global_pool"
 ROLLOUT_ROLE, ROLLOUT_POOL = "rollout", "rollout_pool"
 
@@ -62,17 +65,11 @@ def make_resource_plan(
 ) -> ResourcePlan:
     """Pools for ``roles`` under ``placement`` (one of :data:`PLACEMENTS`); a ``rollout`` role among them gets
     ``rollout_pool_shape`` (nodes, processes per node) to itself."""
-    if placement not in PLACEMENTS:
-        raise ValueError(f"trainer.placement={placement!r} is not one of {list(PLACEMENTS)}")
+    if placement not in ("colocated", "split"):
+        raise ValueError(f"trainer.placement={placement!r} is not one of colocated, split")
 
     def pool(name: str, shape: tuple[int, int] = (nnodes, processes_per_node)) -> ResourcePool:
-        return distributed.ResourcePool(
-            [shape[1]] * shape[0],
-            use_gpu=use_gpu,
-            num_cpus_per_process=cpus_per_process,
-            num_gpus_per_process=1.0,
-            name_prefix=name,
-        )
+        return _pool(name, [shape[1]] * shape[0], use_gpu, cpus_per_process)
 
     training_roles = [role for role in roles if role != ROLLOUT_ROLE]
     if placement == "colocated":
@@ -83,3 +80,31 @@ def make_resource_plan(
     if ROLLOUT_ROLE in roles:
         pools[ROLLOUT_POOL], role_pool[ROLLOUT_ROLE] = pool(ROLLOUT_POOL, rollout_pool_shape), ROLLOUT_POOL
     return ResourcePlan(pools, role_pool)
+
+
+def layout_resource_plan(
+    layout: Layout, *, processes_per_node: int, use_gpu: bool, cpus_per_process: float
+) -> ResourcePlan:
+    """Pools of the sizes ``layout`` names, taking the devices in order node by node (a pool's processes on a
+    node form one node entry of its :class:`~hybridflow.distributed.ResourcePool`)."""
+    node_counts = layout.node_counts(processes_per_node)
+    if len(layout.pools) == 1:
+        names = [GLOBAL_POOL]
+    else:
+        names = ["_".join(LAYOUT_NAMES[role] for role in pool.roles) + "_pool" for pool in layout.pools]
+    # Reserved largest node entry first: Ray picks each entry's node, and a small one taken first could split
+    # the node a larger one needs
+    by_size = sorted(zip(names, node_counts), key=lambda named: -max(named[1]))
+    pools = {name: _pool(name, counts, use_gpu, cpus_per_process) for name, counts in by_size}
+    role_pool = {role: name for name, pool in zip(names, layout.pools) for role in pool.roles}
+    return ResourcePlan(pools, role_pool)
+
+
+def _pool(name: str, process_on_nodes: list[int], use_gpu: bool, cpus_per_process: float) -> ResourcePool:
+    return distributed.ResourcePool(
+        process_on_nodes,
+        use_gpu=use_gpu,
+        num_cpus_per_process=cpus_per_process,
+        num_gpus_per_process=1.0,
+        name_prefix=name,
+    )

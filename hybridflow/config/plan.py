@@ -31,7 +31,8 @@ from hybridflow.config.fully_async_options import training_steps as fully_async_
 from hybridflow.config.load import ConfigError
 from hybridflow.config.memory_estimate import ProcessEstimate, estimate, memory_errors, runtime_bytes
 from hybridflow.config.phases import Phase
-from hybridflow.config.placement import ROLLOUT_ROLE, ResourcePlan, make_resource_plan
+from hybridflow.config.placement import ROLLOUT_ROLE, ResourcePlan, layout_resource_plan, make_resource_plan
+from hybridflow.config.placement_options import placement_layout
 from hybridflow.config.profiler_options import ProfilePlan, profile_plan
 from hybridflow.config.resume_checks import resume_keys
 from hybridflow.config.rollout_correction_options import bypass_correction, correction_settings
@@ -83,7 +84,7 @@ class RunPlan:
     correction: CorrectionSettings | None
     greedy_baseline: bool
     dynamic_sampling: bool
-    overlap_critic: bool
+    overlap_pools: bool
     streamed_reward: bool
     prompts_per_step: int
     prompts_per_generation: int
@@ -141,32 +142,48 @@ def build_plan(config: PPOTrainerConfig, train_prompts: int) -> RunPlan:
 
 
 def _layout(config: PPOTrainerConfig) -> dict[str, Any]:
-    """The mode, the pools and the roles each runs, and whether the critic's calls overlap the actor's."""
+    """The mode, the pools and the roles each runs, and whether the critic's (or reference's) calls overlap the
+    actor's. ``auto`` not yet resolved to a layout (``trainer/auto_placement.py``) plans as ``colocated``."""
     trainer = config.trainer
-    worker_roles = _worker_roles(config, phase_rules.uses_critic(config), phase_rules.uses_reference(config))
-    resources = make_resource_plan(
-        trainer.placement,
-        list(worker_roles),
-        nnodes=trainer.nnodes,
-        processes_per_node=trainer.n_gpus_per_node,
-        use_gpu=trainer.device == "cuda",
-        cpus_per_process=trainer.cpus_per_worker,
-        rollout_pool_shape=(config.rollout.nnodes, config.rollout.n_gpus_per_node),
+    layout = placement_layout(config)
+    worker_roles = _worker_roles(
+        config,
+        phase_rules.uses_critic(config),
+        phase_rules.uses_reference(config),
+        layout is not None and layout.ref_apart,
     )
+    pool_options = {"use_gpu": trainer.device == "cuda", "cpus_per_process": trainer.cpus_per_worker}
+    if layout is None:
+        resources = make_resource_plan(
+            "colocated" if trainer.placement == "auto" else trainer.placement,
+            list(worker_roles),
+            nnodes=trainer.nnodes,
+            processes_per_node=trainer.n_gpus_per_node,
+            rollout_pool_shape=(config.rollout.nnodes, config.rollout.n_gpus_per_node),
+            **pool_options,
+        )
+    else:
+        resources = layout_resource_plan(layout, processes_per_node=trainer.n_gpus_per_node, **pool_options)
     arr_timeout = config.actor_rollout_ref.nccl_timeout
     resources = resources.with_collective_timeouts(
-        {"actor_rollout_ref": arr_timeout, ROLLOUT_ROLE: arr_timeout, "critic": config.critic.nccl_timeout}
+        {
+            "actor_rollout_ref": arr_timeout,
+            "ref": arr_timeout,
+            ROLLOUT_ROLE: arr_timeout,
+            "critic": config.critic.nccl_timeout,
+        }
     )
-    critic_pool = resources.role_pool.get("critic")
+    actor_pool = resources.role_pool["actor_rollout_ref"]
     return {
         "mode": FULLY_ASYNC if fully_async(config) else ONE_STEP_OFF if one_step_off(config) else SYNC,
         "local": trainer.local_mode,
         "resources": resources,
         "worker_roles": worker_roles,
-        "world_size": trainer.nnodes * trainer.n_gpus_per_node,
-        # On a pool of its own the critic computes and trains while the actor does; in local mode every pool is
-        # this process, so its calls run one after another
-        "overlap_critic": critic_pool not in (None, resources.role_pool["actor_rollout_ref"])
+        # The actor's data-parallel ranks
+        "world_size": resources.pools[actor_pool].world_size,
+        # On a pool of its own the critic (or reference) computes and trains while the actor does; in local mode
+        # every pool is this process, so its calls run one after another
+        "overlap_pools": any(resources.role_pool.get(role, actor_pool) != actor_pool for role in ("critic", "ref"))
         and not trainer.local_mode,
     }
 
@@ -228,11 +245,15 @@ def _training_steps(config: PPOTrainerConfig, batches_per_epoch: int) -> int:
     return trainer.total_training_steps or batches_per_epoch * trainer.total_epochs
 
 
-def _worker_roles(config: PPOTrainerConfig, uses_critic: bool, uses_reference: bool) -> dict[str, str]:
+def _worker_roles(config: PPOTrainerConfig, uses_critic: bool, uses_reference: bool, ref_apart: bool) -> dict[str, str]:
     """Each role the run starts and the part mix its workers play (``ActorRolloutRefWorker``'s role string). With
-    the hybrid engine the actor's workers generate; with a pool of its own the rollout is a role of its own."""
+    the hybrid engine the actor's workers generate; with a pool of its own the rollout is a role of its own, and
+    so is the reference where the layout places it apart."""
     rollout_part = "" if one_step_off(config) else "_rollout"
-    roles = {"actor_rollout_ref": f"actor{rollout_part}_ref" if uses_reference else f"actor{rollout_part}"}
+    fused_ref = uses_reference and not ref_apart
+    roles = {"actor_rollout_ref": f"actor{rollout_part}_ref" if fused_ref else f"actor{rollout_part}"}
+    if uses_reference and ref_apart:
+        roles["ref"] = "ref"
     if one_step_off(config):
         roles[ROLLOUT_ROLE] = "rollout"
     if uses_critic:

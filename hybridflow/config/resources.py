@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 from hybridflow.config.phases import uses_critic
-from hybridflow.config.placement import PLACEMENTS
 from hybridflow.config.rollout_pool_options import rollout_pool_processes
 from hybridflow.config.schema import PPOTrainerConfig
 
@@ -44,9 +43,10 @@ def machine_resource_errors(config: PPOTrainerConfig) -> list[str]:
 
 def _cpu_shortfall(config: PPOTrainerConfig, available: float, source: str) -> list[str]:
     trainer, ray_config = config.trainer, config.ray_kwargs.ray_init
-    if ray_config.address or trainer.placement not in PLACEMENTS:
+    if ray_config.address:
         return []
-    pools = 1 if trainer.placement == "colocated" else 1 + uses_critic(config) + config.reward_model.enable
+    # A layout or auto shares the run's devices among its pools; split gives each role a pool of that shape.
+    pools = 1 + uses_critic(config) + config.reward_model.enable if trainer.placement == "split" else 1
     rollout_pool = rollout_pool_processes(config)
     needed = (pools * num_processes(config) + rollout_pool) * trainer.cpus_per_worker
     if needed <= available:

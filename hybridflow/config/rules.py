@@ -22,7 +22,7 @@ from hybridflow.config.fully_async_options import fully_async, fully_async_error
 from hybridflow.config.local_mode import local_mode_errors
 from hybridflow.config.lora_options import lora_errors
 from hybridflow.config.phases import uses_critic
-from hybridflow.config.placement import PLACEMENTS
+from hybridflow.config.placement_options import placement_errors, spells_no_layout
 from hybridflow.config.profiler_options import profiler_errors
 from hybridflow.config.range_checks import range_errors
 from hybridflow.config.resources import num_processes, resource_errors
@@ -49,7 +49,8 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
     return (
         _registry_errors(config)
         + _section_errors(config)
-        + batch_size_errors(config, num_processes(config), uses_critic(config))
+        + (batch_size_errors(config, num_processes(config), uses_critic(config)) if spells_no_layout(config) else [])
+        + placement_errors(config)
         + _empty_path_errors(config)
         + _algorithm_errors(config)
         + _trainer_errors(config)
@@ -88,7 +89,6 @@ def _registry_errors(config: PPOTrainerConfig) -> list[str]:
         ("critic.loss_agg_mode", config.critic.loss_agg_mode, LOSS_AGG_MODES),
         # A class loaded from a file (reward_manager_source=importlib) is checked by its loader instead.
         ("reward_model.reward_manager", config.reward_model.reward_manager, manager_names(config)),
-        ("trainer.placement", config.trainer.placement, PLACEMENTS),
         ("data.truncation", config.data.truncation, TRUNCATION_MODES),
         ("actor_rollout_ref.rollout.name", config.actor_rollout_ref.rollout.name, ENGINE_NAMES),
         ("actor_rollout_ref.actor.optim.warmup_style", actor.optim.warmup_style, WARMUP_STYLES),

@@ -162,7 +162,11 @@ class TrainerConfig(RunConfig):
     log_val_generations: int = option(
         0, "Validation samples (input, output, score) logged as a table to every tracker at each validation."
     )
-    placement: str = option("colocated", "colocated: every role in one process per device; split: one pool per role.")
+    placement: str = option(
+        "colocated",
+        "colocated: every role in one process per device; split: one pool per role; a layout such as "
+        "actor+ref:2/critic:2 (pools of roles:devices); auto: the layout whose simulated step is fastest.",
+    )
     local_mode: bool = option(
         False,
         "Run every role in this process without Ray (one process: nnodes=1, n_gpus_per_node=1): breakpoints stop "

@@ -51,7 +51,7 @@ def role_classes(plan: RunPlan) -> dict[str, RayClassWithInitArgs]:
             classes[role] = RayClassWithInitArgs(
                 ActorRolloutRefWorker, config=plan.actor_rollout_ref, role=parts, bypass=plan.bypass
             )
-        elif role == ROLLOUT_ROLE:
+        elif role in (ROLLOUT_ROLE, "ref"):
             classes[role] = RayClassWithInitArgs(ActorRolloutRefWorker, config=plan.actor_rollout_ref, role=parts)
         elif role == "critic":
             classes[role] = RayClassWithInitArgs(CriticWorker, config=plan.critic)
@@ -80,15 +80,17 @@ class StepPhases:
     actor: ActorUpdate
 
 
-def step_phases(plan: RunPlan, actor_rollout: Any, critic_group: Any) -> StepPhases:
-    calls = PhaseCalls(overlap=plan.overlap_critic)
+def step_phases(plan: RunPlan, actor_rollout: Any, critic_group: Any, ref_group: Any = None) -> StepPhases:
+    """The phases over the started groups; the reference's calls go to its own group where the layout gives it
+    one (``ref_group``), else to the actor's."""
+    calls = PhaseCalls(overlap=plan.overlap_pools)
     if plan.old_log_probs == OLD_FROM_PASS:
         old_log_probs = OldLogProbs(actor_rollout, calls)
     else:
         old_log_probs = RolloutLogProbsAsOld() if plan.old_log_probs == OLD_FROM_ROLLOUT else NoOldLogProbPass()
     return StepPhases(
         old_log_probs=old_log_probs,
-        reference=ReferencePolicy(actor_rollout, calls) if plan.uses_reference else NoReference(),
+        reference=ReferencePolicy(ref_group or actor_rollout, calls) if plan.uses_reference else NoReference(),
         critic=Critic(critic_group, calls) if plan.uses_critic else NoCritic(),
         actor=ActorUpdate(actor_rollout, calls, plan.trainer.critic_warmup, plan.old_log_probs),
     )

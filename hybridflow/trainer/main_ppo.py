@@ -58,6 +58,10 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     check_vocabulary(tokenizer, model.tokenizer_dir, model.path, model.trust_remote_code)
     train_dataset, val_dataset = _datasets(config, tokenizer)
     reward_manager = _reward_manager(config, tokenizer, train_dataset, val_dataset)
+    if config.trainer.placement == "auto":  # calibrated on the cluster, so Ray starts here
+        from hybridflow.trainer.auto_placement import resolve_auto_placement
+
+        config = resolve_auto_placement(config, lambda: start_ray(config.ray_kwargs))
     # From here on, the plan is what the run reads.
     plan = build_plan(config, len(train_dataset))
     data = plan.data
@@ -121,6 +125,22 @@ def apply_runtime_env(plan: RunPlan) -> None:
     os.environ.update({str(key): str(value) for key, value in env_vars.items()})
 
 
+def start_ray(ray_kwargs: Any) -> None:
+    """Start a local Ray cluster, or join ``ray_init.address`` / ``RAY_ADDRESS`` (a no-op once started)."""
+    from hybridflow.distributed import init_local_ray
+
+    ray_init = ray_kwargs.ray_init
+    init_local_ray(
+        num_cpus=ray_init.num_cpus,
+        num_gpus=ray_init.num_gpus,
+        object_store_memory=ray_init.object_store_memory,
+        temp_dir=ray_init.temp_dir,
+        address=ray_init.address,
+        runtime_env={key: value for key, value in ray_init.runtime_env.items() if value is not None},
+        keep_task_events=bool(ray_kwargs.timeline_json_file),
+    )
+
+
 def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> None:
     """Start Ray and the workers and train; ``trainer`` is ``build_trainer(config)`` when already built. Local mode
     neither starts nor imports Ray."""
@@ -129,22 +149,11 @@ def run_ppo(config: PPOTrainerConfig, trainer: RayPPOTrainer | None = None) -> N
     for line in describe(plan):
         print(f"[hybridflow] {line}")
     ray_kwargs = plan.ray_kwargs
-    ray_init = ray_kwargs.ray_init
     print(WORKERS_STARTING, flush=True)
     if plan.local:
         apply_runtime_env(plan)
     else:
-        from hybridflow.distributed import init_local_ray
-
-        init_local_ray(
-            num_cpus=ray_init.num_cpus,
-            num_gpus=ray_init.num_gpus,
-            object_store_memory=ray_init.object_store_memory,
-            temp_dir=ray_init.temp_dir,
-            address=ray_init.address,
-            runtime_env={key: value for key, value in ray_init.runtime_env.items() if value is not None},
-            keep_task_events=bool(ray_kwargs.timeline_json_file),
-        )
+        start_ray(ray_kwargs)
     try:
         trainer.init_workers()
         for line in trainer.workers.placement_lines():

@@ -106,10 +106,11 @@ class PhaseCalls:
     """Starts the worker calls of phases 3, 4, 6 and 7.
 
     Without ``overlap`` a call runs to its end when started, timed under its phase, so the calls run one after
-    another as the step reads. With ``overlap`` (the critic on a pool of its own: ``trainer.placement=split``)
-    a call is only submitted, and ``Started.join`` waits for it: the critic's workers compute values (and
-    train) while the actor's compute log-probs (and train). A phase's time is then the step's wait for it after
-    the calls joined before it (the overlapped part counts once, in the call joined first).
+    another as the step reads. With ``overlap`` (the critic or the reference on a pool of its own:
+    ``trainer.placement=split`` or a layout) a call is only submitted, and ``Started.join`` waits for it: the
+    critic's workers compute values (and train) while the actor's compute log-probs (and train). A phase's time
+    is then the step's wait for it after the calls joined before it (the overlapped part counts once, in the call
+    joined first).
     """
 
     def __init__(self, overlap: bool):

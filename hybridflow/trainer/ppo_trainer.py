@@ -106,7 +106,7 @@ class RayPPOTrainer:
         for group in groups.values():
             group.init_model()
         self.actor_rollout = groups["actor_rollout_ref"]
-        self.phases = assembly.step_phases(plan, self.actor_rollout, groups.get("critic"))
+        self.phases = assembly.step_phases(plan, self.actor_rollout, groups.get("critic"), groups.get("ref"))
         self.rollout = assembly.collector(plan, groups, self.tokenizer, self.reward_manager)
         self.profiler = step_profiler(plan.profile, groups)
         self.num_parameters = count_parameters(plan.actor_rollout_ref.model.path)

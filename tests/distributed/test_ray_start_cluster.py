@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from .ray_start_cluster import RayStartCluster
+from hybridflow.distributed.ray_start_cluster import RayStartCluster
 
 pytestmark = pytest.mark.slow
 # One CPU per node and one per worker, so that a pool of one rank per node must span both nodes.

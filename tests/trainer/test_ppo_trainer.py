@@ -109,6 +109,42 @@ def test_split_placement_runs_each_role_in_its_own_processes(ray_cluster, tiny_m
     assert record["critic/vf_loss"] > 0 and record["actor/grad_norm"] > 0
 
 
+def test_a_layout_with_the_reference_apart_trains_as_the_colocated_run(
+    ray_cluster, tiny_model_dir, tiny_parquet, tmp_path
+):
+    """actor:1/ref:1/critic:1 runs each role on a rank of its own, the reference in a worker of its own: every
+    role computes on one rank as in the colocated run, so the logged losses are the same numbers."""
+    records = {}
+    for placement in ("colocated", "actor:1/ref:1/critic:1"):
+        run_dir = tmp_path / placement.replace("/", "_")
+        overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir, "gae") + [
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=false",
+            "trainer.cpus_per_worker=0.5",
+            "data.shuffle=false",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            f"trainer.n_gpus_per_node={1 if placement == 'colocated' else 3}",
+            f"trainer.placement={placement}",
+            f"custom_reward_function.path={DENSE_REWARD}",
+        ]
+        trainer = build_trainer(load_config(compose_config(overrides)))
+        try:
+            trainer.init_workers()
+            if placement != "colocated":
+                pids = {trainer.workers.roles[role].worker_info()[0]["pid"] for role in ("actor_rollout_ref", "ref")}
+                assert len(pids) == 2, "the reference shares the actor's process"
+            trainer.fit()
+        finally:
+            trainer.shutdown()
+        records[placement] = read_metrics(run_dir)
+    compared = ["actor/pg_loss", "actor/kl_loss", "critic/vf_loss", "critic/vf_clipfrac"]
+    colocated, apart = records.values()
+    assert [[record[name] for name in compared] for record in apart] == [
+        [record[name] for name in compared] for record in colocated
+    ]
+    assert all(record["actor/kl_loss"] != 0 for record in apart[1:])
+
+
 def _trained_weights(overrides, run_dir):
     """Run ``overrides`` to the end on fresh workers; returns the actor's weights and the logged metrics."""
     trainer = build_trainer(load_config(compose_config(overrides)))

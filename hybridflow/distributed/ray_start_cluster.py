@@ -1,7 +1,9 @@
-"""A two-node Ray cluster started as ``docs/multi_node.md`` tells users: ``ray start --head``, then
-``ray start --address=...`` for the other node; here both on this machine, each node with its own CPUs and its own
-temp folder. It is stopped by killing exactly its own processes, never with ``ray stop`` (which stops every Ray
-cluster on the machine, another test's or the user's included)."""
+"""A two-node Ray cluster started as ``docs/multi_node.md`` tells users: ``ray start --head``, then ``ray start
+--address=...`` for the other node; here both on this machine, each node with its own CPUs and its own temp folder
+(the multi-node tests and ``bench/bench_placement.py`` run on it). It is stopped by killing exactly its own
+processes, never with ``ray stop`` (which stops every Ray cluster on the machine, another test's or the user's
+included).
+"""
 
 from __future__ import annotations
 
@@ -95,6 +97,10 @@ class RayStartCluster:
         subprocess.run(["rm", "-rf", self.worker_dir], check=False)
         self.worker_dir = tempfile.mkdtemp(prefix="hfw", dir="/tmp")
         self.start_worker_node()
+
+    def processes(self) -> list[int]:
+        """Every process of the cluster: both nodes' Ray services and workers."""
+        return _processes_under(self.head_dir) + _processes_under(self.worker_dir)
 
     def stop(self) -> None:
         for folder in (self.worker_dir, self.head_dir):

@@ -1,0 +1,100 @@
+"""``trainer.placement`` read against the rest of the config: the run's roles, its layout when one is spelled out,
+and what a layout or ``auto`` cannot run with."""
+
+from __future__ import annotations
+
+import difflib
+
+from hybridflow.config.batch_sizes import batch_size_errors
+from hybridflow.config.fully_async_options import fully_async
+from hybridflow.config.layouts import Layout, LayoutError, parse_layout
+from hybridflow.config.phases import uses_critic, uses_reference
+from hybridflow.config.rollout_pool_options import one_step_off
+from hybridflow.config.schema import PPOTrainerConfig
+
+NAMED_PLACEMENTS = ("colocated", "split", "auto")
+
+
+def run_roles(config: PPOTrainerConfig) -> list[str]:
+    """The run's training roles as layouts name them: the actor first, ``ref`` when it has a reference policy that
+    can live apart (a LoRA actor's reference is the actor with its adapter off)."""
+    lora = config.actor_rollout_ref.model.lora_rank > 0
+    return (
+        ["actor_rollout_ref"]
+        + (["ref"] if uses_reference(config) and not lora else [])
+        + (["critic"] if uses_critic(config) else [])
+        + (["reward_model"] if config.reward_model.enable else [])
+    )
+
+
+def devices(config: PPOTrainerConfig) -> int:
+    return config.trainer.nnodes * config.trainer.n_gpus_per_node
+
+
+def spells_no_layout(config: PPOTrainerConfig) -> bool:
+    return config.trainer.placement in NAMED_PLACEMENTS
+
+
+def placement_layout(config: PPOTrainerConfig) -> Layout | None:
+    """The layout ``trainer.placement`` spells out (None for a named placement)."""
+    placement = config.trainer.placement
+    if placement in NAMED_PLACEMENTS:
+        return None
+    return parse_layout(placement, run_roles(config), devices(config))
+
+
+def placement_errors(config: PPOTrainerConfig) -> list[str]:
+    """A layout that cannot be read or cannot run, and ``auto`` where there is nothing to choose among."""
+    placement, trainer = config.trainer.placement, config.trainer
+    if placement in ("colocated", "split"):
+        return []
+    if placement != "auto" and ":" not in placement:
+        close = difflib.get_close_matches(placement, NAMED_PLACEMENTS, n=1)
+        return [
+            f"trainer.placement={placement!r} is not one of {list(NAMED_PLACEMENTS)} nor a layout such as "
+            f"actor+ref:2/critic:2; {f'did you mean {close[0]!r}?' if close else 'choose one of them'}"
+        ]
+    try:
+        layout = placement_layout(config)
+    except LayoutError as error:
+        return [str(error)]
+    blockers = {
+        "trainer.local_mode=true runs every role in this process": trainer.local_mode,
+        "a rollout pool of its own (one-step-off or fully async) is placed by rollout.*": one_step_off(config)
+        or fully_async(config),
+        "sequence or tensor parallel sizes above 1 are not enumerated yet": _parallel_sizes(config),
+    }
+    errors = [
+        f"trainer.placement={placement}: {reason}; use trainer.placement=colocated or split"
+        for reason, present in blockers.items()
+        if present
+    ]
+    if layout is not None and not errors:
+        errors += layout_batch_errors(config, layout)
+    return errors
+
+
+def layout_batch_errors(config: PPOTrainerConfig, layout: Layout) -> list[str]:
+    """The batch-size rules on each role's own pool: the actor's on its devices, the critic's on its."""
+    errors = batch_size_errors(config, layout.devices_of("actor_rollout_ref"), False)
+    if uses_critic(config):
+        errors += [
+            error
+            for error in batch_size_errors(config, layout.devices_of("critic"), True)
+            if error.startswith("critic")
+        ]
+    return [f"trainer.placement={layout.spelled()}: {error}" for error in errors]
+
+
+def _parallel_sizes(config: PPOTrainerConfig) -> bool:
+    actor, critic = config.actor_rollout_ref.actor, config.critic
+    return any(
+        size > 1
+        for size in (
+            actor.ulysses_sequence_parallel_size,
+            actor.fsdp_config.tensor_parallel_size,
+            critic.ulysses_sequence_parallel_size,
+            critic.model.fsdp_config.tensor_parallel_size,
+            config.actor_rollout_ref.rollout.tensor_model_parallel_size,
+        )
+    )
