@@ -26,6 +26,7 @@ VERL_ONLY_CONFIGS = {"megatron": "the Megatron training engine", "veomni": "the 
 # and read the data, tokenizer, reward function and tools as a run would before Ray, then exit; "plan": "full",
 # then print the run plan (main_ppo's --plan). Unset: run.
 CONFIG_CHECK_ENV = "HYBRIDFLOW_CONFIG_CHECK"
+FULL_CHECK = "full"
 T = TypeVar("T")
 
 

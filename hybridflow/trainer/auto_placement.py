@@ -46,6 +46,9 @@ def resolve_auto_placement(config: PPOTrainerConfig, start_ray: Any) -> PPOTrain
         print(f"[hybridflow] trainer.placement=auto: {chosen}, as chosen when this run started ({saved})")
         return with_placement(config, chosen)
     layouts = runnable_layouts(config)
+    if len(layouts) == 1:
+        print(f"[hybridflow] trainer.placement=auto: {layouts[0].spelled()}, the one layout the batch sizes fit")
+        return with_placement(config, layouts[0].spelled())
     start_ray()
     ranked = rank_layouts(config, layouts)
     for line in ranking_lines(ranked):

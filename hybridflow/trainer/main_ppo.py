@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import hydra
 from omegaconf import DictConfig
 
+from hybridflow.config.command_line import CONFIG_CHECK_ENV, FULL_CHECK
 from hybridflow.config.load import load_config_with_notes
 from hybridflow.config.plan import RunPlan, build_plan, describe
 from hybridflow.config.resume_checks import check_data_position
@@ -58,7 +59,8 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     check_vocabulary(tokenizer, model.tokenizer_dir, model.path, model.trust_remote_code)
     train_dataset, val_dataset = _datasets(config, tokenizer)
     reward_manager = _reward_manager(config, tokenizer, train_dataset, val_dataset)
-    if config.trainer.placement == "auto":  # calibrated on the cluster, so Ray starts here
+    # Calibrated on the cluster, so Ray starts here; a config check (not --plan) leaves it unresolved
+    if config.trainer.placement == "auto" and os.environ.get(CONFIG_CHECK_ENV) != FULL_CHECK:
         from hybridflow.trainer.auto_placement import resolve_auto_placement
 
         config = resolve_auto_placement(config, lambda: start_ray(config.ray_kwargs))

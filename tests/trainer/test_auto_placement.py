@@ -5,12 +5,11 @@ import json
 
 import pytest
 
-from hybridflow.trainer.auto_placement import CHOICE_FILE
+from hybridflow.config.load import load_config
+from hybridflow.trainer.auto_placement import CHOICE_FILE, resolve_auto_placement
 
 from .cli import run_cli
-from .helpers import tiny_run_overrides
-
-pytestmark = pytest.mark.slow
+from .helpers import compose_config, tiny_run_overrides
 
 # actor, reference and critic over 2 devices: every role together, or the actor (and reference) apart from the critic
 AUTO = [
@@ -29,6 +28,16 @@ def ranked_lines(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if line.startswith("[hybridflow]   ") and " s (generate " in line]
 
 
+def test_the_one_layout_that_fits_is_run_without_calibrating(base):
+    config = load_config(compose_config(base + ["algorithm.adv_estimator=gae", "trainer.placement=auto"]))
+
+    def start_ray():
+        raise AssertionError("nothing to rank: no calibration, no cluster")
+
+    assert resolve_auto_placement(config, start_ray).trainer.placement == "actor+critic:1"
+
+
+@pytest.mark.slow
 def test_plan_prints_the_ranked_layouts_and_trains_nothing(tiny_model_dir, tiny_parquet, tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir) + AUTO + ["--plan"], tmp_path)
@@ -43,6 +52,7 @@ def test_plan_prints_the_ranked_layouts_and_trains_nothing(tiny_model_dir, tiny_
     assert not (run_dir / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_a_resumed_run_keeps_the_layout_it_started_with(tiny_model_dir, tiny_parquet, tmp_path):
     run_dir = tmp_path / "run"
     base = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir) + AUTO + ["trainer.save_freq=1"]
