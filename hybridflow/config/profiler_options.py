@@ -14,12 +14,14 @@ from dataclasses import dataclass
 
 from hybridflow.config.phases import uses_critic
 from hybridflow.config.placement import ROLLOUT_ROLE
+from hybridflow.config.placement_options import placement_layout
 from hybridflow.config.rollout_pool_options import one_step_off
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.distributed.profiler import CONTENTS, ProfilerConfig
 
 TOOL = "torch"
 ACTOR, ROLLOUT = "actor_rollout_ref.actor.profiler", "actor_rollout_ref.rollout.profiler"
+REF = "actor_rollout_ref.ref.profiler"
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ def role_sections(config: PPOTrainerConfig) -> dict[str, ProfilerConfig]:
     return {
         ACTOR: actor_rollout_ref.actor.profiler,
         ROLLOUT: actor_rollout_ref.rollout.profiler,
-        "actor_rollout_ref.ref.profiler": actor_rollout_ref.ref.profiler,
+        REF: actor_rollout_ref.ref.profiler,
         "critic.profiler": config.critic.profiler,
     }
 
@@ -94,7 +96,9 @@ def profile_plan(config: PPOTrainerConfig) -> ProfilePlan | None:
     if settings.tool != TOOL or not settings.steps:
         return None
     sections = role_sections(config)
-    members = {"actor_rollout_ref": [ACTOR, "actor_rollout_ref.ref.profiler"]}
+    members = {"actor_rollout_ref": [ACTOR], "ref": []}
+    layout = placement_layout(config)
+    members["ref" if layout is not None and layout.ref_apart else "actor_rollout_ref"].append(REF)
     members[ROLLOUT_ROLE if one_step_off(config) else "actor_rollout_ref"].append(ROLLOUT)
     members["critic"] = ["critic.profiler"] if uses_critic(config) else []
     groups = {}

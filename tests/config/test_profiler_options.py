@@ -49,6 +49,13 @@ def test_the_plan_traces_the_groups_whose_roles_enable_it(base):
     )
 
 
+def test_a_reference_placed_apart_is_traced_in_its_own_group(base):
+    layout = ["actor_rollout_ref.actor.use_kl_loss=true", "trainer.n_gpus_per_node=2", "trainer.cpus_per_worker=0.5"]
+    layout += ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "trainer.placement=actor:1/ref:1"]
+    config, _ = _check(base + TORCH + layout + ["actor_rollout_ref.ref.profiler.enable=true"])
+    assert build_plan(config, train_prompts=16).profile.groups == {"ref": ((0,), ())}
+
+
 def test_the_hybrid_engines_rollout_follows_the_actor_and_its_own_switch_traces_the_actors_processes(base):
     config, _ = _check(base + TORCH + ["actor_rollout_ref.actor.profiler.enable=true"])
     assert config.actor_rollout_ref.rollout.profiler.enable is True
