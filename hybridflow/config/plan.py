@@ -35,6 +35,7 @@ from hybridflow.config.placement import ROLLOUT_ROLE, ResourcePlan, layout_resou
 from hybridflow.config.placement_options import placement_layout
 from hybridflow.config.profiler_options import ProfilePlan, profile_plan
 from hybridflow.config.resume_checks import resume_keys
+from hybridflow.config.reward_options import num_workers_notes
 from hybridflow.config.rollout_correction_options import bypass_correction, correction_settings
 from hybridflow.config.rollout_pool_options import one_step_off
 from hybridflow.config.schema import (
@@ -131,7 +132,7 @@ def build_plan(config: PPOTrainerConfig, train_prompts: int) -> RunPlan:
         profile=profile_plan(config),
         resume_keys=resume_keys(config, uses_critic),
         config_record=dataclasses.asdict(config),
-        notes=tuple(slow_dtype_notes(config, uses_critic)),
+        notes=tuple(slow_dtype_notes(config, uses_critic) + num_workers_notes(config)),
         **_sections(config, steps),
     )
     own_bytes = runtime_bytes()

@@ -90,6 +90,8 @@ def _options_set_elsewhere(config: PPOTrainerConfig) -> dict[str, tuple[str, Any
     """Manager option -> (the config key that sets it, its value), for options reward_kwargs must not repeat."""
     buffer = config.reward_model.overlong_buffer
     options = {"reward_fn_key": ("data.reward_fn_key", config.data.reward_fn_key)}
+    if config.reward_model.num_workers > 0:
+        options["num_workers"] = ("reward_model.num_workers", config.reward_model.num_workers)
     if buffer.enable:
         options["overlong_buffer_len"] = ("reward_model.overlong_buffer.len", buffer.len)
         options["overlong_penalty_factor"] = ("reward_model.overlong_buffer.penalty_factor", buffer.penalty_factor)
@@ -113,6 +115,7 @@ def reward_manager_errors(config: PPOTrainerConfig) -> list[str]:
         return manager_source_errors(config)  # the registry check, or the environment's file check, says the rest
     parameters, traits = manager_parameters(reward_manager_class(config)), reward_manager_traits(config)
     errors = _reward_kwargs_errors(config, name, list(parameters))
+    errors += _num_workers_errors(config, name, parameters)
     if config.reward_model.overlong_buffer.enable and "overlong_buffer_len" not in parameters:
         errors.append(
             f"reward_model.overlong_buffer.enable=true but reward manager {name!r} has no overlong penalty; "
@@ -133,6 +136,30 @@ def reward_manager_errors(config: PPOTrainerConfig) -> list[str]:
         error = overlong_buffer_error(options["max_resp_len"], options["overlong_buffer_len"])
         errors += [f"reward_model.overlong_buffer.len: {error}"] if error else []
     return errors + _function_errors(config, name)
+
+
+def _num_workers_errors(config: PPOTrainerConfig, name: str, parameters: Mapping[str, Any]) -> list[str]:
+    """Scoring processes asked of a manager that does not run its calls in them, or with nothing to run there."""
+    workers = config.reward_model.num_workers
+    if workers < 0:
+        return [f"reward_model.num_workers={workers} must be 0 (the driver's threads) or a number of processes"]
+    if workers == 0:
+        return []
+    if "num_workers" not in parameters and not config.reward_model.enable:
+        return [
+            f"reward_model.num_workers={workers}: reward manager {name!r} does not run its calls in scoring "
+            "processes; set reward_model.num_workers=0"
+        ]
+    return []
+
+
+def num_workers_notes(config: PPOTrainerConfig) -> list[str]:
+    """Scoring processes that nothing would use: the reward model scores every sample (verl's reward loop workers
+    would send its requests; here its own worker group computes them)."""
+    workers = config.reward_model.num_workers
+    if workers > 0 and config.reward_model.enable:
+        return [f"reward_model.num_workers={workers} starts no process: the reward model scores in its own workers"]
+    return []
 
 
 def _function_errors(config: PPOTrainerConfig, name: str) -> list[str]:

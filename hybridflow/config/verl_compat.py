@@ -76,6 +76,7 @@ RULES: tuple[Rule, ...] = (
     # Other names of schema keys.
     _alias("ray_init.*", "ray_kwargs.ray_init.*"),
     _alias("reward.reward_manager.name", "reward_model.reward_manager"),
+    _alias("reward.num_workers", "reward_model.num_workers"),
     _alias("reward.reward_manager.source", "reward_model.reward_manager_source"),
     _alias("reward.reward_manager.module.path", "reward_model.reward_manager_module_path"),
     _alias("reward.reward_kwargs*", "reward_model.reward_kwargs*"),
@@ -258,7 +259,6 @@ RULES: tuple[Rule, ...] = (
     _unread("data.return_full_prompt", "no component here reads full_prompts"),
     _unread("data.filter_overlong_prompts_workers", "prompts are tokenized in one batched call of the fast tokenizer"),
     _unread("reward.reward_manager.module.name", "verl too takes the class name from reward.reward_manager.name"),
-    _unread("reward.num_workers", "rule rewards are scored in the driver with a timeout per sample: " + SAME_MATH),
     _unread("reward.reward_model.*", "a reward model is placed like the other roles (trainer.placement)"),
     _unread("reward_model.*", "a reward model is placed like the other roles (trainer.placement)"),
     _moot("*sandbox_fusion.*", "sandbox_fusion.url"),

@@ -102,6 +102,7 @@ class NaiveRewardManager:
         max_workers: int = 4,
         reward_fn_key: str = "data_source",
         max_failed_share: float = 1.0,
+        num_workers: int = 0,
     ):
         if not 0 < max_failed_share <= 1:
             raise RewardCallError(f"reward_model.reward_kwargs.max_failed_share={max_failed_share} must be in (0, 1]")
@@ -114,7 +115,9 @@ class NaiveRewardManager:
         self.num_examine = num_examine
         self.reward_fn_key = reward_fn_key
         self.timeout_s = timeout_s
-        self.runner = self.RUNNER(max_workers=max_workers, timeout_s=timeout_s)
+        # reward.num_workers > 0: the calls in that many warm processes, killed at their limit (prime's runner)
+        runner = ProcessCallRunner if num_workers > 0 else self.RUNNER
+        self.runner = runner(max_workers=num_workers or max_workers, timeout_s=timeout_s)
 
     registered_compute_score = staticmethod(default_compute_score)
     # How a sample is scored: compute_score(data_source, solution_str, ground_truth, extra_info), positionally.
@@ -299,6 +302,7 @@ class DAPORewardManager(NaiveRewardManager):
         max_workers: int = 4,
         reward_fn_key: str = "data_source",
         max_failed_share: float = 1.0,
+        num_workers: int = 0,
         *,
         max_resp_len: int | None = None,
         overlong_buffer_len: int | None = None,
@@ -307,7 +311,9 @@ class DAPORewardManager(NaiveRewardManager):
         error = None if overlong_buffer_len is None else overlong_buffer_error(max_resp_len, overlong_buffer_len)
         if error:
             raise ValueError(error)
-        super().__init__(tokenizer, compute_score, num_examine, timeout_s, max_workers, reward_fn_key, max_failed_share)
+        super().__init__(
+            tokenizer, compute_score, num_examine, timeout_s, max_workers, reward_fn_key, max_failed_share, num_workers
+        )
         self.max_resp_len = max_resp_len
         self.overlong_buffer_len = overlong_buffer_len
         self.overlong_penalty_factor = overlong_penalty_factor
@@ -334,7 +340,7 @@ class PrimeRewardManager(NaiveRewardManager):
     killed with everything it started when it runs past ``timeout_s`` (300 s, verl's limit). For scorers that
     run untrusted code or can hang in C; a function with side effects keeps them in its process.
     Differs from verl: the pool stays up between steps (verl starts and kills 64 processes every batch), and
-    ``max_workers`` (default 4) sets its size."""
+    ``max_workers`` (default 4), or ``reward.num_workers`` when set, sets its size."""
 
     RUNNER = ProcessCallRunner
 
@@ -347,8 +353,11 @@ class PrimeRewardManager(NaiveRewardManager):
         max_workers: int = 4,
         reward_fn_key: str = "data_source",
         max_failed_share: float = 1.0,
+        num_workers: int = 0,
     ):
-        super().__init__(tokenizer, compute_score, num_examine, timeout_s, max_workers, reward_fn_key, max_failed_share)
+        super().__init__(
+            tokenizer, compute_score, num_examine, timeout_s, max_workers, reward_fn_key, max_failed_share, num_workers
+        )
 
 
 class SampleScoring:

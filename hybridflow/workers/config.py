@@ -394,6 +394,11 @@ class RewardModelConfig:
         "(stop once half a batch fails to score; default 1.0); remote takes url, max_concurrent, max_retries and "
         "retry_backoff_s.",
     )
+    num_workers: int = option(
+        0,
+        "Scoring processes (verl's reward.num_workers): 0, the reward function runs on the driver's threads; N > 0, "
+        "each sample's call runs in one of N warm processes, killed at its time limit.",
+    )
     overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO's overlong penalty (dapo manager).")
     model: RewardModelModelConfig = section(RewardModelModelConfig, "The reward model.")
     micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per forward on one rank.")
