@@ -55,7 +55,9 @@ def resolve_auto_placement(config: PPOTrainerConfig, start_ray: Any) -> PPOTrain
         print(f"[hybridflow] {line}", flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     record = {"chosen": ranked[0][0].spelled(), "ranked": [[layout.spelled(), est] for layout, est in ranked]}
-    saved.write_text(json.dumps(record, indent=1))
+    partial = saved.with_suffix(".tmp")  # renamed once whole: a kill mid-write leaves no half a choice
+    partial.write_text(json.dumps(record, indent=1))
+    partial.replace(saved)
     return with_placement(config, ranked[0][0].spelled())
 
 
@@ -94,7 +96,8 @@ def calibrate_phases(config: PPOTrainerConfig, sizes: list[int]) -> PhaseTimes:
     """Each phase's seconds on a pool of each size in ``sizes``, alone on the cluster: two steps of the run with
     every role on the pool's ranks, the second timed."""
     by_devices, driver = {}, 0.0
-    for size in sorted(sizes):
+    for number, size in enumerate(sorted(sizes), start=1):
+        print(f"[hybridflow] trainer.placement=auto: timing two steps on {size} rank(s) ({number} of {len(sizes)})")
         by_devices[size], outside = _calibration_step(_calibration_config(config, size))
         if size == min(sizes):
             driver = outside
