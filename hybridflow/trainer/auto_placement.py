@@ -97,7 +97,8 @@ def calibrate_phases(config: PPOTrainerConfig, sizes: list[int]) -> PhaseTimes:
     every role on the pool's ranks, the second timed."""
     by_devices, driver = {}, 0.0
     for number, size in enumerate(sorted(sizes), start=1):
-        print(f"[hybridflow] trainer.placement=auto: timing two steps on {size} rank(s) ({number} of {len(sizes)})", flush=True)
+        progress = f"timing two steps on {size} rank(s) ({number} of {len(sizes)})"
+        print(f"[hybridflow] trainer.placement=auto: {progress}", flush=True)
         by_devices[size], outside = _calibration_step(_calibration_config(config, size))
         if size == min(sizes):
             driver = outside
