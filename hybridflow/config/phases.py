@@ -127,7 +127,9 @@ def _generation(config: PPOTrainerConfig) -> str:
 
 
 def _reward(config: PPOTrainerConfig) -> str:
-    model = config.reward_model.model
+    model, judge = config.reward_model.model, config.reward_model.judge
+    if config.reward_model.enable and judge.enable:
+        return f"a generative judge ({model.path}, engine {judge.engine}) answers each sample's judge prompt"
     if config.reward_model.enable and model.input_tokenizer:
         return f"the reward model's scores ({model.path}; samples of {model.input_tokenizer} in its chat template)"
     if config.reward_model.enable:

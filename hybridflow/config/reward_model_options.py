@@ -23,6 +23,8 @@ def reward_model_tokenizer_errors(config: PPOTrainerConfig) -> list[str]:
     reward = config.reward_model
     if not reward.enable:
         return []
+    if reward.judge.enable:
+        return _judge_tokenizer_errors(config)
     input_tokenizer = reward.model.input_tokenizer
     if input_tokenizer:
         folder = pathlib.Path(input_tokenizer).expanduser()
@@ -72,3 +74,20 @@ def _tokenizer_errors(config: PPOTrainerConfig, policy_dir: str, policy, reward_
             f"{KEY} re-tokenizes from each prompt's messages, but data.return_raw_chat=false drops them; set it to true"
         )
     return errors
+
+
+def _judge_tokenizer_errors(config: PPOTrainerConfig) -> list[str]:
+    """A generative judge reads prompts the driver renders as text, through its own chat template."""
+    from hybridflow.models.loading import ModelLoadError, load_tokenizer
+
+    model = config.reward_model.model
+    try:
+        tokenizer = load_tokenizer(model.path, trust_remote_code=model.trust_remote_code)
+    except ModelLoadError as error:
+        return [f"reward_model.model.path: the judge's tokenizer could not be loaded: {error}"]
+    if tokenizer.chat_template:
+        return []
+    return [
+        f"reward_model.judge.enable=true, but reward_model.model.path={model.path!r} has no chat template to put "
+        "the judge's prompt in; add a chat_template to its tokenizer_config.json"
+    ]

@@ -19,6 +19,7 @@ from hybridflow.config.batch_sizes import batch_size_errors, positive
 from hybridflow.config.estimator_options import estimator_option_errors
 from hybridflow.config.exact_skips import forced_skip_errors
 from hybridflow.config.fully_async_options import fully_async, fully_async_errors
+from hybridflow.config.judge_options import judge_errors
 from hybridflow.config.local_mode import local_mode_errors
 from hybridflow.config.lora_options import lora_errors
 from hybridflow.config.phases import uses_critic
@@ -51,6 +52,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + _section_errors(config)
         + (batch_size_errors(config, num_processes(config), uses_critic(config)) if spells_no_layout(config) else [])
         + placement_errors(config)
+        + judge_errors(config)
         + _empty_path_errors(config)
         + _algorithm_errors(config)
         + _trainer_errors(config)

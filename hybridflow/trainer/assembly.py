@@ -17,6 +17,7 @@ from hybridflow.config.phases import OLD_FROM_PASS, OLD_FROM_ROLLOUT
 from hybridflow.config.placement import ROLLOUT_ROLE
 from hybridflow.config.plan import FULLY_ASYNC, ONE_STEP_OFF, RunPlan
 from hybridflow.distributed import RayClassWithInitArgs
+from hybridflow.rewards.judge_prompts import JudgeScoring
 from hybridflow.trainer.estimator_metrics import RewardComponentMetrics, VarianceProxyMetrics
 from hybridflow.trainer.fully_async_collection import FullyAsyncCollector, TrainerIdleRatio
 from hybridflow.trainer.hooks import RolloutDump, StepHook
@@ -41,6 +42,7 @@ from hybridflow.trainer.rollout_collection import (
 )
 from hybridflow.trainer.worker_groups import create_local_worker_groups, create_worker_groups
 from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from hybridflow.workers.judge import GenerativeJudgeWorker
 
 
 def role_classes(plan: RunPlan) -> dict[str, RayClassWithInitArgs]:
@@ -56,7 +58,8 @@ def role_classes(plan: RunPlan) -> dict[str, RayClassWithInitArgs]:
         elif role == "critic":
             classes[role] = RayClassWithInitArgs(CriticWorker, config=plan.critic)
         else:
-            classes[role] = RayClassWithInitArgs(RewardModelWorker, config=plan.reward_model)
+            worker = GenerativeJudgeWorker if plan.reward_model.judge.enable else RewardModelWorker
+            classes[role] = RayClassWithInitArgs(worker, config=plan.reward_model)
     return classes
 
 
@@ -104,7 +107,9 @@ def collector(plan: RunPlan, groups: dict[str, Any], tokenizer: Any, reward_mana
         meta["record_weight_versions"] = True
     actor, rollout_group = groups["actor_rollout_ref"], groups.get(ROLLOUT_ROLE, groups["actor_rollout_ref"])
     generate = Generation(rollout_group, meta, seed=rollout.seed, n=rollout.n, val_n=rollout.val_kwargs.n)
-    score = reward_scorer(reward_manager, groups.get("reward_model"), plan.streamed_reward)
+    judge = plan.reward_model.judge
+    judge_scoring = JudgeScoring(tokenizer, judge, plan.data.reward_fn_key) if judge.enable else None
+    score = reward_scorer(reward_manager, groups.get("reward_model"), plan.streamed_reward, judge_scoring)
     if plan.mode == FULLY_ASYNC:
         settings = plan.fully_async
         return FullyAsyncCollector(

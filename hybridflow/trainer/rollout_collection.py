@@ -20,8 +20,11 @@ import torch
 from hybridflow.errors import HybridflowError
 from hybridflow.protocol import DataProto
 from hybridflow.protocol.columns import PROMPT_KEYS
+from hybridflow.rewards.judge_prompts import JudgeScoring
 from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.phases import StepTimer, union_columns
+from hybridflow.workers.judge import ANSWERS as JUDGE_ANSWERS
+from hybridflow.workers.judge import PROMPTS as JUDGE_PROMPTS
 
 # What the rollout engine reads from a prompt batch besides its tensors (PROMPT_KEYS); the rest stays here.
 PROMPT_COLUMNS_FOR_ROLLOUT = ("raw_prompt", "tools_kwargs")
@@ -70,7 +73,10 @@ class RewardScorer:
 
     def __call__(self, batch: DataProto, scoring: Any = None) -> tuple[DataProto, dict[str, list], dict[str, float]]:
         """Score ``batch`` (or finish ``scoring``, which ``start`` returned and the rollout fed)."""
-        result = self.reward_manager(batch) if scoring is None else scoring.finish(batch)
+        return self.applied(batch, self.reward_manager(batch) if scoring is None else scoring.finish(batch))
+
+    def applied(self, batch: DataProto, result: Any) -> tuple[DataProto, dict[str, list], dict[str, float]]:
+        """``batch`` with ``result``'s scores and per-sample extras as columns; the extras and metrics."""
         batch.batch["token_level_scores"] = result.token_level_scores.to(torch.float32)
         for key, values in result.extra.items():
             if key not in batch.non_tensor_batch and len(values) == len(batch):
@@ -98,9 +104,29 @@ class ModelRewardScorer(RewardScorer):
         return super().__call__(union_columns(batch, self.reward_model_group.compute_rm_score(batch)))
 
 
-def reward_scorer(reward_manager: Any, reward_model_group: Any, streamed: bool) -> RewardScorer:
-    """Phase 2's scorer: by the reward model when there is one; else streamed with the rollout where the plan
-    says so (a manager that scores each sample alone), or on the whole batch."""
+class JudgeRewardScorer(RewardScorer):
+    """Phase 2 with a generative judge: the driver renders each sample's judge prompt, the judge's workers answer
+    them, and the driver parses the answers into scores (``rewards/judge_prompts.py``)."""
+
+    def __init__(self, scoring: JudgeScoring, judge_group: Any):
+        super().__init__(reward_manager=None)
+        self.scoring = scoring
+        self.judge_group = judge_group
+
+    def __call__(self, batch: DataProto, scoring: Any = None) -> tuple[DataProto, dict[str, list], dict[str, float]]:
+        responses, prompts = self.scoring.prompts(batch)
+        request = DataProto.from_dict({"row": torch.arange(len(prompts))}, {JUDGE_PROMPTS: prompts})
+        answers = self.judge_group.judge(request).non_tensor_batch[JUDGE_ANSWERS]
+        return self.applied(batch, self.scoring.result(responses, [str(answer) for answer in answers]))
+
+
+def reward_scorer(
+    reward_manager: Any, reward_model_group: Any, streamed: bool, judge: JudgeScoring | None = None
+) -> RewardScorer:
+    """Phase 2's scorer: by the generative judge or the reward model when there is one; else streamed with the
+    rollout where the plan says so (a manager that scores each sample alone), or on the whole batch."""
+    if judge is not None:
+        return JudgeRewardScorer(judge, reward_model_group)
     if reward_model_group is not None:
         return ModelRewardScorer(reward_manager, reward_model_group)
     return StreamingRewardScorer(reward_manager) if streamed else RewardScorer(reward_manager)

@@ -18,6 +18,7 @@ from hybridflow.algos.policy_losses import PolicyLossConfig, PolicyLossModeConfi
 from hybridflow.distributed.profiler import ProfilerConfig
 from hybridflow.errors import HybridflowError
 from hybridflow.help_fields import option, section
+from hybridflow.rewards.judge_prompts import DEFAULT_SCORE_PATTERN, DEFAULT_TEMPLATE
 from hybridflow.rollout.config import LORA_ADAPTER_ENGINES, RolloutConfig
 
 T = TypeVar("T")
@@ -367,6 +368,30 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class JudgeConfig:
+    """A generative judge (``reward_model.judge``): the reward model is a causal LM served by a rollout engine,
+    shown each sample through ``prompt_template`` and scored by the number its answer gives."""
+
+    enable: bool = option(False, "The reward model is a generative judge (a causal LM), not a score-head model.")
+    prompt_template: str = option(
+        DEFAULT_TEMPLATE,
+        "The judge's user message; placeholders {question} (the prompt's last user message), {response} and "
+        "{ground_truth}.",
+    )
+    score_pattern: str = option(
+        DEFAULT_SCORE_PATTERN, "Regular expression for the score in the judge's answer (its first group, if any)."
+    )
+    max_score: float = option(10.0, "The parsed number over this is the sample's score.")
+    max_unparsable_share: float = option(
+        0.5, "Stop the run once this share of a batch's answers holds no score (each scores 0 meanwhile)."
+    )
+    engine: str = option("hf", "Rollout engine serving the judge: 'hf', or 'vllm' where installed.")
+    response_length: int = option(16, "Most tokens of the judge's answer.")
+    temperature: float = option(0.0, "Sampling temperature of the judge; 0 is greedy.")
+    free_cache_engine: bool = option(True, "The judge's engine sleeps between scorings (while the policy trains).")
+
+
+@dataclass
 class RewardModelConfig:
     """A learned reward model and the reward manager (``reward_model``); the model reads the policy's tokens, or
     with ``model.input_tokenizer`` the samples re-tokenized by its own tokenizer. The manager runs in the driver."""
@@ -400,6 +425,7 @@ class RewardModelConfig:
         "each sample's call runs in one of N warm processes, killed at its time limit.",
     )
     overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO's overlong penalty (dapo manager).")
+    judge: JudgeConfig = section(JudgeConfig, "A generative judge served by a rollout engine.")
     model: RewardModelModelConfig = section(RewardModelModelConfig, "The reward model.")
     micro_batch_size_per_gpu: Optional[int] = option(None, "Samples per forward on one rank.")
     max_length: Optional[int] = option(
