@@ -264,7 +264,7 @@ exit 0
 """
 
 
-def run_scripts(verl: pathlib.Path, show: bool, only: str | None, append: list[str]) -> None:
+def run_scripts(verl: pathlib.Path, show: bool, only: str | None, append: list[str], match: str | None = None) -> None:
     scripts = _git_files(verl, r"verl\.trainer\.main_ppo([^_a-zA-Z0-9]|$)") if only in (None, "ppo") else []
     if only in (None, "sft"):
         scripts += [path for path in _git_files(verl, "sft_trainer") if path not in scripts]
@@ -272,6 +272,7 @@ def run_scripts(verl: pathlib.Path, show: bool, only: str | None, append: list[s
         pattern = "|".join(re.escape(module) for module in ASYNC_MODULES)
         found = _git_files(verl, pattern, ("examples/*.sh", "verl/experimental/*.sh"))
         scripts += [path for path in found if path not in scripts]
+    scripts = [path for path in scripts if match is None or match in path]
     bin_dir = pathlib.Path(tempfile.mkdtemp(prefix="verl-shim-"))
     shim = SHIM.format(python=sys.executable, modules={**PPO_MODULES, **SFT_MODULES, **ASYNC_MODULES})
     for name in ("python", "python3", "torchrun"):
@@ -345,6 +346,7 @@ def main() -> None:
         choices=["ppo", "sft", "async"],
         help="scripts: only the PPO, the SFT, or the one-step-off and fully async scripts",
     )
+    parser.add_argument("--match", help="scripts: only those whose path contains this text")
     parser.add_argument(
         "--append",
         action="append",
@@ -358,7 +360,7 @@ def main() -> None:
     elif args.command == "sft-compat-yaml":
         sft_compat_yaml(args.verl, args.allow_missing)
     else:
-        run_scripts(args.verl, args.show, args.only, args.append)
+        run_scripts(args.verl, args.show, args.only, args.append, args.match)
 
 
 if __name__ == "__main__":

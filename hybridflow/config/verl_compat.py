@@ -142,7 +142,6 @@ RULES: tuple[Rule, ...] = (
         "the Sandbox Fusion code-execution service (a judge server of your own: reward_model.reward_manager=remote)",
     ),
     _lacks("reward_model.reward_loop_*", "custom reward-loop classes"),
-    _lacks("*reward_model.rollout.name", "reward models served by a rollout engine (generative reward models)"),
     _lacks("algorithm.use_pf_ppo", "PF-PPO policy filtration"),
     _lacks("distillation.enabled", "on-policy distillation"),
     _lacks("transfer_queue.enable", "the TransferQueue data plane"),
@@ -259,6 +258,11 @@ RULES: tuple[Rule, ...] = (
     _unread("data.return_full_prompt", "no component here reads full_prompts"),
     _unread("data.filter_overlong_prompts_workers", "prompts are tokenized in one batched call of the fast tokenizer"),
     _unread("reward.reward_manager.module.name", "verl too takes the class name from reward.reward_manager.name"),
+    _unread(
+        "*reward_model.rollout.*",
+        "a discriminative reward model runs its forward in its own FSDP workers here, so the engine verl serves it "
+        "with changes no score (a generative judge: reward_model.judge.engine)",
+    ),
     _unread("reward.reward_model.*", "a reward model is placed like the other roles (trainer.placement)"),
     _unread("reward_model.*", "a reward model is placed like the other roles (trainer.placement)"),
     _moot("*sandbox_fusion.*", "sandbox_fusion.url"),
