@@ -37,6 +37,7 @@ from hybridflow.trainer.rollout_collection import (
     DynamicSamplingCollector,
     Generation,
     GreedyBaseline,
+    RewardScorer,
     RolloutCollector,
     reward_scorer,
 )
@@ -97,6 +98,13 @@ def step_phases(plan: RunPlan, actor_rollout: Any, critic_group: Any, ref_group:
         critic=Critic(critic_group, calls) if plan.uses_critic else NoCritic(),
         actor=ActorUpdate(actor_rollout, calls, plan.trainer.critic_warmup, plan.old_log_probs),
     )
+
+
+def validation_scorer(plan: RunPlan, score: Any, reward_manager: Any) -> Any:
+    """Validation's scorer: training's, except that with a reward model the reward manager's rules score alone, so
+    ``val-core`` is each data_source's rule (its ``acc``), not the reward model's opinion. verl validates the same
+    way: with its rule-based reward function only."""
+    return RewardScorer(reward_manager) if plan.reward_model.enable else score
 
 
 def collector(plan: RunPlan, groups: dict[str, Any], tokenizer: Any, reward_manager: Any) -> Any:

@@ -108,6 +108,7 @@ class RayPPOTrainer:
         self.actor_rollout = groups["actor_rollout_ref"]
         self.phases = assembly.step_phases(plan, self.actor_rollout, groups.get("critic"), groups.get("ref"))
         self.rollout = assembly.collector(plan, groups, self.tokenizer, self.reward_manager)
+        self.validation_score = assembly.validation_scorer(plan, self.rollout.score, self.reward_manager)
         self.profiler = step_profiler(plan.profile, groups)
         self.num_parameters = count_parameters(plan.actor_rollout_ref.model.path)
         self.peak_flops = peak_flops_per_process(
@@ -259,7 +260,8 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------------------------- validation
     def validate(self, tracker: Tracking) -> dict[str, float]:
         """Generate for every validation prompt (``rollout.val_kwargs``) and score them:
-        ``val-core/<data_source>/<metric>/mean@<n>`` and the rest of the per-source breakdown. Samples go to
+        ``val-core/<data_source>/<metric>/mean@<n>`` and the rest of the per-source breakdown; with a reward model,
+        by the rules alone (``assembly.validation_scorer``). Samples go to
         ``tracker`` as a table (``trainer.log_val_generations``) and to ``trainer.validation_data_dir``."""
         timer = StepTimer()
         data_sources, uids, infos = [], [], defaultdict(list)
@@ -268,7 +270,11 @@ class RayPPOTrainer:
             self.rollout.use_current_weights(self.global_step)
             for index, prompts in enumerate(self.val_loader):
                 batch, extra, _ = generate_and_score(
-                    self.rollout.generate, self.rollout.score, assign_uids(prompts, f"val{index}"), timer, validate=True
+                    self.rollout.generate,
+                    self.validation_score,
+                    assign_uids(prompts, f"val{index}"),
+                    timer,
+                    validate=True,
                 )
                 generations.add(batch, extra)
                 # verl's variables: ``reward`` (the summed token scores) and the reward manager's extras.

@@ -170,6 +170,22 @@ def test_a_reward_model_scores_instead_of_the_rules(run, tiny_model_dir):
     assert (batch.batch["token_level_scores"].sum(-1) == 0.75).all()
 
 
+def test_with_a_reward_model_the_rules_score_validation_alone(run, tiny_model_dir, tmp_path):
+    overrides = (
+        "reward_model.enable=true",
+        f"reward_model.model.path={tiny_model_dir}",
+        "trainer.val_before_train=true",
+    )
+    _, fakes = run("grpo", *overrides, "trainer.test_freq=2", reward=None)
+    assert fakes.names().count("compute_rm_score") == 2  # the training steps'; neither validation asks the model
+    assert all((batch.batch["token_level_scores"].sum(-1) == 0.75).all() for batch in _step_batches(fakes))
+    records = {r["step"]: r for r in read_metrics(tmp_path / "run")}
+    for step in (0, 2):  # the arithmetic rule's own columns, not the reward model's 0.75
+        assert records[step]["val-core/arithmetic/acc/mean@1"] == records[step]["val-aux/arithmetic/score/mean@1"]
+        assert records[step]["val-aux/arithmetic/reward/mean@1"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+        assert records[step]["val-aux/arithmetic/reward/mean@1"] == records[step]["val-core/arithmetic/acc/mean@1"]
+
+
 def test_rollout_dump_every_n_steps(run, tmp_path):
     run("grpo", f"trainer.rollout_data_dir={tmp_path / 'dumps'}", "trainer.rollout_dump_freq=2")
     assert [p.name for p in (tmp_path / "dumps").iterdir()] == ["step_2.jsonl"]
