@@ -89,11 +89,8 @@ def parse_layout(spelled: str, roles: list[str], devices: int) -> Layout:
 
 def _check_roles(spelled: str, layout: Layout, roles: list[str]) -> None:
     placed = [role for pool in layout.pools for role in pool.roles]
-    needed = set(roles) | ({"ref"} if layout.ref_apart else set())
     missing = [LAYOUT_NAMES[role] for role in roles if role != "ref" and role not in placed]
-    extra = [LAYOUT_NAMES[role] for role in placed if role not in needed or placed.count(role) > 1]
-    if layout.ref_apart and "ref" not in roles:
-        extra.append("ref")
+    extra = [LAYOUT_NAMES[role] for role in placed if role not in roles or placed.count(role) > 1]
     if missing or extra:
         raise LayoutError(
             f"trainer.placement={spelled!r} must place each of the run's roles "

@@ -21,7 +21,7 @@ import pathlib
 import statistics
 import tempfile
 import time
-from typing import Any
+from typing import Callable
 
 from hybridflow.checkpoints.manager import CheckpointManager
 from hybridflow.config.layouts import Layout, candidate_layouts, colocated_layout
@@ -34,7 +34,7 @@ CHOICE_FILE = "placement_auto.json"
 PROBE_ROUNDS = 3
 
 
-def resolve_auto_placement(config: PPOTrainerConfig, start_ray: Any) -> PPOTrainerConfig:
+def resolve_auto_placement(config: PPOTrainerConfig, start_ray: Callable[[], None]) -> PPOTrainerConfig:
     """``config`` with ``trainer.placement`` set to the layout ``auto`` chooses (or chose, for a run that resumes);
     ``start_ray()`` starts or joins the cluster the calibration runs on."""
     trainer = config.trainer

@@ -9,6 +9,7 @@ leave the device while the policy trains.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -73,7 +74,7 @@ class GenerativeJudgeWorker(Worker):
             )
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             seed = hash((self.calls, self.rank, index)) % 2**31
-            requests.append(GenerationRequest(list(ids), sampling=_seeded(sampling, seed)))
+            requests.append(GenerationRequest(list(ids), sampling=dataclasses.replace(sampling, seed=seed)))
         self.calls += 1
         results = self.engine.generate_batch(requests)
         answers = [self.tokenizer.decode(result.token_ids, skip_special_tokens=True) for result in results]
@@ -88,7 +89,3 @@ class GenerativeJudgeWorker(Worker):
         if self.config.judge.free_cache_engine and not self.asleep:
             self.engine.sleep()
             self.asleep = True
-
-
-def _seeded(sampling: SamplingParams, seed: int) -> SamplingParams:
-    return SamplingParams(**{**sampling.__dict__, "seed": seed})
