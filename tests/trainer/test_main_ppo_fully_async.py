@@ -94,13 +94,16 @@ def _partial_rollout_overrides(tiny_model_dir, tiny_parquet, run_dir):
 
 
 # Imported by every process of the run: from the rollout engine's second call on, the sequences wait after their
-# 2nd token until new weights land, once and for 20 s at most (a run whose syncs wait for the call ends, and fails).
+# 2nd token until new weights land, and a weight load waits until the call's sequences hold a token, each once and
+# for 20 s at most (a run whose syncs wait for the call ends, and fails). Without the second wait a starved decode
+# thread could let the sync land before the call's first token, and no sample would span two versions.
 HOLD_FOR_A_SYNC = """
 import time
+from contextlib import contextmanager
 from hybridflow.rollout.scheduler import DecodeScheduler
 
 calls = []
-submit_all, admit = DecodeScheduler.submit_all, DecodeScheduler._admit
+submit_all, admit, paused = DecodeScheduler.submit_all, DecodeScheduler._admit, DecodeScheduler.paused
 
 
 def counted_submit_all(self, requests):
@@ -119,7 +122,19 @@ def held_admit(self):
     return admit(self)
 
 
+@contextmanager
+def paused_after_first_tokens(self):
+    deadline = time.monotonic() + 20
+    while len(calls) > 1 and time.monotonic() < deadline and (
+        self._waiting or any(not seq.weight_versions for seq in self.decoder.sequences)
+    ):
+        time.sleep(0.01)
+    with paused(self):
+        yield
+
+
 DecodeScheduler.submit_all, DecodeScheduler._admit = counted_submit_all, held_admit
+DecodeScheduler.paused = paused_after_first_tokens
 """
 
 
