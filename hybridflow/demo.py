@@ -1,6 +1,7 @@
 """`make demo`: GRPO on a laptop CPU that visibly learns, with no network.
 
-    python -m hybridflow.demo [--seed 0] [--steps 150] [--algo grpo|ppo] [--run_dir outputs/demo-seed0]
+    python -m hybridflow.demo [--seed 0] [--steps 150] [--algo grpo|ppo] [--reward rule|judge]
+                              [--run_dir outputs/demo-seed0]
 
 1. The base model: a tiny Qwen2 SFT-ed to answer sorting prompts in the right format but often wrongly
    (``examples/tiny_base_model/model``, built by ``examples/tiny_base_model/build.py`` when missing).
@@ -8,7 +9,10 @@
 3. GRPO (or, with ``--algo ppo``, PPO with a critic and GAE) through the same entry point a user runs,
    ``python -m hybridflow.trainer.main_ppo`` with the overrides printed at start-up, validating greedily every
    ``--test_freq`` steps.
-4. A summary (validation accuracy before and after, time, tokens/s) and a PNG plot in the run folder.
+4. The reward: the sorting rule, or with ``--reward judge`` only the scores of a tiny learned judge
+   (``examples/tiny_judge/model``, built by ``examples/tiny_judge/build.py`` when missing) through
+   ``reward_model.*``; validation is scored by the rule either way.
+5. A summary (validation accuracy before and after, time, tokens/s) and a PNG plot in the run folder.
 
 The run resumes from its last checkpoint when started again (``trainer.resume_mode=auto``).
 """
@@ -25,15 +29,21 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BASE_MODEL = REPO / "examples" / "tiny_base_model" / "model"
+JUDGE_MODEL = REPO / "examples" / "tiny_judge" / "model"
 NUM_VAL = 200
 NUM_TRAIN = 5000
 
 
+def ensure_model(folder: pathlib.Path, what: str) -> pathlib.Path:
+    """``folder``, built by the ``build.py`` beside it when missing (one-off)."""
+    if not (folder / "config.json").exists():
+        print(f"building the {what} into {folder} (one-off)", flush=True)
+        subprocess.run([sys.executable, str(folder.parent / "build.py"), "--out", str(folder)], check=True)
+    return folder
+
+
 def ensure_base_model() -> pathlib.Path:
-    if not (BASE_MODEL / "config.json").exists():
-        print(f"building the base model into {BASE_MODEL} (one-off)", flush=True)
-        subprocess.run([sys.executable, str(BASE_MODEL.parent / "build.py"), "--out", str(BASE_MODEL)], check=True)
-    return BASE_MODEL
+    return ensure_model(BASE_MODEL, "base model")
 
 
 def write_task(data_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
@@ -57,6 +67,19 @@ ALGORITHMS = {
         "critic.optim.lr_warmup_steps=5",
         "critic.optim.weight_decay=0.0",
         "critic.optim.betas=[0.9,0.99]",
+    ],
+}
+
+# A judge's scores are the only training reward: with a reward model, main_ppo takes its rm_scores as they are.
+# Advantages are not divided by the group's std: a confident judge scores the wrong answers of an all-wrong group
+# within a few hundredths of each other, and dividing by that std turned its noise into full-size advantages (the
+# policy collapsed to one wrong answer in 15 steps, 2026-11-28).
+REWARDS = {
+    "rule": [],
+    "judge": [
+        "reward_model.enable=true",
+        f"reward_model.model.path={JUDGE_MODEL}",
+        "algorithm.norm_adv_by_std_in_grpo=false",
     ],
 }
 
@@ -87,6 +110,7 @@ def overrides(args: argparse.Namespace, model: pathlib.Path, train: pathlib.Path
     batch = [f"data.train_batch_size={prompts}", f"actor_rollout_ref.rollout.n={samples}"]
     return (
         ALGORITHMS[args.algo]
+        + REWARDS[args.reward]
         + critic
         + batch
         + [
@@ -117,7 +141,7 @@ def overrides(args: argparse.Namespace, model: pathlib.Path, train: pathlib.Path
             f"trainer.default_local_dir={args.run_dir}",
             "trainer.logger=[console,jsonl]",
             "trainer.resume_mode=auto",
-            f"trainer.experiment_name=demo-{args.algo}-seed{args.seed}",
+            f"trainer.experiment_name=demo-{args.algo}-{args.reward}-seed{args.seed}",
             f"hydra.run.dir={args.run_dir / 'hydra'}",
         ]
         + vllm_kv_cache(args, model)
@@ -151,16 +175,21 @@ def summarize(run_dir: pathlib.Path, seconds: float, algo: str, seed: int) -> st
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algo", choices=sorted(ALGORITHMS), default="grpo", help="grpo, or ppo with a critic")
+    parser.add_argument(
+        "--reward", choices=sorted(REWARDS), default="rule", help="the sorting rule, or a judge's scores"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the data order and the rollout sampling")
     parser.add_argument("--steps", type=int, default=150, help="training steps (one pass over the prompts is 156)")
     parser.add_argument("--test_freq", type=int, default=10, help="validate (and checkpoint) every N steps")
     parser.add_argument("--run_dir", type=pathlib.Path, default=None, help="default: outputs/demo[-ppo]-seed<seed>")
     parser.add_argument("overrides", nargs="*", help="extra main_ppo overrides, key=value")
     args = parser.parse_intermixed_args(argv)  # options may follow the overrides (examples/ pass both)
-    name = "demo" if args.algo == "grpo" else f"demo-{args.algo}"
+    name = "-".join(["demo"] + [args.algo] * (args.algo != "grpo") + [args.reward] * (args.reward != "rule"))
     args.run_dir = (args.run_dir or REPO / "outputs" / f"{name}-seed{args.seed}").resolve()
     start = time.perf_counter()
     model = ensure_base_model()
+    if args.reward == "judge":
+        ensure_model(JUDGE_MODEL, "judge")
     train, val = write_task(args.run_dir / "data")
     command = [sys.executable, "-m", "hybridflow.trainer.main_ppo", *overrides(args, model, train, val)]
     print("running:", shlex.join(command), flush=True)
