@@ -23,6 +23,7 @@ from hybridflow.rollout.requests import GenerationRequest
 from hybridflow.workers.config import RewardModelConfig, WorkerConfigError, as_config
 
 PROMPTS, ANSWERS = "judge_prompt", "judge_answer"
+JUDGE_SEQUENCES = 64  # judge prompts vLLM decodes together on CPU; its KV cache holds that many
 
 
 class GenerativeJudgeWorker(Worker):
@@ -50,6 +51,8 @@ class GenerativeJudgeWorker(Worker):
             do_sample=judge.temperature > 0,
             free_cache_engine=judge.free_cache_engine,
         )
+        if judge.engine == "vllm" and self.device.type == "cpu":
+            engine_config = vllm_on_cpu(engine_config, model.path)
         self.engine = create_rollout_engine(
             engine_config, model.path, tokenizer=self.tokenizer, device=str(self.device)
         )
@@ -89,3 +92,19 @@ class GenerativeJudgeWorker(Worker):
         if self.config.judge.free_cache_engine and not self.asleep:
             self.engine.sleep()
             self.asleep = True
+
+
+def vllm_on_cpu(config: RolloutConfig, model_path: str) -> RolloutConfig:
+    """vLLM's CPU build serving the judge: eager, prefills not split (its seeded requests refuse a split one), and
+    a KV cache for ``JUDGE_SEQUENCES`` prompts at once instead of a share of the machine's memory."""
+    from hybridflow.models.loading import load_model_config
+    from hybridflow.rollout.vllm_memory import kv_cache_bytes, max_model_len
+
+    cache = kv_cache_bytes(load_model_config(model_path), config.dtype, JUDGE_SEQUENCES, max_model_len(config))
+    return dataclasses.replace(
+        config,
+        enforce_eager=True,
+        enable_chunked_prefill=False,
+        max_num_seqs=JUDGE_SEQUENCES,
+        engine_kwargs={"vllm": {"kv_cache_memory_bytes": cache}},
+    )

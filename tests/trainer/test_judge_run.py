@@ -66,3 +66,23 @@ def test_colocated_on_ray_the_judge_sleeps_while_the_policy_trains(ray_cluster, 
         trainer.shutdown()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["critic/score/mean"] for row in rows] == pytest.approx([0.7, 0.7], abs=1e-7)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_judge_served_by_vllm_scores_every_sample_what_it_answers(tiny_model_dir, tiny_parquet, tmp_path):
+    """``reward_model.judge.engine=vllm`` (where vLLM is installed: `make test-vllm`), in local mode."""
+    pytest.importorskip("vllm")
+    judge = build_constant_judge(tmp_path / "judge7", "7")
+    overrides = judged_run(
+        tiny_model_dir,
+        tiny_parquet,
+        tmp_path / "run",
+        judge,
+        "trainer.local_mode=true",
+        "reward_model.judge.engine=vllm",
+    )
+    outcome = run_subprocess("main_ppo", overrides, tmp_path, timeout=400)
+    assert outcome.code == 0, outcome.stderr[-4000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["critic/score/mean"] for row in rows] == pytest.approx([0.7, 0.7], abs=1e-7)
