@@ -68,7 +68,8 @@ class SharedPromptBatch:
     ``input_ids``/``position_ids`` ``[G, W]``; ``attention_mask`` ``[G, 1, W, W]`` bool (True: may attend);
     ``keep`` ``[G, W]`` bool marks the positions whose logits are needed. Per predicted response token
     (``K`` of them): ``logit_row`` indexes the kept logits (in row-major order), ``labels`` is the token,
-    and ``rows``/``cols`` place it in ``[B, R]``.
+    and ``rows``/``cols`` place it in ``[B, R]``. ``last_token`` ``[B]``: each sample's last real token as a flat
+    slot (``row * W + column``; the prompt's last where the response is empty), where a reward model scores it.
     """
 
     input_ids: torch.Tensor
@@ -79,6 +80,7 @@ class SharedPromptBatch:
     labels: torch.Tensor
     rows: torch.Tensor
     cols: torch.Tensor
+    last_token: torch.Tensor
     batch_size: int
     response_length: int
 
@@ -394,6 +396,7 @@ def _build(input_ids, real, groups, prompt_lengths, response_lengths, width, res
     segment = torch.full((num_rows, width), -1, dtype=torch.long, device=device)
     keep = torch.zeros(num_rows, width, dtype=torch.bool, device=device)
     predictor_slots, labels, rows, cols = [], [], [], []
+    last_token = [0] * input_ids.shape[0]
     for row, members in enumerate(groups):
         first = members[0]
         prompt = input_ids[first, :-response_length][real[first, :-response_length]]
@@ -404,6 +407,7 @@ def _build(input_ids, real, groups, prompt_lengths, response_lengths, width, res
         start = prompt_length
         for index, sample in enumerate(members, start=1):
             length = response_lengths[sample]
+            last_token[sample] = row * width + (start + length - 1 if length else prompt_length - 1)
             if length == 0:
                 continue
             end = start + length
@@ -417,13 +421,14 @@ def _build(input_ids, real, groups, prompt_lengths, response_lengths, width, res
             rows += [sample] * length
             cols += list(range(length))
             start = end
-    laid_out = (ids, positions, segment, keep)
+    laid_out = (ids, positions, segment, keep, last_token)
     return _shared_batch(laid_out, predictor_slots, labels, rows, cols, input_ids.shape[0], response_length)
 
 
 def _shared_batch(laid_out, predictor_slots, labels, rows, cols, batch_size, response_length) -> SharedPromptBatch:
-    """The rows laid out by ``_build`` (ids, positions, segments, keep) as the forward's inputs and index maps."""
-    ids, positions, segment, keep = laid_out
+    """The rows laid out by ``_build`` (ids, positions, segments, keep, last tokens) as the forward's inputs and
+    index maps."""
+    ids, positions, segment, keep, last_token = laid_out
     device = ids.device
     flat_keep = keep.view(-1)
     slots = torch.tensor(predictor_slots, dtype=torch.long, device=device)
@@ -439,6 +444,7 @@ def _shared_batch(laid_out, predictor_slots, labels, rows, cols, batch_size, res
         labels=torch.cat(labels) if labels else ids.new_zeros(0),
         rows=torch.tensor(rows, dtype=torch.long, device=device),
         cols=torch.tensor(cols, dtype=torch.long, device=device),
+        last_token=torch.tensor(last_token, dtype=torch.long, device=device),
         batch_size=batch_size,
         response_length=response_length,
     )

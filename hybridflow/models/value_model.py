@@ -141,8 +141,16 @@ def forward_reward_scores(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     use_remove_padding: bool = True,
+    layout: Layout | None = None,
+    response_length: int = 0,
 ) -> torch.Tensor:
-    """Reward-model scores ``[B]``: the head's output at each sequence's last real token."""
+    """Reward-model scores ``[B]``: the head's output at each sequence's last real token. With the pass's
+    ``layout`` sharing prompts (``choose_layout``; the last ``response_length`` columns are the responses), each
+    prompt is computed once for the samples that repeat it."""
+    if layout is not None and layout.share_prompts:
+        rows = layout.arrange(input_ids, attention_mask, response_length)
+        scores = _head_outputs(reward_model, rows.input_ids, rows.position_ids, rows.attention_mask, None)
+        return scores.reshape(-1)[rows.last_token].float()
     scores = forward_token_scores(reward_model, input_ids, attention_mask, position_ids, use_remove_padding)
     columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)
     last_real = (columns * attention_mask.bool()).argmax(dim=1)

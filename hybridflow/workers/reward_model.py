@@ -15,6 +15,7 @@ import torch
 
 from hybridflow.data.reward_model_inputs import ChatTemplateSwitch, same_tokenizer
 from hybridflow.distributed import Dispatch, Worker, register
+from hybridflow.models.layouts import Layout, choose_layout
 from hybridflow.models.loading import load_tokenizer
 from hybridflow.models.value_model import forward_reward_scores, load_reward_model
 from hybridflow.protocol import DataProto
@@ -62,7 +63,17 @@ class RewardModelWorker(Worker):
             move_model(self.module, torch.device("cpu"))
         self.switch = chat_template_switch(self.config)
 
-    def _scores(self, micro: DataProto) -> torch.Tensor:
+    def _layout(self, inputs: DataProto, response_length: int) -> Layout | None:
+        """The pass's layout: prompts shared where cheaper; None for re-tokenized samples (no response columns)."""
+        if self.switch is not None:
+            return None
+        batch = inputs.batch
+        use_remove_padding = self.config.model.use_remove_padding
+        return choose_layout(
+            self.module, batch["input_ids"], batch["attention_mask"], response_length, None, use_remove_padding
+        )
+
+    def _scores(self, micro: DataProto, layout: Layout | None, response_length: int) -> torch.Tensor:
         batch = micro.batch
         return forward_reward_scores(
             self.module,
@@ -70,6 +81,8 @@ class RewardModelWorker(Worker):
             batch["attention_mask"],
             batch["position_ids"],
             use_remove_padding=self.config.model.use_remove_padding,
+            layout=layout,
+            response_length=response_length,
         )
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -78,9 +91,12 @@ class RewardModelWorker(Worker):
         if self.module is None:
             raise RuntimeError("RewardModelWorker: call init_model before compute_rm_score")
         inputs = self.reward_model_inputs(data)
-        with parameters_on(self.module, self.device, self.config.model.fsdp_config.param_offload):
-            (scores,) = run_in_micro_batches(inputs, self.batching, self.device, self._scores)
         response_length = data.batch["responses"].shape[1]
+        layout = self._layout(inputs, response_length)
+        with parameters_on(self.module, self.device, self.config.model.fsdp_config.param_offload):
+            (scores,) = run_in_micro_batches(
+                inputs, self.batching, self.device, lambda micro: self._scores(micro, layout, response_length)
+            )
         response_attention = data.batch["attention_mask"][:, -response_length:]
         return DataProto.from_dict({"rm_scores": place_on_last_response_token(scores.cpu(), response_attention)})
 

@@ -28,7 +28,7 @@ from hybridflow.models.layouts import (
     unpack,
 )
 from hybridflow.models.log_probs import forward_log_probs, forward_token_statistics
-from hybridflow.models.value_model import forward_values, load_value_model
+from hybridflow.models.value_model import forward_reward_scores, forward_values, load_reward_model, load_value_model
 from tests.float_bounds import longest_reduction, model_output_bound, reordered_sum_bound, score_head_bound
 from tests.models.packing_checks import assert_packed_equals_padded_and_unpadded, assert_packed_gradients_equal_padded
 
@@ -304,3 +304,20 @@ def test_shared_and_unshared_critic_values_and_gradients_agree(tiny_model_dir, p
     num_terms = longest_reduction(critic.config)
     torch.testing.assert_close(shared_values, values, atol=score_head_bound(critic, num_terms), rtol=0)
     assert_gradients_agree(shared_grads, grads, num_terms + int(response_mask.sum()))
+
+
+@pytest.mark.parametrize("layout", sorted(GROUPS))
+def test_shared_and_unshared_reward_scores_agree(tiny_model_dir, padded_batch, layout):
+    """A reward model's score at each sample's last real token (the prompt's last for an empty response) is the
+    unshared forward's up to float32 order."""
+    reward_model = load_reward_model(tiny_model_dir).eval()
+    prompts, samples, response_lengths = GROUPS[layout]
+    input_ids, attention_mask, position_ids, _ = grouped_batch(padded_batch, prompts, samples, response_lengths)
+    with torch.no_grad():
+        shared = forward_reward_scores(
+            reward_model, input_ids, attention_mask, position_ids, layout=Layout(share_prompts=True), response_length=6
+        )
+        unshared = forward_reward_scores(reward_model, input_ids, attention_mask, position_ids)
+    assert shared.shape == (len(response_lengths),)
+    bound = score_head_bound(reward_model, longest_reduction(reward_model.config))
+    torch.testing.assert_close(shared, unshared, atol=bound, rtol=0)
