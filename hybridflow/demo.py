@@ -181,7 +181,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the data order and the rollout sampling")
     parser.add_argument("--steps", type=int, default=150, help="training steps (one pass over the prompts is 156)")
     parser.add_argument("--test_freq", type=int, default=10, help="validate (and checkpoint) every N steps")
-    parser.add_argument("--run_dir", type=pathlib.Path, default=None, help="default: outputs/demo[-ppo]-seed<seed>")
+    parser.add_argument(
+        "--run_dir", type=pathlib.Path, default=None, help="default: outputs/demo[-ppo][-judge]-seed<seed>"
+    )
     parser.add_argument("overrides", nargs="*", help="extra main_ppo overrides, key=value")
     args = parser.parse_intermixed_args(argv)  # options may follow the overrides (examples/ pass both)
     name = "-".join(["demo"] + [args.algo] * (args.algo != "grpo") + [args.reward] * (args.reward != "rule"))
