@@ -35,9 +35,12 @@ def run_demo(reward: str, seed: int, args: argparse.Namespace, run_dir) -> dict[
     return {"points": validation_points(run_dir / reward / "metrics.jsonl"), **usage}
 
 
-def time_to(points: list[dict[str, float]], accuracy: float) -> str:
-    reached = first_reaching(points, accuracy)
+def at(reached: dict[str, float] | None) -> str:
     return f"step {reached['step']}, {reached['training_s']:.0f} s" if reached else "never"
+
+
+def time_to(points: list[dict[str, float]], accuracy: float) -> str:
+    return at(first_reaching(points, accuracy))
 
 
 def main() -> None:
@@ -64,11 +67,10 @@ def main() -> None:
                 results[reward] = run_demo(reward, seed, args, run_dir)
             print_runs(seed, results, width=6)
             comparison = compare(results["rule"], results["judge"], args.within)
-            target = comparison["target"] - args.within
             print(
                 f"  the rule run's final accuracy {100 * comparison['target']:.1f}% (less {100 * args.within:.0f} "
                 f"points) after {comparison['sync_s']:.0f} training s; the judge run reached it at "
-                f"{time_to(results['judge']['points'], target)}: {comparison['ratio']:.2f}x (target <= 2x)"
+                f"{at(comparison['reached'])}: {comparison['ratio']:.2f}x (target <= 2x)"
             )
             print(
                 f"  {100 * args.accuracy:.0f}% reached: rule at {time_to(results['rule']['points'], args.accuracy)}, "

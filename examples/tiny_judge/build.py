@@ -192,25 +192,37 @@ def train(judge, maker: PairMaker, right: list[Pair], wrong: list[Pair], args, h
     return time.perf_counter() - start
 
 
+def split_problems(seed: int, num_train: int, num_val: int) -> tuple[list[Problem], list[Problem]]:
+    """The training prompts (every sorting problem but the held-out ones, in seed + 1's order, the first
+    ``num_train``) and the held-out ones (the demo's ``num_val`` validation prompts)."""
+    val = sorting_problems(num_val, seed=0)
+    excluded = {p.question for p in val}
+    problems = [p for p in sorting_problems(NUM_PROBLEMS, seed=seed + 1) if p.question not in excluded]
+    return problems[:num_train], val
+
+
+def answer_pairs(maker: PairMaker, training: list[Problem], held_out: list[Problem], seed: int):
+    """Each prompt's right answer, then a near miss of each, for the training prompts and then the held-out ones,
+    the near misses drawn from one generator seeded by ``seed``."""
+    rng = random.Random(seed)
+
+    def of(problems: list[Problem]) -> list[Pair]:
+        return [maker.answer(p, p.ground_truth.split()) for p in problems] + [maker.near_miss(p, rng) for p in problems]
+
+    return of(training), of(held_out)
+
+
 def build(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(BASE_MODEL, padding_side="left")
     maker = PairMaker(tokenizer)
-    val = sorting_problems(args.num_val, seed=0)
-    excluded = {p.question for p in val}
-    problems = [p for p in sorting_problems(NUM_PROBLEMS, seed=args.seed + 1) if p.question not in excluded]
-    problems = problems[: args.num_train]
-    rng = random.Random(args.seed)
+    problems, val = split_problems(args.seed, args.num_train, args.num_val)
     torch.manual_seed(args.seed)
     pairs = maker.base_samples(problems, args.samples_per_prompt)
-    pairs += [maker.answer(p, p.ground_truth.split()) for p in problems]
-    pairs += [maker.near_miss(p, rng) for p in problems]
+    trained_answers, held_out_answers = answer_pairs(maker, problems, val, args.seed)
+    pairs += trained_answers
     right, wrong = [p for p in pairs if p.right], [p for p in pairs if not p.right]
-    held_out = {
-        "base_samples": maker.base_samples(val, 8),
-        "right_answers_and_near_misses": [maker.answer(p, p.ground_truth.split()) for p in val]
-        + [maker.near_miss(p, rng) for p in val],
-    }
+    held_out = {"base_samples": maker.base_samples(val, 8), "right_answers_and_near_misses": held_out_answers}
     print(f"{len(right)} right and {len(wrong)} wrong training pairs; training {args.steps} steps", flush=True)
     judge = new_judge(tokenizer, args.hidden_size, args.num_layers, args.seed)
     seconds = train(judge, maker, right, wrong, args, held_out)

@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 
 from hybridflow.distributed import Dispatch, Worker, register
-from hybridflow.models.loading import load_tokenizer
+from hybridflow.models.loading import load_model_config, load_tokenizer
 from hybridflow.protocol import DataProto
 from hybridflow.rollout import RolloutConfig, create_rollout_engine
 from hybridflow.rollout.config import SamplingParams
 from hybridflow.rollout.requests import GenerationRequest
+from hybridflow.rollout.vllm_memory import kv_cache_bytes, max_model_len
 from hybridflow.workers.config import RewardModelConfig, WorkerConfigError, as_config
 
 PROMPTS, ANSWERS = "judge_prompt", "judge_answer"
@@ -97,9 +98,6 @@ class GenerativeJudgeWorker(Worker):
 def vllm_on_cpu(config: RolloutConfig, model_path: str) -> RolloutConfig:
     """vLLM's CPU build serving the judge: eager, prefills not split (its seeded requests refuse a split one), and
     a KV cache for ``JUDGE_SEQUENCES`` prompts at once instead of a share of the machine's memory."""
-    from hybridflow.models.loading import load_model_config
-    from hybridflow.rollout.vllm_memory import kv_cache_bytes, max_model_len
-
     cache = kv_cache_bytes(load_model_config(model_path), config.dtype, JUDGE_SEQUENCES, max_model_len(config))
     return dataclasses.replace(
         config,
