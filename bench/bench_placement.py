@@ -185,7 +185,9 @@ def main() -> None:
     with work_folder("bench_placement_", args.keep) as work:
         base = ensure_base_model()
         train, val = write_task(work / "data")
-        demo = argparse.Namespace(algo="ppo", seed=0, steps=args.steps, test_freq=-1, run_dir=work, overrides=[])
+        demo = argparse.Namespace(
+            algo="ppo", reward="rule", seed=0, steps=args.steps, test_freq=-1, run_dir=work, overrides=[]
+        )
         cluster = RayStartCluster(cpus_per_node=2)
         try:
             cluster.start_head()

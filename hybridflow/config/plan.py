@@ -81,6 +81,7 @@ class RunPlan:
     kl_in_reward: bool
     old_log_probs: str
     skip_zero_signal: bool
+    balance_by_prompt: bool  # trainer.balance_batch keeps a prompt's samples on one rank (they may share it)
     bypass: BypassCorrection | None
     correction: CorrectionSettings | None
     greedy_baseline: bool
@@ -198,6 +199,8 @@ def _step_shape(config: PPOTrainerConfig) -> dict[str, Any]:
         "kl_in_reward": config.algorithm.use_kl_in_reward,
         "old_log_probs": phase_rules.old_log_prob_source(config),
         "skip_zero_signal": phase_rules.skips_zero_signal_samples(config),
+        "balance_by_prompt": config.actor_rollout_ref.actor.use_prefix_grouper is not False
+        or (phase_rules.uses_critic(config) and config.critic.use_prefix_grouper is not False),
         "bypass": bypass_correction(config),
         "correction": correction_settings(config) if phase_rules.corrects_batch(config) else None,
         "greedy_baseline": phase_rules.greedy_baseline(config),

@@ -4,7 +4,8 @@ The driver hands rank ``r`` the ``r``-th equal slice of a batch. :func:`rank_bal
 so that each slice holds about the same workload, estimated per sample from its real tokens by
 :func:`calculate_workload`, with the slices split by :func:`karmarkar_karp`. Every slice keeps its rows in
 batch order. Only the order changes; each row keeps its columns (``uid`` included), so group statistics
-computed by ``uid`` are unaffected.
+computed by ``uid`` are unaffected. :func:`group_balanced_order` keeps each prompt's samples on one rank, where the
+ranks compute each prompt once for all its samples (verl's group-level balancing with ``use_prefix_grouper``).
 """
 
 from __future__ import annotations
@@ -77,3 +78,43 @@ def rank_balanced_order(seqlens: torch.Tensor, num_ranks: int) -> tuple[list[int
     workloads = calculate_workload(seqlens.to(torch.int64)).tolist()
     partitions = karmarkar_karp(workloads, num_ranks, equal_size=True)
     return [row for rows in partitions for row in rows], partitions
+
+
+def group_balanced_order(seqlens: torch.Tensor, uids: Sequence, num_ranks: int) -> tuple[list[int], list[list[int]]]:
+    """As :func:`rank_balanced_order`, but each run of consecutive rows with one ``uid`` (a prompt's samples) stays
+    on one rank where the rows per rank allow: a rank computes a prompt once for all its samples only if they
+    are its rows (verl's ``get_group_balanced_partitions``, PR #4368).
+
+    verl partitions the groups with Karmarkar-Karp, which needs equal groups that divide evenly among the ranks.
+    Here the groups may differ in size (samples skipped without signal, padding rows), so they are placed
+    largest workload first on the least loaded rank with room for the whole group; a group no rank has room for
+    fills the rank with the most room and its rest goes on as a smaller group. Every rank ends with
+    ``B / num_ranks`` rows, in batch order.
+    """
+    workloads = calculate_workload(seqlens.to(torch.int64)).tolist()
+    count = len(workloads)
+    if num_ranks < 1 or count % num_ranks or len(uids) != count:
+        raise PartitionError(f"cannot split {count} rows into {num_ranks} parts of equal size")
+    room, loads = [count // num_ranks] * num_ranks, [0] * num_ranks
+    parts: list[list[int]] = [[] for _ in range(num_ranks)]
+    for group in sorted(_uid_runs(uids), key=lambda rows: (-sum(workloads[row] for row in rows), rows[0])):
+        while group:
+            whole = [rank for rank in range(num_ranks) if room[rank] >= len(group)]
+            rank = min(whole, key=lambda r: (loads[r], r)) if whole else max(range(num_ranks), key=room.__getitem__)
+            placed, group = group[: room[rank]], group[room[rank] :]
+            parts[rank] += placed
+            room[rank] -= len(placed)
+            loads[rank] += sum(workloads[row] for row in placed)
+    partitions = [sorted(rows) for rows in parts]
+    return [row for rows in partitions for row in rows], partitions
+
+
+def _uid_runs(uids: Sequence) -> list[list[int]]:
+    """The rows of each run of consecutive equal ``uids``."""
+    runs: list[list[int]] = []
+    for row, uid in enumerate(uids):
+        if runs and uids[runs[-1][-1]] == uid:
+            runs[-1].append(row)
+        else:
+            runs.append([row])
+    return runs

@@ -20,7 +20,7 @@ from hybridflow.algos.kl import apply_kl_penalty
 from hybridflow.algos.kl_controllers import get_kl_controller
 from hybridflow.algos.rollout_correction import CorrectionSettings, compute_rollout_correction
 from hybridflow.config.phases import OLD_FROM_UPDATE
-from hybridflow.data.seqlen_balancing import rank_balanced_order
+from hybridflow.data.seqlen_balancing import group_balanced_order, rank_balanced_order
 from hybridflow.protocol import DataProto
 from hybridflow.protocol.columns import CRITIC_UPDATE_INPUTS, LOG_PROB_INPUTS, VALUE_INPUTS, actor_update_columns
 from hybridflow.tracking import metric_names as names
@@ -51,14 +51,18 @@ def worker_metrics(output: DataProto, prefix: str) -> dict[str, float]:
     return names.with_prefix(prefix, reduce_worker_metrics(output.meta_info.get("metrics", {})))
 
 
-def balance_batch(batch: DataProto, num_ranks: int) -> tuple[DataProto, dict[str, float]]:
+def balance_batch(batch: DataProto, num_ranks: int, keep_groups: bool) -> tuple[DataProto, dict[str, float]]:
     """``batch`` reordered in place so each of ``num_ranks`` equal slices (one per data-parallel rank) carries
     about the same work (``trainer.balance_batch``; verl's ``_balance_batch``), and verl's ``global_seqlen/*``
-    metrics of the ranks' real tokens before and after. Rows keep their columns, ``uid`` included."""
+    metrics of the ranks' real tokens before and after. Rows keep their columns, ``uid`` included. With
+    ``keep_groups`` (ranks that may compute a prompt once for its samples) a prompt's samples stay together."""
     if len(batch) == 0:
         return batch, {}
     seqlens = batch.batch["attention_mask"].sum(-1)
-    order, partitions = rank_balanced_order(seqlens, num_ranks)
+    if keep_groups and "uid" in batch.non_tensor_batch:
+        order, partitions = group_balanced_order(seqlens, batch.non_tensor_batch["uid"], num_ranks)
+    else:
+        order, partitions = rank_balanced_order(seqlens, num_ranks)
     before = seqlens.view(num_ranks, -1).sum(-1).tolist()
     after = [int(seqlens[rows].sum()) for rows in partitions]
     batch.reorder(order)

@@ -177,7 +177,7 @@ class RayPPOTrainer:
             batch, metrics = self.advantages(batch, timer)
             train_batch, loss_counts = rows_with_signal(batch, plan.world_size)
         if plan.trainer.balance_batch:  # reordered so every data-parallel rank gets about as many tokens
-            train_batch, balance_metrics = balance_batch(train_batch, plan.world_size)
+            train_batch, balance_metrics = balance_batch(train_batch, plan.world_size, plan.balance_by_prompt)
             metrics.update(balance_metrics)
         # 3 old and reference log-probs and 4 values, started in this order, then awaited in it: on separate pools
         # (trainer.placement=split) the critic computes while the actor does

@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from hybridflow.data.seqlen_balancing import PartitionError, calculate_workload, karmarkar_karp, rank_balanced_order
+from hybridflow.data.seqlen_balancing import (
+    PartitionError,
+    calculate_workload,
+    group_balanced_order,
+    karmarkar_karp,
+    rank_balanced_order,
+)
 
 
 def test_workload_is_verls_7b_estimate():
@@ -41,3 +47,31 @@ def test_rank_order_gives_each_rank_slice_the_same_tokens():
     assert order == [0, 3, 5, 7, 1, 2, 4, 6] and partitions == [[0, 3, 5, 7], [1, 2, 4, 6]]
     assert seqlens[order].view(2, -1).sum(-1).tolist() == [22, 22]
     assert rank_balanced_order(seqlens, 1)[0] == list(range(8))  # one rank: the batch order
+
+
+def test_group_order_keeps_each_prompts_samples_on_one_rank():
+    # Four prompts of 3 samples on 2 ranks: the long ones go to different ranks, each with a short one.
+    seqlens = torch.tensor([30, 30, 30, 28, 28, 28, 5, 5, 5, 6, 6, 6])  # batch order: 174 tokens on rank 0, 33
+    uids = ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["d"] * 3
+    order, partitions = group_balanced_order(seqlens, uids, 2)
+    assert partitions == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]]  # a + c: 105 tokens, b + d: 102
+    assert order == [0, 1, 2, 6, 7, 8, 3, 4, 5, 9, 10, 11]
+    assert group_balanced_order(seqlens, uids, 1)[0] == list(range(12))  # one rank: the batch order
+
+
+def test_group_order_splits_a_group_only_where_no_rank_has_room_for_it():
+    # Three prompts of 2 samples on 2 ranks of 3 rows: one prompt must be split, the others stay whole.
+    seqlens = torch.tensor([9, 9, 5, 5, 1, 1])
+    order, partitions = group_balanced_order(seqlens, ["a", "a", "b", "b", "c", "c"], 2)
+    assert [len(rows) for rows in partitions] == [3, 3] and sorted(order) == list(range(6))
+    whole = [
+        uid for uid, rows in {"a": {0, 1}, "b": {2, 3}, "c": {4, 5}}.items() if any(rows <= set(p) for p in partitions)
+    ]
+    assert len(whole) == 2 and "a" in whole  # the largest prompt is placed first, whole
+    # Runs are consecutive rows: a uid seen again later (a padding copy) is a group of its own.
+    assert group_balanced_order(torch.tensor([4, 4, 1, 4]), ["a", "a", "b", "a"], 2)[1] == [[0, 1], [2, 3]]
+
+
+def test_group_order_refuses_rows_that_do_not_divide():
+    with pytest.raises(PartitionError, match="cannot split 3 rows into 2 parts of equal size"):
+        group_balanced_order(torch.tensor([1, 2, 3]), ["a", "a", "b"], 2)

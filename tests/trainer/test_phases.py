@@ -55,7 +55,7 @@ def test_balancing_reorders_the_rows_with_their_columns_and_logs_verls_seqlen_me
     batch = DataProto.from_dict(
         {"attention_mask": attention_mask, "row": torch.arange(8)}, non_tensors={"uid": uids}, meta_info={"t": 1}
     )
-    balanced, metrics = balance_batch(batch, num_ranks=2)
+    balanced, metrics = balance_batch(batch, num_ranks=2, keep_groups=False)
     assert balanced is batch  # reordered in place
     assert batch.batch["row"].tolist() == [0, 3, 5, 7, 1, 2, 4, 6]  # rows 0,3,5,7 (22 tokens) on rank 0
     assert list(batch.non_tensor_batch["uid"]) == ["a", "b", "c", "d", "a", "b", "c", "d"]
@@ -68,8 +68,18 @@ def test_balancing_reorders_the_rows_with_their_columns_and_logs_verls_seqlen_me
         "global_seqlen/balanced_max": 22,
         "global_seqlen/mean": 22.0,
     }
-    empty, no_metrics = balance_batch(batch[0:0], num_ranks=2)
+    empty, no_metrics = balance_batch(batch[0:0], num_ranks=2, keep_groups=False)
     assert len(empty) == 0 and no_metrics == {}
+
+
+def test_balancing_that_keeps_groups_gives_each_rank_whole_prompts():
+    tokens = [10, 10, 10, 10, 1, 1, 1, 1]  # prompts a, b: 20 tokens each; c, d: 2 each
+    attention_mask = (torch.arange(10)[None, :] < torch.tensor(tokens)[:, None]).long()
+    uids = np.array(["a", "a", "b", "b", "c", "c", "d", "d"], dtype=object)
+    batch = DataProto.from_dict({"attention_mask": attention_mask, "row": torch.arange(8)}, non_tensors={"uid": uids})
+    _, metrics = balance_batch(batch, num_ranks=2, keep_groups=True)
+    assert list(batch.non_tensor_batch["uid"]) == ["a", "a", "c", "c", "b", "b", "d", "d"]
+    assert (metrics["global_seqlen/balanced_min"], metrics["global_seqlen/balanced_max"]) == (22, 22)
 
 
 def test_the_rollout_correction_runs_after_the_kl_penalty_and_before_the_advantages():

@@ -220,6 +220,8 @@ def test_balancing_the_ranks_leaves_a_two_rank_update_unchanged(ray_cluster, tin
         "trainer.cpus_per_worker=0.5",
         "trainer.n_gpus_per_node=2",
         "data.shuffle=false",
+        # Samples balanced one by one (prompt groups kept whole could not even out this batch)
+        "actor_rollout_ref.actor.use_prefix_grouper=false",
         f"custom_reward_function.path={DENSE_REWARD}",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
