@@ -156,7 +156,9 @@ class TrainerConfig(RunConfig):
     """The run: length, placement, logging, validation and checkpoints (``trainer``)."""
 
     balance_batch: bool = option(
-        True, "Reorder each step's samples so every data-parallel rank gets about the same number of tokens."
+        True,
+        "Reorder each step's samples so every data-parallel rank gets about the same number of tokens; a prompt's "
+        "samples stay on one rank unless use_prefix_grouper is false for the actor and the critic.",
     )
     experiment_name: str = option("ppo", "Run name in the trackers.")
     log_val_generations: int = option(
