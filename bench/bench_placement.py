@@ -39,7 +39,7 @@ import psutil
 
 from bench.bench_time_to_accuracy import REPO_DIR, work_folder
 from bench.bench_vs_trl import child_env, cpu_seconds
-from hybridflow.demo import ensure_base_model, overrides, write_task
+from hybridflow.demo import ensure_base_model, overrides, parse_args, write_task
 from hybridflow.distributed.ray_start_cluster import RayStartCluster
 from hybridflow.trainer.auto_placement import CHOICE_FILE
 
@@ -185,9 +185,7 @@ def main() -> None:
     with work_folder("bench_placement_", args.keep) as work:
         base = ensure_base_model()
         train, val = write_task(work / "data")
-        demo = argparse.Namespace(
-            algo="ppo", reward="rule", seed=0, steps=args.steps, test_freq=-1, run_dir=work, overrides=[]
-        )
+        demo = parse_args(["--algo", "ppo", "--steps", str(args.steps), "--test_freq", "-1", "--run_dir", str(work)])
         cluster = RayStartCluster(cpus_per_node=2)
         try:
             cluster.start_head()

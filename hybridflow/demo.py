@@ -172,7 +172,8 @@ def summarize(run_dir: pathlib.Path, seconds: float, algo: str, seed: int) -> st
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The demo's options (``argv``: the command line's by default), its run folder resolved."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algo", choices=sorted(ALGORITHMS), default="grpo", help="grpo, or ppo with a critic")
     parser.add_argument(
@@ -188,6 +189,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_intermixed_args(argv)  # options may follow the overrides (examples/ pass both)
     name = "-".join(["demo"] + [args.algo] * (args.algo != "grpo") + [args.reward] * (args.reward != "rule"))
     args.run_dir = (args.run_dir or REPO / "outputs" / f"{name}-seed{args.seed}").resolve()
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     start = time.perf_counter()
     model = ensure_base_model()
     if args.reward == "judge":
