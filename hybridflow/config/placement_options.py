@@ -35,6 +35,23 @@ def spells_no_layout(config: PPOTrainerConfig) -> bool:
     return config.trainer.placement in NAMED_PLACEMENTS
 
 
+def role_nodes(config: PPOTrainerConfig, role: str) -> list[int]:
+    """The processes of ``role``'s pool (a role key) on each node it spans: under a layout spelled out, that pool's
+    (a layout that cannot be read counts as none: ``placement_errors`` reports it), else every training pool's
+    ``trainer.nnodes x trainer.n_gpus_per_node``."""
+    trainer = config.trainer
+    try:
+        layout = None if spells_no_layout(config) else placement_layout(config)
+    except LayoutError:
+        layout = None
+    if layout is None:
+        return [trainer.n_gpus_per_node] * trainer.nnodes
+    if role == "ref" and not layout.ref_apart:
+        role = "actor_rollout_ref"
+    pool = next(index for index, pool in enumerate(layout.pools) if role in pool.roles)
+    return layout.node_counts(trainer.n_gpus_per_node)[pool]
+
+
 def placement_layout(config: PPOTrainerConfig) -> Layout | None:
     """The layout ``trainer.placement`` spells out (None for a named placement)."""
     placement = config.trainer.placement
@@ -62,7 +79,9 @@ def placement_errors(config: PPOTrainerConfig) -> list[str]:
         "trainer.local_mode=true runs every role in this process": trainer.local_mode,
         "a rollout pool of its own (one-step-off or fully async) is placed by rollout.*": one_step_off(config)
         or fully_async(config),
-        "sequence or tensor parallel sizes above 1 are not enumerated yet": _parallel_sizes(config),
+        "its candidates have no sequence or tensor parallel sizes above 1 yet (a layout spelled out takes them)": (
+            placement == "auto" and _parallel_sizes(config)
+        ),
     }
     errors = [
         f"trainer.placement={placement}: {reason}; use trainer.placement=colocated or split"

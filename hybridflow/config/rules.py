@@ -65,7 +65,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + forced_skip_errors(config)
         + rollout_correction_errors(config)
         + lora_errors(config, uses_critic(config))
-        + sequence_parallel_errors(config, num_processes(config), uses_critic(config))
+        + sequence_parallel_errors(config, uses_critic(config))
         + tensor_parallel_errors(config)
         + training_tensor_parallel_errors(config, uses_critic(config))
         + range_errors(config)

@@ -11,6 +11,7 @@ from hybridflow.config.schema import PPOTrainerConfig
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
 KEY = "ulysses_sequence_parallel_size"
+ROLE_OF_KEY = {f"{ACTOR}.{KEY}": "actor_rollout_ref", f"{REF}.{KEY}": "ref", f"critic.{KEY}": "critic"}
 
 
 def data_parallel_ranks(world: int, size: int, tensor_parallel_size: int = 1) -> int:
@@ -33,17 +34,25 @@ def sequence_parallel_sizes(config: PPOTrainerConfig, with_critic: bool) -> dict
     return sizes
 
 
-def sequence_parallel_errors(config: PPOTrainerConfig, world: int, with_critic: bool) -> list[str]:
-    """Every Ulysses size that cannot run: not a divisor of the ``world`` worker processes or of the model's
+def sequence_parallel_errors(config: PPOTrainerConfig, with_critic: bool) -> list[str]:
+    """Every Ulysses size that cannot run: not a divisor of its role's worker processes or of the model's
     attention heads, or a LoRA actor's reference (the actor's own model) split differently."""
+    # placement_options reads the batch rules, which read data_parallel_ranks from here
+    from hybridflow.config.placement_options import role_nodes, spells_no_layout
+
     errors = []
     for key, (size, path) in sequence_parallel_sizes(config, with_critic).items():
+        world = sum(role_nodes(config, ROLE_OF_KEY[key]))
+        where = (
+            "trainer.nnodes x trainer.n_gpus_per_node"
+            if spells_no_layout(config)
+            else f"its pool of trainer.placement={config.trainer.placement}"
+        )
         if size < 1:
             errors.append(f"{key}={size} must be a positive integer (1: no sequence parallelism)")
         elif size > 1 and world % size:
             errors.append(
-                f"{key}={size} does not divide the {world} worker processes (trainer.nnodes x "
-                f"trainer.n_gpus_per_node); choose a divisor of {world}"
+                f"{key}={size} does not divide the {world} worker processes ({where}); choose a divisor of {world}"
             )
         elif size > 1:
             errors += _head_errors(key, size, path, config.actor_rollout_ref.model.trust_remote_code)

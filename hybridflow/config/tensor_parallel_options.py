@@ -6,14 +6,19 @@ from __future__ import annotations
 
 from hybridflow.config.fully_async_options import fully_async
 from hybridflow.config.phases import uses_reference
-from hybridflow.config.resources import num_processes
-from hybridflow.config.rollout_pool_options import one_step_off, rollout_pool_processes
+from hybridflow.config.placement_options import role_nodes, spells_no_layout
+from hybridflow.config.rollout_pool_options import one_step_off
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.worker_start_checks import fsdp_size_errors
 from hybridflow.workers.config import FSDPConfig, ModelConfig
 
 KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 TRAINING_KEY = "fsdp_config.tensor_parallel_size"
+ROLE_OF_PREFIX = {
+    "actor_rollout_ref.actor": "actor_rollout_ref",
+    "actor_rollout_ref.ref": "ref",
+    "critic.model": "critic",
+}
 
 
 def tensor_parallel_errors(config: PPOTrainerConfig) -> list[str]:
@@ -25,19 +30,24 @@ def tensor_parallel_errors(config: PPOTrainerConfig) -> list[str]:
     size = arr.rollout.tensor_model_parallel_size
     if size <= 1:
         return []
-    section = config.rollout if one_step_off(config) else config.trainer
-    prefix = "rollout" if one_step_off(config) else "trainer"
-    world = rollout_pool_processes(config) or num_processes(config)
+    if one_step_off(config):
+        nodes, where = (
+            [config.rollout.n_gpus_per_node] * config.rollout.nnodes,
+            "rollout.nnodes x rollout.n_gpus_per_node",
+        )
+    else:
+        nodes, where = role_nodes(config, "actor_rollout_ref"), _pool_words(config)
+    world = sum(nodes)
     errors = []
     if world % size:
         errors.append(
-            f"{KEY}={size} does not divide the {world} processes that generate ({prefix}.nnodes x "
-            f"{prefix}.n_gpus_per_node); choose a divisor of {world}"
+            f"{KEY}={size} does not divide the {world} processes that generate ({where}); choose a divisor of {world}"
         )
-    elif section.nnodes > 1 and section.n_gpus_per_node % size and arr.rollout.name == "hf":
+    elif len(nodes) > 1 and any(count % size for count in nodes) and arr.rollout.name == "hf":
+        per_node = _node_words(config, nodes, "rollout" if one_step_off(config) else "trainer")
         errors.append(
-            f"{KEY}={size} does not divide {prefix}.n_gpus_per_node={section.n_gpus_per_node}: a group's ranks "
-            "must share a node, where its per-layer all-reduces stay off the network"
+            f"{KEY}={size} does not divide {per_node}: a group's ranks must share a node, where its per-layer "
+            "all-reduces stay off the network"
         )
     if arr.rollout.name == "vllm" and one_step_off(config):
         errors.append(
@@ -69,12 +79,12 @@ def training_tensor_parallel_errors(config: PPOTrainerConfig, with_critic: bool)
     if with_critic:
         critic = config.critic
         roles["critic.model"] = (critic.model.fsdp_config, critic.ulysses_sequence_parallel_size, critic.model)
-    world = num_processes(config)
     for prefix, (fsdp, ulysses, model) in roles.items():
+        world = sum(role_nodes(config, ROLE_OF_PREFIX[prefix]))
         errors += fsdp_size_errors(f"{prefix}.fsdp_config.fsdp_size", fsdp.fsdp_size, world, "training processes")
         errors += _role_errors(config, f"{prefix}.{TRAINING_KEY}", fsdp, ulysses, model)
     if config.reward_model.enable:
-        reward_fsdp = config.reward_model.model.fsdp_config.fsdp_size
+        reward_fsdp, world = config.reward_model.model.fsdp_config.fsdp_size, sum(role_nodes(config, "reward_model"))
         errors += fsdp_size_errors("reward_model.model.fsdp_config.fsdp_size", reward_fsdp, world, "processes")
     reward = config.reward_model.model.fsdp_config.tensor_parallel_size
     if config.reward_model.enable and reward != 1:
@@ -86,22 +96,23 @@ def training_tensor_parallel_errors(config: PPOTrainerConfig, with_critic: bool)
 
 
 def _role_errors(config: PPOTrainerConfig, key: str, fsdp: FSDPConfig, ulysses: int, model: ModelConfig) -> list[str]:
-    size, world = fsdp.tensor_parallel_size, num_processes(config)
+    role = key.split(".fsdp_config")[0]
+    size, nodes = fsdp.tensor_parallel_size, role_nodes(config, ROLE_OF_PREFIX[role])
+    world = sum(nodes)
     if size == 1:
         return []
     if size < 1:
         return [f"{key}={size} must be a positive integer (1: no tensor parallelism in training)"]
-    role = key.split(".fsdp_config")[0]
     errors = []
     if world % size:
         errors.append(
-            f"{key}={size} does not divide the {world} training processes (trainer.nnodes x "
-            f"trainer.n_gpus_per_node); choose a divisor of {world}"
+            f"{key}={size} does not divide the {world} training processes ({_pool_words(config)}); choose a "
+            f"divisor of {world}"
         )
-    elif config.trainer.nnodes > 1 and config.trainer.n_gpus_per_node % size:
+    elif len(nodes) > 1 and any(count % size for count in nodes):
         errors.append(
-            f"{key}={size} does not divide trainer.n_gpus_per_node={config.trainer.n_gpus_per_node}: a group's ranks "
-            "must share a node, where its per-layer all-reduces stay off the network"
+            f"{key}={size} does not divide {_node_words(config, nodes, 'trainer')}: a group's ranks must share a "
+            "node, where its per-layer all-reduces stay off the network"
         )
     if 0 < fsdp.fsdp_size < world // max(size, 1):
         errors.append(f"{role}.fsdp_config.fsdp_size={fsdp.fsdp_size} with {key}={size}: leave fsdp_size at -1")
@@ -110,6 +121,20 @@ def _role_errors(config: PPOTrainerConfig, key: str, fsdp: FSDPConfig, ulysses: 
     if model.lora_rank > 0 or getattr(model, "lora_adapter_path", None) is not None:
         errors.append(f"{key}={size} with a LoRA adapter: the adapter's layers are not split; set {key}=1")
     return errors + _head_errors(model.path, size, model.trust_remote_code, key)
+
+
+def _pool_words(config: PPOTrainerConfig) -> str:
+    """Where a role's processes come from, for an error line."""
+    if spells_no_layout(config):
+        return "trainer.nnodes x trainer.n_gpus_per_node"
+    return f"its pool of trainer.placement={config.trainer.placement}"
+
+
+def _node_words(config: PPOTrainerConfig, nodes: list[int], section: str) -> str:
+    """A pool's processes per node, for an error line."""
+    if section == "rollout" or spells_no_layout(config):
+        return f"{section}.n_gpus_per_node={nodes[0]}"
+    return f"the processes of its pool of trainer.placement={config.trainer.placement} on each node, {nodes}"
 
 
 def _head_errors(path: str, size: int, trust_remote_code: bool, key: str) -> list[str]:

@@ -84,3 +84,26 @@ def test_layouts_are_checked_against_the_run(base):
     # 4 prompts x 2 samples in mini-batches of 2 prompts: 3 actor ranks cannot share a mini-batch of 4 samples
     (batch,) = config_errors(base + PPO + ["trainer.placement=actor:3/critic:1"])
     assert batch.startswith("trainer.placement=actor:3/critic:1: actor_rollout_ref.actor")
+
+
+def test_parallel_sizes_are_checked_on_each_roles_pool(base):
+    split = [
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.fsdp_config.tensor_parallel_size=2",
+        "critic.model.fsdp_config.tensor_parallel_size=2",
+    ]
+    plan = build_plan(load_config(compose_config(base + PPO + split + ["trainer.placement=actor:2/critic:2"])), 16)
+    assert {name: pool.world_size for name, pool in plan.resources.pools.items()} == {"actor_pool": 2, "critic_pool": 2}
+    errors = config_errors(base + PPO + split + ["trainer.placement=actor:2/critic:1/ref:1"])
+    assert errors == [  # the reference follows the actor's split
+        f"{role}.fsdp_config.tensor_parallel_size=2 does not divide the 1 training processes (its pool of "
+        "trainer.placement=actor:2/critic:1/ref:1); choose a divisor of 1"
+        for role in ("actor_rollout_ref.ref", "critic.model")
+    ]
+    ulysses = ["critic.ulysses_sequence_parallel_size=2", "trainer.placement=actor:3/critic:1"]
+    assert any(
+        error.startswith("critic.ulysses_sequence_parallel_size=2 does not divide the 1 worker processes (its pool")
+        for error in config_errors(base + PPO + ulysses)
+    )
+    (auto,) = config_errors(base + PPO + split + ["trainer.placement=auto"])
+    assert auto.startswith("trainer.placement=auto: its candidates have no sequence or tensor parallel sizes")

@@ -106,3 +106,24 @@ def test_split_training_steps_equal_the_data_parallel_ones(ray_cluster, tiny_mod
     resumed, resumed_records = _trained_weights(base + resume, resumed_dir)
     assert all(resumed[name].equal(tensor) for name, tensor in weights.items())
     assert resumed_records[-1]["actor/pg_loss"] == records[-1]["actor/pg_loss"]
+
+
+def test_a_layout_of_split_pools_trains_as_the_colocated_run(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
+    """actor:2/critic:2 with the actor and the critic each split in halves (t = 2) and the rollout too: each role
+    computes on a pair of ranks as in the colocated run on 2 ranks, so the logged numbers are the same."""
+    base = two_rank_steps(tiny_model_dir, tiny_parquet, "gae", DENSE_REWARD) + [
+        "critic.ppo_mini_batch_size=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.fsdp_config.tensor_parallel_size=2",
+        "critic.model.fsdp_config.tensor_parallel_size=2",
+    ]
+    records = []
+    for placement, devices in (("colocated", 2), ("actor:2/critic:2", 4)):
+        run_dir = tmp_path / placement.replace("/", "_").replace(":", "")
+        overrides = [f"trainer.placement={placement}", f"trainer.n_gpus_per_node={devices}"]
+        records.append(_trained_weights(base + overrides + [f"trainer.default_local_dir={run_dir}"], run_dir)[1])
+    compared = ["actor/pg_loss", "critic/vf_loss", "critic/vf_clipfrac", names.stat(names.RESPONSE_LENGTH, "mean")]
+    colocated, layout = records
+    assert [[record[name] for name in compared] for record in layout] == [
+        [record[name] for name in compared] for record in colocated
+    ]
