@@ -32,10 +32,10 @@ from hybridflow.config.load import ConfigError
 from hybridflow.config.memory_estimate import ProcessEstimate, estimate, memory_errors, runtime_bytes
 from hybridflow.config.phases import Phase
 from hybridflow.config.placement import ROLLOUT_ROLE, ResourcePlan, layout_resource_plan, make_resource_plan
-from hybridflow.config.placement_options import placement_layout
 from hybridflow.config.profiler_options import ProfilePlan, profile_plan
 from hybridflow.config.resume_checks import resume_keys
 from hybridflow.config.reward_options import num_workers_notes
+from hybridflow.config.role_pools import placement_layout
 from hybridflow.config.rollout_correction_options import bypass_correction, correction_settings
 from hybridflow.config.rollout_pool_options import one_step_off
 from hybridflow.config.schema import (

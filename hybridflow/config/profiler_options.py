@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from hybridflow.config.phases import uses_critic
 from hybridflow.config.placement import ROLLOUT_ROLE
-from hybridflow.config.placement_options import placement_layout
+from hybridflow.config.role_pools import placement_layout
 from hybridflow.config.rollout_pool_options import one_step_off
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.distributed.profiler import CONTENTS, ProfilerConfig

@@ -23,11 +23,12 @@ from hybridflow.config.judge_options import judge_errors
 from hybridflow.config.local_mode import local_mode_errors
 from hybridflow.config.lora_options import lora_errors
 from hybridflow.config.phases import uses_critic
-from hybridflow.config.placement_options import placement_errors, spells_no_layout
+from hybridflow.config.placement_options import placement_errors
 from hybridflow.config.profiler_options import profiler_errors
 from hybridflow.config.range_checks import range_errors
 from hybridflow.config.resources import num_processes, resource_errors
 from hybridflow.config.reward_options import manager_names, reward_manager_errors
+from hybridflow.config.role_pools import spells_no_layout
 from hybridflow.config.rollout_correction_options import rollout_correction_errors
 from hybridflow.config.rollout_pool_options import rollout_pool_errors
 from hybridflow.config.schema import PPOTrainerConfig

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from hybridflow.config.phases import uses_reference
+from hybridflow.config.role_pools import processes_words, role_nodes
 from hybridflow.config.schema import PPOTrainerConfig
 
 ACTOR = "actor_rollout_ref.actor"
@@ -37,22 +38,15 @@ def sequence_parallel_sizes(config: PPOTrainerConfig, with_critic: bool) -> dict
 def sequence_parallel_errors(config: PPOTrainerConfig, with_critic: bool) -> list[str]:
     """Every Ulysses size that cannot run: not a divisor of its role's worker processes or of the model's
     attention heads, or a LoRA actor's reference (the actor's own model) split differently."""
-    # placement_options reads the batch rules, which read data_parallel_ranks from here
-    from hybridflow.config.placement_options import role_nodes, spells_no_layout
-
     errors = []
     for key, (size, path) in sequence_parallel_sizes(config, with_critic).items():
         world = sum(role_nodes(config, ROLE_OF_KEY[key]))
-        where = (
-            "trainer.nnodes x trainer.n_gpus_per_node"
-            if spells_no_layout(config)
-            else f"its pool of trainer.placement={config.trainer.placement}"
-        )
         if size < 1:
             errors.append(f"{key}={size} must be a positive integer (1: no sequence parallelism)")
         elif size > 1 and world % size:
             errors.append(
-                f"{key}={size} does not divide the {world} worker processes ({where}); choose a divisor of {world}"
+                f"{key}={size} does not divide the {world} worker processes ({processes_words(config)}); choose a "
+                f"divisor of {world}"
             )
         elif size > 1:
             errors += _head_errors(key, size, path, config.actor_rollout_ref.model.trust_remote_code)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hybridflow.config.fully_async_options import fully_async
 from hybridflow.config.phases import uses_reference
-from hybridflow.config.placement_options import role_nodes, spells_no_layout
+from hybridflow.config.role_pools import processes_words, role_nodes, spells_no_layout
 from hybridflow.config.rollout_pool_options import one_step_off
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.worker_start_checks import fsdp_size_errors
@@ -36,7 +36,7 @@ def tensor_parallel_errors(config: PPOTrainerConfig) -> list[str]:
             "rollout.nnodes x rollout.n_gpus_per_node",
         )
     else:
-        nodes, where = role_nodes(config, "actor_rollout_ref"), _pool_words(config)
+        nodes, where = role_nodes(config, "actor_rollout_ref"), processes_words(config)
     world = sum(nodes)
     errors = []
     if world % size:
@@ -106,7 +106,7 @@ def _role_errors(config: PPOTrainerConfig, key: str, fsdp: FSDPConfig, ulysses: 
     errors = []
     if world % size:
         errors.append(
-            f"{key}={size} does not divide the {world} training processes ({_pool_words(config)}); choose a "
+            f"{key}={size} does not divide the {world} training processes ({processes_words(config)}); choose a "
             f"divisor of {world}"
         )
     elif len(nodes) > 1 and any(count % size for count in nodes):
@@ -121,13 +121,6 @@ def _role_errors(config: PPOTrainerConfig, key: str, fsdp: FSDPConfig, ulysses: 
     if model.lora_rank > 0 or getattr(model, "lora_adapter_path", None) is not None:
         errors.append(f"{key}={size} with a LoRA adapter: the adapter's layers are not split; set {key}=1")
     return errors + _head_errors(model.path, size, model.trust_remote_code, key)
-
-
-def _pool_words(config: PPOTrainerConfig) -> str:
-    """Where a role's processes come from, for an error line."""
-    if spells_no_layout(config):
-        return "trainer.nnodes x trainer.n_gpus_per_node"
-    return f"its pool of trainer.placement={config.trainer.placement}"
 
 
 def _node_words(config: PPOTrainerConfig, nodes: list[int], section: str) -> str:

@@ -26,7 +26,8 @@ from typing import Callable
 from hybridflow.checkpoints.manager import CheckpointManager
 from hybridflow.config.layouts import Layout, candidate_layouts, colocated_layout
 from hybridflow.config.placement_cost import WORKER_PHASES, PhaseTimes, step_seconds
-from hybridflow.config.placement_options import devices, placement_errors, run_roles
+from hybridflow.config.placement_options import placement_errors
+from hybridflow.config.role_pools import devices, run_roles
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.tracking import metric_names as names
 
