@@ -9,16 +9,19 @@ the calibration measures like any other cluster's speeds.
 
 Per critic size (``--critic_layers``: the demo model's layers times this; a larger critic is a model of the demo's
 width with more layers, its weights random, which costs the same per step as a trained one):
-1. ``main_ppo ... trainer.placement=auto --plan``: the calibration, the ranked layouts with their simulated step
-   seconds, and the choice; nothing trained.
-2. every ranked layout run for ``--steps`` steps (``trainer.placement=<layout>``); measured: the mean
-   ``timing_s/step`` after the first ``--warmup`` steps.
-3. per layout: predicted and measured seconds and their ratio, and each run's process tree: wall and CPU seconds,
+1. ``main_ppo ... trainer.placement=auto --plan``: the calibration, the ranked plans (each layout with its roles'
+   fastest simulated splits: data, tensor or sequence parallel) with their simulated step seconds, and the choice;
+   nothing trained.
+2. every ranked plan run for ``--steps`` steps (its overrides: ``trainer.placement=<layout>`` and the parallel
+   sizes), then the plans of the colocated layout and of the chosen one with every role under one other split (a
+   tensor or sequence parallel size, the rollout's tensor parallel size with it), which auto simulated and did not
+   choose; measured: the mean ``timing_s/step`` after the first ``--warmup`` steps.
+3. per plan: predicted and measured seconds and their ratio, and each run's process tree: wall and CPU seconds,
    peak memory (the sum of its processes' resident memory, Ray's workers included, sampled every half second) and
-   the 1-minute load average at its start and end. Then whether auto's choice is the fastest measured layout or
+   the 1-minute load average at its start and end. Then whether auto's choice is the fastest measured plan or
    within 10% of it, and the largest prediction error (the target: 25%).
 
-Run: ``.venv/bin/python -m bench.bench_placement [--critic_layers 1,4] [--steps 6] [--keep]`` (about 6 minutes per
+Run: ``.venv/bin/python -m bench.bench_placement [--critic_layers 1,4] [--steps 6] [--keep]`` (about 10 minutes per
 critic size).
 """
 
@@ -39,6 +42,7 @@ import psutil
 
 from bench.bench_time_to_accuracy import REPO_DIR, work_folder
 from bench.bench_vs_trl import child_env, cpu_seconds
+from hybridflow.config.parallel_plans import GENERATION
 from hybridflow.demo import ensure_base_model, overrides, parse_args, write_task
 from hybridflow.distributed.ray_start_cluster import RayStartCluster
 from hybridflow.trainer.auto_placement import CHOICE_FILE
@@ -133,44 +137,66 @@ def measured_step(run_dir: pathlib.Path, warmup: int) -> float:
 def bench_critic(
     base_args: list[str], critic: pathlib.Path, work: pathlib.Path, args: Any, cluster: RayStartCluster
 ) -> list[dict]:
-    """Auto's ranking, then every ranked layout run; a row per layout."""
+    """Auto's ranking, then every ranked plan run, and the other splits of the colocated layout and of the chosen
+    one; a row per plan."""
     common = base_args + [f"critic.model.path={critic}", f"trainer.total_training_steps={args.steps}"]
     plan_dir = work / "auto"
     auto = ["trainer.placement=auto", f"trainer.default_local_dir={plan_dir}", "--plan"]
     usage = main_ppo(common + auto, work, "auto.log", cluster)
-    print(f"  auto ranked the layouts in {usage['wall_s']:.0f} s (calibration included)", flush=True)
-    ranked = json.loads((plan_dir / CHOICE_FILE).read_text())["ranked"]
+    print(f"  auto ranked the plans in {usage['wall_s']:.0f} s (calibration included)", flush=True)
+    record = json.loads((plan_dir / CHOICE_FILE).read_text())
+    runs = [(str(rank), entry) for rank, entry in enumerate(record["ranked"], start=1)]
+    runs += [("-", entry) for entry in other_splits(record)]
     rows = []
-    for rank, (layout, estimate) in enumerate(ranked, start=1):
-        run_dir = work / layout.replace("/", "_").replace(":", "").replace("+", "-")
-        print(f"  running {layout} for {args.steps} steps, load1 {os.getloadavg()[0]:.2f} ...", flush=True)
+    for number, (rank, entry) in enumerate(runs, start=1):
+        run_dir = work / f"plan{number}"
+        print(f"  running {entry['plan']} for {args.steps} steps, load1 {os.getloadavg()[0]:.2f} ...", flush=True)
         usage = main_ppo(
-            common + [f"trainer.placement={layout}", f"trainer.default_local_dir={run_dir}"],
-            work,
-            f"{rank}.log",
-            cluster,
+            common + entry["overrides"] + [f"trainer.default_local_dir={run_dir}"], work, f"{number}.log", cluster
         )
         measured = measured_step(run_dir, args.warmup)
-        rows.append({"layout": layout, "rank": rank, "predicted": estimate["step"], "measured": measured, **usage})
+        rows.append({"plan": entry["plan"], "rank": rank, "predicted": entry["seconds"]["step"], "measured": measured})
+        rows[-1].update(usage)
     return rows
+
+
+def other_splits(record: dict) -> list[dict]:
+    """The simulated plans of the colocated layout and of the chosen one in which each role takes one split where
+    its pool offers it (data parallel where not; the rollout that tensor parallel size, else data parallel), per
+    split offered, not ranked already."""
+    colocated = next(entry["layout"] for entry in record["ranked"] if "/" not in entry["layout"])
+    ranked = [entry["overrides"] for entry in record["ranked"]]
+    picked = []
+    for layout in dict.fromkeys([record["ranked"][0]["layout"], colocated]):
+        plans = [entry for entry in record["plans"] if entry["layout"] == layout]
+        offered = {owner: {entry["splits"][owner] for entry in plans} for owner in plans[0]["splits"]}
+        for split in sorted(set().union(*offered.values()) - {"dp"}):
+            wanted = {owner: split if _takes(owner, split, splits) else "dp" for owner, splits in offered.items()}
+            picked += [entry for entry in plans if entry["splits"] == wanted and entry["overrides"] not in ranked]
+    return picked
+
+
+def _takes(owner: str, split: str, offered: set[str]) -> bool:
+    return split in offered and (owner != GENERATION or split.startswith("tp"))
 
 
 def print_rows(rows: list[dict]) -> None:
     fastest = min(row["measured"] for row in rows)
+    width = max(len(row["plan"]) for row in rows) + 2
     print(
-        f"  {'layout':<24}{'auto rank':>10}{'predicted s':>13}{'measured s':>12}{'pred/meas':>11}{'vs fastest':>12}"
+        f"  {'plan':<{width}}{'auto rank':>10}{'predicted s':>13}{'measured s':>12}{'pred/meas':>11}{'vs fastest':>12}"
         f"{'wall s':>8}{'CPU s':>8}{'peak GiB':>10}{'load1':>12}"
     )
     for row in rows:
         print(
-            f"  {row['layout']:<24}{row['rank']:>10}{row['predicted']:>13.2f}{row['measured']:>12.2f}"
+            f"  {row['plan']:<{width}}{row['rank']:>10}{row['predicted']:>13.2f}{row['measured']:>12.2f}"
             f"{row['predicted'] / row['measured']:>11.2f}{row['measured'] / fastest:>12.2f}{row['wall_s']:>8.0f}"
             f"{row['cpu_s']:>8.0f}{row['peak_gib']:>10.2f}{row['load_start']:>6.1f}-{row['load_end']:.1f}"
         )
     chosen = rows[0]
     error = max(abs(row["predicted"] / row["measured"] - 1) for row in rows)
     print(
-        f"  auto chose {chosen['layout']}: measured {chosen['measured']:.2f} s, {chosen['measured'] / fastest:.2f}x "
+        f"  auto chose {chosen['plan']}: measured {chosen['measured']:.2f} s, {chosen['measured'] / fastest:.2f}x "
         f"the fastest measured (target <= 1.10); largest prediction error {100 * error:.0f}% (target <= 25%)"
     )
 
@@ -198,7 +224,7 @@ def main() -> None:
                 (work / f"x{layers}").mkdir()
                 rows = bench_critic(base_args, critic, work / f"x{layers}", args, cluster)
                 print_rows(rows)
-                chosen[layers] = rows[0]["layout"]
+                chosen[layers] = rows[0]["plan"]
             print(f"\nauto's choice per critic size: {chosen}")
         finally:
             cluster.stop()

@@ -2,7 +2,8 @@
 the auto-mapping algorithm estimates each placement's step by simulating its phases on their devices).
 
 The calibration (``trainer/auto_placement.py``) times every phase of the whole batch on a pool of each size a
-candidate has, alone on the cluster (``PhaseTimes``), and how much each rank slows when ``k`` ranks compute at once
+candidate has, under each split of its ranks (data, tensor or sequence parallel, ``config/parallel_plans.py``),
+alone on the cluster (``PhaseTimes``), and how much each rank slows when ``k`` ranks compute at once
 (``slowdown``: 1 on devices of their own, more where ranks share a machine's cores). The simulation runs the step in
 the driver's order: generation on the actor's pool; old log-probs, reference log-probs and values started together,
 each pool working through its own calls; advantages on the driver; the critic's and the actor's updates together;
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridflow.config.layouts import Layout
+from hybridflow.config.parallel_plans import DATA_PARALLEL, GENERATION, Plan
 from hybridflow.tracking import metric_names as names
 
 # Phase names as the trainer times them (``timing_s/<name>``)
@@ -21,23 +23,27 @@ GEN, OLD, REF, VALUES = names.PHASE_GEN, names.PHASE_OLD_LOG_PROB, names.PHASE_R
 UPDATE_CRITIC, UPDATE_ACTOR, SYNC = names.PHASE_UPDATE_CRITIC, names.PHASE_UPDATE_ACTOR, names.PHASE_UPDATE_WEIGHTS
 WORKER_PHASES = (GEN, SYNC, OLD, REF, VALUES, UPDATE_CRITIC, UPDATE_ACTOR)
 ROLE_OF_PHASE = {OLD: "actor_rollout_ref", REF: "ref", VALUES: "critic", UPDATE_CRITIC: "critic"}
+# Whose split a phase's time depends on: generation and the weight sync on the rollout's, the rest on their role's
+SPLIT_OF_PHASE = {GEN: GENERATION, SYNC: GENERATION, UPDATE_ACTOR: "actor_rollout_ref", **ROLE_OF_PHASE}
 
 
 @dataclass(frozen=True)
 class PhaseTimes:
     """Seconds of each worker phase of the step's batch on a pool of ``devices`` ranks alone on the cluster, per
-    calibrated ``devices``; ``driver``: the step's seconds on the driver (reward, advantages, the rest)."""
+    calibrated ``(devices, split)`` (a phase's time under the split of its owner, ``SPLIT_OF_PHASE``); ``driver``:
+    the step's seconds on the driver (reward, advantages, the rest)."""
 
-    by_devices: dict[int, dict[str, float]]
+    by_pool: dict[tuple[int, str], dict[str, float]]
     driver: float
 
-    def of(self, phase: str, devices: int) -> float:
-        return self.by_devices[devices].get(phase, 0.0)
+    def of(self, phase: str, devices: int, split: str = DATA_PARALLEL) -> float:
+        return self.by_pool[(devices, split)].get(phase, 0.0)
 
 
-def step_seconds(layout: Layout, times: PhaseTimes, slowdown: dict[int, float]) -> dict[str, float]:
+def step_seconds(plan: Plan, times: PhaseTimes, slowdown: dict[int, float]) -> dict[str, float]:
     """The step's simulated seconds and each stage's: ``generate``, ``log_probs`` (old, reference, values),
     ``updates`` (critic and actor), ``driver`` (advantages, reward and the rest) and ``step``."""
+    layout = plan.layout
     pool_of = {role: index for index, pool in enumerate(layout.pools) for role in pool.roles}
     actor = pool_of["actor_rollout_ref"]
 
@@ -45,7 +51,8 @@ def step_seconds(layout: Layout, times: PhaseTimes, slowdown: dict[int, float]) 
         queued: dict[int, float] = {}
         for phase in phases:
             pool = pool_of.get(ROLE_OF_PHASE.get(phase, "actor_rollout_ref"), actor)
-            queued[pool] = queued.get(pool, 0.0) + times.of(phase, layout.pools[pool].devices)
+            split = plan.split(SPLIT_OF_PHASE[phase])
+            queued[pool] = queued.get(pool, 0.0) + times.of(phase, layout.pools[pool].devices, split)
         return queued
 
     stages = {

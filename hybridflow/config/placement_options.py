@@ -8,6 +8,7 @@ import difflib
 from hybridflow.config.batch_sizes import batch_size_errors
 from hybridflow.config.fully_async_options import fully_async
 from hybridflow.config.layouts import Layout, LayoutError
+from hybridflow.config.parallel_plans import PARALLEL_KEYS, value_at
 from hybridflow.config.phases import uses_critic
 from hybridflow.config.role_pools import NAMED_PLACEMENTS, placement_layout
 from hybridflow.config.rollout_pool_options import one_step_off
@@ -33,15 +34,18 @@ def placement_errors(config: PPOTrainerConfig) -> list[str]:
         "trainer.local_mode=true runs every role in this process": trainer.local_mode,
         "a rollout pool of its own (one-step-off or fully async) is placed by rollout.*": one_step_off(config)
         or fully_async(config),
-        "its candidates have no sequence or tensor parallel sizes above 1 yet (a layout spelled out takes them)": (
-            placement == "auto" and _parallel_sizes(config)
-        ),
     }
     errors = [
         f"trainer.placement={placement}: {reason}; use trainer.placement=colocated or split"
         for reason, present in blockers.items()
         if present
     ]
+    if placement == "auto" and _parallel_sizes(config):
+        errors.append(
+            f"trainer.placement=auto chooses each role's tensor and sequence parallel sizes itself, but "
+            f"{', '.join(_parallel_sizes(config))} set; remove them, or spell out a layout (e.g. actor:2/critic:2) "
+            "to keep them"
+        )
     if layout is not None and not errors:
         errors += layout_batch_errors(config, layout)
     return errors
@@ -59,15 +63,7 @@ def layout_batch_errors(config: PPOTrainerConfig, layout: Layout) -> list[str]:
     return [f"trainer.placement={layout.spelled()}: {error}" for error in errors]
 
 
-def _parallel_sizes(config: PPOTrainerConfig) -> bool:
-    actor, critic = config.actor_rollout_ref.actor, config.critic
-    return any(
-        size > 1
-        for size in (
-            actor.ulysses_sequence_parallel_size,
-            actor.fsdp_config.tensor_parallel_size,
-            critic.ulysses_sequence_parallel_size,
-            critic.model.fsdp_config.tensor_parallel_size,
-            config.actor_rollout_ref.rollout.tensor_model_parallel_size,
-        )
-    )
+def _parallel_sizes(config: PPOTrainerConfig) -> list[str]:
+    """The parallel size keys set above 1, as ``key=size``."""
+    sizes = [f"{key}={value_at(config, key)}" for key in PARALLEL_KEYS]
+    return [size for size in sizes if int(size.partition("=")[2]) > 1]

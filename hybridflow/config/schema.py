@@ -167,7 +167,8 @@ class TrainerConfig(RunConfig):
     placement: str = option(
         "colocated",
         "colocated: every role in one process per device; split: one pool per role; a layout such as "
-        "actor+ref:2/critic:2 (pools of roles:devices); auto: the layout whose simulated step is fastest.",
+        "actor+ref:2/critic:2 (pools of roles:devices); auto: the layout and parallel sizes whose simulated step is "
+        "fastest.",
     )
     local_mode: bool = option(
         False,

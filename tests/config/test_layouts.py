@@ -106,4 +106,8 @@ def test_parallel_sizes_are_checked_on_each_roles_pool(base):
         for error in config_errors(base + PPO + ulysses)
     )
     (auto,) = config_errors(base + PPO + split + ["trainer.placement=auto"])
-    assert auto.startswith("trainer.placement=auto: its candidates have no sequence or tensor parallel sizes")
+    assert auto.startswith(
+        "trainer.placement=auto chooses each role's tensor and sequence parallel sizes itself, but "
+        "actor_rollout_ref.actor.fsdp_config.tensor_parallel_size=2, "
+    )
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=2 set; remove them" in auto

@@ -6,7 +6,14 @@ import json
 import pytest
 
 from hybridflow.config.load import load_config
-from hybridflow.trainer.auto_placement import CHOICE_FILE, resolve_auto_placement
+from hybridflow.config.parallel_plans import GENERATION
+from hybridflow.trainer.auto_placement import (
+    CHOICE_FILE,
+    layout_plans,
+    resolve_auto_placement,
+    runnable_options,
+    split_owners,
+)
 
 from .cli import run_cli
 from .helpers import compose_config, tiny_run_overrides
@@ -42,29 +49,64 @@ def test_plan_prints_the_ranked_layouts_and_trains_nothing(tiny_model_dir, tiny_
     run_dir = tmp_path / "run"
     result = run_cli(tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir) + AUTO + ["--plan"], tmp_path)
     record = json.loads((run_dir / CHOICE_FILE).read_text())
-    assert sorted(layout for layout, _ in record["ranked"]) == ["actor+critic:2", "actor:1/critic:1"]
-    steps = [estimate["step"] for _, estimate in record["ranked"]]
-    assert steps == sorted(steps) and all(step > 0 for step in steps) and record["chosen"] == record["ranked"][0][0]
+    assert sorted(entry["layout"] for entry in record["ranked"]) == ["actor+critic:2", "actor:1/critic:1"]
+    steps = [entry["seconds"]["step"] for entry in record["ranked"]]
+    assert steps == sorted(steps) and all(step > 0 for step in steps)
+    assert record["chosen"] == record["ranked"][0]["overrides"]
+    # on 2 ranks each of actor, reference and critic is dp, tp2 or sp2 and generation dp or tp2; 1 rank: dp
+    assert len(record["plans"]) == 3 * 3 * 3 * 2 + 1
+    calibrations = [line for line in result.stdout.splitlines() if "timing two steps on" in line]
+    assert [line.split("timing two steps on ")[1] for line in calibrations] == [
+        "1 rank(s), dp (1 of 4)",
+        "2 rank(s), dp (2 of 4)",
+        "2 rank(s), sp2 (3 of 4)",
+        "2 rank(s), tp2 (4 of 4)",
+    ]
     lines = ranked_lines(result.stdout)
-    assert len(lines) == 2 and lines[0].endswith("<- chosen") and record["chosen"] in lines[0]
+    chosen = record["ranked"][0]["layout"]
+    assert len(lines) == 2 and lines[0].endswith("<- chosen") and f" {chosen} (" in lines[0]
     pools = {"actor+critic:2": "pool global_pool: 2 process(es)", "actor:1/critic:1": "pool critic_pool: 1 process(es)"}
-    assert pools[record["chosen"]] in result.stdout
+    assert pools[chosen] in result.stdout
     assert not (run_dir / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow
-def test_a_resumed_run_keeps_the_layout_it_started_with(tiny_model_dir, tiny_parquet, tmp_path):
+def test_a_resumed_run_keeps_the_plan_it_started_with(tiny_model_dir, tiny_parquet, tmp_path):
     run_dir = tmp_path / "run"
     base = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir) + AUTO + ["trainer.save_freq=1"]
     first = run_cli(base + ["trainer.total_training_steps=1"], tmp_path)
-    chosen = json.loads((run_dir / CHOICE_FILE).read_text())["chosen"]
+    record = json.loads((run_dir / CHOICE_FILE).read_text())
     assert len(ranked_lines(first.stdout)) == 2
     # Another choice on file stands for a run that chose differently: the resumed run must not calibrate again
-    record = json.loads((run_dir / CHOICE_FILE).read_text())
-    other = next(layout for layout, _ in record["ranked"] if layout != chosen)
+    other = next(entry["overrides"] for entry in record["ranked"] if entry["overrides"] != record["chosen"])
     (run_dir / CHOICE_FILE).write_text(json.dumps({**record, "chosen": other}))
     second = run_cli(base + ["trainer.total_training_steps=2"], tmp_path)
-    assert f"trainer.placement=auto: {other}, as chosen when this run started" in second.stdout
+    assert f"trainer.placement=auto: {' '.join(other)}, as chosen when this run started" in second.stdout
     assert not ranked_lines(second.stdout) and "resumed from" in second.stdout
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
+
+
+def test_each_role_is_offered_the_splits_the_rules_allow_on_its_pool(base):
+    # the tiny model: 4 attention heads, 2 key-value heads; 4 devices on one node
+    config = load_config(compose_config(base + AUTO + ["trainer.n_gpus_per_node=4", "trainer.cpus_per_worker=0.25"]))
+    owners = split_owners(config)
+    assert owners == ["actor_rollout_ref", "ref", "critic", GENERATION]
+    options = {layout.spelled(): owned for layout, owned in runnable_options(config, owners).items()}
+    assert options["actor+critic:4"] == {
+        "actor_rollout_ref": ["dp", "tp2", "sp2", "sp4"],  # tp4 would split the 2 key-value heads
+        "ref": ["dp", "tp2", "sp2", "sp4"],
+        "critic": ["dp", "tp2", "sp2", "sp4"],
+        GENERATION: ["dp", "tp2"],
+    }
+    assert options["actor:1/ref:1/critic:2"] == {
+        "actor_rollout_ref": ["dp"],
+        "ref": ["dp"],
+        "critic": ["dp", "tp2", "sp2"],
+        GENERATION: ["dp"],
+    }
+    plans = layout_plans(
+        next(layout for layout in runnable_options(config, owners) if layout.spelled() == "actor:1/ref:1/critic:2"),
+        options["actor:1/ref:1/critic:2"],
+    )
+    assert [plan.sizes_spelled() for plan in plans] == ["dp", "critic tp2", "critic sp2"]
