@@ -58,8 +58,8 @@ def resolve_auto_placement(config: PPOTrainerConfig, start_ray: Callable[[], Non
     resumes = CheckpointManager(run_dir, trainer.resume_mode, trainer.resume_from_path).resume_dir(announce=False)
     if resumes is not None and saved.is_file():
         chosen = json.loads(saved.read_text())["chosen"]
-        print(f"[hybridflow] trainer.placement=auto: {' '.join(chosen)}, as chosen when this run started ({saved})")
-        return with_overrides(config, chosen)
+        print(f"[hybridflow] trainer.placement=auto: {chosen['plan']}, as chosen when this run started ({saved})")
+        return with_overrides(config, chosen["overrides"])
     owners = split_owners(config)
     options = runnable_options(config, owners)
     plans = [plan for layout, layout_options in options.items() for plan in layout_plans(layout, layout_options)]
@@ -73,16 +73,17 @@ def resolve_auto_placement(config: PPOTrainerConfig, start_ray: Callable[[], Non
     ranked = best_per_layout(config, simulated, owners)
     for line in ranking_lines(ranked, len(simulated)):
         print(f"[hybridflow] {line}", flush=True)
+    entries = [_entry(plan, seconds, owners) for plan, seconds in ranked]
     record = {
-        "chosen": ranked[0][0].overrides(owners),
-        "ranked": [_entry(plan, seconds, owners) for plan, seconds in ranked],
+        "chosen": entries[0],
+        "ranked": entries,
         "plans": [_entry(plan, seconds, owners) for plan, seconds in simulated],
     }
     run_dir.mkdir(parents=True, exist_ok=True)
     partial = saved.with_suffix(".tmp")  # renamed once whole: a kill mid-write leaves no half a choice
     partial.write_text(json.dumps(record, indent=1))
     partial.replace(saved)
-    return with_overrides(config, record["chosen"])
+    return with_overrides(config, entries[0]["overrides"])
 
 
 def split_owners(config: PPOTrainerConfig) -> list[str]:

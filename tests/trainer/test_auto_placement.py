@@ -1,10 +1,12 @@
-"""``trainer.placement=auto`` through ``main_ppo``: calibrated on the run's own Ray cluster, the layouts ranked and
-printed, the fastest run, and a resumed run kept on the layout its checkpoint was written under."""
+"""``trainer.placement=auto`` through ``main_ppo``: each role offered the splits the rules allow, calibrated on the
+run's own Ray cluster, the plans ranked and printed, the fastest run, and a resumed run kept on the plan its
+checkpoint was written under."""
 
 import json
 
 import pytest
 
+from bench.bench_placement import other_splits
 from hybridflow.config.load import load_config
 from hybridflow.config.parallel_plans import GENERATION
 from hybridflow.trainer.auto_placement import (
@@ -29,6 +31,8 @@ AUTO = [
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
     "critic.ppo_micro_batch_size_per_gpu=1",
 ]
+# A pool each layout's run starts with, as the run prints it
+POOLS = {"actor+critic:2": "global_pool: 2 process(es)", "actor:1/critic:1": "critic_pool: 1 process(es)"}
 
 
 def ranked_lines(stdout: str) -> list[str]:
@@ -52,7 +56,7 @@ def test_plan_prints_the_ranked_layouts_and_trains_nothing(tiny_model_dir, tiny_
     assert sorted(entry["layout"] for entry in record["ranked"]) == ["actor+critic:2", "actor:1/critic:1"]
     steps = [entry["seconds"]["step"] for entry in record["ranked"]]
     assert steps == sorted(steps) and all(step > 0 for step in steps)
-    assert record["chosen"] == record["ranked"][0]["overrides"]
+    assert record["chosen"] == record["ranked"][0]
     # on 2 ranks each of actor, reference and critic is dp, tp2 or sp2 and generation dp or tp2; 1 rank: dp
     assert len(record["plans"]) == 3 * 3 * 3 * 2 + 1
     calibrations = [line for line in result.stdout.splitlines() if "timing two steps on" in line]
@@ -65,9 +69,15 @@ def test_plan_prints_the_ranked_layouts_and_trains_nothing(tiny_model_dir, tiny_
     lines = ranked_lines(result.stdout)
     chosen = record["ranked"][0]["layout"]
     assert len(lines) == 2 and lines[0].endswith("<- chosen") and f" {chosen} (" in lines[0]
-    pools = {"actor+critic:2": "pool global_pool: 2 process(es)", "actor:1/critic:1": "pool critic_pool: 1 process(es)"}
-    assert pools[chosen] in result.stdout
+    assert f"pool {POOLS[chosen]}" in result.stdout
     assert not (run_dir / "metrics.jsonl").exists()
+    # bench_placement's passed-over plans: here the colocated layout's, every role under one split
+    one_split = {
+        "actor+critic:2 (actor sp2, ref sp2, critic sp2)",
+        "actor+critic:2 (actor tp2, ref tp2, critic tp2, generation tp2)",
+    }
+    ranked = {entry["plan"] for entry in record["ranked"]}
+    assert {entry["plan"] for entry in other_splits(record)} == one_split - ranked
 
 
 @pytest.mark.slow
@@ -78,10 +88,11 @@ def test_a_resumed_run_keeps_the_plan_it_started_with(tiny_model_dir, tiny_parqu
     record = json.loads((run_dir / CHOICE_FILE).read_text())
     assert len(ranked_lines(first.stdout)) == 2
     # Another choice on file stands for a run that chose differently: the resumed run must not calibrate again
-    other = next(entry["overrides"] for entry in record["ranked"] if entry["overrides"] != record["chosen"])
+    other = next(entry for entry in record["ranked"] if entry != record["chosen"])
     (run_dir / CHOICE_FILE).write_text(json.dumps({**record, "chosen": other}))
     second = run_cli(base + ["trainer.total_training_steps=2"], tmp_path)
-    assert f"trainer.placement=auto: {' '.join(other)}, as chosen when this run started" in second.stdout
+    assert f"trainer.placement=auto: {other['plan']}, as chosen when this run started" in second.stdout
+    assert f"pool {POOLS[other['layout']]}" in second.stdout
     assert not ranked_lines(second.stdout) and "resumed from" in second.stdout
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
