@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridflow.config.layouts import Layout
-from hybridflow.config.parallel_plans import DATA_PARALLEL, GENERATION, Plan
+from hybridflow.config.parallel_plans import GENERATION, Plan
 from hybridflow.tracking import metric_names as names
 
 # Phase names as the trainer times them (``timing_s/<name>``)
@@ -36,7 +36,7 @@ class PhaseTimes:
     by_pool: dict[tuple[int, str], dict[str, float]]
     driver: float
 
-    def of(self, phase: str, devices: int, split: str = DATA_PARALLEL) -> float:
+    def of(self, phase: str, devices: int, split: str) -> float:
         return self.by_pool[(devices, split)].get(phase, 0.0)
 
 

@@ -40,10 +40,11 @@ def placement_errors(config: PPOTrainerConfig) -> list[str]:
         for reason, present in blockers.items()
         if present
     ]
-    if placement == "auto" and _parallel_sizes(config):
+    parallel_sizes = _parallel_sizes(config) if placement == "auto" else []
+    if parallel_sizes:
         errors.append(
             f"trainer.placement=auto chooses each role's tensor and sequence parallel sizes itself, but "
-            f"{', '.join(_parallel_sizes(config))} set; remove them, or spell out a layout (e.g. actor:2/critic:2) "
+            f"{', '.join(parallel_sizes)} set; remove them, or spell out a layout (e.g. actor:2/critic:2) "
             "to keep them"
         )
     if layout is not None and not errors:

@@ -5,6 +5,7 @@ checked before any worker starts, one line each naming the key and the fix."""
 from __future__ import annotations
 
 from hybridflow.config.fully_async_options import fully_async
+from hybridflow.config.parallel_plans import GENERATION_KEY
 from hybridflow.config.phases import uses_reference
 from hybridflow.config.role_pools import processes_words, role_nodes, spells_no_layout
 from hybridflow.config.rollout_pool_options import one_step_off
@@ -12,7 +13,7 @@ from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.worker_start_checks import fsdp_size_errors
 from hybridflow.workers.config import FSDPConfig, ModelConfig
 
-KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+KEY = GENERATION_KEY
 TRAINING_KEY = "fsdp_config.tensor_parallel_size"
 ROLE_OF_PREFIX = {
     "actor_rollout_ref.actor": "actor_rollout_ref",

@@ -179,24 +179,26 @@ def calibrate(config: PPOTrainerConfig, options: dict[Layout, Options]) -> tuple
 def calibrate_phases(config: PPOTrainerConfig, pools: list[tuple[int, str]]) -> PhaseTimes:
     """Each phase's seconds on a pool of each ``(size, split)`` in ``pools``, alone on the cluster: two steps of
     the run with every role on the pool's ranks, the second timed."""
+    owners = split_owners(config)
+    together = [role for role in run_roles(config) if role != "ref"]
+    layouts = {size: colocated_layout(together, size) for size, _ in pools}
+    options = {size: _owner_options(config, layout, owners) for size, layout in layouts.items()}
     by_pool, driver = {}, 0.0
     for number, (size, split) in enumerate(pools, start=1):
         progress = f"timing two steps on {size} rank(s), {split} ({number} of {len(pools)})"
         print(f"[hybridflow] trainer.placement=auto: {progress}", flush=True)
-        by_pool[(size, split)], outside = _calibration_step(_calibration_config(config, size, split))
+        splits = tuple((owner, split) for owner in owners if split in options[size][owner])
+        calibration = _calibration_config(config, Plan(layouts[size], splits).overrides(owners))
+        by_pool[(size, split)], outside = _calibration_step(calibration)
         if (size, split) == pools[0]:
             driver = outside
     return PhaseTimes(by_pool, driver)
 
 
-def _calibration_config(config: PPOTrainerConfig, size: int, split: str) -> PPOTrainerConfig:
-    """Two steps of the run with every role on the first ``size`` devices, each under ``split`` where the rules
-    let it take it, nothing validated or saved."""
-    together = colocated_layout([role for role in run_roles(config) if role != "ref"], size)
-    owners = split_owners(config)
-    options = _owner_options(config, together, owners)
-    splits = tuple((owner, split) for owner in owners if split in options[owner])
-    calibration = with_overrides(config, Plan(together, splits).overrides(owners))
+def _calibration_config(config: PPOTrainerConfig, plan_overrides: list[str]) -> PPOTrainerConfig:
+    """Two steps of the run under the plan ``plan_overrides`` spells (every role on one pool, each under one
+    split where the rules let it take it), nothing validated or saved."""
+    calibration = with_overrides(config, plan_overrides)
     trainer = calibration.trainer
     trainer.total_training_steps, trainer.val_before_train, trainer.test_freq, trainer.save_freq = 2, False, -1, -1
     trainer.logger, trainer.resume_mode = ["jsonl"], "disable"
