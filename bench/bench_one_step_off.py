@@ -1,4 +1,5 @@
-"""One-step-off and fully async training against the synchronous hybrid engine on ``make demo``'s task, side by side.
+"""The asynchronous modes (one-step-off, fully async, V1 colocate_async) against the synchronous hybrid engine on
+``make demo``'s task, side by side.
 
 All train the demo's recipe (``python -m hybridflow.demo``: its model, sorting prompts, 32 prompts x 8 samples,
 lr schedule over ``--steps`` steps, greedy validation every ``--test_freq`` steps):
@@ -12,12 +13,18 @@ lr schedule over ``--steps`` steps, greedy validation every ``--test_freq`` step
 - ``fully_async``: the same two pools with ``async_training.enable=true``: the rollout pool generates 16 prompts
   per call into a queue, a step trains on 32 of them, the weights are synced every step
   (``trigger_parameter_sync_step=1``, so save and test frequencies stay in steps), and ``staleness_threshold=0.5``
-  lets at most 48 prompts start per weight version: about half of each step's samples are one version old.
+  lets at most 48 prompts start per weight version: about half of each step's samples are one version old;
+- ``colocate_async``: verl's V1 mode (``trainer.v1.trainer_mode=colocate_async``, one warm-up batch) in the demo's
+  one process: 64 prompt groups in flight, a step trains on the first 32 to finish and the rest go on after its
+  weight sync (partial rollout); bypass mode with the engine's log-probs, as the other asynchronous modes;
+- ``sync_bypass``: the synchronous demo with that bypass mode alone, to tell the mode's effect from bypass mode's.
 
 Time is training seconds (the sum of ``timing_s/step``: validation and checkpoints excluded on all sides, as in
-``bench_time_to_accuracy``). Per seed: the synchronous run's final accuracy, the training seconds at which each
-other run's validation first comes within ``--within`` of it, and their ratio (target <= 0.7 for one-step-off);
-with several seeds the median. Each run's whole process (start-up, validation and checkpoints included) is reported
+``bench_time_to_accuracy``). Per seed, the target is the synchronous run's final accuracy less ``--within``; the
+training seconds at which each run's validation first reaches it, the synchronous run's included, and their ratio
+(target <= 0.7 for one-step-off); with several seeds the median. (Until 2026-11-29 the ratio was over the
+synchronous run's whole training time, which favoured the other side: the synchronous run reaches the target before
+its end too.) Each run's whole process (start-up, validation and checkpoints included) is reported
 too: wall seconds, CPU seconds of its process tree (Ray's processes included, sampled every half second), the
 1-minute load average at its start and end.
 Run: ``.venv/bin/python -m bench.bench_one_step_off [--seeds 0,1,2] [--steps 150] [--systems sync,fully_async]``
@@ -57,7 +64,15 @@ FULLY_ASYNC = ONE_STEP_OFF + [
     "async_training.staleness_threshold=0.5",
     "async_training.concurrent_samples_per_replica=16",
 ]
-SYSTEMS = {"sync": [], "one_step_off": ONE_STEP_OFF, "fully_async": FULLY_ASYNC}
+BYPASS = ["actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.bypass_mode=true"]
+COLOCATE_ASYNC = ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=1", *BYPASS]
+SYSTEMS = {
+    "sync": [],
+    "one_step_off": ONE_STEP_OFF,
+    "fully_async": FULLY_ASYNC,
+    "colocate_async": COLOCATE_ASYNC,
+    "sync_bypass": BYPASS,
+}
 POLL_S = 0.5
 
 
@@ -113,22 +128,33 @@ def run_demo(system: str, seed: int, args: argparse.Namespace, run_dir: pathlib.
 
 
 def compare(sync: dict[str, Any], other: dict[str, Any], within: float) -> dict[str, Any]:
+    """``other``'s first training seconds within ``within`` of ``sync``'s final accuracy, over ``sync``'s whole run
+    (``bench_judge``'s measure; it favours ``other``, as ``sync`` reaches that accuracy before its end too)."""
     final = sync["points"][-1]
     reached = first_reaching(other["points"], final["acc"] - within)
     ratio = reached["training_s"] / final["training_s"] if reached else float("inf")
     return {"target": final["acc"], "sync_s": final["training_s"], "reached": reached, "ratio": ratio}
 
 
-def print_comparison(system: str, comparison: dict[str, Any], within: float) -> None:
-    reached = comparison["reached"]
-    target = f"{100 * comparison['target']:.1f}% (within {100 * within:.0f} points)"
+def compare_first_reached(sync: dict[str, Any], other: dict[str, Any], within: float) -> dict[str, Any]:
+    """The target (the synchronous run's final accuracy less ``within``) and the training seconds at which each of
+    the two runs first reached it: the ratio compares like with like."""
+    target = sync["points"][-1]["acc"] - within
+    reached, sync_reached = first_reaching(other["points"], target), first_reaching(sync["points"], target)
+    ratio = reached["training_s"] / sync_reached["training_s"] if reached else float("inf")
+    return {"target": target, "sync": sync_reached, "reached": reached, "ratio": ratio}
+
+
+def print_comparison(system: str, comparison: dict[str, Any]) -> None:
+    reached, sync = comparison["reached"], comparison["sync"]
+    target = f"{100 * comparison['target']:.1f}% (the synchronous final accuracy less the margin)"
     if reached is None:
-        print(f"  {system} never reached the synchronous final accuracy {target}")
+        print(f"  {system} never reached {target}")
     else:
         print(
-            f"  {system} reached the synchronous final accuracy {target} at step {reached['step']}, after "
-            f"{reached['training_s']:.0f} training s: {comparison['ratio']:.2f}x the synchronous run's "
-            f"{comparison['sync_s']:.0f} s"
+            f"  {system} first reached {target} at step {reached['step']}, after {reached['training_s']:.0f} "
+            f"training s; the synchronous run at step {sync['step']}, after {sync['training_s']:.0f} s: "
+            f"{comparison['ratio']:.2f}x"
         )
 
 
@@ -158,12 +184,13 @@ def main() -> None:
                 results[system] = run_demo(system, seed, args, run_dir)
             print_runs(seed, results, width=12)
             for system in systems[1:]:
-                comparison = compare(results["sync"], results[system], args.within)
-                print_comparison(system, comparison, args.within)
+                comparison = compare_first_reached(results["sync"], results[system], args.within)
+                print_comparison(system, comparison)
                 ratios[system].append(comparison["ratio"])
         for system, values in ratios.items():
             print(
-                f"\n== {system} training time to the synchronous final accuracy, over the synchronous run's: median "
+                f"\n== {system} training time to the synchronous final accuracy (less the margin), over the "
+                f"synchronous run's time to it: median "
                 f"{statistics.median(values):.2f}x over {len(values)} seed(s) "
                 f"({', '.join(f'{r:.2f}x' for r in values)}; target <= 0.7x)"
             )

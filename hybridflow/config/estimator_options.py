@@ -56,3 +56,9 @@ def estimator_option_errors(config: PPOTrainerConfig) -> list[str]:
             "set actor_rollout_ref.actor.calculate_sum_pi_squared=true"
         )
     return errors
+
+
+def greedy_baseline(config: PPOTrainerConfig) -> bool:
+    """ReMax (arXiv 2310.10505): the estimator reads the reward of a greedy response per prompt."""
+    estimator = config.algorithm.adv_estimator
+    return estimator in ADV_ESTIMATORS and "reward_baselines" in ADV_ESTIMATORS.traits(estimator)["requires"]

@@ -21,6 +21,7 @@ from hybridflow.config.rollout_pool_options import unread_pool_options
 from hybridflow.config.rules import semantic_errors
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.typed import accepted_forms, to_dataclass, unknown_key_errors
+from hybridflow.config.v1_trainer_options import unread_v1_options
 from hybridflow.config.verl_compat import split_compat, unread_engine_options
 from hybridflow.errors import HybridflowError
 
@@ -70,5 +71,5 @@ def load_config_with_notes(
     if errors:
         raise ConfigError(errors)
     unread = unread_engine_options(typed) + unread_sync_check(typed) + unread_pool_options(typed)
-    unread += unread_async_options(typed) + unread_profiler_options(typed)
+    unread += unread_async_options(typed) + unread_v1_options(typed) + unread_profiler_options(typed)
     return typed, compat.unread + unread

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridflow.algos.advantage_registry import ADV_ESTIMATORS
+from hybridflow.config.estimator_options import greedy_baseline
 from hybridflow.config.exact_skips import old_log_prob_skip_blockers, skips_old_log_prob, skips_zero_signal_samples
 from hybridflow.config.fully_async_options import (
     concurrent_samples,
@@ -24,6 +25,7 @@ from hybridflow.config.reward_options import reward_manager_traits
 from hybridflow.config.rollout_correction_options import corrects_in_driver, uses_bypass
 from hybridflow.config.rollout_pool_options import one_step_off, rollout_pool_processes
 from hybridflow.config.schema import PPOTrainerConfig
+from hybridflow.config.v1_trainer_options import colocate_async
 
 __all__ = ["Phase", "phases", "skips_zero_signal_samples", "step_prompts", "uses_critic", "uses_reference"]
 
@@ -68,12 +70,6 @@ def corrects_batch(config: PPOTrainerConfig) -> bool:
     return engine_log_probs and not uses_bypass(config) and not skips_old_log_prob(config)
 
 
-def greedy_baseline(config: PPOTrainerConfig) -> bool:
-    """ReMax (arXiv 2310.10505): the estimator reads the reward of a greedy response per prompt."""
-    estimator = config.algorithm.adv_estimator
-    return estimator in ADV_ESTIMATORS and "reward_baselines" in ADV_ESTIMATORS.traits(estimator)["requires"]
-
-
 def streamed_reward(config: PPOTrainerConfig) -> bool:
     """Phase 2 scores each sample as the rollout hands it over: a manager that scores samples one by one, and no
     reward model."""
@@ -112,6 +108,12 @@ def _generation(config: PPOTrainerConfig) -> str:
         where = (
             f"on a rollout pool of its own ({rollout_pool_processes(config)} process(es)) one step ahead: each "
             "step trains on samples of the weights before its previous update"
+        )
+    elif colocate_async(config):
+        warmup = config.trainer.v1.colocate_async.num_warmup_batches
+        where = (
+            f"in the actor's processes (hybrid engine), verl's V1 colocate_async: {1 + warmup} batch(es) of prompts "
+            "in flight, each step trains on the first groups to finish and the rest go on after its weight sync"
         )
     else:
         where = "in the actor's processes (hybrid engine)"

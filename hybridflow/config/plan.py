@@ -47,9 +47,10 @@ from hybridflow.config.schema import (
     TrainerConfig,
 )
 from hybridflow.config.sizes import sizes
+from hybridflow.config.v1_trainer_options import colocate_async
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig, warmup_steps
 
-SYNC, ONE_STEP_OFF, FULLY_ASYNC = "synchronous", "one-step-off", "fully async"
+SYNC, ONE_STEP_OFF, FULLY_ASYNC, COLOCATE_ASYNC = "synchronous", "one-step-off", "fully async", "colocate async"
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,14 @@ class RunPlan:
     bucket_megabytes: float
     # Each pool's process at its peak (``config/memory_estimate.py``); None where a model folder is not here.
     memory: tuple[ProcessEstimate, ...] | None = None
+
+
+def _mode(config: PPOTrainerConfig) -> str:
+    if fully_async(config):
+        return FULLY_ASYNC
+    if one_step_off(config):
+        return ONE_STEP_OFF
+    return COLOCATE_ASYNC if colocate_async(config) else SYNC
 
 
 def build_plan(config: PPOTrainerConfig, train_prompts: int) -> RunPlan:
@@ -177,7 +186,7 @@ def _layout(config: PPOTrainerConfig) -> dict[str, Any]:
     )
     actor_pool = resources.role_pool["actor_rollout_ref"]
     return {
-        "mode": FULLY_ASYNC if fully_async(config) else ONE_STEP_OFF if one_step_off(config) else SYNC,
+        "mode": _mode(config),
         "local": trainer.local_mode,
         "resources": resources,
         "worker_roles": worker_roles,

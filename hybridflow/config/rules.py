@@ -34,6 +34,7 @@ from hybridflow.config.rollout_pool_options import rollout_pool_errors
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.sequence_parallel_options import sequence_parallel_errors
 from hybridflow.config.tensor_parallel_options import tensor_parallel_errors, training_tensor_parallel_errors
+from hybridflow.config.v1_trainer_options import v1_errors
 from hybridflow.config.worker_start_checks import worker_start_errors
 from hybridflow.data.truncation import TRUNCATION_MODES
 from hybridflow.rollout.config import ENGINE_NAMES, RolloutConfigError
@@ -60,6 +61,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + local_mode_errors(config)
         + rollout_pool_errors(config)
         + fully_async_errors(config)
+        + v1_errors(config)
         + resource_errors(config)
         + reward_manager_errors(config)
         + estimator_option_errors(config)

@@ -152,6 +152,45 @@ class RunConfig:
 
 
 @dataclass
+class ColocateAsyncConfig:
+    """``trainer.v1.colocate_async``: generation and training on the same processes, taking turns."""
+
+    num_warmup_batches: int = option(
+        1,
+        "Batches of prompts started before the first step, beyond the one each step adds: a step trains on the "
+        "first train_batch_size prompt groups to finish, and the rest go on after its weight sync.",
+    )
+
+
+@dataclass
+class OffPolicySamplerConfig:
+    """``trainer.v1.sampler``: how many weight versions a prompt group may span before it is trained on."""
+
+    max_off_policy_threshold: Optional[int] = option(
+        8, "Span of a prompt group, at most: the step that trains it less the step that started it, plus 1; null: any."
+    )
+    max_off_policy_strategy: str = option(
+        "drop",
+        "drop: a finished group past the threshold is dropped and a new prompt replaces it; wait: a step waits "
+        "for every unfinished group that reached it.",
+    )
+
+
+@dataclass
+class TrainerV1Config:
+    """verl's V1 trainer modes (``trainer.v1``)."""
+
+    trainer_mode: str = option(
+        "sync",
+        "sync: generate, then train; colocate_async: the same processes, with partial rollout across steps "
+        "(verl's V1 colocate_async); separate_async is not in hybridflow (async_training.enable is its fully "
+        "async mode).",
+    )
+    colocate_async: ColocateAsyncConfig = section(ColocateAsyncConfig, "colocate_async's warm-up.")
+    sampler: OffPolicySamplerConfig = section(OffPolicySamplerConfig, "The asynchronous modes' staleness limit.")
+
+
+@dataclass
 class TrainerConfig(RunConfig):
     """The run: length, placement, logging, validation and checkpoints (``trainer``)."""
 
@@ -200,6 +239,7 @@ class TrainerConfig(RunConfig):
     peak_flops_per_device: Optional[float] = option(
         None, "Peak FLOP/s of one worker for perf/mfu/actor; None measures a matmul on CPU, skips MFU on GPU."
     )
+    v1: TrainerV1Config = section(TrainerV1Config, "verl's V1 trainer modes: sync or colocate_async.")
 
 
 @dataclass

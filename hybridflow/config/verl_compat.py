@@ -149,7 +149,8 @@ RULES: tuple[Rule, ...] = (
     _lacks("trainer.default_hdfs_dir", "copying checkpoints to HDFS"),
     _lacks("trainer.esi_redundant_time", "extra checkpoint saves before an elastic instance expires (ESI)"),
     _lacks("trainer.del_local_ckpt_after_load", "deleting local checkpoints after loading them"),
-    _lacks("trainer.v1.trainer_mode", "verl's v1 asynchronous trainer modes (hybridflow's are its async entry points)"),
+    _lacks("trainer.v1.sampler.custom_sampler.path", "custom replay-buffer samplers"),
+    _lacks("trainer.v1.sampler.sampler_kwargs", "custom replay-buffer samplers"),
     _lacks("data.image_*", MULTIMODAL),
     _lacks("data.video_key", MULTIMODAL),
     _lacks("data.audio_key", MULTIMODAL),
@@ -281,8 +282,14 @@ RULES: tuple[Rule, ...] = (
     _lacks("*profiler.tool_config.torch.profile_token_*", "a rollout trace of a window of response tokens"),
     _moot("*profiler.tool_config.*", "a profiler tool other than torch"),
     _moot("global_profiler.global_tool_config.*", "a global_profiler.tool other than torch"),
-    _unread("trainer.use_v1", "verl's legacy and v1 trainers run the same synchronous PPO; hybridflow has one"),
-    _moot("trainer.v1.*", "a trainer.v1.trainer_mode other than sync"),
+    _unread("trainer.use_v1", "hybridflow has one trainer; trainer.v1.trainer_mode picks its mode either way"),
+    _moot("trainer.v1.separate_async.*", "trainer.v1.trainer_mode=separate_async"),
+    _moot("trainer.v1.sampler.custom_sampler.*", "trainer.v1.sampler.custom_sampler.path"),
+    _unread("trainer.v1.sync", "verl's sync trainer mode has no settings"),
+    _unread(
+        "trainer.v1.sampler.sync_refill_failed_groups",
+        "a failed generation stops a hybridflow run, so no prompt group is left without samples to replace",
+    ),
     _unread("trainer.ray_wait_register_center_timeout", VLLM_SERVER),
 )
 

@@ -28,7 +28,7 @@ from hybridflow.protocol import DataProto, Part, join_parts
 from hybridflow.protocol.columns import PROMPT_KEYS
 from hybridflow.registry import Registry
 from hybridflow.rollout.agent_loop import AgentLoop
-from hybridflow.rollout.config import RolloutConfig
+from hybridflow.rollout.config import RolloutConfig, SamplingParams
 from hybridflow.rollout.requests import GenerationRequest, GenerationResult
 from hybridflow.rollout.sequences import build_requests, pack_outputs, prompt_token_lists
 
@@ -166,12 +166,7 @@ class RolloutEngine(ABC):
         meta = prompts.meta_info
         validate = bool(meta.get("validate", False))
         n = self.config.val_kwargs.n if validate else self.config.n
-        sampling = self.config.sampling(validate=validate)
-        if "do_sample" in meta:
-            sampling.do_sample = bool(meta["do_sample"])
-        if meta.get("eos_token_id") is not None:
-            eos = meta["eos_token_id"]
-            sampling.stop_token_ids += list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        sampling = self.call_sampling(meta)
         # The driver sends the seed of each call so a resumed run samples as an uninterrupted one would;
         # first_prompt_index places this data-parallel shard's rows in the global batch.
         seed = int(meta["seed"]) if "seed" in meta else self.config.seed + self._calls
@@ -198,6 +193,16 @@ class RolloutEngine(ABC):
                 prompt_rows, outputs, 1, self.config.response_length, pad_id, with_log_probs, versions
             )
             yield Part(DataProto.from_dict(tensors), rows, total)
+
+    def call_sampling(self, meta: dict[str, Any]) -> SamplingParams:
+        """The sampling of a call with ``meta_info`` ``meta`` (``validate``, ``do_sample``, ``eos_token_id``)."""
+        sampling = self.config.sampling(validate=bool(meta.get("validate", False)))
+        if "do_sample" in meta:
+            sampling.do_sample = bool(meta["do_sample"])
+        if meta.get("eos_token_id") is not None:
+            eos = meta["eos_token_id"]
+            sampling.stop_token_ids += list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        return sampling
 
     @property
     def agent_loop(self) -> AgentLoop:

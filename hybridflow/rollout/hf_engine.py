@@ -24,6 +24,7 @@ from hybridflow.models.weight_checksum import group_checksum
 from hybridflow.rollout.base import ROLLOUT_ENGINES, RolloutEngine
 from hybridflow.rollout.batched_decoder import BatchedDecoder
 from hybridflow.rollout.config import SPLIT_ENGINE_REFUSES_REQUESTS, RolloutConfig
+from hybridflow.rollout.partial_samples import PartialSample, continue_samples
 from hybridflow.rollout.requests import GenerationRequest, GenerationResult
 from hybridflow.rollout.scheduler import DecodePool, DecodeScheduler
 from hybridflow.rollout.tensor_parallel import GroupDecoding
@@ -131,6 +132,16 @@ class HFRolloutEngine(RolloutEngine):
                     finished = []
         finally:
             concurrent.futures.wait(futures)  # a group's pooled batch: the decoder idle before the caller goes on
+
+    def continue_samples(
+        self, samples: list[PartialSample], groups_needed: int, meta: dict[str, Any]
+    ) -> list[PartialSample]:
+        """Partial rollout (``rollout/partial_samples.py``): the unfinished ``samples`` go on until
+        ``groups_needed`` of their prompt groups (and every required one) have finished; the rest are aborted at
+        the decode step where that holds and keep what they drew. ``meta``: the call's ``meta_info`` (its sampling)."""
+        if self.group is not None:
+            raise TensorParallelError(SPLIT_ENGINE_REFUSES_REQUESTS)
+        return continue_samples(samples, self.call_sampling(meta), groups_needed, self._scheduler.schedulers)
 
     def _submit(self, requests: list[GenerationRequest]) -> tuple[list[concurrent.futures.Future], range]:
         """Queue ``requests`` (pooled with the rest of a tensor-parallel group's); the futures and where this

@@ -9,6 +9,7 @@ from hybridflow.rollout.config import SamplingParams
 FINISH_EOS = "eos"  # the tokenizer's EOS (or a stop token id) was generated
 FINISH_STOP = "stop"  # a stop string appeared in the generated text
 FINISH_LENGTH = "length"  # max_new_tokens was reached
+FINISH_ABORT = "abort"  # ended by ``abort()`` before finishing (the V1 trainers' partial rollout continues it)
 
 
 @dataclass

@@ -3,7 +3,10 @@
 A ``DecodeScheduler`` runs one decoder on one thread: each loop iteration admits waiting requests (up to
 ``max_num_seqs`` rows in flight), then runs one decode step for every row, so requests submitted concurrently
 (e.g. by the agent loop's coroutines) share forwards. ``paused()`` holds the model between steps, for loading new
-weights without stopping in-flight requests.
+weights without stopping in-flight requests. A submission's ``stop_when`` rule, checked by the decode thread after
+each step that finished a request, ends every request still waiting or decoding once it holds, each future
+resolving to the tokens drawn so far (finish reason ``abort``; the V1 trainers' partial rollout continues them
+later): the decode steps, not the caller's timing, decide where it stops.
 
 A ``DecodePool`` runs several schedulers over one model, each thread with its share of the torch threads, and
 gives each its share of the requests (a prompt's samples stay together, so it is still prefilled once). On a CPU
@@ -19,12 +22,12 @@ import threading
 from collections import deque
 from concurrent.futures import Future
 from contextlib import ExitStack, contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
 from hybridflow.rollout.batched_decoder import BatchedDecoder, Sequence
-from hybridflow.rollout.requests import GenerationRequest
+from hybridflow.rollout.requests import FINISH_ABORT, GenerationRequest
 
 
 class EngineAsleepError(RuntimeError):
@@ -41,6 +44,7 @@ class DecodeScheduler:
         self._condition = threading.Condition()
         self._model_lock = threading.RLock()
         self._stopping = False
+        self._stop_when: Callable[[], bool] | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -78,13 +82,17 @@ class DecodeScheduler:
         """Queue ``request``; the returned future resolves to its ``GenerationResult``."""
         return self.submit_all([request])[0]
 
-    def submit_all(self, requests: list[GenerationRequest]) -> list[Future]:
+    def submit_all(
+        self, requests: list[GenerationRequest], stop_when: Callable[[], bool] | None = None
+    ) -> list[Future]:
         """Queue ``requests`` at once, so they are admitted together (and the samples of one prompt prefill it
-        once); one future per request, in order."""
+        once); one future per request, in order. ``stop_when``: see the module docstring (it replaces the rule of
+        an earlier submission)."""
         futures = [Future() for _ in requests]
         with self._condition:
             if not self.running or self._stopping:
                 raise EngineAsleepError("the rollout engine is asleep (sleep() was called); call engine.wake() first")
+            self._stop_when = stop_when
             for request, future in zip(requests, futures):
                 sequence = self.decoder.new_sequence(request)
                 self._futures[id(sequence)] = future
@@ -120,12 +128,26 @@ class DecodeScheduler:
                     continue
             for sequence in finished:
                 self._futures.pop(id(sequence)).set_result(sequence.result())
+            if finished and self._stop_when is not None and self._stop_when():
+                self._end_all()
 
     def _admit(self) -> list[Sequence]:
         if not self.decoder.can_merge:
             return []
         room = self.max_num_seqs - len(self.decoder.sequences)
         return [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+
+    def _end_all(self) -> None:
+        """A ``stop_when`` rule that holds: every request ends as far as it got, the KV cache dropped."""
+        with self._condition:
+            sequences = [*self._waiting, *self.decoder.sequences]
+            self._waiting.clear()
+            self._stop_when = None
+        with self._model_lock:
+            self.decoder.release()
+        for sequence in sequences:
+            sequence.finish_reason = FINISH_ABORT
+            self._futures.pop(id(sequence)).set_result(sequence.result())
 
     def _fail(self, sequences: list[Sequence], error: Exception) -> None:
         for sequence in sequences:

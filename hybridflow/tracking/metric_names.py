@@ -111,6 +111,15 @@ FULLY_ASYNC_PARTIAL_SAMPLES = "fully_async/partial/total_partial_num"
 FULLY_ASYNC_PARTIAL_RATIO = "fully_async/partial/partial_ratio"
 FULLY_ASYNC_MAX_PARTIAL_SPAN = "fully_async/partial/max_partial_span"
 
+# verl's V1 trainers (trainer.v1.trainer_mode=colocate_async), ``/mean|max|min`` over the step's samples: the
+# weight versions that drew each one, how many versions behind the trainer its last and its first tokens are; and
+# the finished prompt groups dropped as older than max_off_policy_threshold, with their ages (``/mean|max|min``).
+OFF_POLICY_SPANS = "training/off_policy/trajectory_spans"
+OFF_POLICY_STALENESS = "training/off_policy/trajectory_staleness"
+OFF_POLICY_STALENESS_WORST = "training/off_policy/trajectory_staleness_worst"
+OFF_POLICY_EVICTED = "training/off_policy/evicted_samples"
+OFF_POLICY_EVICTED_STALENESS = "training/off_policy/evicted_samples_staleness"
+
 # GDPO (arXiv 2601.05242): ``gdpo/<key>/mean|std|max|min`` of each reward component in algorithm.gdpo_reward_keys.
 GDPO_PREFIX = "gdpo/"
 

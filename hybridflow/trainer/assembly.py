@@ -3,8 +3,9 @@
 
 The mode decides the collector: the hybrid engine's (:class:`~hybridflow.trainer.rollout_collection.RolloutCollector`,
 or DAPO's dynamic sampling), one step ahead on a pool of its own
-(:class:`~hybridflow.trainer.one_step_off.OneStepOffCollector`), or fully async
-(:class:`~hybridflow.trainer.fully_async_collection.FullyAsyncCollector`).
+(:class:`~hybridflow.trainer.one_step_off.OneStepOffCollector`), fully async
+(:class:`~hybridflow.trainer.fully_async_collection.FullyAsyncCollector`), or verl's V1 colocate_async
+(:class:`~hybridflow.trainer.colocate_async.ColocateAsyncCollector`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Any, Callable
 
 from hybridflow.config.phases import OLD_FROM_PASS, OLD_FROM_ROLLOUT
 from hybridflow.config.placement import ROLLOUT_ROLE
-from hybridflow.config.plan import FULLY_ASYNC, ONE_STEP_OFF, RunPlan
+from hybridflow.config.plan import COLOCATE_ASYNC, FULLY_ASYNC, ONE_STEP_OFF, RunPlan
 from hybridflow.distributed import RayClassWithInitArgs
 from hybridflow.rewards.judge_prompts import JudgeScoring
+from hybridflow.trainer.colocate_async import ColocateAsyncCollector
 from hybridflow.trainer.estimator_metrics import RewardComponentMetrics, VarianceProxyMetrics
 from hybridflow.trainer.fully_async_collection import FullyAsyncCollector, TrainerIdleRatio
 from hybridflow.trainer.hooks import RolloutDump, StepHook
@@ -134,6 +136,8 @@ def collector(plan: RunPlan, groups: dict[str, Any], tokenizer: Any, reward_mana
     if plan.mode == ONE_STEP_OFF:
         sync = RolloutWeightSync(actor, rollout_group, plan.bucket_megabytes)
         return OneStepOffCollector(generate, score, sync, plan.total_training_steps)
+    if plan.mode == COLOCATE_ASYNC:
+        return colocate_async_collector(plan, generate, score)
     baseline = GreedyBaseline() if plan.greedy_baseline else None
     if not plan.dynamic_sampling:
         return RolloutCollector(generate, score, baseline)
@@ -145,6 +149,21 @@ def collector(plan: RunPlan, groups: dict[str, Any], tokenizer: Any, reward_mana
         train_batch_size=plan.data.train_batch_size,
         metric=filter_groups.metric,
         max_num_gen_batches=filter_groups.max_num_gen_batches,
+    )
+
+
+def colocate_async_collector(plan: RunPlan, generate: Generation, score: Any) -> ColocateAsyncCollector:
+    v1, rollout = plan.trainer.v1, plan.actor_rollout_ref.rollout
+    return ColocateAsyncCollector(
+        generate,
+        score,
+        train_batch_size=plan.data.train_batch_size,
+        warmup_batches=v1.colocate_async.num_warmup_batches,
+        threshold=v1.sampler.max_off_policy_threshold,
+        strategy=v1.sampler.max_off_policy_strategy,
+        total_steps=plan.total_training_steps,
+        response_length=rollout.response_length,
+        with_log_probs=rollout.calculate_log_probs,
     )
 
 

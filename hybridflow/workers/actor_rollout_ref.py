@@ -17,6 +17,7 @@ from hybridflow.models.loading import load_tokenizer, resolve_dtype
 from hybridflow.models.tensor_parallel import ROW_SPLIT
 from hybridflow.models.weight_checksum import ChecksummedWeights
 from hybridflow.protocol import DataProto, Part
+from hybridflow.rollout.partial_samples import PartialSample
 from hybridflow.rollout.weight_loading import shard_buckets
 from hybridflow.workers.actor import ActorPart
 from hybridflow.workers.config import ActorRolloutRefConfig, WorkerConfigError, as_config
@@ -157,6 +158,14 @@ class ActorRolloutRefWorker(Worker, Profiled):
         """``generate_sequences``'s samples in parts, yielded as they finish (the driver scores them meanwhile)."""
         prompts.meta_info["first_prompt_index"] = self.rank * len(prompts)
         yield from self._part("rollout", "generate_sequences_stream").generate_sequences_stream(prompts)
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def continue_samples(
+        self, samples: list[PartialSample], groups_needed: int, meta: dict[str, Any]
+    ) -> list[PartialSample]:
+        """The V1 trainers' partial rollout: each rank continues its own prompt groups' ``samples`` until
+        ``groups_needed`` of them have finished, then aborts the rest (``rollout/partial_samples.py``)."""
+        return self._part("rollout", "continue_samples").continue_samples(samples, groups_needed, meta)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def share_weights(self, bucket_megabytes: float) -> tuple[list[list[SharedObject]], int]:

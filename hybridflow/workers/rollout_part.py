@@ -21,6 +21,7 @@ with ``merge_lora`` it copies every weight with the adapter merged in (``W + (al
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -30,6 +31,7 @@ from hybridflow.models.loading import resolve_dtype
 from hybridflow.models.weight_checksum import reduced
 from hybridflow.protocol import DataProto, Part, join_parts
 from hybridflow.rollout import RolloutConfig, create_rollout_engine
+from hybridflow.rollout.partial_samples import PartialSample
 from hybridflow.workers.actor import ActorPart
 from hybridflow.workers.sync_check import WeightSyncCheck
 
@@ -127,6 +129,19 @@ class RolloutPart:
 
     def generate_sequences_stream(self, prompts: DataProto) -> Iterator[Part]:
         """``generate_sequences``'s rows in parts as the engine finishes them."""
+        with self._generating():
+            yield from self.engine.generate_sequences_stream(prompts)
+
+    def continue_samples(
+        self, samples: list[PartialSample], groups_needed: int, meta: dict[str, Any]
+    ) -> list[PartialSample]:
+        """The engine's partial rollout (``rollout/partial_samples.py``) with the actor's current weights."""
+        with self._generating():
+            return self.engine.continue_samples(samples, groups_needed, meta)
+
+    @contextmanager
+    def _generating(self) -> Iterator[None]:
+        """Awake, with the actor's current weights, for one generation call (asleep after it, when asked)."""
         if self.discarded_version is not None and self.discarded_version == self.weight_source.weights_version:
             self._sync(self.weight_source)  # weights freed while asleep, the actor's unchanged since (a validation)
         if self.is_stale:
@@ -136,7 +151,7 @@ class RolloutPart:
             )
         self._wake()
         try:
-            yield from self.engine.generate_sequences_stream(prompts)
+            yield
         finally:
             if self.sleep_between_rollouts:
                 self._sleep(discard=self.may_discard)

@@ -97,7 +97,6 @@ def test_an_alias_and_its_key_set_differently_is_one_error(base):
         ("actor_rollout_ref.actor.optim.zero_indexed_step=false", "counted from step 1"),
         ("actor_rollout_ref.rollout.enable_rollout_routing_replay=true", "MoE router replay"),
         ("trainer.del_local_ckpt_after_load=true", "deleting local checkpoints"),
-        ("trainer.v1.trainer_mode=separate_async", "v1 asynchronous trainer modes"),
         ("actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent", "multi_turn.enable=true"),
         ("--config-name=ppo_megatron_trainer", "Megatron"),
     ],

@@ -1,0 +1,115 @@
+"""``trainer.v1.trainer_mode``: verl's V1 trainer modes (``docs/advance/v1_async_trainer.md`` in verl).
+
+``sync`` is hybridflow's synchronous PPO. ``colocate_async`` (verl's ``PPOTrainerColocateAsync``) keeps the actor's
+processes generating and training by turns, with partial rollout: each step adds a batch of prompts (the first
+also ``num_warmup_batches`` more), generation stops once ``train_batch_size`` prompt groups have finished, the
+step trains on the oldest finished groups, and the unfinished ones go on after the weight sync, from the tokens
+they drew. ``trainer.v1.sampler`` bounds how many weight versions a group may span. What the mode cannot run
+with is refused here, before anything starts.
+"""
+
+from __future__ import annotations
+
+from hybridflow.config.estimator_options import greedy_baseline
+from hybridflow.config.rollout_pool_options import one_step_off
+from hybridflow.config.schema import PPOTrainerConfig, TrainerV1Config
+
+KEY = "trainer.v1.trainer_mode"
+SYNC, COLOCATE_ASYNC, SEPARATE_ASYNC = "sync", "colocate_async", "separate_async"
+STRATEGIES = ("drop", "wait")
+
+
+def colocate_async(config: PPOTrainerConfig) -> bool:
+    return config.trainer.v1.trainer_mode == COLOCATE_ASYNC
+
+
+def v1_errors(config: PPOTrainerConfig) -> list[str]:
+    """Why ``config``'s V1 settings cannot run (none: they can)."""
+    v1 = config.trainer.v1
+    if v1.trainer_mode == SEPARATE_ASYNC:
+        return [
+            f"{KEY}=separate_async (verl's V1 standalone rollout pool fed one mini-batch at a time) is not in "
+            "hybridflow; its rollout pool of its own runs verl's fully async policy: async_training.enable=true "
+            "with actor_rollout_ref.hybrid_engine=false"
+        ]
+    if v1.trainer_mode not in (SYNC, COLOCATE_ASYNC):
+        return [f"{KEY}={v1.trainer_mode!r} is not one of [sync, colocate_async]"]
+    errors = _setting_errors(v1)
+    return errors + (_colocate_errors(config) if colocate_async(config) else [])
+
+
+def _setting_errors(v1: TrainerV1Config) -> list[str]:
+    errors = []
+    if v1.colocate_async.num_warmup_batches < 0:
+        errors.append(
+            f"trainer.v1.colocate_async.num_warmup_batches={v1.colocate_async.num_warmup_batches} must be >= 0"
+        )
+    threshold = v1.sampler.max_off_policy_threshold
+    if threshold is not None and threshold < 1:
+        errors.append(f"trainer.v1.sampler.max_off_policy_threshold={threshold} must be >= 1 (or null: no limit)")
+    if v1.sampler.max_off_policy_strategy not in STRATEGIES:
+        errors.append(
+            f"trainer.v1.sampler.max_off_policy_strategy={v1.sampler.max_off_policy_strategy!r} is not one of "
+            f"[{', '.join(STRATEGIES)}]"
+        )
+    return errors
+
+
+def _colocate_errors(config: PPOTrainerConfig) -> list[str]:
+    """What ``colocate_async`` cannot run with: it continues the actor's own hf engine's samples one by one."""
+    rollout, mode, errors = config.actor_rollout_ref.rollout, f"{KEY}=colocate_async", []
+    conflicts = [
+        (one_step_off(config), "actor_rollout_ref.hybrid_engine=false", "generates on the actor's processes"),
+        (config.async_training.enable, "async_training.enable=true", "is an asynchronous mode of its own"),
+        (rollout.name != "hf", f"actor_rollout_ref.rollout.name={rollout.name}", "continues samples on the hf engine"),
+        (
+            rollout.tensor_model_parallel_size > 1,
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size}",
+            "continues each rank's own samples (set it to 1)",
+        ),
+        (
+            rollout.multi_turn.enable,
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
+            "continues single-turn samples",
+        ),
+        (
+            config.algorithm.filter_groups.enable,
+            "algorithm.filter_groups.enable=true",
+            "has no DAPO group eviction in hybridflow",
+        ),
+        (
+            greedy_baseline(config),
+            f"algorithm.adv_estimator={config.algorithm.adv_estimator}",
+            "has no greedy baselines (ReMax)",
+        ),
+    ]
+    for conflict, setting, why in conflicts:
+        if conflict:
+            errors.append(f"{mode} with {setting}: colocate_async {why}; use {KEY}=sync or change {setting}")
+    return errors
+
+
+def unread_v1_options(config: PPOTrainerConfig) -> list[str]:
+    """V1 keys set to a non-default value that this run does not read ("key=value (why)")."""
+    if colocate_async(config):
+        return []
+    v1, default = config.trainer.v1, TrainerV1Config()
+    changed = {
+        "trainer.v1.colocate_async.num_warmup_batches": (
+            v1.colocate_async.num_warmup_batches,
+            default.colocate_async.num_warmup_batches,
+        ),
+        "trainer.v1.sampler.max_off_policy_threshold": (
+            v1.sampler.max_off_policy_threshold,
+            default.sampler.max_off_policy_threshold,
+        ),
+        "trainer.v1.sampler.max_off_policy_strategy": (
+            v1.sampler.max_off_policy_strategy,
+            default.sampler.max_off_policy_strategy,
+        ),
+    }
+    return [
+        f"{key}={value} (read only with {KEY}=colocate_async)"
+        for key, (value, default_value) in changed.items()
+        if value != default_value
+    ]
