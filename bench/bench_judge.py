@@ -9,9 +9,10 @@ each with 2 torch threads, one after the other per seed:
   reward model, its raw score placed on the last response token); the rule never scores a training sample.
 
 Time is training seconds (the sum of ``timing_s/step``: validation and checkpoints excluded, as in
-``bench_time_to_accuracy``), the judge's forward passes included. Per seed: the training seconds at which the
-judge run's validation first comes within ``--within`` of the rule run's final accuracy, over the rule run's
-training seconds (target <= 2x, issue 31), and the same for ``--accuracy`` (the demo's 90%).
+``bench_time_to_accuracy``), the judge's forward passes included. Per seed: the training seconds at which each
+run's validation first reaches the rule run's final accuracy less ``--within``, the judge's over the rule's (target
+<= 2x, issue 31), and the same for ``--accuracy`` (the demo's 90%). (Until 2026-11-29 the ratio was over the rule
+run's whole training time, which favoured the judge.)
 Run: ``.venv/bin/python -m bench.bench_judge [--seeds 0,1,2] [--steps 150]`` (about 4 minutes a seed).
 """
 
@@ -23,7 +24,7 @@ import statistics
 import sys
 from typing import Any
 
-from bench.bench_one_step_off import compare, run_process
+from bench.bench_one_step_off import compare_first_reached, run_process
 from bench.bench_time_to_accuracy import first_reaching, print_runs, validation_points, work_folder
 from hybridflow.demo import JUDGE_MODEL, ensure_base_model, ensure_model
 
@@ -66,11 +67,11 @@ def main() -> None:
                 )
                 results[reward] = run_demo(reward, seed, args, run_dir)
             print_runs(seed, results, width=6)
-            comparison = compare(results["rule"], results["judge"], args.within)
+            comparison = compare_first_reached(results["rule"], results["judge"], args.within)
             print(
-                f"  the rule run's final accuracy {100 * comparison['target']:.1f}% (less {100 * args.within:.0f} "
-                f"points) after {comparison['sync_s']:.0f} training s; the judge run reached it at "
-                f"{at(comparison['reached'])}: {comparison['ratio']:.2f}x (target <= 2x)"
+                f"  the rule run's final accuracy less {100 * args.within:.0f} points, "
+                f"{100 * comparison['target']:.1f}%: the rule run reached it at {at(comparison['sync'])}, the judge "
+                f"run at {at(comparison['reached'])}: {comparison['ratio']:.2f}x (target <= 2x)"
             )
             print(
                 f"  {100 * args.accuracy:.0f}% reached: rule at {time_to(results['rule']['points'], args.accuracy)}, "
@@ -78,7 +79,8 @@ def main() -> None:
             )
             ratios.append(comparison["ratio"])
         print(
-            f"\n== judge's training time to the rule run's final accuracy, over the rule run's: median "
+            f"\n== judge's training time to the rule run's final accuracy (less the margin), over the rule run's: "
+            f"median "
             f"{statistics.median(ratios):.2f}x over {len(ratios)} seed(s) "
             f"({', '.join(f'{r:.2f}x' for r in ratios)}; target <= 2x)"
         )

@@ -127,15 +127,6 @@ def run_demo(system: str, seed: int, args: argparse.Namespace, run_dir: pathlib.
     return {"points": validation_points(run_dir / system / "metrics.jsonl"), **usage}
 
 
-def compare(sync: dict[str, Any], other: dict[str, Any], within: float) -> dict[str, Any]:
-    """``other``'s first training seconds within ``within`` of ``sync``'s final accuracy, over ``sync``'s whole run
-    (``bench_judge``'s measure; it favours ``other``, as ``sync`` reaches that accuracy before its end too)."""
-    final = sync["points"][-1]
-    reached = first_reaching(other["points"], final["acc"] - within)
-    ratio = reached["training_s"] / final["training_s"] if reached else float("inf")
-    return {"target": final["acc"], "sync_s": final["training_s"], "reached": reached, "ratio": ratio}
-
-
 def compare_first_reached(sync: dict[str, Any], other: dict[str, Any], within: float) -> dict[str, Any]:
     """The target (the synchronous run's final accuracy less ``within``) and the training seconds at which each of
     the two runs first reached it: the ratio compares like with like."""

@@ -71,9 +71,11 @@ def corrects_batch(config: PPOTrainerConfig) -> bool:
 
 
 def streamed_reward(config: PPOTrainerConfig) -> bool:
-    """Phase 2 scores each sample as the rollout hands it over: a manager that scores samples one by one, and no
-    reward model."""
-    return not config.reward_model.enable and reward_manager_traits(config)["scores_each_sample"]
+    """Phase 2 scores each sample as the rollout hands it over: a manager that scores samples one by one, no reward
+    model, and a rollout that hands samples over as they finish (the synchronous hybrid engine's; the other modes'
+    collectors score a step's batch once it is whole)."""
+    streamed_rollout = not one_step_off(config) and not colocate_async(config)
+    return streamed_rollout and not config.reward_model.enable and reward_manager_traits(config)["scores_each_sample"]
 
 
 def phases(config: PPOTrainerConfig) -> dict[str, Phase]:
