@@ -13,7 +13,8 @@ verl's ``PPOTrainerColocateAsync`` (``verl/trainer/ppo/v1/trainer_colocate_async
   reached the threshold.
 
 The speed-up is the long tail's: a step waits for the first ``train_batch_size`` groups to finish, not the last.
-No batch is added once the run's steps have had theirs, so the run trains on the prompts a synchronous one does.
+No batch is added once the run's steps have had theirs, so the run trains on the prompts a synchronous one does
+(less the groups dropped as too old, plus their replacements).
 A checkpoint holds every group as far as it got and the prompts taken from the loader but not started, so a
 resumed run goes on from exactly where the saved one stood.
 """
