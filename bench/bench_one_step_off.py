@@ -48,13 +48,13 @@ from bench.bench_time_to_accuracy import REPO_DIR, first_reaching, print_runs, v
 from bench.bench_vs_trl import child_env, cpu_seconds
 from hybridflow.demo import ensure_base_model
 
+BYPASS = ["actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.bypass_mode=true"]
 ONE_STEP_OFF = [
     "trainer.local_mode=false",
     "trainer.cpus_per_worker=2",
     "ray_init.num_cpus=4",
     "actor_rollout_ref.hybrid_engine=false",
-    "actor_rollout_ref.rollout.calculate_log_probs=true",
-    "algorithm.rollout_correction.bypass_mode=true",
+    *BYPASS,
 ]
 FULLY_ASYNC = ONE_STEP_OFF + [
     "async_training.enable=true",
@@ -64,7 +64,6 @@ FULLY_ASYNC = ONE_STEP_OFF + [
     "async_training.staleness_threshold=0.5",
     "async_training.concurrent_samples_per_replica=16",
 ]
-BYPASS = ["actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.bypass_mode=true"]
 COLOCATE_ASYNC = ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=1", *BYPASS]
 SYSTEMS = {
     "sync": [],

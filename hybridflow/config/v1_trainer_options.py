@@ -94,22 +94,9 @@ def unread_v1_options(config: PPOTrainerConfig) -> list[str]:
     if colocate_async(config):
         return []
     v1, default = config.trainer.v1, TrainerV1Config()
-    changed = {
-        "trainer.v1.colocate_async.num_warmup_batches": (
-            v1.colocate_async.num_warmup_batches,
-            default.colocate_async.num_warmup_batches,
-        ),
-        "trainer.v1.sampler.max_off_policy_threshold": (
-            v1.sampler.max_off_policy_threshold,
-            default.sampler.max_off_policy_threshold,
-        ),
-        "trainer.v1.sampler.max_off_policy_strategy": (
-            v1.sampler.max_off_policy_strategy,
-            default.sampler.max_off_policy_strategy,
-        ),
-    }
     return [
-        f"{key}={value} (read only with {KEY}=colocate_async)"
-        for key, (value, default_value) in changed.items()
-        if value != default_value
+        f"trainer.v1.{section}.{key}={value} (read only with {KEY}=colocate_async)"
+        for section in ("colocate_async", "sampler")
+        for key, value in vars(getattr(v1, section)).items()
+        if value != getattr(getattr(default, section), key)
     ]

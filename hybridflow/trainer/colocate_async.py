@@ -136,7 +136,7 @@ class ColocateAsyncCollector(RolloutCollector):
                 raise EndOfData(f"the rollout has no prompts left for step {step}")
             self._generate(step, max(0, self.train_batch_size - len(finished)), waited_for)
         chosen = finished[: self.train_batch_size]  # the groups started earliest: self.groups keeps that order
-        self.groups = [g for g in self.groups if not any(g is c for c in chosen)]
+        self.groups = [g for g in self.groups if g not in chosen]
         return chosen, evicted_ages
 
     def _too_old(self, group: PromptGroup, step: int) -> bool:
@@ -161,7 +161,7 @@ class ColocateAsyncCollector(RolloutCollector):
         shares, quotas = split_groups(loads, group.world_size, needed)
         inputs = [
             [
-                dataclasses.replace(sample, group=local, required=any(unfinished[i] is w for w in waited_for))
+                dataclasses.replace(sample, group=local, required=unfinished[i] in waited_for)
                 for local, i in enumerate(share)
                 for sample in unfinished[i].samples
             ]
@@ -179,14 +179,11 @@ class ColocateAsyncCollector(RolloutCollector):
         prompt_tensors = prompts.pop(batch_keys=list(PROMPT_KEYS))
         outputs = [(s.token_ids, [1] * len(s.token_ids), s.log_probs) for g in chosen for s in g.samples]
         tensors = pack_outputs(
-            prompt_tensors.batch, outputs, self.generate.n, self.response_length, self._pad_id(), self.with_log_probs
+            prompt_tensors.batch,
+            outputs,
+            self.generate.n,
+            self.response_length,
+            self.generate.meta_info["pad_token_id"],  # load_tokenizer gives every tokenizer one
+            self.with_log_probs,
         )
         return union_columns(prompts.repeat(self.generate.n, interleave=True), DataProto.from_dict(tensors))
-
-    def _pad_id(self) -> int:
-        """The tokenizer's pad token, else its (first) EOS, as the engines pad."""
-        meta = self.generate.meta_info
-        if meta["pad_token_id"] is not None:
-            return meta["pad_token_id"]
-        eos = meta["eos_token_id"]
-        return min(eos) if isinstance(eos, (list, tuple)) else eos

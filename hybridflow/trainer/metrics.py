@@ -45,7 +45,8 @@ def samples_with_signal(batch: DataProto) -> torch.Tensor:
     return ((tensors["advantages"] != 0) & tensors["response_mask"].bool()).any(dim=-1)
 
 
-def _stats(group: str, values: torch.Tensor) -> dict[str, float]:
+def value_stats(group: str, values: torch.Tensor) -> dict[str, float]:
+    """``<group>/mean|max|min`` of ``values``."""
     values = values.detach().float()
     if values.numel() == 0:  # e.g. no response token in the batch: NaN, as verl reports, not a crash
         return {names.stat(group, reduction): float("nan") for reduction in ("mean", "max", "min")}
@@ -71,24 +72,24 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
     max_prompt_length = tensors["attention_mask"].shape[-1] - max_response_length
 
     metrics = {
-        **_stats(names.SCORE, tensors["token_level_scores"].sum(-1)),
-        **_stats(names.REWARDS, tensors["token_level_rewards"].sum(-1)),
-        **_stats(names.ADVANTAGES, torch.masked_select(tensors["advantages"], response_mask)),
-        **_stats(names.RETURNS, torch.masked_select(tensors["returns"], response_mask)),
-        **_stats(names.RESPONSE_LENGTH, response_length),
+        **value_stats(names.SCORE, tensors["token_level_scores"].sum(-1)),
+        **value_stats(names.REWARDS, tensors["token_level_rewards"].sum(-1)),
+        **value_stats(names.ADVANTAGES, torch.masked_select(tensors["advantages"], response_mask)),
+        **value_stats(names.RETURNS, torch.masked_select(tensors["returns"], response_mask)),
+        **value_stats(names.RESPONSE_LENGTH, response_length),
         names.stat(names.RESPONSE_LENGTH, names.CLIP_RATIO): (
             (response_length == max_response_length).float().mean().item()
         ),
-        **_stats(names.PROMPT_LENGTH, prompt_length),
+        **value_stats(names.PROMPT_LENGTH, prompt_length),
         names.stat(names.PROMPT_LENGTH, names.CLIP_RATIO): (prompt_length == max_prompt_length).float().mean().item(),
         names.ZERO_SIGNAL_FRAC: 1.0 - samples_with_signal(batch).float().mean().item(),
     }
     if "num_turns" in batch.non_tensor_batch:  # the agent loop's rollouts
-        metrics.update(_stats(names.NUM_TURNS, torch.as_tensor(batch.non_tensor_batch["num_turns"].astype(float))))
+        metrics.update(value_stats(names.NUM_TURNS, torch.as_tensor(batch.non_tensor_batch["num_turns"].astype(float))))
     if use_critic:
         values = torch.masked_select(tensors["values"], response_mask)
         returns = torch.masked_select(tensors["returns"], response_mask)
-        metrics.update(_stats(names.VALUES, values))
+        metrics.update(value_stats(names.VALUES, values))
         # Explained variance 1 - Var[G - V] / Var[G]: 1 is a perfect critic, 0 no better than a constant.
         explained = 1.0 - torch.var(returns - values) / (torch.var(returns) + 1e-5) if values.numel() else None
         metrics[names.VF_EXPLAINED_VAR] = float("nan") if explained is None else explained.item()

@@ -12,28 +12,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
+import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.partial_samples import PartialSample
 from hybridflow.tracking import metric_names as names
+from hybridflow.trainer.metrics import value_stats
 
 
-@dataclass
+@dataclass(eq=False)
 class PromptGroup:
     """``prompt``: its row (prompt columns and ``uid``); ``first_versions`` / ``last_versions``: per sample, the
-    weight versions of its first and last tokens (None before its first token)."""
+    weight versions of its first and last tokens (None before its first token). Groups compare by identity."""
 
     prompt: DataProto
     started: int
     samples: list[PartialSample]
-    first_versions: list[int | None] = field(default_factory=list)
-    last_versions: list[int | None] = field(default_factory=list)
+    first_versions: list[int | None] = field(init=False)
+    last_versions: list[int | None] = field(init=False)
 
     def __post_init__(self) -> None:
-        if not self.first_versions:
-            self.first_versions = [None] * len(self.samples)
-            self.last_versions = [None] * len(self.samples)
+        self.first_versions = [None] * len(self.samples)
+        self.last_versions = [None] * len(self.samples)
 
     @property
     def finished(self) -> bool:
@@ -55,20 +55,15 @@ class PromptGroup:
 
 def off_policy_metrics(groups: list[PromptGroup], step: int) -> dict[str, float]:
     """verl's ``training/off_policy/trajectory_*`` of the samples of ``groups``, trained at step ``step``."""
-    first = np.array([v for g in groups for v in g.first_versions if v is not None], dtype=np.float64)
-    last = np.array([v for g in groups for v in g.last_versions if v is not None], dtype=np.float64)
+    first = torch.tensor([v for g in groups for v in g.first_versions if v is not None], dtype=torch.float64)
+    last = torch.tensor([v for g in groups for v in g.last_versions if v is not None], dtype=torch.float64)
     if not len(last):
         return {}
     current = step - 1
-    values = {
-        names.OFF_POLICY_SPANS: last - first + 1,
-        names.OFF_POLICY_STALENESS: current - last,
-        names.OFF_POLICY_STALENESS_WORST: current - first,
-    }
     return {
-        names.stat(name, reduction): float(getattr(np, reduction)(array))
-        for name, array in values.items()
-        for reduction in ("mean", "max", "min")
+        **value_stats(names.OFF_POLICY_SPANS, last - first + 1),
+        **value_stats(names.OFF_POLICY_STALENESS, current - last),
+        **value_stats(names.OFF_POLICY_STALENESS_WORST, current - first),
     }
 
 
@@ -76,11 +71,5 @@ def eviction_metrics(ages: list[int]) -> dict[str, float]:
     """verl's ``training/off_policy/evicted_samples*``: the groups dropped as too old this step, and their ages."""
     if not ages:
         return {}
-    array = np.array(ages, dtype=np.float64)
-    return {
-        names.OFF_POLICY_EVICTED: float(len(ages)),
-        **{
-            names.stat(names.OFF_POLICY_EVICTED_STALENESS, r): float(getattr(np, r)(array))
-            for r in ("mean", "max", "min")
-        },
-    }
+    ages_tensor = torch.tensor(ages, dtype=torch.float64)
+    return {names.OFF_POLICY_EVICTED: float(len(ages)), **value_stats(names.OFF_POLICY_EVICTED_STALENESS, ages_tensor)}

@@ -35,7 +35,6 @@ class LockstepRollout:
 
     @staticmethod
     def _rank(samples, quota):
-        samples = [s for s in samples]
         open_groups = {s.group for s in samples if not s.finished}
         required = {s.group for s in samples if s.required}
         if quota == 0 and not required:
