@@ -22,6 +22,7 @@ from hybridflow.config.fully_async_options import fully_async, step_prompts
 from hybridflow.config.rollout_correction_options import KEY as ROLLOUT_CORRECTION_KEY
 from hybridflow.config.rollout_correction_options import corrects_in_driver, uses_bypass
 from hybridflow.config.schema import PPOTrainerConfig
+from hybridflow.config.v1_trainer_options import passes_per_step
 
 SKIP_OLD_LOG_PROB_KEY = "actor_rollout_ref.actor.skip_old_log_prob"
 SKIP_ZERO_SIGNAL_KEY = "algorithm.skip_zero_signal_samples"
@@ -64,6 +65,11 @@ def _log_prob_pass_readers(config: PPOTrainerConfig) -> list[str]:
 def old_log_prob_skip_blockers(config: PPOTrainerConfig) -> list[str]:
     """Why the old log-probs can differ from the update's own (the update is not exactly on-policy)."""
     blockers = _several_optimizer_steps(config)
+    if passes_per_step(config) > 1:
+        blockers.append(
+            f"trainer.v1.separate_async.parameter_sync_step={passes_per_step(config)} trains several mini-batches "
+            "against the step's starting weights"
+        )
     epochs = config.actor_rollout_ref.actor.ppo_epochs
     if epochs != 1:
         blockers.append(f"actor_rollout_ref.actor.ppo_epochs={epochs} reuses the batch after an optimizer step")
@@ -85,6 +91,11 @@ def zero_signal_skip_blockers(config: PPOTrainerConfig) -> list[str]:
     blockers += _log_prob_pass_readers(config)
     if uses_bypass(config):
         blockers.append(f"{ROLLOUT_CORRECTION_KEY}.bypass_mode=true corrects the loss of every sample")
+    elif config.actor_rollout_ref.rollout.calculate_log_probs and not skips_old_log_prob(config):
+        blockers.append(
+            "actor_rollout_ref.rollout.calculate_log_probs=true compares every sample's old_log_probs with the "
+            "rollout's before the advantages (training/rollout_probs_diff_*)"
+        )
     if actor.use_kl_loss:
         blockers.append("actor_rollout_ref.actor.use_kl_loss=true adds a KL loss on every sample")
     if actor.entropy_coeff != 0:

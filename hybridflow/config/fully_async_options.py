@@ -18,6 +18,7 @@ from typing import Any
 
 from hybridflow.config.rollout_pool_options import one_step_off, rollout_pool_processes
 from hybridflow.config.schema import PPOTrainerConfig
+from hybridflow.config.v1_trainer_options import separate_async
 
 KEY = "async_training.enable=true"
 
@@ -40,7 +41,10 @@ def required_samples(config: PPOTrainerConfig) -> int:
 
 
 def step_prompts(config: PPOTrainerConfig) -> int:
-    """Prompts each training step trains on (x ``rollout.n`` samples)."""
+    """Prompts each pass of phases 3 to 7 trains on (x ``rollout.n`` samples): a step's, or with
+    ``separate_async`` one mini-batch's."""
+    if separate_async(config):
+        return config.actor_rollout_ref.actor.ppo_mini_batch_size
     return required_samples(config) if fully_async(config) else config.data.train_batch_size
 
 

@@ -43,6 +43,7 @@ class Rule:
     allowed: tuple = ()  # lacks: values besides the default that hybridflow serves itself
     decisive: bool = False  # lacks: a choice of engine or device; refused alone, the rest of the config is moot
     same_as: str = ""  # lacks: a value equal to this key's asks for nothing more (a copy of a key this one follows)
+    served_with: tuple[str, Any] = ()  # lacks: any value is served while this (key, value) is set
 
     def target(self, key: str) -> str:
         """The schema key an alias points at: ``what`` with ``*`` replaced by the part ``*`` matched."""
@@ -52,8 +53,10 @@ class Rule:
         return self.what.replace("*", key[len(prefix) :])
 
 
-def lacks(pattern: str, what: str, *allowed: Any, decisive: bool = False, same_as: str = "") -> Rule:
-    return Rule(pattern, LACKS, what, tuple(allowed), decisive, same_as)
+def lacks(
+    pattern: str, what: str, *allowed: Any, decisive: bool = False, same_as: str = "", served_with: tuple[str, Any] = ()
+) -> Rule:
+    return Rule(pattern, LACKS, what, tuple(allowed), decisive, same_as, served_with)
 
 
 def unread(pattern: str, why: str) -> Rule:
@@ -197,7 +200,10 @@ class Surface:
 
 
 def _served(rule: Rule, value: Any, default: Any, values: dict[str, Any]) -> bool:
-    """A ``lacks`` key at its default, at a value in ``allowed``, or equal to the key it follows (``same_as``)."""
+    """A ``lacks`` key at its default, at a value in ``allowed``, equal to the key it follows (``same_as``), or
+    set beside the setting that serves it (``served_with``)."""
+    if rule.served_with and values.get(rule.served_with[0]) == rule.served_with[1]:
+        return True
     return value == default or value in rule.allowed or (bool(rule.same_as) and values.get(rule.same_as) == value)
 
 

@@ -25,7 +25,7 @@ from hybridflow.config.reward_options import reward_manager_traits
 from hybridflow.config.rollout_correction_options import corrects_in_driver, uses_bypass
 from hybridflow.config.rollout_pool_options import one_step_off, rollout_pool_processes
 from hybridflow.config.schema import PPOTrainerConfig
-from hybridflow.config.v1_trainer_options import colocate_async
+from hybridflow.config.v1_trainer_options import colocate_async, passes_per_step, separate_async
 
 __all__ = ["Phase", "phases", "skips_zero_signal_samples", "step_prompts", "uses_critic", "uses_reference"]
 
@@ -82,7 +82,8 @@ def phases(config: PPOTrainerConfig) -> dict[str, Phase]:
     """Every phase of a step, in order, with whether it runs and why."""
     critic, reference = uses_critic(config), uses_reference(config)
     warmup = config.trainer.critic_warmup
-    sync = "sync_rollout_weights" if one_step_off(config) else "update_weights"
+    # verl's names: one-step-off's and fully async's pool syncs, else (V1 separate_async too) update_weights
+    sync = "sync_rollout_weights" if one_step_off(config) and not separate_async(config) else "update_weights"
     actor_steps = f"from step {warmup + 1} (trainer.critic_warmup={warmup})" if warmup else "every step"
     return {
         "gen": Phase(1, True, _generation(config)),
@@ -105,6 +106,13 @@ def _generation(config: PPOTrainerConfig) -> str:
             f"on a rollout pool of its own ({rollout_pool_processes(config)} process(es)) generating fully async "
             f"into a queue: at most {max_required_samples(config)} prompts per weight version, "
             f"{concurrent_samples(config)} at once"
+        )
+    elif separate_async(config):
+        settings = config.trainer.v1.separate_async
+        where = (
+            f"on a rollout pool of its own ({rollout_pool_processes(config)} process(es)), verl's V1 separate_async: "
+            f"{1 + settings.num_warmup_batches} batch(es) of prompts at most ahead of training, each step trains "
+            f"{settings.parameter_sync_step} mini-batch(es) as they finish"
         )
     elif one_step_off(config):
         where = (
@@ -150,7 +158,8 @@ def _old_log_prob(config: PPOTrainerConfig) -> Phase:
         return Phase(3, False, "algorithm.rollout_correction.bypass_mode=true: the engine's log-probs are the old ones")
     if source == OLD_FROM_PASS:
         why = "; ".join(old_log_prob_skip_blockers(config) or ["actor.skip_old_log_prob=false"])
-        return Phase(3, True, f"a forward pass under the weights that sampled the batch: {why}")
+        weights = "the step's starting weights" if passes_per_step(config) > 1 else "the weights that sampled the batch"
+        return Phase(3, True, f"a forward pass under {weights}: {why}")
     return Phase(3, False, "the update is on-policy (one epoch of one mini-batch): its own log-probs are the old ones")
 
 
@@ -203,6 +212,8 @@ def _weight_sync(config: PPOTrainerConfig) -> str:
     to_pool = f"the actor's weights into the rollout pool in buckets of {buckets} MB"
     if config.actor_rollout_ref.rollout.tensor_model_parallel_size > 1:
         to_pool += " (each split rank's own slices)"
+    if separate_async(config):
+        return f"{to_pool} after each step's last mini-batch, landing in the generation in flight (partial rollout)"
     if not fully_async(config):
         return f"{to_pool} after each update; the next generation starts with them"
     every = config.async_training.trigger_parameter_sync_step

@@ -47,16 +47,18 @@ from hybridflow.config.schema import (
     TrainerConfig,
 )
 from hybridflow.config.sizes import sizes
-from hybridflow.config.v1_trainer_options import colocate_async
+from hybridflow.config.v1_trainer_options import colocate_async, passes_per_step, separate_async
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig, warmup_steps
 
-SYNC, ONE_STEP_OFF, FULLY_ASYNC, COLOCATE_ASYNC = "synchronous", "one-step-off", "fully async", "colocate async"
+SYNC, ONE_STEP_OFF, FULLY_ASYNC = "synchronous", "one-step-off", "fully async"
+COLOCATE_ASYNC, SEPARATE_ASYNC = "colocate async", "separate async"
 
 
 @dataclass(frozen=True)
 class AsyncPlan:
     """Fully async training's budget (``config/fully_async_options.py``): prompt groups per step, prompts the pool
-    may start per weight version, per generation call, steps between weight syncs, and partial rollout."""
+    may start per weight version, per generation call, steps between weight syncs, and partial rollout. verl's V1
+    ``separate_async`` keeps its own (``trainer/separate_async.py``)."""
 
     required: int
     max_required: int
@@ -89,7 +91,8 @@ class RunPlan:
     dynamic_sampling: bool
     overlap_pools: bool
     streamed_reward: bool
-    prompts_per_step: int
+    prompts_per_step: int  # each pass of phases 3 to 7: a step's, or with separate_async a mini-batch's
+    passes_per_step: int
     prompts_per_generation: int
     samples_per_prompt: int
     total_training_steps: int
@@ -116,6 +119,8 @@ class RunPlan:
 def _mode(config: PPOTrainerConfig) -> str:
     if fully_async(config):
         return FULLY_ASYNC
+    if separate_async(config):
+        return SEPARATE_ASYNC
     if one_step_off(config):
         return ONE_STEP_OFF
     return COLOCATE_ASYNC if colocate_async(config) else SYNC
@@ -125,15 +130,18 @@ def build_plan(config: PPOTrainerConfig, train_prompts: int) -> RunPlan:
     """The plan of ``config`` (checked) for a training set of ``train_prompts`` prompts; raises
     :class:`ConfigError` for what only the run's length decides (a cosine schedule no longer than its warm-up) and
     for processes whose estimated peak memory does not fit this machine (``config/memory_estimate.py``)."""
-    prompts_per_generation = 1 if fully_async(config) else config.data.gen_batch_size or config.data.train_batch_size
-    steps = _training_steps(config, train_prompts // prompts_per_generation)
+    one_at_a_time = fully_async(config) or separate_async(config)
+    prompts_per_generation = 1 if one_at_a_time else config.data.gen_batch_size or config.data.train_batch_size
+    prompts_per_batch = config.data.train_batch_size if separate_async(config) else prompts_per_generation
+    steps = _training_steps(config, train_prompts // prompts_per_batch)
     uses_critic = phase_rules.uses_critic(config)
-    if errors := schedule_errors(config, steps, uses_critic):
+    if errors := schedule_errors(config, steps * passes_per_step(config), uses_critic):
         raise ConfigError(errors)
     plan = RunPlan(
         **_layout(config),
         **_step_shape(config),
         prompts_per_step=phase_rules.step_prompts(config),
+        passes_per_step=passes_per_step(config),
         prompts_per_generation=prompts_per_generation,
         samples_per_prompt=config.actor_rollout_ref.rollout.n,
         total_training_steps=steps,
@@ -143,7 +151,7 @@ def build_plan(config: PPOTrainerConfig, train_prompts: int) -> RunPlan:
         resume_keys=resume_keys(config, uses_critic),
         config_record=dataclasses.asdict(config),
         notes=tuple(slow_dtype_notes(config, uses_critic) + num_workers_notes(config)),
-        **_sections(config, steps),
+        **_sections(config, steps * passes_per_step(config)),
     )
     own_bytes = runtime_bytes()
     memory = estimate(plan, own_bytes)
@@ -218,13 +226,14 @@ def _step_shape(config: PPOTrainerConfig) -> dict[str, Any]:
     }
 
 
-def _sections(config: PPOTrainerConfig, steps: int) -> dict[str, Any]:
-    """Copies of the sections the components read as given; the learning-rate schedules span ``steps``."""
+def _sections(config: PPOTrainerConfig, updates: int) -> dict[str, Any]:
+    """Copies of the sections the components read as given; the learning-rate schedules span ``updates`` (each
+    step's, or with separate_async each mini-batch's, as verl sizes them)."""
     copied = ("data", "algorithm", "trainer", "reward_model", "custom_reward_function", "ray_kwargs")
     return {
         **{name: copy.deepcopy(getattr(config, name)) for name in copied},
-        "actor_rollout_ref": _with_run_length(config.actor_rollout_ref, steps, "actor"),
-        "critic": _with_run_length(config.critic, steps, None),
+        "actor_rollout_ref": _with_run_length(config.actor_rollout_ref, updates, "actor"),
+        "critic": _with_run_length(config.critic, updates, None),
         "bucket_megabytes": config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes,
     }
 

@@ -3,7 +3,8 @@
 verl's one-step-off policy (``verl.experimental.one_step_off_policy``; AReaL, arXiv 2505.24298, for the
 asynchronous idea): while the actor trains on step k's samples, the rollout pool generates step k+1's with the
 weights from before step k's update, so every sample is exactly one update stale (step 1's are on-policy).
-The top-level ``rollout.nnodes`` x ``rollout.n_gpus_per_node`` sizes that pool. What the driver cannot do one
+The top-level ``rollout.nnodes`` x ``rollout.n_gpus_per_node`` sizes that pool, which fully async training and
+verl's V1 ``separate_async`` use too. What the driver cannot do one
 step ahead is refused here, before anything starts.
 """
 
@@ -13,11 +14,18 @@ from hybridflow.algos import ADV_ESTIMATORS
 from hybridflow.config.schema import PPOTrainerConfig
 
 KEY = "actor_rollout_ref.hybrid_engine=false"
+SEPARATE_ASYNC_KEY = "trainer.v1.trainer_mode=separate_async"
 
 
 def one_step_off(config: PPOTrainerConfig) -> bool:
-    """The rollout runs on its own pool: one step ahead of training, or fully async (``fully_async_options``)."""
-    return not config.actor_rollout_ref.hybrid_engine
+    """The rollout runs on its own pool: one step ahead of training, fully async (``fully_async_options``), or
+    verl's V1 ``separate_async`` (``v1_trainer_options``)."""
+    return not config.actor_rollout_ref.hybrid_engine or config.trainer.v1.trainer_mode == "separate_async"
+
+
+def pool_key(config: PPOTrainerConfig) -> str:
+    """The setting that gave this run a rollout pool of its own, as errors name it."""
+    return SEPARATE_ASYNC_KEY if config.trainer.v1.trainer_mode == "separate_async" else KEY
 
 
 def rollout_pool_processes(config: PPOTrainerConfig) -> int:
@@ -29,26 +37,28 @@ def rollout_pool_errors(config: PPOTrainerConfig) -> list[str]:
     """Why ``config`` cannot run its rollout on a pool of its own (none: it can, or the hybrid engine runs)."""
     if not one_step_off(config):
         return []
+    key_name = pool_key(config)
+    hybrid = "hybrid_engine=true" if key_name == KEY else "trainer.v1.trainer_mode=sync"
     errors = [
-        f"rollout.{key}={getattr(config.rollout, key)} must be >= 1 (the rollout pool of {KEY})"
+        f"rollout.{key}={getattr(config.rollout, key)} must be >= 1 (the rollout pool of {key_name})"
         for key in ("nnodes", "n_gpus_per_node")
         if getattr(config.rollout, key) < 1
     ]
     if config.trainer.local_mode:
         errors.append(
-            f"{KEY} runs the rollout in processes of its own, which trainer.local_mode=true does not "
-            "start; set trainer.local_mode=false or hybrid_engine=true"
+            f"{key_name} runs the rollout in processes of its own, which trainer.local_mode=true does not "
+            f"start; set trainer.local_mode=false or {hybrid}"
         )
     if config.algorithm.filter_groups.enable:
         errors.append(
-            f"{KEY} generates one batch ahead, but dynamic sampling (algorithm.filter_groups.enable=true) "
+            f"{key_name} generates ahead of training, but dynamic sampling (algorithm.filter_groups.enable=true) "
             "decides how many batches a step needs after scoring them; turn one of them off"
         )
     estimator = config.algorithm.adv_estimator
     if estimator in ADV_ESTIMATORS and "reward_baselines" in ADV_ESTIMATORS.traits(estimator)["requires"]:
         errors.append(
-            f"{KEY} generates one batch ahead, but algorithm.adv_estimator={estimator} needs a greedy "
-            "response from the current policy each step; use hybrid_engine=true with it"
+            f"{key_name} generates ahead of training, but algorithm.adv_estimator={estimator} needs a greedy "
+            f"response from the current policy each step; use {hybrid} with it"
         )
     return errors
 

@@ -34,7 +34,7 @@ from hybridflow.config.rollout_pool_options import rollout_pool_errors
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.sequence_parallel_options import sequence_parallel_errors
 from hybridflow.config.tensor_parallel_options import tensor_parallel_errors, training_tensor_parallel_errors
-from hybridflow.config.v1_trainer_options import v1_errors
+from hybridflow.config.v1_trainer_options import separate_async, v1_errors
 from hybridflow.config.worker_start_checks import worker_start_errors
 from hybridflow.data.truncation import TRUNCATION_MODES
 from hybridflow.rollout.config import ENGINE_NAMES, RolloutConfigError
@@ -182,8 +182,9 @@ def _algorithm_errors(config: PPOTrainerConfig) -> list[str]:
 def _dynamic_sampling_errors(config: PPOTrainerConfig) -> list[str]:
     """DAPO's dynamic sampling: its generation batch size, several samples per prompt, a bounded budget."""
     filter_groups, gen_batch_size, errors = config.algorithm.filter_groups, config.data.gen_batch_size, []
-    # Fully async reads data.gen_batch_size too (fully_async_options)
-    if not fully_async(config) and gen_batch_size is not None and (gen_batch_size < 1 or not filter_groups.enable):
+    # Fully async and separate_async read data.gen_batch_size too (fully_async_options, v1_trainer_options)
+    reads_it = fully_async(config) or separate_async(config)
+    if not reads_it and gen_batch_size is not None and (gen_batch_size < 1 or not filter_groups.enable):
         errors.append(
             f"data.gen_batch_size={gen_batch_size} sizes the generation batches of dynamic sampling: it needs "
             "algorithm.filter_groups.enable=true and a value >= 1 (each step trains on data.train_batch_size "

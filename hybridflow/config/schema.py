@@ -163,6 +163,22 @@ class ColocateAsyncConfig:
 
 
 @dataclass
+class SeparateAsyncConfig:
+    """``trainer.v1.separate_async``: a rollout pool of its own, fed one mini-batch of training at a time."""
+
+    num_warmup_batches: int = option(
+        1,
+        "Batches of prompts the rollout pool may run ahead of training, beyond the one each step adds "
+        "(verl adds them before the first step).",
+    )
+    parameter_sync_step: int = option(
+        4,
+        "Mini-batches (one optimizer step each) per step, and so per weight sync into the rollout pool; "
+        "data.train_batch_size must equal it times actor_rollout_ref.actor.ppo_mini_batch_size.",
+    )
+
+
+@dataclass
 class OffPolicySamplerConfig:
     """``trainer.v1.sampler``: how many weight versions a prompt group may span before it is trained on."""
 
@@ -182,11 +198,12 @@ class TrainerV1Config:
 
     trainer_mode: str = option(
         "sync",
-        "sync: generate, then train; colocate_async: the same processes, with partial rollout across steps "
-        "(verl's V1 colocate_async); separate_async is not in hybridflow (async_training.enable is its fully "
-        "async mode).",
+        "sync: generate, then train; colocate_async: the same processes, with partial rollout across steps; "
+        "separate_async: a rollout pool of its own (rollout.nnodes x rollout.n_gpus_per_node) generating while "
+        "the actor trains mini-batch by mini-batch, with partial rollout across weight syncs (verl's V1 modes).",
     )
     colocate_async: ColocateAsyncConfig = section(ColocateAsyncConfig, "colocate_async's warm-up.")
+    separate_async: SeparateAsyncConfig = section(SeparateAsyncConfig, "separate_async's warm-up and sync period.")
     sampler: OffPolicySamplerConfig = section(OffPolicySamplerConfig, "The asynchronous modes' staleness limit.")
 
 
@@ -239,12 +256,13 @@ class TrainerConfig(RunConfig):
     peak_flops_per_device: Optional[float] = option(
         None, "Peak FLOP/s of one worker for perf/mfu/actor; None measures a matmul on CPU, skips MFU on GPU."
     )
-    v1: TrainerV1Config = section(TrainerV1Config, "verl's V1 trainer modes: sync or colocate_async.")
+    v1: TrainerV1Config = section(TrainerV1Config, "verl's V1 trainer modes: sync, colocate_async or separate_async.")
 
 
 @dataclass
 class RolloutPoolConfig:
-    """The rollout's own pool when ``actor_rollout_ref.hybrid_engine=false`` (``rollout``, verl's one-step-off keys)."""
+    """The rollout's own pool when ``actor_rollout_ref.hybrid_engine=false`` or with ``separate_async``
+    (``rollout``, verl's one-step-off keys)."""
 
     nnodes: int = option(1, "Nodes of the rollout pool.")
     n_gpus_per_node: int = option(
@@ -340,7 +358,8 @@ class PPOTrainerConfig:
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "Advantage estimator and KL in reward.")
     trainer: TrainerConfig = section(TrainerConfig, "Run length, placement, logging, checkpoints.")
     rollout: RolloutPoolConfig = section(
-        RolloutPoolConfig, "The rollout's own pool (actor_rollout_ref.hybrid_engine=false)."
+        RolloutPoolConfig,
+        "The rollout's own pool (actor_rollout_ref.hybrid_engine=false, or trainer.v1.trainer_mode=separate_async).",
     )
     async_training: AsyncTrainingConfig = section(
         AsyncTrainingConfig, "Fully async training (async_training.enable=true)."

@@ -25,8 +25,10 @@ def sizes(plan: RunPlan) -> list[str]:
     per_rank = samples_per_mini // groups
     kind = "Ulysses" if actor.ulysses_sequence_parallel_size > 1 else "tensor-parallel"
     where = f"on {world} process(es)" if groups == world else f"on each of {groups} {kind} groups"
+    passes = plan.passes_per_step
+    per_step = f"samples per step: {prompts * passes} prompts x {n} = {prompts * passes * n}"
     lines = [
-        f"samples per step: {prompts} prompts x {n} = {prompts * n}",
+        per_step + (f", in {passes} mini-batches trained as each arrives" if passes > 1 else ""),
         f"actor mini-batches per epoch: {prompts // actor.ppo_mini_batch_size} "
         f"({samples_per_mini} samples, {per_rank} per rank {where}), ppo_epochs={actor.ppo_epochs}",
         *_split_lines(plan),

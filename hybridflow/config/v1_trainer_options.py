@@ -1,6 +1,11 @@
 """``trainer.v1.trainer_mode``: verl's V1 trainer modes (``docs/advance/v1_async_trainer.md`` in verl).
 
-``sync`` is hybridflow's synchronous PPO. ``colocate_async`` (verl's ``PPOTrainerColocateAsync``) keeps the actor's
+``sync`` is hybridflow's synchronous PPO. ``separate_async`` (verl's ``PPOTrainerSeparateAsync``) generates on a
+rollout pool of its own (``rollout.nnodes`` x ``rollout.n_gpus_per_node``) while the actor trains: each step is
+``parameter_sync_step`` mini-batches, each taken from the pool's finished prompt groups and trained through phases
+3 to 7 as soon as it is there, then one weight sync (partial rollout: it lands in the generation in flight); the
+old log-probs of every mini-batch are the step's starting weights' (verl's decoupled PPO), and the pool runs at
+most ``num_warmup_batches`` batches ahead. ``colocate_async`` (verl's ``PPOTrainerColocateAsync``) keeps the actor's
 processes generating and training by turns, with partial rollout: each step adds a batch of prompts (the first
 also ``num_warmup_batches`` more), generation stops once ``train_batch_size`` prompt groups have finished, the
 step trains on the oldest finished groups, and the unfinished ones go on after the weight sync, from the tokens
@@ -23,19 +28,24 @@ def colocate_async(config: PPOTrainerConfig) -> bool:
     return config.trainer.v1.trainer_mode == COLOCATE_ASYNC
 
 
+def separate_async(config: PPOTrainerConfig) -> bool:
+    return config.trainer.v1.trainer_mode == SEPARATE_ASYNC
+
+
+def passes_per_step(config: PPOTrainerConfig) -> int:
+    """Mini-batches a step trains one after another, each through phases 3 to 7 (1 but with separate_async)."""
+    return config.trainer.v1.separate_async.parameter_sync_step if separate_async(config) else 1
+
+
 def v1_errors(config: PPOTrainerConfig) -> list[str]:
     """Why ``config``'s V1 settings cannot run (none: they can)."""
     v1 = config.trainer.v1
-    if v1.trainer_mode == SEPARATE_ASYNC:
-        return [
-            f"{KEY}=separate_async (verl's V1 standalone rollout pool fed one mini-batch at a time) is not in "
-            "hybridflow; its rollout pool of its own runs verl's fully async policy: async_training.enable=true "
-            "with actor_rollout_ref.hybrid_engine=false"
-        ]
-    if v1.trainer_mode not in (SYNC, COLOCATE_ASYNC):
-        return [f"{KEY}={v1.trainer_mode!r} is not one of [sync, colocate_async]"]
+    if v1.trainer_mode not in (SYNC, COLOCATE_ASYNC, SEPARATE_ASYNC):
+        return [f"{KEY}={v1.trainer_mode!r} is not one of [sync, colocate_async, separate_async]"]
     errors = _setting_errors(v1)
-    return errors + (_colocate_errors(config) if colocate_async(config) else [])
+    if colocate_async(config):
+        errors += _colocate_errors(config)
+    return errors + (_separate_errors(config) if separate_async(config) else [])
 
 
 def _setting_errors(v1: TrainerV1Config) -> list[str]:
@@ -43,6 +53,10 @@ def _setting_errors(v1: TrainerV1Config) -> list[str]:
     if v1.colocate_async.num_warmup_batches < 0:
         errors.append(
             f"trainer.v1.colocate_async.num_warmup_batches={v1.colocate_async.num_warmup_batches} must be >= 0"
+        )
+    if v1.separate_async.num_warmup_batches < 0:
+        errors.append(
+            f"trainer.v1.separate_async.num_warmup_batches={v1.separate_async.num_warmup_batches} must be >= 0"
         )
     threshold = v1.sampler.max_off_policy_threshold
     if threshold is not None and threshold < 1:
@@ -89,14 +103,52 @@ def _colocate_errors(config: PPOTrainerConfig) -> list[str]:
     return errors
 
 
+def _separate_errors(config: PPOTrainerConfig) -> list[str]:
+    """What ``separate_async`` cannot run with (its pool's own limits are ``rollout_pool_options``')."""
+    settings, actor = config.trainer.v1.separate_async, config.actor_rollout_ref.actor
+    rollout, mode = config.actor_rollout_ref.rollout, f"{KEY}=separate_async"
+    if settings.parameter_sync_step < 1:
+        return [f"trainer.v1.separate_async.parameter_sync_step={settings.parameter_sync_step} must be >= 1"]
+    errors = []
+    if config.data.train_batch_size != settings.parameter_sync_step * actor.ppo_mini_batch_size:
+        errors.append(
+            f"data.train_batch_size={config.data.train_batch_size} must equal trainer.v1.separate_async."
+            f"parameter_sync_step={settings.parameter_sync_step} x actor_rollout_ref.actor.ppo_mini_batch_size="
+            f"{actor.ppo_mini_batch_size} (each step trains its batch one mini-batch at a time, as verl asserts)"
+        )
+    conflicts = [
+        (config.async_training.enable, "async_training.enable=true", "is an asynchronous mode of its own"),
+        (
+            rollout.name != "hf",
+            f"actor_rollout_ref.rollout.name={rollout.name}",
+            "loads weight syncs into the generation in flight, which the hf engine does",
+        ),
+        (
+            rollout.multi_turn.enable,
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
+            "continues single-turn samples across weight syncs",
+        ),
+        (
+            config.data.gen_batch_size not in (None, 1),
+            f"data.gen_batch_size={config.data.gen_batch_size}",
+            "takes prompts one at a time (verl's scripts set 1)",
+        ),
+    ]
+    for conflict, setting, why in conflicts:
+        if conflict:
+            errors.append(f"{mode} with {setting}: separate_async {why}; use {KEY}=sync or change {setting}")
+    return errors
+
+
 def unread_v1_options(config: PPOTrainerConfig) -> list[str]:
     """V1 keys set to a non-default value that this run does not read ("key=value (why)")."""
-    if colocate_async(config):
-        return []
     v1, default = config.trainer.v1, TrainerV1Config()
+    readers = {"colocate_async": (COLOCATE_ASYNC,), "separate_async": (SEPARATE_ASYNC,)}
+    readers["sampler"] = (COLOCATE_ASYNC, SEPARATE_ASYNC)
     return [
-        f"trainer.v1.{section}.{key}={value} (read only with {KEY}=colocate_async)"
-        for section in ("colocate_async", "sampler")
+        f"trainer.v1.{section}.{key}={value} (read only with {KEY}={' or '.join(modes)})"
+        for section, modes in readers.items()
+        if v1.trainer_mode not in modes
         for key, value in vars(getattr(v1, section)).items()
         if value != getattr(getattr(default, section), key)
     ]

@@ -11,10 +11,11 @@ NPU, on-policy distillation, ...) and knobs that change nothing here (fused kern
 
 from __future__ import annotations
 
+import copy
 import pathlib
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hybridflow.config.key_surface import (
     ALIAS,
@@ -58,6 +59,10 @@ FSDP1_KNOB = "an FSDP1/verl-engine tuning knob; hybridflow's FSDP2 engine has no
 VLLM_SERVER = "verl's async rollout-server infrastructure; hybridflow's engines run inside the actor workers"
 MULTIMODAL = "image, video and audio inputs (hybridflow trains text-only models on text prompts)"
 SAME_MATH = "a speed or memory knob whose results are the same"
+TRANSFER_QUEUE = (
+    "verl's data plane between its components (its V1 trainer modes use it); hybridflow's driver hands batches to "
+    "its worker groups as DataProto through Ray's object store: the same samples, the same math"
+)
 # verl's data.image_key, video_key and audio_key defaults: a prompt file with such a column has inputs nothing reads.
 MULTIMODAL_COLUMNS = {
     column: f"{MULTIMODAL}, which hybridflow does not have; drop the column"
@@ -121,8 +126,11 @@ RULES: tuple[Rule, ...] = (
     _lacks("*router_replay.mode", "MoE router replay"),
     _lacks(
         "actor_rollout_ref.rollout.nnodes",
-        "verl's standalone rollout inside the synchronous trainer (nnodes > 0); "
-        "a rollout pool of its own is actor_rollout_ref.hybrid_engine=false with the top-level rollout.nnodes",
+        "verl's standalone rollout inside the synchronous trainer (nnodes > 0); a rollout pool of its own is "
+        "actor_rollout_ref.hybrid_engine=false or trainer.v1.trainer_mode=separate_async, sized by the top-level "
+        "rollout.nnodes",
+        # separate_async's standalone pool: the top-level rollout.* take these (standalone_pool_keys)
+        served_with=("trainer.v1.trainer_mode", "separate_async"),
     ),
     _lacks("actor_rollout_ref.rollout.over_sample_rate", "over-sampled rollouts that abort the slowest samples"),
     _lacks("actor_rollout_ref.rollout.disaggregation.enabled", "prefill/decode disaggregation"),
@@ -144,7 +152,7 @@ RULES: tuple[Rule, ...] = (
     _lacks("reward_model.reward_loop_*", "custom reward-loop classes"),
     _lacks("algorithm.use_pf_ppo", "PF-PPO policy filtration"),
     _lacks("distillation.enabled", "on-policy distillation"),
-    _lacks("transfer_queue.enable", "the TransferQueue data plane"),
+    _unread("transfer_queue.enable", TRANSFER_QUEUE),
     _lacks("skip.*.enable", "verl's rollout skip/dump (use trainer.rollout_data_dir to dump rollouts)"),
     _lacks("trainer.default_hdfs_dir", "copying checkpoints to HDFS"),
     _lacks("trainer.esi_redundant_time", "extra checkpoint saves before an elastic instance expires (ESI)"),
@@ -270,7 +278,7 @@ RULES: tuple[Rule, ...] = (
     _moot("algorithm.pf_ppo.*", "algorithm.use_pf_ppo"),
     _unread("algorithm.filter_groups.max_inflight_gen_batches", "generation batches run one at a time: " + SAME_MATH),
     _moot("distillation.*", "distillation.enabled"),
-    _moot("transfer_queue.*", "transfer_queue.enable"),
+    _unread("transfer_queue.*", "TransferQueue's storage and metrics settings: " + TRANSFER_QUEUE),
     _moot("skip.*", "skip.*.enable"),
     # torch.profiler is served (global_profiler and each role's profiler section); what it does not do, refused.
     _lacks("*profiler.tool", "a profiler tool per role (global_profiler.tool sets every role's)"),
@@ -283,7 +291,11 @@ RULES: tuple[Rule, ...] = (
     _moot("*profiler.tool_config.*", "a profiler tool other than torch"),
     _moot("global_profiler.global_tool_config.*", "a global_profiler.tool other than torch"),
     _unread("trainer.use_v1", "hybridflow has one trainer; trainer.v1.trainer_mode picks its mode either way"),
-    _moot("trainer.v1.separate_async.*", "trainer.v1.trainer_mode=separate_async"),
+    _lacks(
+        "trainer.v1.separate_async.hybrid_rollout.enable_switch",
+        "lending the trainer's idle processes to the rollout between steps (separate_async's step switching)",
+    ),
+    _moot("trainer.v1.separate_async.hybrid_rollout.*", "trainer.v1.separate_async.hybrid_rollout.enable_switch"),
     _moot("trainer.v1.sampler.custom_sampler.*", "trainer.v1.sampler.custom_sampler.path"),
     _unread("trainer.v1.sync", "verl's sync trainer mode has no settings"),
     _unread(
@@ -322,7 +334,24 @@ def schema_yaml_defaults() -> dict[str, Any]:
 
 
 def split_compat(config: DictConfig) -> tuple[DictConfig, CompatReport]:
-    return PPO_SURFACE.split(config)
+    return PPO_SURFACE.split(standalone_pool_keys(config))
+
+
+def standalone_pool_keys(config: DictConfig) -> DictConfig:
+    """verl's V1 ``separate_async`` sizes its standalone rollout pool with ``actor_rollout_ref.rollout.nnodes`` (> 0)
+    and ``n_gpus_per_node``; hybridflow's pool keys are the top-level ``rollout.nnodes`` and ``n_gpus_per_node``,
+    which take their values (a copy of ``config``; ``config`` itself where there is nothing to move)."""
+    section = "actor_rollout_ref.rollout"
+    nnodes = OmegaConf.select(config, f"{section}.nnodes", default=0)
+    if OmegaConf.select(config, "trainer.v1.trainer_mode") != "separate_async" or not nnodes:
+        return config
+    processes = OmegaConf.select(config, f"{section}.n_gpus_per_node")
+    moved = copy.deepcopy(config)
+    with open_dict(moved):
+        for key in ("nnodes", "n_gpus_per_node"):
+            moved.actor_rollout_ref.rollout.pop(key, None)
+        moved.rollout.nnodes, moved.rollout.n_gpus_per_node = nnodes, processes
+    return moved
 
 
 def lacks_lines(values: dict[str, Any]) -> list[str]:

@@ -5,7 +5,8 @@ The mode decides the collector: the hybrid engine's (:class:`~hybridflow.trainer
 or DAPO's dynamic sampling), one step ahead on a pool of its own
 (:class:`~hybridflow.trainer.one_step_off.OneStepOffCollector`), fully async
 (:class:`~hybridflow.trainer.fully_async_collection.FullyAsyncCollector`), or verl's V1 colocate_async
-(:class:`~hybridflow.trainer.colocate_async.ColocateAsyncCollector`).
+(:class:`~hybridflow.trainer.colocate_async.ColocateAsyncCollector`) and separate_async
+(:class:`~hybridflow.trainer.separate_async.SeparateAsyncCollector`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any, Callable
 
 from hybridflow.config.phases import OLD_FROM_PASS, OLD_FROM_ROLLOUT
 from hybridflow.config.placement import ROLLOUT_ROLE
-from hybridflow.config.plan import COLOCATE_ASYNC, FULLY_ASYNC, ONE_STEP_OFF, RunPlan
+from hybridflow.config.plan import COLOCATE_ASYNC, FULLY_ASYNC, ONE_STEP_OFF, SEPARATE_ASYNC, RunPlan
 from hybridflow.distributed import RayClassWithInitArgs
 from hybridflow.rewards.judge_prompts import JudgeScoring
+from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.colocate_async import ColocateAsyncCollector
 from hybridflow.trainer.estimator_metrics import RewardComponentMetrics, VarianceProxyMetrics
 from hybridflow.trainer.fully_async_collection import FullyAsyncCollector, TrainerIdleRatio
@@ -34,6 +36,7 @@ from hybridflow.trainer.phases import (
     PhaseCalls,
     ReferencePolicy,
     RolloutLogProbsAsOld,
+    StepStartOldLogProbs,
 )
 from hybridflow.trainer.rollout_collection import (
     DynamicSamplingCollector,
@@ -43,6 +46,7 @@ from hybridflow.trainer.rollout_collection import (
     RolloutCollector,
     reward_scorer,
 )
+from hybridflow.trainer.separate_async import SeparateAsyncCollector
 from hybridflow.trainer.worker_groups import create_local_worker_groups, create_worker_groups
 from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 from hybridflow.workers.judge import GenerativeJudgeWorker
@@ -71,7 +75,7 @@ def worker_starter(plan: RunPlan) -> Callable[..., Any]:
     loads beside a generation in flight where partial rollout lands them there."""
     if plan.local:
         return create_local_worker_groups
-    partial = plan.fully_async is not None and plan.fully_async.partial_rollout
+    partial = plan.mode == SEPARATE_ASYNC or (plan.fully_async is not None and plan.fully_async.partial_rollout)
     concurrent = frozenset({ROLLOUT_ROLE}) if partial else frozenset()
     return functools.partial(create_worker_groups, concurrent_roles=concurrent)
 
@@ -80,7 +84,7 @@ def worker_starter(plan: RunPlan) -> Callable[..., Any]:
 class StepPhases:
     """The phase objects of phases 3 to 7 the plan asks for (the absent ones do nothing)."""
 
-    old_log_probs: OldLogProbs | RolloutLogProbsAsOld | NoOldLogProbPass
+    old_log_probs: OldLogProbs | StepStartOldLogProbs | RolloutLogProbsAsOld | NoOldLogProbPass
     reference: ReferencePolicy | NoReference
     critic: Critic | NoCritic
     actor: ActorUpdate
@@ -91,7 +95,8 @@ def step_phases(plan: RunPlan, actor_rollout: Any, critic_group: Any, ref_group:
     one (``ref_group``), else to the actor's."""
     calls = PhaseCalls(overlap=plan.overlap_pools)
     if plan.old_log_probs == OLD_FROM_PASS:
-        old_log_probs = OldLogProbs(actor_rollout, calls)
+        pass_class = StepStartOldLogProbs if plan.passes_per_step > 1 else OldLogProbs
+        old_log_probs = pass_class(actor_rollout, calls)
     else:
         old_log_probs = RolloutLogProbsAsOld() if plan.old_log_probs == OLD_FROM_ROLLOUT else NoOldLogProbPass()
     return StepPhases(
@@ -113,7 +118,7 @@ def collector(plan: RunPlan, groups: dict[str, Any], tokenizer: Any, reward_mana
     """Phases 1, 2 and 8 of the plan's mode."""
     rollout = plan.actor_rollout_ref.rollout
     meta = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
-    if plan.fully_async is not None and plan.fully_async.partial_rollout:
+    if plan.mode == SEPARATE_ASYNC or (plan.fully_async is not None and plan.fully_async.partial_rollout):
         meta["record_weight_versions"] = True
     actor, rollout_group = groups["actor_rollout_ref"], groups.get(ROLLOUT_ROLE, groups["actor_rollout_ref"])
     generate = Generation(rollout_group, meta, seed=rollout.seed, n=rollout.n, val_n=rollout.val_kwargs.n)
@@ -133,6 +138,9 @@ def collector(plan: RunPlan, groups: dict[str, Any], tokenizer: Any, reward_mana
             total_steps=plan.total_training_steps,
             partial_rollout=settings.partial_rollout,
         )
+    if plan.mode == SEPARATE_ASYNC:
+        sync = RolloutWeightSync(actor, rollout_group, plan.bucket_megabytes, phase=names.PHASE_UPDATE_WEIGHTS)
+        return separate_async_collector(plan, generate, score, sync)
     if plan.mode == ONE_STEP_OFF:
         sync = RolloutWeightSync(actor, rollout_group, plan.bucket_megabytes)
         return OneStepOffCollector(generate, score, sync, plan.total_training_steps)
@@ -167,6 +175,23 @@ def colocate_async_collector(plan: RunPlan, generate: Generation, score: Any) ->
     )
 
 
+def separate_async_collector(
+    plan: RunPlan, generate: Generation, score: Any, sync: RolloutWeightSync
+) -> SeparateAsyncCollector:
+    v1 = plan.trainer.v1
+    return SeparateAsyncCollector(
+        generate,
+        score,
+        sync,
+        mini_batch_size=plan.prompts_per_step,
+        train_batch_size=plan.data.train_batch_size,
+        warmup_batches=v1.separate_async.num_warmup_batches,
+        threshold=v1.sampler.max_off_policy_threshold,
+        strategy=v1.sampler.max_off_policy_strategy,
+        total_steps=plan.total_training_steps,
+    )
+
+
 def step_hooks(plan: RunPlan, tokenizer: Any) -> list[StepHook]:
     """The extras the plan's settings ask for after each step: rollout dumps, estimator metrics, idle ratio."""
     trainer, hooks = plan.trainer, []
@@ -176,6 +201,6 @@ def step_hooks(plan: RunPlan, tokenizer: Any) -> list[StepHook]:
         hooks.append(RewardComponentMetrics(plan.algorithm.gdpo_reward_keys))
     if plan.actor_rollout_ref.actor.calculate_sum_pi_squared:
         hooks.append(VarianceProxyMetrics())
-    if plan.mode == FULLY_ASYNC:
+    if plan.mode in (FULLY_ASYNC, SEPARATE_ASYNC):
         hooks.append(TrainerIdleRatio())
     return hooks

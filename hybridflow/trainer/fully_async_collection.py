@@ -98,27 +98,31 @@ class FullyAsyncCollector:
         """Phases 1 and 2: the oldest ``required`` prompt groups of the queue (waiting for the pool while it has
         fewer), scored, with the next generation call started meanwhile."""
         with timer(names.PHASE_GEN):  # the trainer's wait for samples (verl's trainer idle time)
-            while self._queued_prompts() < self.required:
+            while not self._ready(step):
                 if self.running is None and not self._start(source):
                     raise EndOfData(f"the rollout has no prompts left for step {step}")
                 self._wait()
         batch, versions = self._take(self.required)
         self._start(source)  # the pool generates while the actor trains on this batch
-        stale = int(np.sum(self.param_version - versions >= 1))
-        self.stale_prompts_trained += stale
         with timer(names.PHASE_REWARD):
             batch, _, metrics = self.score(batch)
+        return batch, {**metrics, **self._taken_metrics(batch, versions, step)}
+
+    def _ready(self, step: int) -> bool:
+        """Whether the queue holds a step's groups."""
+        return self._queued_prompts() >= self.required
+
+    def _taken_metrics(self, batch: DataProto, versions: np.ndarray, step: int) -> dict[str, float]:
+        """verl's ``fully_async/*`` counts after taking ``batch`` (its groups of weight ``versions``)."""
+        self.stale_prompts_trained += int(np.sum(self.param_version - versions >= 1))
         samples_per_prompt = len(batch) // self.required
-        metrics.update(
-            {
-                names.FULLY_ASYNC_STALE_SAMPLES: float(self.stale_prompts_trained),
-                names.FULLY_ASYNC_STALE_TRAJECTORIES: float(self.stale_prompts_trained * samples_per_prompt),
-                names.FULLY_ASYNC_PARAM_VERSION: float(self.param_version),
-                names.FULLY_ASYNC_GENERATED_SAMPLES: float(self.started_prompts),
-                **partial_metrics(batch),
-            }
-        )
-        return batch, metrics
+        return {
+            names.FULLY_ASYNC_STALE_SAMPLES: float(self.stale_prompts_trained),
+            names.FULLY_ASYNC_STALE_TRAJECTORIES: float(self.stale_prompts_trained * samples_per_prompt),
+            names.FULLY_ASYNC_PARAM_VERSION: float(self.param_version),
+            names.FULLY_ASYNC_GENERATED_SAMPLES: float(self.started_prompts),
+            **partial_metrics(batch),
+        }
 
     def sync_weights(self, step: int, timer: StepTimer) -> None:
         """Phase 8, every ``steps_per_sync`` steps but after the last: a new weight version (:meth:`_new_version`)."""

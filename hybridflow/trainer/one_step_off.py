@@ -37,12 +37,16 @@ class RolloutWeightSync:
     """The actor's weights into a rollout pool of its own: the actor group puts them in Ray's object store in
     buckets of ``bucket_megabytes`` and the pool loads them, bucket by bucket (verl's ``sync_rollout_weights``).
     ``synced_step``: the step whose update made the weights the pool holds or is queued to load (0: the model
-    folder's, as a fresh run starts; None: unknown, after resuming)."""
+    folder's, as a fresh run starts; None: unknown, after resuming). ``phase``: the timing it counts as (verl's
+    V1 ``separate_async`` names it ``update_weights``)."""
 
-    def __init__(self, actor: Any, rollout: Any, bucket_megabytes: float):
+    def __init__(
+        self, actor: Any, rollout: Any, bucket_megabytes: float, phase: str = names.PHASE_SYNC_ROLLOUT_WEIGHTS
+    ):
         self.actor = actor
         self.rollout = rollout
         self.bucket_megabytes = bucket_megabytes
+        self.phase = phase
         self.synced_step: int | None = 0
         self.loading: Any = None
 
@@ -52,7 +56,7 @@ class RolloutWeightSync:
         :meth:`wait` collects it; else it is done on return."""
         if self.synced_step == step:
             return
-        with timer(names.PHASE_SYNC_ROLLOUT_WEIGHTS):
+        with timer(self.phase):
             buckets, checksum = self.actor.share_weights(self.bucket_megabytes)[0]
             if queue:
                 self.loading = self.rollout.load_shared_weights.submit(buckets, version, checksum)
@@ -63,7 +67,7 @@ class RolloutWeightSync:
     def wait(self, timer: StepTimer) -> None:
         """The queued load, finished (its time counts as the sync's)."""
         if self.loading is not None:
-            with timer(names.PHASE_SYNC_ROLLOUT_WEIGHTS):
+            with timer(self.phase):
                 timer.add(names.CHECK_WEIGHT_SYNC, max(self.loading.get()))
             self.loading = None
 

@@ -143,24 +143,54 @@ class OldLogProbs:
         self.worker_group = worker_group
         self.calls = calls
 
-    def start(self, batch: DataProto, timer: StepTimer) -> Started:
+    def start(self, batch: DataProto, timer: StepTimer, step: int) -> Started:
         return self.calls.start(
             timer, names.PHASE_OLD_LOG_PROB, self.worker_group.compute_log_prob, columns(batch, LOG_PROB_INPUTS)
         )
+
+
+class StepStartOldLogProbs:
+    """Phase 3a of a step of several mini-batches (``separate_async``; verl's decoupled PPO): every mini-batch's
+    ``old_log_probs`` under the weights the step started with, which the rollout pool holds, not under the
+    updates of the step's earlier mini-batches. The first mini-batch keeps a CPU copy of those weights; a later
+    one swaps them in for its pass and its own weights back after it (verl's ``save_model_to_cpu`` /
+    ``restore_model_from_cpu``)."""
+
+    START, CURRENT = 0, 1  # the CPU copies' slots
+
+    def __init__(self, worker_group: Any, calls: PhaseCalls):
+        self.worker_group = worker_group
+        self.passes = OldLogProbs(worker_group, calls)
+        self.step: int | None = None  # the step whose starting weights slot START holds
+
+    def start(self, batch: DataProto, timer: StepTimer, step: int) -> Started:
+        group = self.worker_group
+        if step != self.step:  # the step's first mini-batch: the weights now are its pi_old
+            with timer(names.PHASE_OLD_LOG_PROB):
+                group.save_model_to_cpu(self.START)
+            self.step = step
+            return self.passes.start(batch, timer, step)
+        with timer(names.PHASE_OLD_LOG_PROB):
+            group.save_model_to_cpu(self.CURRENT)
+            group.restore_model_from_cpu(self.START)
+            output = group.compute_log_prob(columns(batch, LOG_PROB_INPUTS))
+            group.restore_model_from_cpu(self.CURRENT)
+            group.clear_cpu_model(self.CURRENT)
+        return Started(names.PHASE_OLD_LOG_PROB, output=output)
 
 
 class RolloutLogProbsAsOld:
     """Phase 3a in rollout correction's bypass mode: the engine's ``rollout_log_probs`` are the ``old_log_probs``
     (``pi_old = pi_rollout``); no forward pass runs, so no ``timing_s/old_log_prob``."""
 
-    def start(self, batch: DataProto, timer: StepTimer) -> None:
+    def start(self, batch: DataProto, timer: StepTimer, step: int) -> None:
         batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
 
 
 class NoOldLogProbPass:
     """Phase 3a of an on-policy update: none; the update's own log-probs, detached, are the old ones."""
 
-    def start(self, batch: DataProto, timer: StepTimer) -> None:
+    def start(self, batch: DataProto, timer: StepTimer, step: int) -> None:
         return None
 
 

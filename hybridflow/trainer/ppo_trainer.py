@@ -3,7 +3,8 @@
 ``RayPPOTrainer`` runs a run plan (``config/plan.py``). :meth:`~RayPPOTrainer.fit` is the loop over steps, with
 validation and checkpoints on their schedules; :meth:`~RayPPOTrainer.step` is one step in the paper's order, each
 phase one line timed as ``timing_s/<phase>``: 1 rollout and 2 reward by the collector of the plan's mode (the
-hybrid engine's, one step ahead on a pool of its own, or from the fully async queue), 3 to 7 in
+hybrid engine's, one step ahead on a pool of its own, or from the fully async queue; with verl's V1
+``separate_async`` 1 to 7 run once per mini-batch), 3 to 7 in
 :meth:`~RayPPOTrainer.train` (old and reference log-probs, values, advantages, critic and actor updates), then
 8 the weight sync into the rollout. What a run needs (critic, reference, KL in the reward, the exact skips) is the
 plan's: the absent phases are no-op objects chosen at start-up (``trainer/assembly.py``).
@@ -55,6 +56,7 @@ from hybridflow.trainer.phases import (
 )
 from hybridflow.trainer.profiling import NoProfiler, StepProfiler, step_profiler
 from hybridflow.trainer.rollout_collection import EndOfData, PromptSource, assign_uids, generate_and_score
+from hybridflow.trainer.separate_async import merge_passes
 from hybridflow.trainer.val_generations import ValidationGenerations
 from hybridflow.trainer.worker_groups import WorkerGroups
 
@@ -156,15 +158,21 @@ class RayPPOTrainer:
 
     def step(self, step: int, timer: StepTimer) -> tuple[DataProto, DataProto | None, dict[str, float]]:
         """One step in the paper's order: its whole batch, the part that trained (None: the scores were not
-        finite, so nothing trained), and the metrics of its phases."""
+        finite, so nothing trained), and the metrics of its phases. With ``separate_async`` phases 1 to 7 run once
+        per mini-batch (``plan.passes_per_step``), as each arrives."""
+        passes = [self._pass(step, timer) for _ in range(self.plan.passes_per_step)]
+        batch, train_batch, metrics = passes[0] if len(passes) == 1 else merge_passes(passes)
+        # 8 weight sync: the updated actor's weights into the rollout, for what it generates next
+        self.rollout.sync_weights(step, timer)
+        return batch, train_batch, metrics
+
+    def _pass(self, step: int, timer: StepTimer) -> tuple[DataProto, DataProto | None, dict[str, float]]:
         # 1 rollout and 2 reward, as the plan's mode generates: now, one step ahead, or from the async queue
         batch, metrics = self.rollout.collect(self.prompts, timer, step)
         train_batch = None
         if self.nonfinite.scores_are_finite(batch, step):  # scores that are not finite would make 3-7 NaN
             batch, train_batch, train_metrics = self.train(batch, timer, step)  # 3 to 7
             metrics.update(train_metrics)
-        # 8 weight sync: the updated actor's weights into the rollout, for what it generates next
-        self.rollout.sync_weights(step, timer)
         return batch, train_batch, metrics
 
     def train(self, batch: DataProto, timer: StepTimer, step: int) -> tuple[DataProto, DataProto, dict[str, float]]:
@@ -181,7 +189,7 @@ class RayPPOTrainer:
             metrics.update(balance_metrics)
         # 3 old and reference log-probs and 4 values, started in this order, then awaited in it: on separate pools
         # (trainer.placement=split) the critic computes while the actor does
-        old = phases.old_log_probs.start(train_batch, timer)
+        old = phases.old_log_probs.start(train_batch, timer, step)
         ref = phases.reference.start(train_batch, timer)
         values = phases.critic.start_values(train_batch, timer)
         train_batch = join_columns(train_batch, timer, old, ref, values)

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import torch
 from peft import LoraConfig
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from hybridflow.algos import KL_ESTIMATORS, BypassCorrection, compute_bypass_policy_loss, get_policy_loss_fn
 from hybridflow.distributed.sequence_parallel import SequenceParallelGroup
@@ -149,6 +150,7 @@ class ActorPart:
         self.kl_estimator = KL_ESTIMATORS.get(config.kl_loss_type) if config.use_kl_loss else None
         self.bypass = bypass
         self.weights_version = 0
+        self.cpu_weights: dict[int, list[torch.Tensor]] = {}
 
     @staticmethod
     def _update_batches(config: ActorConfig, rollout_n: int, rows: RowGroup) -> tuple[int, MicroBatching]:
@@ -352,6 +354,23 @@ class ActorPart:
             global_step=global_step,
         )
 
+    def save_weights_to_cpu(self, slot: int) -> None:
+        """A CPU copy of this rank's shards of the trainable weights, kept as ``slot``."""
+        self.cpu_weights[slot] = [_local(param).detach().to("cpu", copy=True) for param in self._trainable()]
+
+    def restore_weights_from_cpu(self, slot: int) -> None:
+        """The trainable weights set back to the copy kept as ``slot`` (the optimizer's state is untouched)."""
+        with torch.no_grad():
+            for param, saved in zip(self._trainable(), self.cpu_weights[slot], strict=True):
+                _local(param).copy_(saved)
+        self.weights_version += 1
+
+    def clear_cpu_weights(self, slot: int) -> None:
+        self.cpu_weights.pop(slot, None)
+
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        return [param for param in self.module.parameters() if param.requires_grad]
+
     def load_checkpoint(self, path: str | pathlib.Path) -> dict[str, Any]:
         with self.trainer.on_device(with_optimizer=True):
             manifest = checkpoint.load_checkpoint(
@@ -359,3 +378,8 @@ class ActorPart:
             )
         self.weights_version += 1
         return manifest
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 parameter (the tensor itself when it is not sharded)."""
+    return param.to_local() if isinstance(param, DTensor) else param

@@ -229,6 +229,21 @@ class ActorRolloutRefWorker(Worker, Profiled):
         return metrics_output({**metrics, **memory_metrics(self.device)}, self.rank)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_model_to_cpu(self, slot: int) -> None:
+        """Keep a CPU copy of the actor's weights as ``slot`` (verl's decoupled PPO keeps a step's starting
+        weights, pi_old, while its mini-batches update them)."""
+        self._part("actor", "save_model_to_cpu").save_weights_to_cpu(slot)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def restore_model_from_cpu(self, slot: int) -> None:
+        """Set the actor's weights to the copy kept as ``slot``."""
+        self._part("actor", "restore_model_from_cpu").restore_weights_from_cpu(slot)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def clear_cpu_model(self, slot: int) -> None:
+        self._part("actor", "clear_cpu_model").clear_cpu_weights(slot)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int = 0) -> None:
         """Model, optimizer, scheduler and RNG states of the actor into ``local_path`` (atomically)."""
         self._part("actor", "save_checkpoint").save_checkpoint(local_path, global_step, self.tokenizer)

@@ -59,9 +59,9 @@ def test_what_cannot_generate_a_step_ahead_is_refused_in_one_line_each(base):
         f"rollout.n_gpus_per_node=0 must be >= 1 (the rollout pool of {OFF})",
         f"{OFF} runs the rollout in processes of its own, which trainer.local_mode=true does not start; set "
         "trainer.local_mode=false or hybrid_engine=true",
-        f"{OFF} generates one batch ahead, but dynamic sampling (algorithm.filter_groups.enable=true) decides how "
+        f"{OFF} generates ahead of training, but dynamic sampling (algorithm.filter_groups.enable=true) decides how "
         "many batches a step needs after scoring them; turn one of them off",
-        f"{OFF} generates one batch ahead, but algorithm.adv_estimator=remax needs a greedy response from the "
+        f"{OFF} generates ahead of training, but algorithm.adv_estimator=remax needs a greedy response from the "
         "current policy each step; use hybrid_engine=true with it",
     ]
 

@@ -1,13 +1,16 @@
-"""``trainer.v1.*``: verl's V1 trainer modes read under verl's keys, colocate_async's plan, and what it cannot run
-refused in one line before anything starts."""
+"""``trainer.v1.*``: verl's V1 trainer modes read under verl's keys, colocate_async's and separate_async's plans,
+and what they cannot run refused in one line before anything starts."""
 
 import pytest
 
 from hybridflow.config.load import load_config_with_notes
-from hybridflow.config.plan import COLOCATE_ASYNC, SYNC
+from hybridflow.config.plan import COLOCATE_ASYNC, SEPARATE_ASYNC, SYNC
 from tests.trainer.helpers import compose_config, config_errors, plan_of
 
 MODE = "trainer.v1.trainer_mode=colocate_async"
+SEPARATE = "trainer.v1.trainer_mode=separate_async"
+# base's 4 prompts a step in mini-batches of 2
+SEPARATE_RUN = [SEPARATE, "trainer.v1.separate_async.parameter_sync_step=2"]
 
 
 def test_a_verl_v1_colocate_async_command_line_plans_partial_rollout(base):
@@ -21,9 +24,64 @@ def test_a_verl_v1_colocate_async_command_line_plans_partial_rollout(base):
     assert plan_of(base + ["trainer.v1.trainer_mode=sync"]).mode == SYNC
 
 
-def test_separate_async_is_refused_with_hybridflows_asynchronous_pool_named(base):
-    (line,) = config_errors(base + ["trainer.v1.trainer_mode=separate_async"])
-    assert line.startswith("trainer.v1.trainer_mode=separate_async") and "async_training.enable=true" in line
+def test_a_verl_v1_separate_async_command_line_plans_a_pool_of_its_own_and_mini_batch_passes(base):
+    """verl's keys as its V1 scripts set them: the standalone pool's size under actor_rollout_ref.rollout, the
+    TransferQueue switch (accepted, not read: batches travel as DataProto)."""
+    overrides = (
+        base
+        + SEPARATE_RUN
+        + [
+            "trainer.use_v1=true",
+            "transfer_queue.enable=true",
+            "data.gen_batch_size=1",
+            "actor_rollout_ref.rollout.nnodes=1",
+            "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        ]
+    )
+    plan = plan_of(overrides)
+    assert plan.mode == SEPARATE_ASYNC
+    assert plan.passes_per_step == 2 and plan.prompts_per_step == 2 and plan.prompts_per_generation == 1
+    assert plan.worker_roles == {"actor_rollout_ref": "actor", "rollout": "rollout"}
+    assert plan.resources.pools["rollout_pool"].world_size == 1
+    # One optimizer step per mini-batch: the learning-rate schedule spans the run's mini-batches
+    assert plan.actor_rollout_ref.actor.optim.total_training_steps == 2 * plan.total_training_steps
+    assert "the step's starting weights" in plan.phases["old_log_prob"].why
+    assert plan.phases["update_weights"].runs
+    _, unread = load_config_with_notes(compose_config(overrides), check_environment=False)
+    assert [line.split(" ")[0] for line in unread] == ["transfer_queue.enable=True"]
+
+
+@pytest.mark.parametrize(
+    "setting, named",
+    [
+        ("async_training.enable=true", "async_training.enable=true"),
+        ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi_turn.enable=true"),
+        ("data.gen_batch_size=4", "data.gen_batch_size=4"),
+    ],
+)
+def test_what_separate_async_cannot_run_with_is_refused_in_one_line(base, setting, named):
+    lines = [line for line in config_errors(base + SEPARATE_RUN + [setting]) if line.startswith(SEPARATE)]
+    assert len(lines) == 1 and named in lines[0] and "use trainer.v1.trainer_mode=sync" in lines[0], lines
+
+
+def test_separate_async_needs_the_batch_to_be_its_mini_batches_as_verl_asserts(base):
+    (line,) = config_errors(base + [SEPARATE, "trainer.v1.separate_async.parameter_sync_step=3"])
+    assert line.startswith("data.train_batch_size=4 must equal trainer.v1.separate_async.parameter_sync_step=3 x")
+
+
+def test_separate_async_step_switching_is_refused_and_its_knobs_need_it(base):
+    (line,) = config_errors(base + SEPARATE_RUN + ["trainer.v1.separate_async.hybrid_rollout.enable_switch=true"])
+    assert line.startswith("trainer.v1.separate_async.hybrid_rollout.enable_switch=True needs lending")
+    knob = "trainer.v1.separate_async.hybrid_rollout.switch_threshold_ratio=0.5"
+    _, unread = load_config_with_notes(compose_config(base + SEPARATE_RUN + [knob]), check_environment=False)
+    assert unread == [
+        f"{knob} (read only with trainer.v1.separate_async.hybrid_rollout.enable_switch, which hybridflow refuses)"
+    ]
+
+
+def test_separate_async_runs_its_pool_in_processes_of_its_own(base):
+    errors = config_errors(base + SEPARATE_RUN + ["trainer.local_mode=true"])
+    assert f"{SEPARATE} runs the rollout in processes of its own" in errors[0]
 
 
 @pytest.mark.parametrize(
@@ -44,7 +102,8 @@ def test_what_colocate_async_cannot_run_with_is_refused_in_one_line(base, settin
 @pytest.mark.parametrize(
     "setting, named",
     [
-        ("trainer.v1.trainer_mode=async", "is not one of [sync, colocate_async]"),
+        ("trainer.v1.trainer_mode=async", "is not one of [sync, colocate_async, separate_async]"),
+        ("trainer.v1.separate_async.num_warmup_batches=-1", "must be >= 0"),
         ("trainer.v1.colocate_async.num_warmup_batches=-1", "must be >= 0"),
         ("trainer.v1.sampler.max_off_policy_threshold=0", "must be >= 1 (or null: no limit)"),
         ("trainer.v1.sampler.max_off_policy_strategy=evict", "is not one of [drop, wait]"),
@@ -56,11 +115,19 @@ def test_bad_v1_values_are_refused_by_key(base, setting, named):
 
 
 def test_colocate_async_settings_without_the_mode_are_listed_as_not_read(base):
-    overrides = ["trainer.v1.colocate_async.num_warmup_batches=3", "trainer.v1.sampler.max_off_policy_strategy=wait"]
+    overrides = [
+        "trainer.v1.colocate_async.num_warmup_batches=3",
+        "trainer.v1.separate_async.parameter_sync_step=2",
+        "trainer.v1.sampler.max_off_policy_strategy=wait",
+    ]
     _, unread = load_config_with_notes(compose_config(base + overrides), check_environment=False)
     assert [line for line in unread if line.startswith("trainer.v1")] == [
         "trainer.v1.colocate_async.num_warmup_batches=3 (read only with trainer.v1.trainer_mode=colocate_async)",
-        "trainer.v1.sampler.max_off_policy_strategy=wait (read only with trainer.v1.trainer_mode=colocate_async)",
+        "trainer.v1.separate_async.parameter_sync_step=2 (read only with trainer.v1.trainer_mode=separate_async)",
+        "trainer.v1.sampler.max_off_policy_strategy=wait (read only with trainer.v1.trainer_mode=colocate_async or "
+        "separate_async)",
     ]
     _, unread = load_config_with_notes(compose_config(base + overrides + [MODE]), check_environment=False)
-    assert not [line for line in unread if line.startswith("trainer.v1")]
+    assert [line.split(" ")[0] for line in unread if line.startswith("trainer.v1")] == [
+        "trainer.v1.separate_async.parameter_sync_step=2"
+    ]

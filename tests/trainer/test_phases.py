@@ -118,7 +118,7 @@ def test_the_rollout_correction_runs_after_the_kl_penalty_and_before_the_advanta
 def test_bypass_mode_takes_the_engines_log_probs_as_old_ones():
     rollout = torch.tensor([[-0.5, -2.0]])
     batch = DataProto.from_dict({"rollout_log_probs": rollout})
-    assert RolloutLogProbsAsOld().start(batch, StepTimer()) is None  # no pass to wait for
+    assert RolloutLogProbsAsOld().start(batch, StepTimer(), 1) is None  # no pass to wait for
     assert batch.batch["old_log_probs"] is rollout
 
 
