@@ -1,5 +1,5 @@
-"""The asynchronous modes (one-step-off, fully async, V1 colocate_async) against the synchronous hybrid engine on
-``make demo``'s task, side by side.
+"""The asynchronous modes (one-step-off, fully async, V1 colocate_async and separate_async) against the synchronous
+hybrid engine on ``make demo``'s task, side by side.
 
 All train the demo's recipe (``python -m hybridflow.demo``: its model, sorting prompts, 32 prompts x 8 samples,
 lr schedule over ``--steps`` steps, greedy validation every ``--test_freq`` steps):
@@ -17,6 +17,10 @@ lr schedule over ``--steps`` steps, greedy validation every ``--test_freq`` step
 - ``colocate_async``: verl's V1 mode (``trainer.v1.trainer_mode=colocate_async``, one warm-up batch) in the demo's
   one process: 64 prompt groups in flight, a step trains on the first 32 to finish and the rest go on after its
   weight sync (partial rollout); bypass mode with the engine's log-probs, as the other asynchronous modes;
+- ``separate_async``: verl's V1 mode (``trainer.v1.trainer_mode=separate_async``) on the same two pools: each step's
+  32 prompts in 2 mini-batches of 16 (``parameter_sync_step=2``), each trained as soon as the pool has finished it,
+  their old log-probs under the step's starting weights (verl's decoupled PPO), the pool at most one batch ahead,
+  one sync a step landing in the generation in flight; ``separate_async_bypass`` the same with bypass mode;
 - ``sync_bypass``: the synchronous demo with that bypass mode alone, to tell the mode's effect from bypass mode's.
 
 Time is training seconds (the sum of ``timing_s/step``: validation and checkpoints excluded on all sides, as in
@@ -65,11 +69,20 @@ FULLY_ASYNC = ONE_STEP_OFF + [
     "async_training.concurrent_samples_per_replica=16",
 ]
 COLOCATE_ASYNC = ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=1", *BYPASS]
+SEPARATE_ASYNC = [
+    *ONE_STEP_OFF[:3],
+    "trainer.v1.trainer_mode=separate_async",
+    "trainer.v1.separate_async.num_warmup_batches=1",
+    "trainer.v1.separate_async.parameter_sync_step=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+]
 SYSTEMS = {
     "sync": [],
     "one_step_off": ONE_STEP_OFF,
     "fully_async": FULLY_ASYNC,
     "colocate_async": COLOCATE_ASYNC,
+    "separate_async": SEPARATE_ASYNC + ["actor_rollout_ref.rollout.calculate_log_probs=true"],
+    "separate_async_bypass": SEPARATE_ASYNC + BYPASS,
     "sync_bypass": BYPASS,
 }
 POLL_S = 0.5

@@ -180,9 +180,12 @@ def _verl_only_keys() -> list[str]:
     counts = _rule_counts(PPO_SURFACE)
     for rule in PPO_SURFACE.rules:
         if counts.get(rule) and rule.kind in meaning:
-            lines.append(
-                f"| `{_cell(rule.pattern)}` | {_cell(meaning[rule.kind].format(what=rule.what))} | {counts[rule]} |"
-            )
+            text = meaning[rule.kind].format(what=rule.what)
+            if rule.served_with:
+                text = text.replace(
+                    "unless at verl's default", "unless at verl's default or with `{}={}`".format(*rule.served_with)
+                )
+            lines.append(f"| `{_cell(rule.pattern)}` | {_cell(text)} | {counts[rule]} |")
     lines += [
         "",
         "### Accepted, but not read",

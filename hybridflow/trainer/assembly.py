@@ -201,6 +201,6 @@ def step_hooks(plan: RunPlan, tokenizer: Any) -> list[StepHook]:
         hooks.append(RewardComponentMetrics(plan.algorithm.gdpo_reward_keys))
     if plan.actor_rollout_ref.actor.calculate_sum_pi_squared:
         hooks.append(VarianceProxyMetrics())
-    if plan.mode in (FULLY_ASYNC, SEPARATE_ASYNC):
+    if plan.mode == FULLY_ASYNC:
         hooks.append(TrainerIdleRatio())
     return hooks

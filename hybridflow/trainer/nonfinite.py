@@ -84,7 +84,8 @@ class NonFiniteGuard:
         self.steps = state["steps"]
 
     def _count(self, step: int, what: str, fix: str) -> None:
-        self.steps += 1
+        if self.last_step != step:  # once per step, however many of its mini-batches (separate_async) it hits
+            self.steps += 1
         self.last_step = step
         print(f"[hybridflow] warning: step {step}: {what} ({self.steps} such step(s) so far)", flush=True)
         if self.steps > self.max_steps:

@@ -53,7 +53,7 @@ def test_separate_async_trains_mini_batches_against_the_steps_weights_and_resume
         record = steps[step]
         assert record[names.GLOBAL_STEP] == step
         assert record[names.stat(names.OFF_POLICY_SPANS, "max")] <= 8  # trainer.v1.sampler's default threshold
-        assert 0 <= record[names.FULLY_ASYNC_TRAINER_IDLE_RATIO] <= 1
+        assert names.timing("gen") in record  # the trainer's wait for the pool (verl's trainer idle time)
     # A sync after every step but the last, under verl's V1 name
     assert [s for s in steps if names.timing("update_weights") in steps[s]] == list(range(1, STEPS))
     # Samples of step 2 on were generated before that step's weights: at least one version stale
