@@ -71,7 +71,7 @@ def _setting_errors(v1: TrainerV1Config) -> list[str]:
 
 def _colocate_errors(config: PPOTrainerConfig) -> list[str]:
     """What ``colocate_async`` cannot run with: it continues the actor's own hf engine's samples one by one."""
-    rollout, mode, errors = config.actor_rollout_ref.rollout, f"{KEY}=colocate_async", []
+    rollout = config.actor_rollout_ref.rollout
     conflicts = [
         (one_step_off(config), "actor_rollout_ref.hybrid_engine=false", "generates on the actor's processes"),
         (config.async_training.enable, "async_training.enable=true", "is an asynchronous mode of its own"),
@@ -97,16 +97,13 @@ def _colocate_errors(config: PPOTrainerConfig) -> list[str]:
             "has no greedy baselines (ReMax)",
         ),
     ]
-    for conflict, setting, why in conflicts:
-        if conflict:
-            errors.append(f"{mode} with {setting}: colocate_async {why}; use {KEY}=sync or change {setting}")
-    return errors
+    return _refusals(COLOCATE_ASYNC, conflicts)
 
 
 def _separate_errors(config: PPOTrainerConfig) -> list[str]:
     """What ``separate_async`` cannot run with (its pool's own limits are ``rollout_pool_options``')."""
     settings, actor = config.trainer.v1.separate_async, config.actor_rollout_ref.actor
-    rollout, mode = config.actor_rollout_ref.rollout, f"{KEY}=separate_async"
+    rollout = config.actor_rollout_ref.rollout
     if settings.parameter_sync_step < 1:
         return [f"trainer.v1.separate_async.parameter_sync_step={settings.parameter_sync_step} must be >= 1"]
     errors = []
@@ -134,10 +131,16 @@ def _separate_errors(config: PPOTrainerConfig) -> list[str]:
             "takes prompts one at a time (verl's scripts set 1)",
         ),
     ]
-    for conflict, setting, why in conflicts:
-        if conflict:
-            errors.append(f"{mode} with {setting}: separate_async {why}; use {KEY}=sync or change {setting}")
-    return errors
+    return errors + _refusals(SEPARATE_ASYNC, conflicts)
+
+
+def _refusals(mode: str, conflicts: list[tuple[bool, str, str]]) -> list[str]:
+    """One line per (conflict, setting, why) that holds: ``mode`` cannot run with ``setting``."""
+    return [
+        f"{KEY}={mode} with {setting}: {mode} {why}; use {KEY}=sync or change {setting}"
+        for conflict, setting, why in conflicts
+        if conflict
+    ]
 
 
 def unread_v1_options(config: PPOTrainerConfig) -> list[str]:

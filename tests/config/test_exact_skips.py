@@ -60,6 +60,16 @@ def test_each_term_that_sees_every_sample_blocks_its_shortcut(base, override, ol
     assert skips_zero_signal_samples(config) == zero_signal
 
 
+def test_the_engines_log_probs_beside_an_old_log_prob_pass_block_the_zero_signal_skip(base):
+    """Phase 5 then compares every sample's old log-probs with the engine's (the mismatch metrics), so it cannot
+    run first on the scores alone; without the pass (an on-policy update) there is nothing to compare."""
+    engine = "actor_rollout_ref.rollout.calculate_log_probs=true"
+    config = _config(base, ONE_MINI_BATCH, engine, "actor_rollout_ref.actor.ppo_epochs=2")
+    assert not skips_old_log_prob(config) and not skips_zero_signal_samples(config)
+    assert zero_signal_skip_blockers(config)[-1].startswith(f"{engine} compares every sample's old_log_probs")
+    assert skips_zero_signal_samples(_config(base, ONE_MINI_BATCH, engine))
+
+
 @pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
 def test_the_optimal_token_baseline_needs_every_samples_log_prob_pass(base, estimator):
     sum_pi_squared = "actor_rollout_ref.actor.calculate_sum_pi_squared=true"
