@@ -9,9 +9,10 @@ before training and every ``--test_freq`` steps, scored by the same rule (``acc`
 
 Time is training seconds: the wall time of the steps alone (hybridflow's ``timing_s/step``; TRL's steps
 timed by a callback that stops its clock while validating), so neither side pays for its validation or
-checkpoints. Per seed: TRL's final accuracy and its training seconds, the training seconds at which
-hybridflow's validation first reaches that accuracy, and their ratio (target <= 0.5); with several seeds,
-the median ratio. ``--hybridflow_steps`` gives hybridflow a different run length with the same recipe
+checkpoints. Per seed, the target is TRL's final accuracy less ``--within``: the training seconds at which each
+side's validation first reaches it, and their ratio (target <= 0.5); with several seeds, the median ratio. (Until
+2026-12-02 the ratio was over TRL's whole training time, which favoured hybridflow: TRL reaches its final
+accuracy before its last step too.) ``--hybridflow_steps`` gives hybridflow a different run length with the same recipe
 (its cosine schedule then spans its own run). Each side's whole process (start-up, validation, checkpoints
 included) is reported too: wall seconds, CPU seconds of its process tree, and the 1-minute load average at its
 start and end.
@@ -139,17 +140,18 @@ def first_reaching(points: list[dict[str, float]], accuracy: float) -> dict[str,
     return next((point for point in points if point["acc"] >= accuracy), None)
 
 
-def compare(trl: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
-    """TRL's final accuracy, and when each system first reached it, in training seconds."""
+def compare(trl: dict[str, Any], ours: dict[str, Any], within: float) -> dict[str, Any]:
+    """The target (TRL's final accuracy less ``within``) and when each system first reached it, in training
+    seconds: the ratio compares like with like."""
     final = trl["points"][-1]
-    target = final["acc"]
-    reached = first_reaching(ours["points"], target)
+    target = final["acc"] - within
+    reached, trl_first = first_reaching(ours["points"], target), first_reaching(trl["points"], target)
     return {
         "target": target,
         "trl_s": final["training_s"],
-        "trl_first": first_reaching(trl["points"], target),
+        "trl_first": trl_first,
         "ours": reached,
-        "ratio": reached["training_s"] / final["training_s"] if reached else float("inf"),
+        "ratio": reached["training_s"] / trl_first["training_s"] if reached else float("inf"),
     }
 
 
@@ -171,15 +173,15 @@ def print_seed(seed: int, results: dict[str, dict[str, Any]], comparison: dict[s
     print_runs(seed, results)
     trl_first, ours = comparison["trl_first"], comparison["ours"]
     print(
-        f"  TRL's final accuracy {100 * comparison['target']:.1f}% after {comparison['trl_s']:.0f} training s "
-        f"(first reached at step {trl_first['step']}, {trl_first['training_s']:.0f} s)"
+        f"  target {100 * comparison['target']:.1f}% (TRL's final accuracy less the margin), first reached by TRL at "
+        f"step {trl_first['step']}, after {trl_first['training_s']:.0f} training s (of {comparison['trl_s']:.0f})"
     )
     if ours is None:
         print("  hybridflow never reached it")
     else:
         print(
             f"  hybridflow first reached it at step {ours['step']}, after {ours['training_s']:.0f} training s: "
-            f"{comparison['ratio']:.2f}x TRL's training time (target <= 0.5x)"
+            f"{comparison['ratio']:.2f}x TRL's time to it (target <= 0.5x)"
         )
 
 
@@ -195,6 +197,9 @@ def main() -> None:
         "its own run, for a time budget rather than a step count",
     )
     parser.add_argument("--test_freq", type=int, default=10, help="validate every N steps")
+    parser.add_argument(
+        "--within", type=float, default=0.0, help="the target is TRL's final accuracy less this (0.05: 5 points)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="OMP/torch threads of each system's process")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, metrics)")
     args = parser.parse_args()
@@ -217,11 +222,11 @@ def main() -> None:
                 results[system] = (
                     run_trl(seed, args, run_dir, data) if system == "trl" else run_hybridflow(seed, args, run_dir)
                 )
-            comparison = compare(results["trl"], results["hybridflow"])
+            comparison = compare(results["trl"], results["hybridflow"], args.within)
             print_seed(seed, results, comparison)
             ratios.append(comparison["ratio"])
         print(
-            "\n== hybridflow's training time to TRL's final accuracy, over TRL's: "
+            "\n== hybridflow's training time to TRL's final accuracy (less the margin), over TRL's: "
             f"median {statistics.median(ratios):.2f}x "
             f"over {len(ratios)} seed(s) ({', '.join(f'{ratio:.2f}x' for ratio in ratios)}; target <= 0.5x)"
         )
