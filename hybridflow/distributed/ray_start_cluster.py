@@ -84,7 +84,9 @@ class RayStartCluster:
     def alive_nodes(self) -> int:
         command = [sys.executable, "-c", _COUNT_NODES, self.address]
         completed = subprocess.run(command, env=_cluster_env(), capture_output=True, text=True, timeout=60)
-        return int(completed.stdout.strip() or 0)
+        # Ray's driver also prints the cluster's error events (a node marked dead) on stdout
+        counts = [line for line in completed.stdout.splitlines() if line.startswith("alive_nodes=")]
+        return int(counts[-1].removeprefix("alive_nodes=")) if counts else 0
 
     def kill_worker_raylet(self) -> None:
         """The worker node's raylet, SIGKILLed: the node and every process on it are lost, as when a machine dies."""
@@ -118,5 +120,5 @@ def _command(pid: int) -> str:
 _COUNT_NODES = """
 import sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-print(sum(node["Alive"] for node in ray.nodes()))
+print(f"alive_nodes={sum(node['Alive'] for node in ray.nodes())}")
 """
