@@ -52,6 +52,12 @@ from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, RewardModelW
 from hybridflow.workers.judge import GenerativeJudgeWorker
 
 
+def lands_in_flight(plan: RunPlan) -> bool:
+    """Weight syncs land in the rollout pool's generation in flight (partial rollout: separate_async, or fully
+    async with ``partial_rollout``)."""
+    return plan.mode == SEPARATE_ASYNC or (plan.fully_async is not None and plan.fully_async.partial_rollout)
+
+
 def role_classes(plan: RunPlan) -> dict[str, RayClassWithInitArgs]:
     """The worker class of each role of the plan, with its section."""
     classes = {}
@@ -75,7 +81,7 @@ def worker_starter(plan: RunPlan) -> Callable[..., Any]:
     loads beside a generation in flight where partial rollout lands them there."""
     if plan.local:
         return create_local_worker_groups
-    partial = plan.mode == SEPARATE_ASYNC or (plan.fully_async is not None and plan.fully_async.partial_rollout)
+    partial = lands_in_flight(plan)
     concurrent = frozenset({ROLLOUT_ROLE}) if partial else frozenset()
     return functools.partial(create_worker_groups, concurrent_roles=concurrent)
 
@@ -118,7 +124,7 @@ def collector(plan: RunPlan, groups: dict[str, Any], tokenizer: Any, reward_mana
     """Phases 1, 2 and 8 of the plan's mode."""
     rollout = plan.actor_rollout_ref.rollout
     meta = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
-    if plan.mode == SEPARATE_ASYNC or (plan.fully_async is not None and plan.fully_async.partial_rollout):
+    if lands_in_flight(plan):
         meta["record_weight_versions"] = True
     actor, rollout_group = groups["actor_rollout_ref"], groups.get(ROLLOUT_ROLE, groups["actor_rollout_ref"])
     generate = Generation(rollout_group, meta, seed=rollout.seed, n=rollout.n, val_n=rollout.val_kwargs.n)

@@ -106,13 +106,13 @@ class FullyAsyncCollector:
         self._start(source)  # the pool generates while the actor trains on this batch
         with timer(names.PHASE_REWARD):
             batch, _, metrics = self.score(batch)
-        return batch, {**metrics, **self._taken_metrics(batch, versions, step)}
+        return batch, {**metrics, **self._taken_metrics(batch, versions)}
 
     def _ready(self, step: int) -> bool:
         """Whether the queue holds a step's groups."""
         return self._queued_prompts() >= self.required
 
-    def _taken_metrics(self, batch: DataProto, versions: np.ndarray, step: int) -> dict[str, float]:
+    def _taken_metrics(self, batch: DataProto, versions: np.ndarray) -> dict[str, float]:
         """verl's ``fully_async/*`` counts after taking ``batch`` (its groups of weight ``versions``)."""
         self.stale_prompts_trained += int(np.sum(self.param_version - versions >= 1))
         samples_per_prompt = len(batch) // self.required
@@ -213,16 +213,22 @@ def partial_metrics(batch: DataProto) -> dict[str, float]:
     (``rollout_weight_versions``, -1 on padding; present with partial rollout)."""
     if "rollout_weight_versions" not in batch.batch.keys():
         return {}
-    versions = batch.batch["rollout_weight_versions"]
-    drawn = versions >= 0
-    first = torch.where(drawn, versions, torch.iinfo(versions.dtype).max).amin(dim=-1)
-    span = torch.where(drawn.any(dim=-1), versions.amax(dim=-1) - first, 0)
+    first, last, has_tokens = token_version_range(batch.batch["rollout_weight_versions"])
+    span = torch.where(has_tokens, last - first, 0)
     partial = span > 0
     return {
         names.FULLY_ASYNC_PARTIAL_SAMPLES: float(partial.sum()),
         names.FULLY_ASYNC_PARTIAL_RATIO: float(partial.float().mean()) if len(span) else 0.0,
         names.FULLY_ASYNC_MAX_PARTIAL_SPAN: float(span.max()) if len(span) else 0.0,
     }
+
+
+def token_version_range(versions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per sample of ``versions`` [B, R] (each token's weight version, -1 on padding): the first and the last version
+    that drew a token, and whether it has a token (where it has none, first and last mean nothing)."""
+    drawn = versions >= 0
+    first = torch.where(drawn, versions, torch.iinfo(versions.dtype).max).amin(dim=-1)
+    return first, versions.amax(dim=-1), drawn.any(dim=-1)
 
 
 class TrainerIdleRatio:

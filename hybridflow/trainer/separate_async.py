@@ -23,14 +23,11 @@ are its starting weights' (:class:`~hybridflow.trainer.phases.StepStartOldLogPro
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.tracking import metric_names as names
-from hybridflow.trainer.fully_async_collection import FullyAsyncCollector
+from hybridflow.trainer.fully_async_collection import FullyAsyncCollector, token_version_range
 from hybridflow.trainer.metrics import value_stats
 from hybridflow.trainer.one_step_off import RolloutWeightSync
 from hybridflow.trainer.prompt_groups import eviction_metrics
@@ -76,6 +73,7 @@ class SeparateAsyncCollector(FullyAsyncCollector):
         self.strategy = strategy
         self.evicted_ages: list[int] = []  # of the groups dropped since the last mini-batch was taken
 
+    # A prompt started with weight version v started in step v + 1: its age (verl's span) at step s is s - v.
     def _ready(self, step: int) -> bool:
         """Drop what is too old; ready when a mini-batch is queued and, with ``wait``, the generation in flight
         has not reached the threshold."""
@@ -84,25 +82,20 @@ class SeparateAsyncCollector(FullyAsyncCollector):
             self.strategy == "wait"
             and self.threshold is not None
             and self.running is not None
-            and self._age(step, self.running_version) >= self.threshold
+            and step - self.running_version >= self.threshold
         )
         return super()._ready(step) and not waiting
 
-    def _taken_metrics(self, batch: DataProto, versions: np.ndarray, step: int) -> dict[str, float]:
+    def _taken_metrics(self, batch: DataProto, versions: np.ndarray) -> dict[str, float]:
         metrics = {**off_policy_metrics(batch, self.param_version), **eviction_metrics(self.evicted_ages)}
         self.evicted_ages = []
         return metrics
-
-    @staticmethod
-    def _age(step: int, version: np.ndarray | int) -> Any:
-        """verl's span of a prompt started with weight ``version`` (in step ``version + 1``), at step ``step``."""
-        return step - version
 
     def _drop_stale(self, step: int) -> None:
         """With ``drop``: the queued groups older than the threshold leave, and as many more prompts may start."""
         if self.strategy != "drop" or self.threshold is None or not self._queued_prompts():
             return
-        ages = self._age(step, self.queued_versions)
+        ages = step - self.queued_versions
         stale = ages > self.threshold
         dropped = int(stale.sum())
         if not dropped:
@@ -120,11 +113,8 @@ def off_policy_metrics(batch: DataProto, current_version: int) -> dict[str, floa
     """verl's ``training/off_policy/trajectory_*`` of a mini-batch from each token's weight version
     (``rollout_weight_versions``, -1 on padding): per sample, its span (last - first + 1), its staleness (current -
     last) and its worst staleness (current - first), the current version being the trainer's."""
-    versions = batch.batch["rollout_weight_versions"]
-    drawn = versions >= 0
-    has_tokens = drawn.any(dim=-1)
-    first = torch.where(drawn, versions, torch.iinfo(versions.dtype).max).amin(dim=-1)[has_tokens].double()
-    last = versions.amax(dim=-1)[has_tokens].double()
+    first, last, has_tokens = token_version_range(batch.batch["rollout_weight_versions"])
+    first, last = first[has_tokens].double(), last[has_tokens].double()
     if not len(last):
         return {}
     return {
