@@ -98,6 +98,8 @@ def zero_signal_skip_blockers(config: PPOTrainerConfig) -> list[str]:
         )
     if actor.use_kl_loss:
         blockers.append("actor_rollout_ref.actor.use_kl_loss=true adds a KL loss on every sample")
+    if config.distillation.enabled:
+        blockers.append("distillation.enabled=true gives every sample a distillation loss")
     if actor.entropy_coeff != 0:
         blockers.append(f"actor_rollout_ref.actor.entropy_coeff={actor.entropy_coeff} adds an entropy bonus per sample")
     loss_mode = actor.policy_loss.loss_mode

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hybridflow.config.batch_sizes import micro_batch_sizes
+from hybridflow.config.distillation_options import TEACHER_ROLE
 from hybridflow.config.phases import OLD_FROM_PASS
 from hybridflow.config.placement import ROLLOUT_ROLE
 from hybridflow.config.sequence_parallel_options import data_parallel_ranks
@@ -167,11 +168,14 @@ def _shapes(plan: RunPlan) -> dict[str, ModelShape] | None:
         models["critic"] = plan.critic.model
     if plan.reward_model.enable:
         models["reward_model"] = plan.reward_model.model
-    if not all((pathlib.Path(model.path).expanduser() / "config.json").is_file() for model in models.values()):
+    paths = {role: model.path for role, model in models.items()}
+    if plan.teacher is not None:
+        paths[TEACHER_ROLE] = plan.teacher.model_path
+    if not all((pathlib.Path(path).expanduser() / "config.json").is_file() for path in paths.values()):
         return None
-    return {
-        role: ModelShape.read(model.path, getattr(model, "trust_remote_code", False)) for role, model in models.items()
-    }
+    remote_code = {role: getattr(model, "trust_remote_code", False) for role, model in models.items()}
+    remote_code[TEACHER_ROLE] = plan.actor_rollout_ref.model.trust_remote_code
+    return {role: ModelShape.read(path, remote_code[role]) for role, path in paths.items()}
 
 
 def _role_parts(plan: RunPlan, role: str, shapes: dict[str, ModelShape]) -> list[Part]:
@@ -186,6 +190,8 @@ def _role_parts(plan: RunPlan, role: str, shapes: dict[str, ModelShape]) -> list
         return _critic_parts(plan, shapes["critic"])
     if role == "ref":
         return _reference_parts(plan, shapes["actor"], _role_world(plan, role))
+    if role == TEACHER_ROLE:
+        return _teacher_parts(plan, shapes[TEACHER_ROLE], _role_world(plan, role))
     return _reward_model_parts(plan, shapes["reward_model"])
 
 
@@ -232,6 +238,21 @@ def _reference_parts(plan: RunPlan, shape: ModelShape, world: int) -> list[Part]
     tokens, key = _log_prob_batching(arr.ref, "actor_rollout_ref.ref").tokens(plan, micro, plan.prompts_per_step, ranks)
     parts.append(Part("reference forward", tokens * shape.forward_bytes_per_token(compute), key, "reference"))
     return parts
+
+
+def _teacher_parts(plan: RunPlan, shape: ModelShape, world: int) -> list[Part]:
+    """A distillation teacher's weights, sharded over its pool, and its forward, batched like the reference's."""
+    ref, width = plan.actor_rollout_ref.ref, _width(plan.teacher.dtype)
+    shards = _shards(ref.fsdp_config.fsdp_size, world)
+    key = "distillation.n_gpus_per_node (more processes, smaller shards)"
+    micro = micro_batch_sizes(plan.actor_rollout_ref, plan.critic, world)[0]
+    tokens, batch_key = _log_prob_batching(ref, "actor_rollout_ref.ref").tokens(
+        plan, micro, plan.prompts_per_step, world
+    )
+    return [
+        Part("teacher weights", shape.parameters * width // shards, key),
+        Part("teacher forward", tokens * shape.forward_bytes_per_token(width), batch_key, "teacher"),
+    ]
 
 
 def _role_world(plan: RunPlan, role: str) -> int:

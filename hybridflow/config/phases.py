@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridflow.algos.advantage_registry import ADV_ESTIMATORS
+from hybridflow.config.distillation_options import distills, teacher_pool_shape, teacher_spec
 from hybridflow.config.estimator_options import greedy_baseline
 from hybridflow.config.exact_skips import old_log_prob_skip_blockers, skips_old_log_prob, skips_zero_signal_samples
 from hybridflow.config.fully_async_options import (
@@ -90,6 +91,7 @@ def phases(config: PPOTrainerConfig) -> dict[str, Phase]:
         "reward": Phase(2, True, _reward(config)),
         "old_log_prob": _old_log_prob(config),
         "ref": Phase(3, reference, _reference(config, reference)),
+        "teacher": Phase(3, distills(config), _teacher(config)),
         "values": Phase(4, critic, _values(config, critic)),
         "adv": Phase(5, True, _advantages(config)),
         "update_critic": Phase(6, critic, "every step" if critic else "no critic"),
@@ -161,6 +163,20 @@ def _old_log_prob(config: PPOTrainerConfig) -> Phase:
         weights = "the step's starting weights" if passes_per_step(config) > 1 else "the weights that sampled the batch"
         return Phase(3, True, f"a forward pass under {weights}: {why}")
     return Phase(3, False, "the update is on-policy (one epoch of one mini-batch): its own log-probs are the old ones")
+
+
+def _teacher(config: PPOTrainerConfig) -> str:
+    if not distills(config):
+        return "no distillation (distillation.enabled is false)"
+    spec, loss = teacher_spec(config), config.distillation.distillation_loss
+    scored = f"its top-{spec.topk} log-probs" if spec.topk else "the sampled token's log-prob"
+    nodes, per_node = teacher_pool_shape(config)
+    return (
+        f"the teacher {spec.model_path} ({nodes} x {per_node} process(es) of its own) scores every response token: "
+        f"{scored}, for the actor's {loss.loss_mode} loss"
+        + (" as a reward (use_policy_gradient)" if loss.use_policy_gradient else "")
+        + ("" if loss.use_task_rewards else "; the task's advantages train nothing (use_task_rewards=false)")
+    )
 
 
 def _reference(config: PPOTrainerConfig, reference: bool) -> str:

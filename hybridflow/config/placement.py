@@ -8,7 +8,8 @@ calls overlap the actor's); it needs that many times the resources.
 A layout spelled out (``actor+ref:2/critic:2``, ``config/layouts.py``) divides the run's devices among pools of
 the sizes it names; ``auto`` is resolved to the best layout before the plan is made (``trainer/auto_placement.py``).
 Under either, a ``rollout`` role (``actor_rollout_ref.hybrid_engine=false``) gets a pool of its own shape,
-``ROLLOUT_POOL``. Pools are specifications until the trainer starts them (``trainer/worker_groups.py``).
+``ROLLOUT_POOL``, and so does a distillation ``teacher`` (``config/distillation_options.py``). Pools are
+specifications until the trainer starts them (``trainer/worker_groups.py``).
 """
 
 from __future__ import annotations
@@ -61,25 +62,36 @@ def make_resource_plan(
     processes_per_node: int,
     use_gpu: bool,
     cpus_per_process: float,
-    rollout_pool_shape: tuple[int, int] = (1, 1),
+    own_pools: dict[str, tuple[int, int]] | None = None,
 ) -> ResourcePlan:
-    """Pools for ``roles`` under ``placement`` (one of :data:`PLACEMENTS`); a ``rollout`` role among them gets
-    ``rollout_pool_shape`` (nodes, processes per node) to itself."""
+    """Pools for ``roles`` under ``placement`` (one of :data:`PLACEMENTS`); a role of ``own_pools`` among them (the
+    rollout's, a distillation teacher's) gets a pool of that shape (nodes, processes per node) to itself."""
     if placement not in ("colocated", "split"):
         raise ValueError(f"trainer.placement={placement!r} is not one of colocated, split")
 
     def pool(name: str, shape: tuple[int, int] = (nnodes, processes_per_node)) -> ResourcePool:
         return _pool(name, [shape[1]] * shape[0], use_gpu, cpus_per_process)
 
-    training_roles = [role for role in roles if role != ROLLOUT_ROLE]
+    own_pools = own_pools or {}
+    training_roles = [role for role in roles if role not in own_pools]
     if placement == "colocated":
         pools, role_pool = {GLOBAL_POOL: pool(GLOBAL_POOL)}, {role: GLOBAL_POOL for role in training_roles}
     else:
         role_pool = {role: f"{role}_pool" for role in training_roles}
         pools = {name: pool(name) for name in role_pool.values()}
-    if ROLLOUT_ROLE in roles:
-        pools[ROLLOUT_POOL], role_pool[ROLLOUT_ROLE] = pool(ROLLOUT_POOL, rollout_pool_shape), ROLLOUT_POOL
-    return ResourcePlan(pools, role_pool)
+    return with_own_pools(ResourcePlan(pools, role_pool), roles, own_pools, use_gpu, cpus_per_process)
+
+
+def with_own_pools(
+    plan: ResourcePlan, roles: list[str], own_pools: dict[str, tuple[int, int]], use_gpu: bool, cpus_per_process: float
+) -> ResourcePlan:
+    """``plan`` with a pool ``<role>_pool`` of its shape for each role of ``own_pools`` among ``roles``."""
+    pools, role_pool = dict(plan.pools), dict(plan.role_pool)
+    for role, (nodes, per_node) in own_pools.items():
+        if role in roles:
+            name = f"{role}_pool"
+            pools[name], role_pool[role] = _pool(name, [per_node] * nodes, use_gpu, cpus_per_process), name
+    return ResourcePlan(pools, role_pool, plan.collective_timeouts)
 
 
 def layout_resource_plan(

@@ -15,9 +15,18 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from hybridflow.algos.distillation import DistillationLossConfig
 from hybridflow.algos.rollout_correction import CorrectionSettings
 from hybridflow.algos.rollout_correction_loss import BypassCorrection
 from hybridflow.config import phases as phase_rules
+from hybridflow.config.distillation_options import (
+    TEACHER_ROLE,
+    TeacherSpec,
+    distills,
+    teacher_pool_shape,
+    teacher_server_notes,
+    teacher_spec,
+)
 from hybridflow.config.environment import slow_dtype_notes
 from hybridflow.config.fully_async_options import (
     concurrent_samples,
@@ -28,10 +37,17 @@ from hybridflow.config.fully_async_options import (
     steps_per_version,
 )
 from hybridflow.config.fully_async_options import training_steps as fully_async_training_steps
+from hybridflow.config.layouts import Layout
 from hybridflow.config.load import ConfigError
 from hybridflow.config.memory_estimate import ProcessEstimate, estimate, memory_errors, runtime_bytes
 from hybridflow.config.phases import Phase
-from hybridflow.config.placement import ROLLOUT_ROLE, ResourcePlan, layout_resource_plan, make_resource_plan
+from hybridflow.config.placement import (
+    ROLLOUT_ROLE,
+    ResourcePlan,
+    layout_resource_plan,
+    make_resource_plan,
+    with_own_pools,
+)
 from hybridflow.config.profiler_options import ProfilePlan, profile_plan
 from hybridflow.config.resume_checks import resume_keys
 from hybridflow.config.reward_options import num_workers_notes
@@ -114,6 +130,9 @@ class RunPlan:
     bucket_megabytes: float
     # Each pool's process at its peak (``config/memory_estimate.py``); None where a model folder is not here.
     memory: tuple[ProcessEstimate, ...] | None = None
+    # On-policy distillation: the teacher role's model, and the actor's loss (None: no distillation)
+    teacher: TeacherSpec | None = None
+    distillation_loss: DistillationLossConfig | None = None
 
 
 def _mode(config: PPOTrainerConfig) -> str:
@@ -150,7 +169,9 @@ def build_plan(config: PPOTrainerConfig, train_prompts: int) -> RunPlan:
         profile=profile_plan(config),
         resume_keys=resume_keys(config, uses_critic),
         config_record=dataclasses.asdict(config),
-        notes=tuple(slow_dtype_notes(config, uses_critic) + num_workers_notes(config)),
+        notes=tuple(slow_dtype_notes(config, uses_critic) + num_workers_notes(config) + teacher_server_notes(config)),
+        teacher=teacher_spec(config) if distills(config) else None,
+        distillation_loss=copy.deepcopy(config.distillation.distillation_loss) if distills(config) else None,
         **_sections(config, steps * passes_per_step(config)),
     )
     own_bytes = runtime_bytes()
@@ -171,24 +192,14 @@ def _layout(config: PPOTrainerConfig) -> dict[str, Any]:
         phase_rules.uses_reference(config),
         layout is not None and layout.ref_apart,
     )
-    pool_options = {"use_gpu": trainer.device == "cuda", "cpus_per_process": trainer.cpus_per_worker}
-    if layout is None:
-        resources = make_resource_plan(
-            "colocated" if trainer.placement == "auto" else trainer.placement,
-            list(worker_roles),
-            nnodes=trainer.nnodes,
-            processes_per_node=trainer.n_gpus_per_node,
-            rollout_pool_shape=(config.rollout.nnodes, config.rollout.n_gpus_per_node),
-            **pool_options,
-        )
-    else:
-        resources = layout_resource_plan(layout, processes_per_node=trainer.n_gpus_per_node, **pool_options)
+    resources = _resources(config, layout, list(worker_roles))
     arr_timeout = config.actor_rollout_ref.nccl_timeout
     resources = resources.with_collective_timeouts(
         {
             "actor_rollout_ref": arr_timeout,
             "ref": arr_timeout,
             ROLLOUT_ROLE: arr_timeout,
+            TEACHER_ROLE: arr_timeout,
             "critic": config.critic.nccl_timeout,
         }
     )
@@ -205,6 +216,29 @@ def _layout(config: PPOTrainerConfig) -> dict[str, Any]:
         "overlap_pools": any(resources.role_pool.get(role, actor_pool) != actor_pool for role in ("critic", "ref"))
         and not trainer.local_mode,
     }
+
+
+def _resources(config: PPOTrainerConfig, layout: Layout | None, roles: list[str]) -> ResourcePlan:
+    """The pools of ``roles``: a named placement's or ``layout``'s, and the pools of their own (the rollout's, a
+    distillation teacher's)."""
+    trainer = config.trainer
+    pool_options = {"use_gpu": trainer.device == "cuda", "cpus_per_process": trainer.cpus_per_worker}
+    own_pools = {
+        ROLLOUT_ROLE: (config.rollout.nnodes, config.rollout.n_gpus_per_node),
+        TEACHER_ROLE: teacher_pool_shape(config),
+    }
+    if layout is None:
+        return make_resource_plan(
+            "colocated" if trainer.placement == "auto" else trainer.placement,
+            roles,
+            nnodes=trainer.nnodes,
+            processes_per_node=trainer.n_gpus_per_node,
+            own_pools=own_pools,
+            **pool_options,
+        )
+    resources = layout_resource_plan(layout, processes_per_node=trainer.n_gpus_per_node, **pool_options)
+    # A layout spells out the training pools; the teacher's pool is its own either way
+    return with_own_pools(resources, roles, {TEACHER_ROLE: own_pools[TEACHER_ROLE]}, **pool_options)
 
 
 def _step_shape(config: PPOTrainerConfig) -> dict[str, Any]:
@@ -282,6 +316,8 @@ def _worker_roles(config: PPOTrainerConfig, uses_critic: bool, uses_reference: b
         roles["critic"] = "critic"
     if config.reward_model.enable:
         roles["reward_model"] = "reward_model"
+    if distills(config):
+        roles[TEACHER_ROLE] = TEACHER_ROLE
     return roles
 
 

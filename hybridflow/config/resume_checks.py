@@ -24,7 +24,8 @@ USES_CRITIC = "critic (critic.enable, or an estimator that needs values)"
 # order data.seed/shuffle give; the optimizer and scheduler count mini-batches of responses; the worker states
 # are per rank; the critic and LoRA states exist only with a critic and with that adapter rank; a one-step-off
 # checkpoint (hybrid_engine=false) holds the next step's samples, which a synchronous run would not train on; a
-# fully async one holds a queue of samples and the staleness budget its settings sized.
+# fully async one holds a queue of samples and the staleness budget its settings sized; verl's V1 modes hold the
+# prompt groups in flight their warm-up sized (colocate_async) or a queue and a step of passes (separate_async).
 RESUME_KEYS = (
     "data.train_batch_size",
     "data.seed",
@@ -38,6 +39,10 @@ RESUME_KEYS = (
     "async_training.trigger_parameter_sync_step",
     "async_training.require_batches",
     "async_training.concurrent_samples_per_replica",
+    "trainer.v1.trainer_mode",
+    "trainer.v1.colocate_async.num_warmup_batches",
+    "trainer.v1.separate_async.num_warmup_batches",
+    "trainer.v1.separate_async.parameter_sync_step",
     WORLD_SIZE,
     USES_CRITIC,
 )

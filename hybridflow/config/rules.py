@@ -16,6 +16,7 @@ from hybridflow.algos.masked_stats import LOSS_AGG_MODES
 from hybridflow.algos.policy_losses import POLICY_LOSSES, PolicyLossConfigError, PolicyLossModeConfig
 from hybridflow.checkpoints.manager import RESUME_MODES
 from hybridflow.config.batch_sizes import batch_size_errors, positive
+from hybridflow.config.distillation_options import distillation_errors
 from hybridflow.config.estimator_options import estimator_option_errors
 from hybridflow.config.exact_skips import forced_skip_errors
 from hybridflow.config.fully_async_options import fully_async, fully_async_errors
@@ -74,6 +75,7 @@ def semantic_errors(config: PPOTrainerConfig) -> list[str]:
         + range_errors(config)
         + worker_start_errors(config, uses_critic(config))
         + profiler_errors(config)
+        + distillation_errors(config)
     )
 
 

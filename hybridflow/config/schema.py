@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from hybridflow.algos.distillation import DistillationLossConfig
 from hybridflow.help_fields import option, section
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
 
@@ -346,6 +347,54 @@ class GlobalProfilerConfig:
     )
 
 
+# verl's teacher inference servers' settings (``distillation.teacher_models.*.inference``) at verl's defaults; name,
+# dtype, prompt_length, response_length and temperature follow the rollout's (the YAML interpolates them; None here).
+TEACHER_FOLLOWS_ROLLOUT = ("name", "dtype", "prompt_length", "response_length", "temperature")
+TEACHER_SERVER = {
+    "gpu_memory_utilization": 0.5,
+    "enforce_eager": True,
+    "cudagraph_capture_sizes": None,
+    "free_cache_engine": True,
+    "data_parallel_size": 1,
+    "expert_parallel_size": 1,
+    "tensor_model_parallel_size": 2,
+    "max_num_batched_tokens": 8192,
+    "max_model_len": None,
+    "max_num_seqs": 1024,
+    "load_format": "auto",
+    "engine_kwargs": {},
+    "limit_images": None,
+    "enable_chunked_prefill": True,
+    "enable_prefix_caching": True,
+    "disable_log_stats": True,
+    "skip_tokenizer_init": True,
+}
+
+
+@dataclass
+class DistillationConfig:
+    """On-policy distillation (``distillation``, verl's keys): a frozen teacher scores the student's own samples,
+    and the actor's loss pulls the student towards it (``algos/distillation.py``)."""
+
+    enabled: bool = option(False, "Distill from distillation.teacher_models.teacher_model on the student's samples.")
+    distillation_loss: DistillationLossConfig = section(DistillationLossConfig, "The per-token loss and its weight.")
+    n_gpus_per_node: int = option(8, "Teacher worker processes per node of the teacher's pool (on CPU, processes).")
+    nnodes: int = option(0, "Nodes of the teacher's pool; at least 1 when enabled.")
+    teacher_models: dict = option(
+        {
+            "teacher_model": {
+                "key": None,
+                "model_path": None,
+                "num_replicas": 0,
+                "inference": {**dict.fromkeys(TEACHER_FOLLOWS_ROLLOUT), **TEACHER_SERVER},
+            }
+        },
+        "The teacher: teacher_model.model_path (a folder sharing the student's tokenizer); inference.dtype its "
+        "weights' dtype (default the rollout's); the other inference.* keys size verl's teacher servers.",
+    )
+    teacher_key: str = option("data_source", "Per-row field that picks a teacher when there are several.")
+
+
 @dataclass
 class PPOTrainerConfig:
     """Everything ``python -m hybridflow.trainer.main_ppo`` reads."""
@@ -366,3 +415,4 @@ class PPOTrainerConfig:
     )
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "Ray cluster.")
     global_profiler: GlobalProfilerConfig = section(GlobalProfilerConfig, "torch.profiler traces of chosen steps.")
+    distillation: DistillationConfig = section(DistillationConfig, "On-policy distillation from a frozen teacher.")

@@ -5,7 +5,7 @@ A verl launch script passes keys from verl's whole generated ``ppo_trainer`` con
 (:mod:`hybridflow.config.schema`) lacks, with verl's default, and :data:`RULES` says what each means
 here (first matching pattern wins; ``tests/trainer/test_verl_compat.py`` checks every key has a rule):
 aliases (``ray_init.num_cpus`` -> ``ray_kwargs.ray_init.num_cpus``), capabilities hybridflow lacks (Megatron,
-NPU, on-policy distillation, ...) and knobs that change nothing here (fused kernels), each with why. The mechanism is
+NPU, ...) and knobs that change nothing here (fused kernels), each with why. The mechanism is
 :mod:`hybridflow.config.key_surface`.
 """
 
@@ -151,7 +151,6 @@ RULES: tuple[Rule, ...] = (
     ),
     _lacks("reward_model.reward_loop_*", "custom reward-loop classes"),
     _lacks("algorithm.use_pf_ppo", "PF-PPO policy filtration"),
-    _lacks("distillation.enabled", "on-policy distillation"),
     _unread("transfer_queue.enable", TRANSFER_QUEUE),
     _lacks("skip.*.enable", "verl's rollout skip/dump (use trainer.rollout_data_dir to dump rollouts)"),
     _lacks("trainer.default_hdfs_dir", "copying checkpoints to HDFS"),
@@ -277,7 +276,6 @@ RULES: tuple[Rule, ...] = (
     _moot("*sandbox_fusion.*", "sandbox_fusion.url"),
     _moot("algorithm.pf_ppo.*", "algorithm.use_pf_ppo"),
     _unread("algorithm.filter_groups.max_inflight_gen_batches", "generation batches run one at a time: " + SAME_MATH),
-    _moot("distillation.*", "distillation.enabled"),
     _unread("transfer_queue.*", "TransferQueue's storage and metrics settings: " + TRANSFER_QUEUE),
     _moot("skip.*", "skip.*.enable"),
     # torch.profiler is served (global_profiler and each role's profiler section); what it does not do, refused.

@@ -16,6 +16,7 @@ from typing import Callable, Iterator, NamedTuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from hybridflow.algos.distillation import log_probs_at, topk_log_probs
 from hybridflow.distributed.sequence_parallel import SequenceParallelGroup
 from hybridflow.models.layouts import Layout, PackedBatch, SharedPromptBatch, choose_layout, pack_values
 from hybridflow.models.sequence_parallel import SequenceSplit, gather_predictions
@@ -52,6 +53,10 @@ class TokenStatistics(NamedTuple):
     log_probs: torch.Tensor
     entropy: torch.Tensor | None = None
     sum_pi_squared: torch.Tensor | None = None
+    # ``[B, R, k]``: a teacher's top-k log-probs and ids (``topk``), or a student's log-probs at given ids and its
+    # own top-k ids (``at_ids``), for on-policy distillation (``algos/distillation.py``)
+    topk_log_probs: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
 
 
 def forward_log_probs(
@@ -101,11 +106,15 @@ def forward_token_statistics(
     calculate_sum_pi_squared: bool = False,
     chunk_size: int | None = None,
     sequence_parallel: SequenceParallelGroup | None = None,
+    topk: int | None = None,
+    at_ids: torch.Tensor | None = None,
 ) -> TokenStatistics:
     """:func:`forward_log_probs` of a batch run in ``layout``, and with ``calculate_sum_pi_squared`` also
     ``sum_v pi_v^2`` of each position's next-token distribution (at ``temperature``; no gradient), from the
     same forward pass. With ``sequence_parallel`` every rank of that group passes the same batch and gets the
-    same statistics, each rank running ``1/k`` of every row (:mod:`hybridflow.models.sequence_parallel`)."""
+    same statistics, each rank running ``1/k`` of every row (:mod:`hybridflow.models.sequence_parallel`).
+    ``topk``: also the top-k log-probs and ids per response token (no gradient); ``at_ids [B, R, k]``: also the
+    log-probs at those ids (differentiable) and the model's own top-k ids."""
     predicts = response_prediction_mask(attention_mask, response_length)
     statistics = dict(temperature=temperature, calculate_entropy=calculate_entropy, chunk_size=chunk_size)
     arranged = layout.arrange(input_ids, attention_mask, response_length)
@@ -123,7 +132,35 @@ def forward_token_statistics(
     sum_pi_squared = None
     if calculate_sum_pi_squared:
         sum_pi_squared = place(sum_pi_squared_from_logits(logits, temperature, chunk_size))
-    return TokenStatistics(place(log_probs), None if entropy is None else place(entropy), sum_pi_squared)
+    top = _top_statistics(logits, labels, place, temperature, topk, at_ids, sequence_parallel)
+    return TokenStatistics(place(log_probs), None if entropy is None else place(entropy), sum_pi_squared, *top)
+
+
+def _top_statistics(logits, labels, place, temperature, topk, at_ids, sequence_parallel) -> tuple:
+    """:func:`forward_token_statistics`' ``topk_log_probs`` and ``topk_ids`` ``[B, R, k]`` (None, None unasked)."""
+    if topk is None and at_ids is None:
+        return None, None
+    if sequence_parallel is not None:
+        raise ValueError("top-k statistics (on-policy distillation) are not computed under Ulysses sequence parallel")
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab)
+    if at_ids is None:
+        top = topk_log_probs(flat, topk, temperature)
+        return _place_columns(top.log_probs, labels, place), _place_columns(top.ids, labels, place).long()
+    # Each prediction's ids: the [B, R] positions numbered in prediction order by the layout's own ``place``
+    order = place(torch.arange(1, labels.numel() + 1, dtype=torch.float32, device=flat.device).view(labels.shape))
+    predicted = order > 0
+    ids = at_ids.new_zeros(labels.numel(), at_ids.shape[-1])
+    ids[order[predicted].long() - 1] = at_ids[predicted]
+    gathered = log_probs_at(flat, ids, temperature)
+    own = topk_log_probs(flat, at_ids.shape[-1], temperature).ids
+    return _place_columns(gathered, labels, place), _place_columns(own, labels, place).long()
+
+
+def _place_columns(values: torch.Tensor, labels: torch.Tensor, place) -> torch.Tensor:
+    """``[P, k]`` per-prediction values placed into ``[B, R, k]`` (``place`` takes one column at a time)."""
+    columns = values.float() if not values.is_floating_point() else values
+    return torch.stack([place(columns[:, j].reshape(labels.shape)) for j in range(values.shape[-1])], -1)
 
 
 class _ModelRows(NamedTuple):

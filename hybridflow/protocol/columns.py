@@ -18,8 +18,14 @@ PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 LOG_PROB_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 ACTOR_UPDATE_INPUTS = LOG_PROB_INPUTS + ("response_mask", "advantages")
 # Read by the actor's update when present: the loss's old log-probs, its KL term's reference, rollout
-# correction's weights.
-ACTOR_UPDATE_OPTIONAL_INPUTS = ("old_log_probs", "ref_log_prob", "rollout_is_weights")
+# correction's weights, on-policy distillation's teacher scores.
+ACTOR_UPDATE_OPTIONAL_INPUTS = (
+    "old_log_probs",
+    "ref_log_prob",
+    "rollout_is_weights",
+    "teacher_logprobs",
+    "teacher_ids",
+)
 VALUE_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 CRITIC_UPDATE_INPUTS = VALUE_INPUTS + ("response_mask", "values", "returns")
 

@@ -15,6 +15,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from hybridflow.config.distillation_options import TEACHER_ROLE
 from hybridflow.config.phases import OLD_FROM_PASS, OLD_FROM_ROLLOUT
 from hybridflow.config.placement import ROLLOUT_ROLE
 from hybridflow.config.plan import COLOCATE_ASYNC, FULLY_ASYNC, ONE_STEP_OFF, SEPARATE_ASYNC, RunPlan
@@ -32,11 +33,13 @@ from hybridflow.trainer.phases import (
     NoCritic,
     NoOldLogProbPass,
     NoReference,
+    NoTeacher,
     OldLogProbs,
     PhaseCalls,
     ReferencePolicy,
     RolloutLogProbsAsOld,
     StepStartOldLogProbs,
+    TeacherScores,
 )
 from hybridflow.trainer.rollout_collection import (
     DynamicSamplingCollector,
@@ -50,6 +53,7 @@ from hybridflow.trainer.separate_async import SeparateAsyncCollector
 from hybridflow.trainer.worker_groups import create_local_worker_groups, create_worker_groups
 from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 from hybridflow.workers.judge import GenerativeJudgeWorker
+from hybridflow.workers.teacher import TeacherWorker
 
 
 def lands_in_flight(plan: RunPlan) -> bool:
@@ -64,12 +68,21 @@ def role_classes(plan: RunPlan) -> dict[str, RayClassWithInitArgs]:
     for role, parts in plan.worker_roles.items():
         if role == "actor_rollout_ref":
             classes[role] = RayClassWithInitArgs(
-                ActorRolloutRefWorker, config=plan.actor_rollout_ref, role=parts, bypass=plan.bypass
+                ActorRolloutRefWorker,
+                config=plan.actor_rollout_ref,
+                role=parts,
+                bypass=plan.bypass,
+                distillation=plan.distillation_loss,
             )
         elif role in (ROLLOUT_ROLE, "ref"):
             classes[role] = RayClassWithInitArgs(ActorRolloutRefWorker, config=plan.actor_rollout_ref, role=parts)
         elif role == "critic":
             classes[role] = RayClassWithInitArgs(CriticWorker, config=plan.critic)
+        elif role == TEACHER_ROLE:
+            teacher = plan.teacher
+            classes[role] = RayClassWithInitArgs(
+                TeacherWorker, plan.actor_rollout_ref, teacher.model_path, teacher.dtype, teacher.topk
+            )
         else:
             worker = GenerativeJudgeWorker if plan.reward_model.judge.enable else RewardModelWorker
             classes[role] = RayClassWithInitArgs(worker, config=plan.reward_model)
@@ -92,13 +105,17 @@ class StepPhases:
 
     old_log_probs: OldLogProbs | StepStartOldLogProbs | RolloutLogProbsAsOld | NoOldLogProbPass
     reference: ReferencePolicy | NoReference
+    teacher: TeacherScores | NoTeacher
     critic: Critic | NoCritic
     actor: ActorUpdate
 
 
-def step_phases(plan: RunPlan, actor_rollout: Any, critic_group: Any, ref_group: Any = None) -> StepPhases:
+def step_phases(
+    plan: RunPlan, actor_rollout: Any, critic_group: Any, ref_group: Any = None, teacher_group: Any = None
+) -> StepPhases:
     """The phases over the started groups; the reference's calls go to its own group where the layout gives it
-    one (``ref_group``), else to the actor's."""
+    one (``ref_group``), else to the actor's; a distillation teacher's to its own pool's (``teacher_group``), whose
+    calls overlap the actor's but in local mode."""
     calls = PhaseCalls(overlap=plan.overlap_pools)
     if plan.old_log_probs == OLD_FROM_PASS:
         pass_class = StepStartOldLogProbs if plan.passes_per_step > 1 else OldLogProbs
@@ -108,6 +125,7 @@ def step_phases(plan: RunPlan, actor_rollout: Any, critic_group: Any, ref_group:
     return StepPhases(
         old_log_probs=old_log_probs,
         reference=ReferencePolicy(ref_group or actor_rollout, calls) if plan.uses_reference else NoReference(),
+        teacher=TeacherScores(teacher_group, PhaseCalls(overlap=not plan.local)) if plan.teacher else NoTeacher(),
         critic=Critic(critic_group, calls) if plan.uses_critic else NoCritic(),
         actor=ActorUpdate(actor_rollout, calls, plan.trainer.critic_warmup, plan.old_log_probs),
     )

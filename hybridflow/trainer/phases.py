@@ -207,6 +207,27 @@ class ReferencePolicy:
         )
 
 
+class TeacherScores:
+    """Phase 3c, on-policy distillation: the teacher's ``teacher_logprobs`` (and ``teacher_ids``) of every response
+    token, from its own pool (``workers/teacher.py``)."""
+
+    def __init__(self, worker_group: Any, calls: PhaseCalls):
+        self.worker_group = worker_group
+        self.calls = calls
+
+    def start(self, batch: DataProto, timer: StepTimer) -> Started:
+        return self.calls.start(
+            timer, names.PHASE_TEACHER, self.worker_group.compute_teacher_log_probs, columns(batch, LOG_PROB_INPUTS)
+        )
+
+
+class NoTeacher:
+    """No distillation: no teacher is built or called."""
+
+    def start(self, batch: DataProto, timer: StepTimer) -> None:
+        return None
+
+
 class NoReference:
     """No KL term: the reference policy is never built or called."""
 

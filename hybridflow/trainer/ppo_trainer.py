@@ -26,6 +26,7 @@ from hybridflow.checkpoints.manager import (
     capture_rng_state,
     restore_rng_state,
 )
+from hybridflow.config.distillation_options import TEACHER_ROLE
 from hybridflow.config.plan import RunPlan
 from hybridflow.config.resume_checks import STATE_KEY as RESUME_STATE_KEY
 from hybridflow.protocol import DataProto
@@ -108,7 +109,9 @@ class RayPPOTrainer:
         for group in groups.values():
             group.init_model()
         self.actor_rollout = groups["actor_rollout_ref"]
-        self.phases = assembly.step_phases(plan, self.actor_rollout, groups.get("critic"), groups.get("ref"))
+        self.phases = assembly.step_phases(
+            plan, self.actor_rollout, groups.get("critic"), groups.get("ref"), groups.get(TEACHER_ROLE)
+        )
         self.rollout = assembly.collector(plan, groups, self.tokenizer, self.reward_manager)
         self.validation_score = assembly.validation_scorer(plan, self.rollout.score, self.reward_manager)
         self.profiler = step_profiler(plan.profile, groups)
@@ -187,12 +190,13 @@ class RayPPOTrainer:
         if plan.trainer.balance_batch:  # reordered so every data-parallel rank gets about as many tokens
             train_batch, balance_metrics = balance_batch(train_batch, plan.world_size, plan.balance_by_prompt)
             metrics.update(balance_metrics)
-        # 3 old and reference log-probs and 4 values, started in this order, then awaited in it: on separate pools
-        # (trainer.placement=split) the critic computes while the actor does
+        # 3 the teacher's scores (on its own pool), old and reference log-probs and 4 values, started in this order,
+        # then awaited in it: on separate pools (trainer.placement=split) the critic computes while the actor does
+        teacher = phases.teacher.start(train_batch, timer)
         old = phases.old_log_probs.start(train_batch, timer, step)
         ref = phases.reference.start(train_batch, timer)
         values = phases.critic.start_values(train_batch, timer)
-        train_batch = join_columns(train_batch, timer, old, ref, values)
+        train_batch = join_columns(train_batch, timer, teacher, old, ref, values)
         # 5 advantages, after the KL penalty in the reward and the rollout correction where the plan has them
         if not plan.skip_zero_signal:
             train_batch, adv_metrics = self.advantages(train_batch, timer)

@@ -25,6 +25,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from hybridflow.algos import KL_ESTIMATORS, BypassCorrection, compute_bypass_policy_loss, get_policy_loss_fn
+from hybridflow.algos.distillation import (
+    DistillationInputs,
+    DistillationLossConfig,
+    distillation_loss,
+    policy_loss_config,
+)
 from hybridflow.distributed.sequence_parallel import SequenceParallelGroup
 from hybridflow.models.layouts import Layout, choose_layout
 from hybridflow.models.log_probs import TokenStatistics, forward_token_statistics
@@ -68,10 +74,12 @@ def log_prob_forward(
     calculate_sum_pi_squared: bool = False,
     chunk_size: int | None = None,
     sequence_parallel: SequenceParallelGroup | None = None,
+    topk: int | None = None,
+    at_ids: torch.Tensor | None = None,
 ) -> TokenStatistics:
     """``forward_token_statistics`` of a micro-batch (``input_ids``/``attention_mask``/``position_ids``,
-    ``responses``) in its pass's ``layout``: ``[B, R]`` each; under Ulysses every rank of ``sequence_parallel``
-    passes the same micro-batch."""
+    ``responses``) in its pass's ``layout``: ``[B, R]`` each (the top-k statistics ``[B, R, k]``); under Ulysses
+    every rank of ``sequence_parallel`` passes the same micro-batch."""
     batch = data.batch
     return forward_token_statistics(
         model,
@@ -85,6 +93,8 @@ def log_prob_forward(
         calculate_sum_pi_squared=calculate_sum_pi_squared,
         chunk_size=chunk_size,
         sequence_parallel=sequence_parallel,
+        topk=topk,
+        at_ids=at_ids,
     )
 
 
@@ -119,6 +129,7 @@ class ActorPart:
         rows: RowGroup,
         bypass: BypassCorrection | None = None,
         column_sharded: tuple[str, ...] = (),
+        distillation: DistillationLossConfig | None = None,
     ):
         self.model_config = model_config
         self.config = config
@@ -144,13 +155,23 @@ class ActorPart:
             self.module, device, config.fsdp_config, config.optim, data_parallel_rank=rows.data_parallel_rank
         )
         self.mini_batch_size, self.update_batching = self._update_batches(config, rollout_n, rows)
-        # Resolved once: the loss, its options and aggregation, the KL loss's estimator.
+        self._resolve_losses(config, bypass, distillation)
+        self.weights_version = 0
+        self.cpu_weights: dict[int, list[torch.Tensor]] = {}
+
+    def _resolve_losses(
+        self, config: ActorConfig, bypass: BypassCorrection | None, distillation: DistillationLossConfig | None
+    ) -> None:
+        """Resolved once: the loss, its options and aggregation, the KL loss's estimator, bypass mode's and
+        on-policy distillation's terms."""
         self.policy_loss_config = config.policy_loss_config()
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.kl_estimator = KL_ESTIMATORS.get(config.kl_loss_type) if config.use_kl_loss else None
         self.bypass = bypass
-        self.weights_version = 0
-        self.cpu_weights: dict[int, list[torch.Tensor]] = {}
+        self.distillation = distillation
+        self.distillation_pg_config = (
+            policy_loss_config(distillation, self.policy_loss_config) if distillation else None
+        )
 
     @staticmethod
     def _update_batches(config: ActorConfig, rollout_n: int, rows: RowGroup) -> tuple[int, MicroBatching]:
@@ -254,6 +275,8 @@ class ActorPart:
         present = data.batch.keys()
         if self.config.use_kl_loss and "ref_log_prob" not in present:
             raise KeyError("actor.use_kl_loss=True needs 'ref_log_prob' in the batch: run compute_ref_log_prob first")
+        if self.distillation is not None and "teacher_logprobs" not in present:
+            raise KeyError("distillation needs 'teacher_logprobs' in the batch: run compute_teacher_log_probs first")
         if not on_policy and "old_log_probs" not in present:
             raise KeyError(
                 "update_actor needs 'old_log_probs' (run compute_log_prob first) or old_log_probs_from_update=True"
@@ -273,7 +296,7 @@ class ActorPart:
         additive metrics. ``counts`` normalise the loss; ``rows_present`` (default ``counts``) the diagnostics.
         """
         batch, config = micro.batch, self.config
-        log_prob, entropy, _ = log_prob_forward(
+        statistics = log_prob_forward(
             self.module,
             micro,
             layout,
@@ -281,7 +304,9 @@ class ActorPart:
             calculate_entropy=True,
             chunk_size=entropy_chunk_size(config),
             sequence_parallel=self.rows.sequence_parallel,
+            at_ids=batch["teacher_ids"] if self.distillation and self.distillation.uses_topk else None,
         )
+        log_prob, entropy = statistics.log_probs, statistics.entropy
         response_mask = batch["response_mask"]
         counts_kwargs = dataclasses.asdict(counts)
         pg_loss, pg_metrics = self._policy_loss(batch, log_prob, on_policy, counts_kwargs)
@@ -300,7 +325,37 @@ class ActorPart:
             kl_loss = aggregate(self.kl_estimator(log_prob, batch["ref_log_prob"]), response_mask, **counts_kwargs)
             loss = loss + config.kl_loss_coef * kl_loss
             metrics["kl_loss"] = float(kl_loss.detach())
+        if self.distillation is not None:
+            loss = self._with_distillation(loss, batch, statistics, on_policy, counts_kwargs, token_share, metrics)
         return loss, metrics
+
+    def _with_distillation(
+        self, task_loss, batch, statistics: TokenStatistics, on_policy: bool, counts: dict, share: float, metrics: dict
+    ) -> torch.Tensor:
+        """The PPO loss combined with on-policy distillation's as verl does: ``distillation_loss_coef`` x the
+        distillation loss, plus the PPO loss (entropy and KL terms included) only with ``use_task_rewards``."""
+        settings = self.distillation
+        student = DistillationInputs(
+            statistics.log_probs,
+            statistics.log_probs.detach() if on_policy else batch["old_log_probs"],
+            statistics.topk_log_probs,
+            statistics.topk_ids,
+        )
+        distill, distill_metrics = distillation_loss(
+            settings,
+            self.distillation_pg_config,
+            student,
+            batch["teacher_logprobs"],
+            batch.get("teacher_ids", None),
+            batch["response_mask"],
+            counts,
+            batch.get("rollout_is_weights", None),
+        )
+        metrics.update({name: value * share for name, value in distill_metrics.items()})
+        metrics["distillation/loss"] = float(distill.detach())
+        if not settings.use_task_rewards:
+            return distill
+        return task_loss + settings.distillation_loss_coef * distill
 
     def _policy_loss(
         self, batch: Any, log_prob: torch.Tensor, on_policy: bool, counts_kwargs: dict

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterator
 
 from hybridflow.algos import BypassCorrection
+from hybridflow.algos.distillation import DistillationLossConfig
 from hybridflow.distributed import Dispatch, Worker, register
 from hybridflow.distributed.profiler import Profiled
 from hybridflow.models.loading import load_tokenizer, resolve_dtype
@@ -47,10 +48,17 @@ class ActorRolloutRefWorker(Worker, Profiled):
     """SPMD worker over the ``actor_rollout_ref`` config section; ``role`` is a key of ``ROLE_PARTS``.
 
     ``bypass``: the actor trains with rollout correction's bypass-mode loss (``algorithm.rollout_correction``,
-    which lives outside this section); None trains with ``actor.policy_loss.loss_mode``.
+    which lives outside this section); None trains with ``actor.policy_loss.loss_mode``. ``distillation``: the
+    actor's loss adds on-policy distillation's (``distillation.distillation_loss``, also outside this section).
     """
 
-    def __init__(self, config: Any, role: str, bypass: BypassCorrection | None = None):
+    def __init__(
+        self,
+        config: Any,
+        role: str,
+        bypass: BypassCorrection | None = None,
+        distillation: DistillationLossConfig | None = None,
+    ):
         super().__init__()
         if role not in ROLE_PARTS:
             raise WorkerConfigError(
@@ -59,6 +67,7 @@ class ActorRolloutRefWorker(Worker, Profiled):
         self.config = as_config(ActorRolloutRefConfig, config)
         self.role = role
         self.bypass = bypass
+        self.distillation = distillation
         self.parts: dict[str, Any] = {}
         self.tokenizer = None
 
@@ -137,6 +146,7 @@ class ActorRolloutRefWorker(Worker, Profiled):
             rows,
             bypass=self.bypass,
             column_sharded=ROW_SPLIT if rollout_split > 1 else (),
+            distillation=self.distillation,
         )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

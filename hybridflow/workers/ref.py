@@ -1,4 +1,5 @@
-"""The reference role: log-probs of the frozen initial policy, for the KL penalty or KL loss.
+"""The reference role: log-probs of the frozen initial policy, for the KL penalty or KL loss; and the same frozen
+forward for an on-policy distillation teacher (another model folder, ``workers/teacher.py``).
 
 Two ways to have one: load the base model a second time, frozen and sharded (``RefPart.load``); or, when
 the actor trains a LoRA adapter, run the actor's own model with the adapter switched off
@@ -114,19 +115,29 @@ class RefPart:
 
     def compute_ref_log_prob(self, data: DataProto, temperature: float) -> torch.Tensor:
         """Reference log-probs ``[B, R]`` of the responses, on CPU."""
+        return self._forward(data, {"ref_log_prob": 0}, temperature=temperature)["ref_log_prob"]
+
+    def compute_top_log_probs(self, data: DataProto, topk: int) -> dict[str, torch.Tensor]:
+        """``teacher_logprobs`` / ``teacher_ids`` ``[B, R, k]``: each response position's ``topk`` largest raw
+        log-probs (temperature 1, as verl's teacher servers return them) and their ids, on CPU."""
+        return self._forward(data, {"teacher_logprobs": 3, "teacher_ids": 4}, temperature=1.0, topk=topk)
+
+    def _forward(self, data: DataProto, fields: dict[str, int], **statistics) -> dict[str, torch.Tensor]:
+        """The frozen forward over ``data``'s rows: ``fields`` names the ``TokenStatistics`` outputs kept (by
+        index); ``statistics`` are ``log_prob_forward``'s options."""
         inputs = self.rows.gather(data.select(batch_keys=list(LOG_PROB_INPUTS)))
         layout = pass_layout(self.module, inputs, self.share_prompts, self.use_remove_padding)
         group = self.rows.sequence_parallel
         was_training = self.module.training
         self.module.eval()
-        with self.scope():
-            (log_probs,) = run_in_micro_batches(
-                inputs,
-                self.batching,
-                self.device,
-                lambda micro: log_prob_forward(
-                    self.module, micro, layout, temperature, chunk_size=self.chunk_size, sequence_parallel=group
-                )[0],
+
+        def forward(micro: DataProto) -> tuple[torch.Tensor, ...]:
+            outputs = log_prob_forward(
+                self.module, micro, layout, chunk_size=self.chunk_size, sequence_parallel=group, **statistics
             )
+            return tuple(outputs[index] for index in fields.values())
+
+        with self.scope():
+            outputs = run_in_micro_batches(inputs, self.batching, self.device, forward)
         self.module.train(was_training)
-        return self.rows.own({"ref_log_prob": log_probs.cpu()}, len(data))["ref_log_prob"]
+        return self.rows.own({name: output.cpu() for name, output in zip(fields, outputs)}, len(data))

@@ -57,6 +57,12 @@ def test_resuming_a_synchronous_run_one_step_off_is_refused(saved):
     assert len(errors) == 1 and "would change actor_rollout_ref.hybrid_engine (saved True, now False)" in errors[0]
 
 
+def test_resuming_a_synchronous_run_in_a_v1_async_mode_is_refused(saved):
+    """verl's V1 colocate_async checkpoint holds the prompt groups in flight; a synchronous one has none."""
+    errors = config_errors(saved + ["trainer.v1.trainer_mode=colocate_async"])
+    assert len(errors) == 1 and "would change trainer.v1.trainer_mode (saved 'sync', now 'colocate_async')" in errors[0]
+
+
 def test_a_checkpoint_from_before_the_keys_were_saved_is_compared_on_its_data_loader_state(saved, tmp_path):
     manager = CheckpointManager(tmp_path / "run")
     step_dir = manager.latest_step_dir()

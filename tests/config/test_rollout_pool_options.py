@@ -87,7 +87,7 @@ def test_the_rollout_role_gets_its_own_pool_under_either_placement():
             processes_per_node=2,
             use_gpu=False,
             cpus_per_process=1.0,
-            rollout_pool_shape=(1, 3),
+            own_pools={"rollout": (1, 3)},
         )
         assert list(plan.pools) == training_pools + ["rollout_pool"]
         assert plan.role_pool["rollout"] == "rollout_pool"

@@ -88,7 +88,6 @@ def test_an_alias_and_its_key_set_differently_is_one_error(base):
         ("trainer.device=npu", "Ascend NPU"),
         ("actor_rollout_ref.rollout.name=sglang", "SGLang"),
         ("actor_rollout_ref.rollout.name=trtllm", "TensorRT-LLM"),
-        ("distillation.enabled=true", "on-policy distillation"),
         ("actor_rollout_ref.model.mtp.enable=true", "multi-token prediction"),
         ("data.image_key=pixels", "image, video and audio inputs"),
         ("data.video_key=clips", "image, video and audio inputs"),
@@ -143,11 +142,8 @@ def test_a_prompt_file_with_verls_image_column_is_refused(base, tiny_parquet, tm
 
 
 def test_a_key_read_only_with_a_refused_capability_is_listed_with_that_capability(base):
-    _, unread = _check(base + ["distillation.teacher_models.teacher_model.num_replicas=2"])
-    assert unread == [
-        "distillation.teacher_models.teacher_model.num_replicas=2 (read only with distillation.enabled, which "
-        "hybridflow refuses)"
-    ]
+    _, unread = _check(base + ["algorithm.pf_ppo.weight_pow=3.0"])
+    assert unread == ["algorithm.pf_ppo.weight_pow=3.0 (read only with algorithm.use_pf_ppo, which hybridflow refuses)"]
 
 
 def test_verl_engine_weight_dtype_is_the_model_dtype(base):
@@ -433,7 +429,7 @@ def test_a_vllm_kv_cache_share_that_leaves_no_room_on_this_cpu_is_refused_before
 
 def test_rules_name_what_is_missing():
     assert rule_for("actor_rollout_ref.actor.strategy").kind == LACKS
-    assert rule_for("distillation.nnodes").kind == "unread"
+    assert rule_for("algorithm.pf_ppo.weight_pow").kind == "unread"
 
 
 def test_verl_dapo_overlong_buffer_cfg_is_the_overlong_buffer(base):

@@ -29,12 +29,14 @@ class RayTempDir:
 
 
 def command(overrides: list[str], ray_temp_dir: str) -> list[str]:
+    """main_ppo with ``overrides``, scored by the dense reward unless they name a reward file."""
+    own_reward = any(override.startswith("custom_reward_function.path=") for override in overrides)
     return [
         sys.executable,
         "-m",
         "hybridflow.trainer.main_ppo",
+        *([] if own_reward else [f"custom_reward_function.path={DENSE_REWARD}"]),
         *overrides,
-        f"custom_reward_function.path={DENSE_REWARD}",
         "ray_init.num_cpus=2",
         f"ray_init.temp_dir={ray_temp_dir}",
     ]

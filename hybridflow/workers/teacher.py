@@ -1,0 +1,53 @@
+"""The on-policy distillation teacher: a frozen model of another folder, on a pool of its own, that scores the
+student's responses token by token (``compute_teacher_log_probs``). It reads the student's token ids, so it shares
+the student's tokenizer; it is sharded and micro-batched like the reference (``actor_rollout_ref.ref.*``) and runs
+the same frozen forward (``RefPart``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hybridflow.distributed import Dispatch, Worker, register
+from hybridflow.protocol import DataProto
+from hybridflow.workers.config import ActorRolloutRefConfig, ModelConfig, WorkerConfigError, as_config
+from hybridflow.workers.fsdp import build_device_mesh
+from hybridflow.workers.ref import RefPart
+from hybridflow.workers.training import row_group
+
+
+class TeacherWorker(Worker):
+    """SPMD worker of the ``teacher`` role: ``model_path`` in ``dtype``, loaded with the policy's loading options
+    (``config``: the ``actor_rollout_ref`` section); ``topk``: log-probs kept per position (None: the sampled
+    token's)."""
+
+    def __init__(self, config: Any, model_path: str, dtype: str, topk: int | None):
+        super().__init__()
+        self.config = as_config(ActorRolloutRefConfig, config)
+        policy = self.config.model
+        self.model_config = ModelConfig(
+            path=model_path,
+            dtype=dtype,
+            use_remove_padding=policy.use_remove_padding,
+            attn_implementation=policy.attn_implementation,
+            trust_remote_code=policy.trust_remote_code,
+        )
+        self.topk = topk
+        self.part: RefPart | None = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        ref = dataclasses.replace(self.config.ref, ulysses_sequence_parallel_size=1)
+        mesh = build_device_mesh(ref.fsdp_config.fsdp_size, self.device, ref.fsdp_config.tensor_parallel_size)
+        rows = row_group(1, self.device, mesh)
+        self.part = RefPart.load(self.model_config, ref, mesh, self.device, rows)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_teacher_log_probs(self, data: DataProto) -> DataProto:
+        """``teacher_logprobs`` ``[B, R]`` of the sampled tokens, or with ``topk`` ``teacher_logprobs`` and
+        ``teacher_ids`` ``[B, R, k]`` (verl's names); raw log-probs, at temperature 1."""
+        if self.part is None:
+            raise WorkerConfigError("compute_teacher_log_probs before init_model")
+        if self.topk is None:
+            return DataProto.from_dict({"teacher_logprobs": self.part.compute_ref_log_prob(data, 1.0)})
+        return DataProto.from_dict(self.part.compute_top_log_probs(data, self.topk))
