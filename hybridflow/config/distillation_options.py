@@ -59,6 +59,11 @@ def teacher_pool_shape(config: PPOTrainerConfig) -> tuple[int, int]:
     return config.distillation.nnodes, config.distillation.n_gpus_per_node
 
 
+def teacher_pool_processes(config: PPOTrainerConfig) -> int:
+    """Processes of the teacher's pool (0 without distillation)."""
+    return config.distillation.nnodes * config.distillation.n_gpus_per_node if distills(config) else 0
+
+
 def distillation_errors(config: PPOTrainerConfig) -> list[str]:
     """Everything about the section that cannot run, one line each (none when distillation is off)."""
     if not distills(config):

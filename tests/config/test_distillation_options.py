@@ -22,6 +22,9 @@ def distilled(base, tiny_model_dir):
         "distillation.nnodes=1",
         "distillation.n_gpus_per_node=2",
         f"{TEACHER}={tiny_model_dir}",
+        # 3 processes of half a CPU on a cluster told 2 CPUs: the same on any machine
+        "trainer.cpus_per_worker=0.5",
+        "ray_kwargs.ray_init.num_cpus=2",
     ]
 
 
@@ -47,7 +50,7 @@ def test_a_verl_distillation_command_line_plans_a_teacher_on_a_pool_of_its_own(d
     assert not plan.skip_zero_signal
     # An estimator reads the sampled token's log-prob alone
     assert plan_of(distilled).teacher.topk is None
-    assert not plan_of(distilled[:-4]).phases["teacher"].runs
+    assert not plan_of(distilled[:-6]).phases["teacher"].runs
 
 
 def test_verls_teacher_server_settings_are_listed_as_not_read(distilled):
@@ -121,3 +124,15 @@ def test_a_teacher_of_another_vocabulary_is_refused_before_workers_start(distill
     with pytest.raises(Exception) as caught:
         load_config(compose_config(distilled + [f"{TEACHER}={missing}"]), check_environment=True)
     assert any(f"{TEACHER}='{missing}'" in error for error in caught.value.errors)
+
+
+def test_the_teacher_pool_counts_in_the_local_clusters_cpus(distilled):
+    """1 training + 2 teacher processes x 1 CPU each do not fit a local cluster told 2 CPUs (they would wait for
+    CPUs forever); in local mode nothing starts, so nothing is counted."""
+    errors = config_errors(distilled + ["ray_kwargs.ray_init.num_cpus=2", "trainer.cpus_per_worker=1"])
+    assert errors == [
+        "trainer.placement=colocated needs 3 CPUs (1 pool(s) x 1 process(es) + 2 teacher-pool process(es) x "
+        "trainer.cpus_per_worker=1) but ray_kwargs.ray_init.num_cpus=2; lower trainer.n_gpus_per_node or "
+        "trainer.cpus_per_worker, or raise ray_kwargs.ray_init.num_cpus"
+    ]
+    plan_of(distilled + ["ray_kwargs.ray_init.num_cpus=2", "trainer.cpus_per_worker=1", "trainer.local_mode=true"])
