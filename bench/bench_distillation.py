@@ -11,13 +11,15 @@
      log-prob as each token's reward (``use_policy_gradient``), the task reward unused (``use_task_rewards=false``),
      ``loss_max_clamp=10``, ``log_prob_min_clamp=-10``; the teacher on a pool of its own (in the demo's local mode, in
      the same process);
+   - ``opd_n1``: the same with one sample per prompt (verl's OPD scripts' ``rollout.n=1``): a per-token signal needs
+     no group to compare against, so a step generates, scores and trains an eighth of the samples;
    - ``opd_topk``: ``forward_kl_topk`` over the teacher's top 16 tokens, backpropagated (supervised), no task reward.
 
 Time is training seconds (the sum of ``timing_s/step``, the teacher's forward included; validation and checkpoints
 excluded). Per seed: the training seconds at which each run's validation first reaches ``--target`` (default 0.9,
 the demo's goal), and each distillation run's over GRPO's. Each run's whole process is reported too (wall, CPU
 seconds of its process tree, load average).
-Run: ``.venv/bin/python -m bench.bench_distillation [--seeds 0,1,2] [--steps 150] [--systems grpo,opd,opd_topk]``
+Run: ``.venv/bin/python -m bench.bench_distillation [--seeds 0,1,2] [--steps 150] [--systems grpo,opd,opd_n1]``
 (about 2 minutes a run on a quiet 2-core machine, and the teacher's).
 """
 
@@ -32,23 +34,24 @@ import subprocess
 import sys
 from typing import Any
 
-from bench.bench_one_step_off import run_process
+from bench.bench_one_step_off import chosen_systems, demo_bench_parser, run_process
 from bench.bench_time_to_accuracy import first_reaching, print_runs, validation_points, work_folder
 from hybridflow.demo import ensure_base_model
 
 TEACHER_KEY = "distillation.teacher_models.teacher_model.model_path"
 DISTILLATION = ["distillation.enabled=true", "distillation.nnodes=1", "distillation.n_gpus_per_node=1"]
 LOSS = "distillation.distillation_loss"
+OPD_LOSS = [
+    f"{LOSS}.loss_mode=k1",
+    f"{LOSS}.use_policy_gradient=true",
+    f"{LOSS}.use_task_rewards=false",
+    f"{LOSS}.loss_max_clamp=10.0",
+    f"{LOSS}.log_prob_min_clamp=-10.0",
+]
 SYSTEMS = {
     "grpo": [],
-    "opd": DISTILLATION
-    + [
-        f"{LOSS}.loss_mode=k1",
-        f"{LOSS}.use_policy_gradient=true",
-        f"{LOSS}.use_task_rewards=false",
-        f"{LOSS}.loss_max_clamp=10.0",
-        f"{LOSS}.log_prob_min_clamp=-10.0",
-    ],
+    "opd": DISTILLATION + OPD_LOSS,
+    "opd_n1": DISTILLATION + OPD_LOSS + ["actor_rollout_ref.rollout.n=1"],
     "opd_topk": DISTILLATION
     + [f"{LOSS}.loss_mode=forward_kl_topk", f"{LOSS}.topk=16", f"{LOSS}.use_task_rewards=false"],
 }
@@ -108,20 +111,13 @@ def print_targets(results: dict[str, dict[str, Any]], target: float) -> dict[str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="0", help="comma-separated seeds; each trains every system once")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated: grpo, then the others")
-    parser.add_argument("--steps", type=int, default=150, help="training steps of each run (the demo's default)")
-    parser.add_argument("--test_freq", type=int, default=10, help="validate every N steps")
+    parser = demo_bench_parser(__doc__, SYSTEMS)
     parser.add_argument("--target", type=float, default=0.9, help="validation accuracy to reach (the demo's goal)")
     parser.add_argument("--teacher_steps", type=int, default=150, help="the teacher's training steps")
     parser.add_argument("--teacher_seed", type=int, default=7, help="the teacher's seed (not a student's)")
     parser.add_argument("--teacher", type=pathlib.Path, help="a teacher folder made before: skip training one")
-    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, metrics, the teacher)")
     args = parser.parse_args()
-    systems = args.systems.split(",")
-    if systems[0] != "grpo" or not set(systems) <= set(SYSTEMS):
-        parser.error(f"--systems={args.systems}: start with grpo, then any of {', '.join(list(SYSTEMS)[1:])}")
+    systems = chosen_systems(parser, args, SYSTEMS)
     with work_folder("bench_distillation_", args.keep) as work_dir:
         ensure_base_model()
         teacher = args.teacher or train_teacher(args, work_dir)

@@ -161,18 +161,32 @@ def print_comparison(system: str, comparison: dict[str, Any]) -> None:
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def demo_bench_parser(doc: str, systems: dict[str, list[str]]) -> argparse.ArgumentParser:
+    """The options of a bench over the demo's recipe: seeds, systems (the first is the baseline), steps, test
+    frequency, and keeping the work folder."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    first = next(iter(systems))
     parser.add_argument("--seeds", default="0", help="comma-separated seeds; each trains every system once")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated: sync and any of the others")
+    parser.add_argument("--systems", default=",".join(systems), help=f"comma-separated: {first}, then the others")
     parser.add_argument("--steps", type=int, default=150, help="training steps of each run (the demo's default)")
     parser.add_argument("--test_freq", type=int, default=10, help="validate every N steps")
-    parser.add_argument("--within", type=float, default=0.05, help="accuracy margin of 'reached' (0.05: 5 points)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, metrics)")
+    return parser
+
+
+def chosen_systems(parser: argparse.ArgumentParser, args: argparse.Namespace, systems: dict) -> list[str]:
+    """``--systems``, checked: the baseline first, then any of the others."""
+    chosen, first = args.systems.split(","), next(iter(systems))
+    if chosen[0] != first or not set(chosen) <= set(systems):
+        parser.error(f"--systems={args.systems}: start with {first}, then any of {', '.join(list(systems)[1:])}")
+    return chosen
+
+
+def main() -> None:
+    parser = demo_bench_parser(__doc__, SYSTEMS)
+    parser.add_argument("--within", type=float, default=0.05, help="accuracy margin of 'reached' (0.05: 5 points)")
     args = parser.parse_args()
-    systems = args.systems.split(",")
-    if systems[0] != "sync" or not set(systems) <= set(SYSTEMS):
-        parser.error(f"--systems={args.systems}: start with sync, then any of {', '.join(list(SYSTEMS)[1:])}")
+    systems = chosen_systems(parser, args, SYSTEMS)
     with work_folder("bench_one_step_off_", args.keep) as work_dir:
         ensure_base_model()
         ratios: dict[str, list[float]] = {system: [] for system in systems[1:]}

@@ -40,7 +40,9 @@ class TeacherWorker(Worker):
         ref = dataclasses.replace(self.config.ref, ulysses_sequence_parallel_size=1)
         mesh = build_device_mesh(ref.fsdp_config.fsdp_size, self.device, ref.fsdp_config.tensor_parallel_size)
         rows = row_group(1, self.device, mesh)
-        self.part = RefPart.load(self.model_config, ref, mesh, self.device, rows)
+        # A prompt shared by its samples is computed once, as the actor's passes do (actor.use_prefix_grouper)
+        share_prompts = self.config.actor.use_prefix_grouper
+        self.part = RefPart.load(self.model_config, ref, mesh, self.device, rows, share_prompts=share_prompts)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_teacher_log_probs(self, data: DataProto) -> DataProto:
