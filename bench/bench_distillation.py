@@ -26,15 +26,15 @@ Run: ``.venv/bin/python -m bench.bench_distillation [--seeds 0,1,2] [--steps 150
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
 import pathlib
 import statistics
 import subprocess
 import sys
 from typing import Any
 
-from bench.bench_one_step_off import chosen_systems, demo_bench_parser, run_process
+from bench.bench_one_step_off import chosen_systems, demo_bench_parser, run_process, seed_runs
 from bench.bench_time_to_accuracy import first_reaching, print_runs, validation_points, work_folder
 from hybridflow.demo import ensure_base_model
 
@@ -88,7 +88,7 @@ def train_teacher(args: argparse.Namespace, work_dir: pathlib.Path) -> pathlib.P
     return teacher
 
 
-def run_system(system: str, seed: int, args: argparse.Namespace, run_dir: pathlib.Path, teacher: pathlib.Path):
+def run_system(system: str, seed: int, run_dir: pathlib.Path, args: argparse.Namespace, teacher: pathlib.Path):
     overrides = SYSTEMS[system] + ([f"{TEACHER_KEY}={teacher}"] if system != "grpo" else [])
     command = demo_command(run_dir / system, seed, args.steps, args.test_freq, *overrides)
     usage = run_process(command, run_dir / f"{system}.log")
@@ -122,13 +122,8 @@ def main() -> None:
         ensure_base_model()
         teacher = args.teacher or train_teacher(args, work_dir)
         ratios: dict[str, list[float]] = {system: [] for system in systems[1:]}
-        for seed in [int(seed) for seed in args.seeds.split(",")]:
-            run_dir = work_dir / f"seed{seed}"
-            run_dir.mkdir()
-            results = {}
-            for system in systems:
-                print(f"running {system}, seed {seed}, load1 {os.getloadavg()[0]:.2f} ...", flush=True)
-                results[system] = run_system(system, seed, args, run_dir, teacher)
+        run = functools.partial(run_system, args=args, teacher=teacher)
+        for seed, results in seed_runs(args, systems, work_dir, run):
             print_runs(seed, results, width=9)
             for system, ratio in print_targets(results, args.target).items():
                 ratios[system].append(ratio)

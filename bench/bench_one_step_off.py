@@ -44,7 +44,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import psutil
 
@@ -182,6 +182,21 @@ def chosen_systems(parser: argparse.ArgumentParser, args: argparse.Namespace, sy
     return chosen
 
 
+def seed_runs(
+    args: argparse.Namespace, systems: list[str], work_dir: pathlib.Path, run: Callable[..., dict[str, Any]]
+) -> Iterator[tuple[int, dict[str, dict[str, Any]]]]:
+    """Per seed of ``--seeds``, each system's ``run(system, seed, run_dir)`` one after another, in a folder of the
+    seed's own."""
+    for seed in [int(seed) for seed in args.seeds.split(",")]:
+        run_dir = work_dir / f"seed{seed}"
+        run_dir.mkdir()
+        results = {}
+        for system in systems:
+            print(f"running {system}, seed {seed}, {args.steps} steps, load1 {os.getloadavg()[0]:.2f} ...", flush=True)
+            results[system] = run(system, seed, run_dir)
+        yield seed, results
+
+
 def main() -> None:
     parser = demo_bench_parser(__doc__, SYSTEMS)
     parser.add_argument("--within", type=float, default=0.05, help="accuracy margin of 'reached' (0.05: 5 points)")
@@ -190,15 +205,8 @@ def main() -> None:
     with work_folder("bench_one_step_off_", args.keep) as work_dir:
         ensure_base_model()
         ratios: dict[str, list[float]] = {system: [] for system in systems[1:]}
-        for seed in [int(seed) for seed in args.seeds.split(",")]:
-            run_dir = work_dir / f"seed{seed}"
-            run_dir.mkdir()
-            results = {}
-            for system in systems:
-                print(
-                    f"running {system}, seed {seed}, {args.steps} steps, load1 {os.getloadavg()[0]:.2f} ...", flush=True
-                )
-                results[system] = run_demo(system, seed, args, run_dir)
+        runs = seed_runs(args, systems, work_dir, lambda system, seed, run_dir: run_demo(system, seed, args, run_dir))
+        for seed, results in runs:
             print_runs(seed, results, width=12)
             for system in systems[1:]:
                 comparison = compare_first_reached(results["sync"], results[system], args.within)

@@ -44,6 +44,12 @@ def teacher_entries(config: PPOTrainerConfig) -> dict[str, dict]:
     return entries
 
 
+def single_teacher(config: PPOTrainerConfig) -> tuple[str, dict] | None:
+    """The one teacher's entry name and settings, where the run distills from exactly one (None otherwise)."""
+    entries = teacher_entries(config) if distills(config) else {}
+    return next(iter(entries.items())) if len(entries) == 1 else None
+
+
 def teacher_spec(config: PPOTrainerConfig) -> TeacherSpec:
     (entry,) = teacher_entries(config).values()
     inference = entry.get("inference") or {}
@@ -102,9 +108,9 @@ def distillation_errors(config: PPOTrainerConfig) -> list[str]:
 
 def teacher_model_key(config: PPOTrainerConfig) -> tuple[str, str] | None:
     """The teacher's folder key and path, where the run distills from one teacher that names a folder."""
-    if not distills(config) or len(teacher_entries(config)) != 1:
+    if (teacher := single_teacher(config)) is None:
         return None
-    ((name, entry),) = teacher_entries(config).items()
+    name, entry = teacher
     return (f"{KEY}.teacher_models.{name}.model_path", str(entry["model_path"])) if entry.get("model_path") else None
 
 
@@ -136,9 +142,9 @@ def teacher_server_notes(config: PPOTrainerConfig) -> list[str]:
     """The start-up line for the teacher's keys that change nothing here: verl's server settings set away from
     verl's defaults (or, for those that follow the rollout's, away from the rollout's), ``key`` and
     ``num_replicas``."""
-    if not distills(config) or len(teacher_entries(config)) != 1:
+    if (teacher := single_teacher(config)) is None:
         return []
-    ((name, entry),) = teacher_entries(config).items()
+    name, entry = teacher
     rollout = config.actor_rollout_ref.rollout
     expected = {**TEACHER_SERVER, **{key: getattr(rollout, key) for key in TEACHER_FOLLOWS_ROLLOUT}}
     inference = entry.get("inference") or {}
