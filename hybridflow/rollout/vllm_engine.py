@@ -317,8 +317,8 @@ def spmd_arguments(size: int) -> dict[str, Any]:
 
     os.environ["RANK"] = str(dist.get_rank())
     os.environ["WORLD_SIZE"] = str(dist.get_world_size())
-    # vLLM's CPU build names its shared-memory all-reduce segments after VLLM_DIST_IDENT (empty unless set), so
-    # two runs, or a run after one that died, would collide: one name per run, agreed by every rank.
+    # vLLM's CPU build names its shared-memory all-reduce segments after VLLM_DIST_IDENT, so two runs, or a run
+    # after one that died, would collide (EEXIST): one name per run, agreed by every rank.
     ident = [f"hybridflow-{os.getpid()}-{time.time_ns()}"]
     dist.broadcast_object_list(ident, src=0)
     os.environ["VLLM_DIST_IDENT"] = ident[0]
@@ -326,7 +326,27 @@ def spmd_arguments(size: int) -> dict[str, Any]:
         os.environ["LOCAL_RANK"] = str(torch.cuda.current_device())
     else:
         os.environ.setdefault("LOCAL_RANK", "0")
+        _name_shared_memory_after_ident()
     return {"tensor_parallel_size": size, "distributed_executor_backend": "external_launcher"}
+
+
+def _name_shared_memory_after_ident() -> None:
+    """vLLM 0.32's CPU worker resets VLLM_DIST_IDENT to the base name of its init method (cpu_worker.py
+    ``init_device``), which under external_launcher is always ``env://``: every run's segments get one name. The
+    process group already exists (vLLM does not initialise it again), so the init method only names them: a file
+    named after this run's ident."""
+    from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
+
+    distributed_args = ExecutorWithExternalLauncher._distributed_args
+    if getattr(distributed_args, "names_shared_memory", False):
+        return
+
+    def named_after_ident(self: Any) -> tuple[str, int, int]:
+        _, rank, local_rank = distributed_args(self)
+        return f"file://{tempfile.gettempdir()}/{os.environ['VLLM_DIST_IDENT']}", rank, local_rank
+
+    named_after_ident.names_shared_memory = True
+    ExecutorWithExternalLauncher._distributed_args = named_after_ident
 
 
 def _unlink_shared_memory() -> None:

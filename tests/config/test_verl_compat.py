@@ -375,7 +375,15 @@ def test_vllm_on_cpu_is_refused_before_anything_starts_unless_its_cpu_build_can_
     # vLLM's reading of its NUMA node, as a machine with room to spare (the KV cache is checked below).
     monkeypatch.setattr(vllm_memory, "cpu_node_memory", lambda: vllm_memory.NodeMemory(0, 64 * GIB, 60 * GIB))
     assert "enable_chunked_prefill=true: vLLM's CPU build fails" in errors(vllm_run)[0]
-    _check(vllm_run + ["actor_rollout_ref.rollout.enable_chunked_prefill=false"], check_environment=True)
+    unchunked = vllm_run + ["actor_rollout_ref.rollout.enable_chunked_prefill=false"]
+    _check(unchunked, check_environment=True)
+    # Unchunked, a sequence's prompt is one step's work: vLLM refuses a step budget below the sequence length.
+    config, _ = _check(unchunked)
+    length = config.actor_rollout_ref.rollout.prompt_length + config.actor_rollout_ref.rollout.response_length
+    assert errors([*unchunked, f"actor_rollout_ref.rollout.max_num_batched_tokens={length - 1}"]) == [
+        f"actor_rollout_ref.rollout.max_num_batched_tokens={length - 1} is below the {length} tokens of a sequence, "
+        f"which vLLM schedules in one step without chunked prefill; raise it to {length} or more"
+    ]
 
 
 def test_a_vllm_kv_cache_share_that_leaves_no_room_on_this_cpu_is_refused_before_anything_starts(base, monkeypatch):

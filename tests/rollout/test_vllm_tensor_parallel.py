@@ -4,6 +4,7 @@ its own back, equal token for token to one whole engine's, before and after a we
 shards, in which each rank receives only what its vLLM shard lacks."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -69,7 +70,22 @@ def _before_and_after_a_sync(model_dir: str) -> dict:
     by_columns = {id(m.weight) for n, m in model.named_modules() if n.rpartition(".")[2] in ROW_SPLIT}
     fully_shard(model, mesh=init_device_mesh("cpu", (size,)), shard_placement_fn=lambda p: _by_columns(p, by_columns))
     engine.load_weights((name, param.detach()) for name, param in model.named_parameters())
-    return {"before": before, "after": _generations(engine, prompts), "received": engine.shards.traffic.received}
+    return {
+        "before": before,
+        "after": _generations(engine, prompts),
+        "received": engine.shards.traffic.received,
+        "segments": _shared_memory_segments(),
+    }
+
+
+def _shared_memory_segments() -> dict:
+    """The name of vLLM's CPU all-reduce segments in this group, this run's ident, and what is left of them in
+    /dev/shm (with the engine running)."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    name = get_tp_group().device_communicator.dist_module.group_name
+    ident = os.environ["VLLM_DIST_IDENT"]
+    return {"name": name, "ident": ident, "left": [entry for entry in os.listdir("/dev/shm") if ident in entry]}
 
 
 def _by_columns(param: torch.Tensor, by_columns: set[int]) -> Shard | None:
@@ -102,5 +118,9 @@ def test_a_split_engine_generates_what_a_whole_one_does_before_and_after_a_sync(
         for (_, log_probs), (_, expected) in zip(got, whole[moment]):
             torch.testing.assert_close(log_probs, expected, rtol=0, atol=model_output_bound(expected, num_terms))
     assert whole["before"] != whole["after"], "the sync changed nothing to compare"
+    # One name per run (a run that died leaves nothing to collide with), unlinked once mapped
+    segments = [split[rank]["segments"] for rank in (0, 1)]
+    assert segments[0]["ident"] == segments[1]["ident"] and segments[0]["ident"].startswith("hybridflow-")
+    assert all(s["name"].startswith(s["ident"] + "-") and s["left"] == [] for s in segments), segments
     # Each rank received only what its shard lacked: a few KiB, against half the model's 1.3 MB gathering whole.
     assert [split[rank]["received"] for rank in (0, 1)] == [_lacking(tiny_model_dir, rank) for rank in (0, 1)]
