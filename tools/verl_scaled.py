@@ -6,7 +6,8 @@ The script's own arguments stay as they are; after them come, and win:
 
 - **models**: every model path (``*.model.path``, ``*.model.tokenizer_path``, a teacher's ``model_path``) becomes a
   tiny random model of the same family (``hybridflow.models.tiny``: its family's traits, a byte-level tokenizer),
-  with room for the script's prompt and response lengths; a reward model's becomes the tiny reward model;
+  with room for the script's prompt and response lengths; a reward model's becomes the tiny reward model; a LoRA
+  adapter to start from, an adapter of the tiny model at the script's rank and target modules;
 - **data**: every data file becomes a small parquet of verl's schema for the data set its path names (gsm8k,
   MATH, full_hh_rlhf: 32 training rows, 8 validation rows of arithmetic in that data set's prompt form and
   data_source);
@@ -77,6 +78,7 @@ MODEL_KEYS = (
     "critic.model.path",
     "critic.model.tokenizer_path",
 )
+ADAPTER_KEY = "actor_rollout_ref.model.lora_adapter_path"
 REWARD_MODEL_KEYS = ("reward_model.model.path", "reward.reward_model.model_path")
 DATA_KEYS = ("data.train_files", "data.val_files")
 PROMPT_BATCH_KEYS = (
@@ -139,6 +141,20 @@ def tiny_model(cache: pathlib.Path, family: str, positions: int) -> str:
     return str(folder)
 
 
+def tiny_adapter(cache: pathlib.Path, model_dir: str, rank: int, targets) -> str:
+    """A peft LoRA adapter of the tiny model at the script's rank and target modules (zero B: the model as is)."""
+    from peft import LoraConfig, get_peft_model
+
+    from hybridflow.models.loading import load_causal_lm
+
+    folder = cache / f"adapter-{pathlib.Path(model_dir).name}-r{rank}"
+    if not (folder / "adapter_config.json").is_file():
+        modules = targets if isinstance(targets, str) else list(targets)
+        lora = LoraConfig(r=max(rank, 1), lora_alpha=2 * max(rank, 1), target_modules=modules, task_type="CAUSAL_LM")
+        get_peft_model(load_causal_lm(model_dir), lora).save_pretrained(folder)
+    return str(folder)
+
+
 def tiny_reward_model(cache: pathlib.Path) -> str:
     from hybridflow.models.tiny_reward_model import build_tiny_reward_model
 
@@ -191,7 +207,8 @@ def model_overrides(config, cache: pathlib.Path) -> list[str]:
     from omegaconf import OmegaConf
 
     data = config.data
-    positions = max(1024, int(data.max_prompt_length) + int(data.max_response_length))
+    rollout_length = int(config.actor_rollout_ref.rollout.get("max_model_len") or 0)
+    positions = max(1024, int(data.max_prompt_length) + int(data.max_response_length), rollout_length)
     overrides = [
         f"{key}={tiny_model(cache, model_family(path), positions)}" for key, path in _values(config, MODEL_KEYS).items()
     ]
@@ -200,6 +217,10 @@ def model_overrides(config, cache: pathlib.Path) -> list[str]:
         if teacher.get("model_path"):
             family = model_family(teacher.model_path)
             overrides.append(f"distillation.teacher_models.{name}.model_path={tiny_model(cache, family, positions)}")
+    model = config.actor_rollout_ref.model
+    if model.get("lora_adapter_path"):
+        stand_in = tiny_model(cache, model_family(model.path), positions)
+        overrides.append(f"{ADAPTER_KEY}={tiny_adapter(cache, stand_in, int(model.lora_rank), model.target_modules)}")
     reward_paths = _values(config, REWARD_MODEL_KEYS)
     overrides += [f"{key}={tiny_reward_model(cache)}" for key in reward_paths]
     return overrides + vllm_cpu_overrides(
@@ -221,7 +242,9 @@ def vllm_cpu_overrides(config, model: str) -> list[str]:
     from hybridflow.rollout.vllm_memory import KV_BYTES_KEY, kv_cache_bytes
 
     samples = PROMPTS_PER_STEP * int(rollout.n)
-    length = int(config.data.max_prompt_length) + int(config.data.max_response_length)
+    length = int(rollout.get("max_model_len") or 0) or int(config.data.max_prompt_length) + int(
+        config.data.max_response_length
+    )
     cache = kv_cache_bytes(load_model_config(model), "float32", samples, length)
     eager = ["actor_rollout_ref.rollout.enforce_eager=true", "actor_rollout_ref.rollout.enable_chunked_prefill=false"]
     # Unchunked, a whole sequence is one scheduling step's work
@@ -278,7 +301,12 @@ def main() -> None:
     cache = pathlib.Path(os.environ.get("VERL_SCALED_CACHE", pathlib.Path.cwd() / "stand-ins"))
     # What the script ran, for verl_surface.py run --record (the sample that CI runs without verl's scripts)
     pathlib.Path(COMMAND_FILE).write_text(json.dumps({"module": module, "args": args}))
-    config = composed(module, args)
+    from hybridflow.config.load import ConfigError
+
+    try:
+        config = composed(module, args)
+    except ConfigError:  # a command line the trainer refuses alone: it says so in its own words
+        os.execv(sys.executable, [sys.executable, "-m", module, *args])
     try:
         added = model_overrides(config, cache / "models") + data_overrides(config, cache / "data")
     except NoStandIn as missing:

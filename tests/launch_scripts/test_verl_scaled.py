@@ -3,6 +3,7 @@ scripts run by it for 2 steps (their trainer commands recorded by ``tools/verl_s
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -146,3 +147,12 @@ def test_a_pool_of_its_own_shares_the_cpus_and_unchunked_vllm_gets_a_sequence_pe
         item.split("=", 1)
         for item in verl_scaled.scale_overrides(verl_scaled.composed("hybridflow.trainer.main_ppo", VERL_LIKE))
     )
+
+
+def test_an_adapter_to_start_from_becomes_one_of_the_tiny_model_at_the_scripts_rank(tmp_path):
+    lora = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_adapter_path=/verl-home/adapter"]
+    config = verl_scaled.composed("hybridflow.trainer.main_ppo", VERL_LIKE + lora)
+    overrides = dict(item.split("=", 1) for item in verl_scaled.model_overrides(config, tmp_path))
+    adapter = pathlib.Path(overrides["actor_rollout_ref.model.lora_adapter_path"])
+    settings = json.loads((adapter / "adapter_config.json").read_text())
+    assert settings["r"] == 8 and settings["base_model_name_or_path"] == overrides["actor_rollout_ref.model.path"]
