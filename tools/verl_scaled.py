@@ -87,7 +87,11 @@ PROMPT_BATCH_KEYS = (
     "actor_rollout_ref.actor.ppo_mini_batch_size",
     "critic.ppo_mini_batch_size",
 )
-MINI_BATCH_MICRO_KEYS = ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu")
+# A micro-batch key and the mini-batch it splits
+MINI_BATCH_MICRO_KEYS = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "critic.ppo_micro_batch_size_per_gpu": "critic.ppo_mini_batch_size",
+}
 STEP_MICRO_KEYS = (
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
@@ -202,13 +206,18 @@ def _flat_keys(config, prefix: str = "") -> list[str]:
     return keys
 
 
+def sequence_tokens(config) -> int:
+    """A sequence's longest length: prompt + response, or the rollout's max_model_len where that is longer."""
+    data = config.data
+    rollout_length = int(config.actor_rollout_ref.rollout.get("max_model_len") or 0)
+    return max(rollout_length, int(data.max_prompt_length) + int(data.max_response_length))
+
+
 def model_overrides(config, cache: pathlib.Path) -> list[str]:
     """Every model path of the script replaced by a tiny model of its family (a reward model's by the tiny one)."""
     from omegaconf import OmegaConf
 
-    data = config.data
-    rollout_length = int(config.actor_rollout_ref.rollout.get("max_model_len") or 0)
-    positions = max(1024, int(data.max_prompt_length) + int(data.max_response_length), rollout_length)
+    positions = max(1024, sequence_tokens(config))
     overrides = [
         f"{key}={tiny_model(cache, model_family(path), positions)}" for key, path in _values(config, MODEL_KEYS).items()
     ]
@@ -218,14 +227,11 @@ def model_overrides(config, cache: pathlib.Path) -> list[str]:
             family = model_family(teacher.model_path)
             overrides.append(f"distillation.teacher_models.{name}.model_path={tiny_model(cache, family, positions)}")
     model = config.actor_rollout_ref.model
+    actor = tiny_model(cache, model_family(model.path), positions)
     if model.get("lora_adapter_path"):
-        stand_in = tiny_model(cache, model_family(model.path), positions)
-        overrides.append(f"{ADAPTER_KEY}={tiny_adapter(cache, stand_in, int(model.lora_rank), model.target_modules)}")
-    reward_paths = _values(config, REWARD_MODEL_KEYS)
-    overrides += [f"{key}={tiny_reward_model(cache)}" for key in reward_paths]
-    return overrides + vllm_cpu_overrides(
-        config, tiny_model(cache, model_family(config.actor_rollout_ref.model.path), positions)
-    )
+        overrides.append(f"{ADAPTER_KEY}={tiny_adapter(cache, actor, int(model.lora_rank), model.target_modules)}")
+    overrides += [f"{key}={tiny_reward_model(cache)}" for key in _values(config, REWARD_MODEL_KEYS)]
+    return overrides + vllm_cpu_overrides(config, actor)
 
 
 def vllm_cpu_overrides(config, model: str) -> list[str]:
@@ -242,9 +248,7 @@ def vllm_cpu_overrides(config, model: str) -> list[str]:
     from hybridflow.rollout.vllm_memory import KV_BYTES_KEY, kv_cache_bytes
 
     samples = PROMPTS_PER_STEP * int(rollout.n)
-    length = int(rollout.get("max_model_len") or 0) or int(config.data.max_prompt_length) + int(
-        config.data.max_response_length
-    )
+    length = sequence_tokens(config)
     cache = kv_cache_bytes(load_model_config(model), "float32", samples, length)
     eager = ["actor_rollout_ref.rollout.enforce_eager=true", "actor_rollout_ref.rollout.enable_chunked_prefill=false"]
     # Unchunked, a whole sequence is one scheduling step's work
@@ -275,7 +279,7 @@ def scale_overrides(config) -> list[str]:
     prompts = {key: max(2, round(int(values[key]) / factor)) for key in PROMPT_BATCH_KEYS if key in values}
     overrides += [f"{key}={value}" for key, value in prompts.items()]
     n = int(values.get("actor_rollout_ref.rollout.n") or 1)
-    caps = {key: prompts.get(key.split(".ppo_micro")[0] + ".ppo_mini_batch_size", 0) for key in MINI_BATCH_MICRO_KEYS}
+    caps = {key: prompts.get(mini, 0) for key, mini in MINI_BATCH_MICRO_KEYS.items()}
     caps.update(dict.fromkeys(STEP_MICRO_KEYS, prompts["data.train_batch_size"]))
     for key, cap_prompts in caps.items():
         per_process = max(1, cap_prompts * n // PROCESSES)

@@ -53,10 +53,10 @@ from hybridflow.config.schema import PPOTrainerConfig  # noqa: E402
 from hybridflow.config.sft import SFTTrainerConfig  # noqa: E402
 from hybridflow.config.verl_compat import COMPAT_YAML, flatten, rule_for  # noqa: E402
 from hybridflow.config.verl_sft_compat import SFT_COMPAT_YAML, SFT_SURFACE  # noqa: E402
+from tools.verl_scaled import COMMAND_FILE, STEPS  # noqa: E402
 
 GENERATED = "verl/trainer/config/_generated_ppo_trainer.yaml"
 RUN_TIMEOUT_S = 1200
-STEPS = 2  # tools/verl_scaled.py's
 # Keys verl scripts set outside verl's generated config (a Hydra group), and hybridflow's own older names.
 EXTRA_KEYS = {
     "model_engine": "dp",
@@ -290,7 +290,6 @@ exit 0
 
 RECORDED_BY = "tools/verl_surface.py run --record"
 HOME_MARK = "/verl-home"  # the scripts' home folder in recorded commands
-COMMAND_FILE = "verl_command.json"  # written by tools/verl_scaled.py in the script's folder
 
 
 def _script_paths(verl: pathlib.Path, only: str | None, match: list[str]) -> list[str]:

@@ -219,9 +219,7 @@ def _vllm_on_cpu_errors(config: PPOTrainerConfig) -> list[str]:
             "actor_rollout_ref.rollout.enable_chunked_prefill=true: vLLM's CPU build fails on a seeded request whose "
             "prefill is split ('CPU Generator does not use offset'); set it to false on CPU"
         )
-    elif rollout.max_num_batched_tokens < (
-        length := rollout.max_model_len or rollout.prompt_length + rollout.response_length
-    ):
+    elif rollout.max_num_batched_tokens < (length := _sequence_tokens(rollout)):
         # What vLLM's SchedulerConfig refuses as the engine starts: a whole prompt is one step's work.
         errors.append(
             f"actor_rollout_ref.rollout.max_num_batched_tokens={rollout.max_num_batched_tokens} is below the "
@@ -229,6 +227,12 @@ def _vllm_on_cpu_errors(config: PPOTrainerConfig) -> list[str]:
             f"to {length} or more"
         )
     return errors + _vllm_kv_cache_errors(config)
+
+
+def _sequence_tokens(rollout: Any) -> int:
+    from hybridflow.rollout.vllm_memory import max_model_len
+
+    return max_model_len(rollout)
 
 
 def _vllm_lora_rank_errors(config: PPOTrainerConfig) -> list[str]:
