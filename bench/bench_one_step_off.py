@@ -21,6 +21,8 @@ lr schedule over ``--steps`` steps, greedy validation every ``--test_freq`` step
   32 prompts in 2 mini-batches of 16 (``parameter_sync_step=2``), each trained as soon as the pool has finished it,
   their old log-probs under the step's starting weights (verl's decoupled PPO), the pool at most one batch ahead,
   one sync a step landing in the generation in flight; ``separate_async_bypass`` the same with bypass mode;
+  ``separate_async_switch`` with verl's step switching at its defaults (``hybrid_rollout.enable_switch=true``: the
+  training process generates the groups a step lacks at its start, when verl's decision says so);
 - ``sync_bypass``: the synchronous demo with that bypass mode alone, to tell the mode's effect from bypass mode's.
 
 Time is training seconds (the sum of ``timing_s/step``: validation and checkpoints excluded on all sides, as in
@@ -83,6 +85,11 @@ SYSTEMS = {
     "colocate_async": COLOCATE_ASYNC,
     "separate_async": SEPARATE_ASYNC + ["actor_rollout_ref.rollout.calculate_log_probs=true"],
     "separate_async_bypass": SEPARATE_ASYNC + BYPASS,
+    "separate_async_switch": SEPARATE_ASYNC
+    + [
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "trainer.v1.separate_async.hybrid_rollout.enable_switch=true",
+    ],
     "sync_bypass": BYPASS,
 }
 POLL_S = 0.5

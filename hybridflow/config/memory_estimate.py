@@ -181,7 +181,7 @@ def _shapes(plan: RunPlan) -> dict[str, ModelShape] | None:
 def _role_parts(plan: RunPlan, role: str, shapes: dict[str, ModelShape]) -> list[Part]:
     if role == "actor_rollout_ref":
         parts = _actor_parts(plan, shapes["actor"])
-        if ROLLOUT_ROLE not in plan.worker_roles:
+        if "rollout" in plan.worker_roles[role]:  # the hybrid engine (or separate_async's step switching)
             parts += _rollout_parts(plan, shapes["actor"], plan.world_size)
         return parts
     if role == ROLLOUT_ROLE:

@@ -145,7 +145,10 @@ def _reward(config: PPOTrainerConfig) -> str:
     if config.reward_model.enable and judge.enable:
         return f"a generative judge ({model.path}, engine {judge.engine}) answers each sample's judge prompt"
     if config.reward_model.enable and model.input_tokenizer:
-        return f"the reward model's scores ({model.path}; samples of {model.input_tokenizer} in its chat template)"
+        return (
+            f"the reward model's scores ({model.path}; samples of {model.input_tokenizer} in its chat template "
+            "where its tokenizer differs)"
+        )
     if config.reward_model.enable:
         return f"the reward model's scores ({model.path})"
     custom = config.custom_reward_function

@@ -63,7 +63,7 @@ from hybridflow.config.schema import (
     TrainerConfig,
 )
 from hybridflow.config.sizes import sizes
-from hybridflow.config.v1_trainer_options import colocate_async, passes_per_step, separate_async
+from hybridflow.config.v1_trainer_options import colocate_async, lends_trainer, passes_per_step, separate_async
 from hybridflow.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig, warmup_steps
 
 SYNC, ONE_STEP_OFF, FULLY_ASYNC = "synchronous", "one-step-off", "fully async"
@@ -304,8 +304,9 @@ def _training_steps(config: PPOTrainerConfig, batches_per_epoch: int) -> int:
 def _worker_roles(config: PPOTrainerConfig, uses_critic: bool, uses_reference: bool, ref_apart: bool) -> dict[str, str]:
     """Each role the run starts and the part mix its workers play (``ActorRolloutRefWorker``'s role string). With
     the hybrid engine the actor's workers generate; with a pool of its own the rollout is a role of its own, and
-    so is the reference where the layout places it apart."""
-    rollout_part = "" if one_step_off(config) else "_rollout"
+    so is the reference where the layout places it apart (and the actor's generate too with separate_async's step
+    switching)."""
+    rollout_part = "" if one_step_off(config) and not lends_trainer(config) else "_rollout"
     fused_ref = uses_reference and not ref_apart
     roles = {"actor_rollout_ref": f"actor{rollout_part}_ref" if fused_ref else f"actor{rollout_part}"}
     if uses_reference and ref_apart:

@@ -164,6 +164,36 @@ class ColocateAsyncConfig:
 
 
 @dataclass
+class HybridRolloutSwitchConfig:
+    """``trainer.v1.separate_async.hybrid_rollout``: verl's step switching, the trainer's processes lent to the
+    rollout while they wait for the next step's samples."""
+
+    enable_switch: bool = option(
+        False,
+        "The trainer's processes get a rollout engine and, at a step's start, generate the prompt groups it lacks "
+        "when verl's decision after the last step says so (too few ready, time saved over the switch's cost).",
+    )
+    switch_threshold_ratio: float = option(
+        0.4,
+        "Prompt groups ready for the next step, as a share of data.train_batch_size, that keep the trainer from "
+        "lending (at least one mini-batch, at most the batch); in (0, 1].",
+    )
+    adaptive_switch_threshold: bool = option(
+        True, "Raise the ratio after steps that waited for samples, lower it after steps that did not."
+    )
+    switch_threshold_step_up: float = option(0.05, "Ratio added after switch_threshold_release_steps waiting steps.")
+    switch_threshold_step_down: float = option(
+        0.03, "Ratio taken away after switch_threshold_release_steps steps without a wait (down to 1 / sync steps)."
+    )
+    switch_threshold_release_steps: int = option(
+        2, "Steps in a row, waiting or not, before the ratio moves in that direction."
+    )
+    switch_cost_window_size: int = option(
+        3, "Last switches whose cost is averaged: the trainer lends only when the time it saves exceeds it."
+    )
+
+
+@dataclass
 class SeparateAsyncConfig:
     """``trainer.v1.separate_async``: a rollout pool of its own, fed one mini-batch of training at a time."""
 
@@ -176,6 +206,9 @@ class SeparateAsyncConfig:
         4,
         "Mini-batches (one optimizer step each) per step, and so per weight sync into the rollout pool; "
         "data.train_batch_size must equal it times actor_rollout_ref.actor.ppo_mini_batch_size.",
+    )
+    hybrid_rollout: HybridRolloutSwitchConfig = section(
+        HybridRolloutSwitchConfig, "Step switching: the trainer's processes lent to the rollout between steps."
     )
 
 

@@ -15,13 +15,17 @@ with is refused here, before anything starts.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from hybridflow.config.estimator_options import greedy_baseline
 from hybridflow.config.rollout_pool_options import one_step_off
-from hybridflow.config.schema import PPOTrainerConfig, TrainerV1Config
+from hybridflow.config.schema import HybridRolloutSwitchConfig, PPOTrainerConfig, TrainerV1Config
 
 KEY = "trainer.v1.trainer_mode"
 SYNC, COLOCATE_ASYNC, SEPARATE_ASYNC = "sync", "colocate_async", "separate_async"
 STRATEGIES = ("drop", "wait")
+SWITCH = "trainer.v1.separate_async.hybrid_rollout"
 
 
 def colocate_async(config: PPOTrainerConfig) -> bool:
@@ -30,6 +34,11 @@ def colocate_async(config: PPOTrainerConfig) -> bool:
 
 def separate_async(config: PPOTrainerConfig) -> bool:
     return config.trainer.v1.trainer_mode == SEPARATE_ASYNC
+
+
+def lends_trainer(config: PPOTrainerConfig) -> bool:
+    """separate_async's step switching: the trainer's processes generate between steps."""
+    return separate_async(config) and config.trainer.v1.separate_async.hybrid_rollout.enable_switch
 
 
 def passes_per_step(config: PPOTrainerConfig) -> int:
@@ -131,7 +140,30 @@ def _separate_errors(config: PPOTrainerConfig) -> list[str]:
             "takes prompts one at a time (verl's scripts set 1)",
         ),
     ]
-    return errors + _refusals(SEPARATE_ASYNC, conflicts)
+    return errors + _refusals(SEPARATE_ASYNC, conflicts) + _switch_errors(config)
+
+
+def _switch_errors(config: PPOTrainerConfig) -> list[str]:
+    """What step switching (``hybrid_rollout.enable_switch``) cannot run with: it generates on the trainer's
+    processes, with the hybrid engine's rollout in them."""
+    switch = config.trainer.v1.separate_async.hybrid_rollout
+    if not switch.enable_switch:
+        return []
+    errors = []
+    if not 0 < switch.switch_threshold_ratio <= 1:
+        errors.append(f"{SWITCH}.switch_threshold_ratio={switch.switch_threshold_ratio} must be in (0, 1]")
+    for key in ("switch_threshold_step_up", "switch_threshold_step_down"):
+        if getattr(switch, key) < 0:
+            errors.append(f"{SWITCH}.{key}={getattr(switch, key)} must be >= 0")
+    for key in ("switch_threshold_release_steps", "switch_cost_window_size"):
+        if getattr(switch, key) < 1:
+            errors.append(f"{SWITCH}.{key}={getattr(switch, key)} must be >= 1")
+    if not config.actor_rollout_ref.hybrid_engine:
+        errors.append(
+            f"{SWITCH}.enable_switch=true with actor_rollout_ref.hybrid_engine=false: the trainer's processes "
+            "generate with the hybrid engine's rollout; set hybrid_engine=true or enable_switch=false"
+        )
+    return errors
 
 
 def _refusals(mode: str, conflicts: list[tuple[bool, str, str]]) -> list[str]:
@@ -148,10 +180,27 @@ def unread_v1_options(config: PPOTrainerConfig) -> list[str]:
     v1, default = config.trainer.v1, TrainerV1Config()
     readers = {"colocate_async": (COLOCATE_ASYNC,), "separate_async": (SEPARATE_ASYNC,)}
     readers["sampler"] = (COLOCATE_ASYNC, SEPARATE_ASYNC)
-    return [
+    unread = [
         f"trainer.v1.{section}.{key}={value} (read only with {KEY}={' or '.join(modes)})"
         for section, modes in readers.items()
         if v1.trainer_mode not in modes
-        for key, value in vars(getattr(v1, section)).items()
-        if value != getattr(getattr(default, section), key)
+        for key, value in _changed(getattr(v1, section), getattr(default, section))
     ]
+    switch = v1.separate_async.hybrid_rollout
+    if separate_async(config) and not switch.enable_switch:
+        unread += [
+            f"{SWITCH}.{key}={value} (read only with {SWITCH}.enable_switch=true)"
+            for key, value in _changed(switch, HybridRolloutSwitchConfig())
+        ]
+    return unread
+
+
+def _changed(settings: Any, default: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of each setting of a section, nested sections walked, that differs from ``default``."""
+    changed = []
+    for key, value in vars(settings).items():
+        if dataclasses.is_dataclass(value):
+            changed += _changed(value, getattr(default, key), f"{prefix}{key}.")
+        elif value != getattr(default, key):
+            changed.append((f"{prefix}{key}", value))
+    return changed

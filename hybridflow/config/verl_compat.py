@@ -289,11 +289,6 @@ RULES: tuple[Rule, ...] = (
     _moot("*profiler.tool_config.*", "a profiler tool other than torch"),
     _moot("global_profiler.global_tool_config.*", "a global_profiler.tool other than torch"),
     _unread("trainer.use_v1", "hybridflow has one trainer; trainer.v1.trainer_mode picks its mode either way"),
-    _lacks(
-        "trainer.v1.separate_async.hybrid_rollout.enable_switch",
-        "lending the trainer's idle processes to the rollout between steps (separate_async's step switching)",
-    ),
-    _moot("trainer.v1.separate_async.hybrid_rollout.*", "trainer.v1.separate_async.hybrid_rollout.enable_switch"),
     _moot("trainer.v1.sampler.custom_sampler.*", "trainer.v1.sampler.custom_sampler.path"),
     _unread("trainer.v1.sync", "verl's sync trainer mode has no settings"),
     _unread(

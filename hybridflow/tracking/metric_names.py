@@ -58,6 +58,11 @@ PHASE_SYNC_ROLLOUT_WEIGHTS = "sync_rollout_weights"
 # sync_rollout_weights and gen (a wake is checked too), reported on its own for its cost.
 CHECK_WEIGHT_SYNC = "check_weight_sync"
 PHASE_STEP = "step"
+# separate_async's step switching (verl's names): the actor's engine getting the weights and starting the lent
+# call, the trainer's wait for it, and the return of its samples to training.
+PHASE_SWITCH_TO_ROLLOUT = "switch_to_rollout"
+PHASE_SWITCH_WAIT = "switch_wait"
+PHASE_SWITCH_TO_TRAINER = "switch_to_trainer"
 PHASE_TESTING = "testing"
 
 # Throughput and hardware utilisation.
@@ -120,6 +125,16 @@ OFF_POLICY_STALENESS = "training/off_policy/trajectory_staleness"
 OFF_POLICY_STALENESS_WORST = "training/off_policy/trajectory_staleness_worst"
 OFF_POLICY_EVICTED = "training/off_policy/evicted_samples"
 OFF_POLICY_EVICTED_STALENESS = "training/off_policy/evicted_samples_staleness"
+
+# separate_async's step switching, decided after each step's update (verl's ``separate_async/switch|decision/*``).
+SWITCH_THRESHOLD_RATIO = "separate_async/switch/threshold_ratio"
+SWITCH_WAIT_SAMPLES = "separate_async/switch/wait_samples"
+SWITCH_IDLE = "separate_async/switch/idle"
+SWITCH_SAMPLEABLE = "separate_async/decision/sampleable_count"
+SWITCH_REMAINING = "separate_async/decision/remaining"
+SWITCH_SHOULD_SWITCH = "separate_async/decision/should_switch_to_rollout"
+SWITCH_PER_SAMPLE_SECONDS = "separate_async/decision/per_sample_time_seconds"
+SWITCH_COST_SECONDS = "separate_async/decision/effective_switch_cost_seconds"
 
 # GDPO (arXiv 2601.05242): ``gdpo/<key>/mean|std|max|min`` of each reward component in algorithm.gdpo_reward_keys.
 GDPO_PREFIX = "gdpo/"

@@ -50,6 +50,7 @@ from hybridflow.trainer.rollout_collection import (
     reward_scorer,
 )
 from hybridflow.trainer.separate_async import SeparateAsyncCollector
+from hybridflow.trainer.step_switch import StepSwitch
 from hybridflow.trainer.worker_groups import create_local_worker_groups, create_worker_groups
 from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 from hybridflow.workers.judge import GenerativeJudgeWorker
@@ -164,7 +165,7 @@ def collector(plan: RunPlan, groups: dict[str, Any], tokenizer: Any, reward_mana
         )
     if plan.mode == SEPARATE_ASYNC:
         sync = RolloutWeightSync(actor, rollout_group, plan.bucket_megabytes, phase=names.PHASE_UPDATE_WEIGHTS)
-        return separate_async_collector(plan, generate, score, sync)
+        return separate_async_collector(plan, generate, score, sync, actor)
     if plan.mode == ONE_STEP_OFF:
         sync = RolloutWeightSync(actor, rollout_group, plan.bucket_megabytes)
         return OneStepOffCollector(generate, score, sync, plan.total_training_steps)
@@ -200,9 +201,19 @@ def colocate_async_collector(plan: RunPlan, generate: Generation, score: Any) ->
 
 
 def separate_async_collector(
-    plan: RunPlan, generate: Generation, score: Any, sync: RolloutWeightSync
+    plan: RunPlan, generate: Generation, score: Any, sync: RolloutWeightSync, actor: Any
 ) -> SeparateAsyncCollector:
     v1 = plan.trainer.v1
+    switch = None
+    if v1.separate_async.hybrid_rollout.enable_switch:
+        pools = plan.resources
+        pool_processes = pools.pools[pools.role_pool[ROLLOUT_ROLE]].world_size
+        switch = StepSwitch(
+            v1.separate_async.hybrid_rollout,
+            train_batch_size=plan.data.train_batch_size,
+            mini_batch_size=plan.prompts_per_step,
+            processes=(plan.world_size, pool_processes),
+        )
     return SeparateAsyncCollector(
         generate,
         score,
@@ -213,6 +224,8 @@ def separate_async_collector(
         threshold=v1.sampler.max_off_policy_threshold,
         strategy=v1.sampler.max_off_policy_strategy,
         total_steps=plan.total_training_steps,
+        switch=switch,
+        actor=actor if switch else None,
     )
 
 

@@ -124,10 +124,12 @@ class FullyAsyncCollector:
             **partial_metrics(batch),
         }
 
-    def sync_weights(self, step: int, timer: StepTimer) -> None:
-        """Phase 8, every ``steps_per_sync`` steps but after the last: a new weight version (:meth:`_new_version`)."""
+    def sync_weights(self, step: int, timer: StepTimer) -> dict[str, float]:
+        """Phase 8, every ``steps_per_sync`` steps but after the last: a new weight version (:meth:`_new_version`);
+        no metrics besides timings."""
         if step % self.steps_per_sync == 0 and step < self.total_steps:
             self._new_version(step, timer)
+        return {}
 
     def use_current_weights(self, step: int) -> None:
         """Before a validation (after a sync, or after the last step): the call in flight finishes and its samples
@@ -170,6 +172,15 @@ class FullyAsyncCollector:
         size = min(
             self.concurrent, self.max_required - self.staleness_samples, self.total_prompts - self.started_prompts
         )
+        prompts = self._prompts(source, size)
+        if prompts is None:
+            return False
+        self.running = self.generate.start(prompts)
+        self.running_version = self.param_version
+        return True
+
+    def _prompts(self, source: PromptSource, size: int) -> DataProto | None:
+        """Up to ``size`` prompts for a generation call, counted against the budget (None: there are none)."""
         batches = []  # single prompts (data.gen_batch_size=1)
         try:
             for _ in range(size):
@@ -177,23 +188,25 @@ class FullyAsyncCollector:
         except EndOfData:
             pass  # generate what there is; the step that finds the queue short stops the run
         if not batches:
-            return False
+            return None
         prompts = DataProto.concat(batches)
         self.staleness_samples += len(prompts)
         self.started_prompts += len(prompts)
-        self.running = self.generate.start(assign_uids(prompts, f"chunk{self.chunks}"))
-        self.running_version = self.param_version
         self.chunks += 1
-        return True
+        return assign_uids(prompts, f"chunk{self.chunks - 1}")
 
     def _wait(self) -> None:
         if self.running is None:
             return
-        versions = np.full(len(self.running.prompts), self.running_version, dtype=np.int64)
+        prompts, version = len(self.running.prompts), self.running_version
         samples, self.running = self.generate.finish(self.running), None
+        self._queue(samples, prompts, version)
+
+    def _queue(self, samples: DataProto, prompts: int, version: int) -> None:
+        """A call's samples (of ``prompts`` groups, started with weight ``version``) join the queue."""
         samples.meta_info = {}  # its timings are counted; each call's seed differs, and calls are joined
         self.queued = samples if self.queued is None else DataProto.concat([self.queued, samples])
-        self.queued_versions = np.concatenate([self.queued_versions, versions])
+        self.queued_versions = np.concatenate([self.queued_versions, np.full(prompts, version, dtype=np.int64)])
 
     def _queued_prompts(self) -> int:
         return len(self.queued_versions)

@@ -101,11 +101,12 @@ class OneStepOffCollector:
             batch, _, metrics = self.score(batch)
         return batch, metrics
 
-    def sync_weights(self, step: int, timer: StepTimer) -> None:
+    def sync_weights(self, step: int, timer: StepTimer) -> dict[str, float]:
         """Phase 8: step ``step``'s update into the pool, loaded once the generation in flight is done (after the
-        last step the pool generates nothing more: a validation syncs it first)."""
+        last step the pool generates nothing more: a validation syncs it first); no metrics besides timings."""
         if step < self.total_steps:
             self.sync(step, timer, queue=True)
+        return {}
 
     def use_current_weights(self, step: int) -> None:
         """Before a validation: the generation in flight finishes (its samples are kept) and the pool holds the

@@ -166,7 +166,7 @@ class RayPPOTrainer:
         passes = [self._pass(step, timer) for _ in range(self.plan.passes_per_step)]
         batch, train_batch, metrics = passes[0] if len(passes) == 1 else merge_passes(passes)
         # 8 weight sync: the updated actor's weights into the rollout, for what it generates next
-        self.rollout.sync_weights(step, timer)
+        metrics.update(self.rollout.sync_weights(step, timer))
         return batch, train_batch, metrics
 
     def _pass(self, step: int, timer: StepTimer) -> tuple[DataProto, DataProto | None, dict[str, float]]:

@@ -168,11 +168,11 @@ class Generation:
                 output = self._generate_scoring_parts(gen_input, prompts, n, scoring)
         return self._samples(prompts, output)
 
-    def start(self, prompts: DataProto) -> PendingGeneration:
-        """Start generating for ``prompts`` (consumed) and return at once; ``finish`` waits for the samples."""
-        return PendingGeneration(
-            prompts, self.actor_rollout.generate_sequences.submit(self._rollout_input(prompts, {}))
-        )
+    def start(self, prompts: DataProto, engine: Any = None) -> PendingGeneration:
+        """Start generating for ``prompts`` (consumed) and return at once; ``finish`` waits for the samples.
+        ``engine``: the group that generates, if not the rollout's (separate_async lends the actor's)."""
+        group = self.actor_rollout if engine is None else engine
+        return PendingGeneration(prompts, group.generate_sequences.submit(self._rollout_input(prompts, {})))
 
     def finish(self, pending: PendingGeneration) -> DataProto:
         """The samples of a ``start``-ed generation, as ``__call__`` returns them."""
@@ -250,10 +250,12 @@ class RolloutCollector:
     def collect(self, source: PromptSource, timer: StepTimer, step: int) -> tuple[DataProto, dict[str, float]]:
         return self.generate_and_score(source.next(), timer, uid_prefix=f"step{step}")
 
-    def sync_weights(self, step: int, timer: StepTimer) -> None:
-        """Phase 8: the actor's weights after step ``step``'s update into the rollout engines of its processes."""
+    def sync_weights(self, step: int, timer: StepTimer) -> dict[str, float]:
+        """Phase 8: the actor's weights after step ``step``'s update into the rollout engines of its processes;
+        the sync's metrics besides its timings (none here)."""
         with timer(names.PHASE_UPDATE_WEIGHTS):
             timer.add(names.CHECK_WEIGHT_SYNC, max(self.generate.actor_rollout.update_weights()))
+        return {}
 
     def use_current_weights(self, step: int) -> None:
         """Before a validation: nothing to do, the step's weight sync left the engines current."""

@@ -14,7 +14,8 @@ verl's ``PPOTrainerSeparateAsync`` (``verl/trainer/ppo/v1/trainer_separate_async
   one batch a step and the warm-up's before the first), one batch per generation call;
 - ``trainer.v1.sampler``: a prompt's age at step ``s`` is s - (the step it started in) + 1; with ``drop`` a finished
   group older than ``max_off_policy_threshold`` is dropped and one more prompt is generated in its place; with
-  ``wait`` a mini-batch first waits for the generation in flight once its prompts reached the threshold.
+  ``wait`` a mini-batch first waits for the generation in flight once its prompts reached the threshold;
+- ``hybrid_rollout.enable_switch``: between steps the actor's processes generate too (:mod:`.step_switch`).
 
 The queue, budget, syncs and checkpoints are fully async training's
 (:class:`~hybridflow.trainer.fully_async_collection.FullyAsyncCollector`); the old log-probs of a step's mini-batches
@@ -23,15 +24,24 @@ are its starting weights' (:class:`~hybridflow.trainer.phases.StepStartOldLogPro
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import numpy as np
+import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.fully_async_collection import FullyAsyncCollector, token_version_range
 from hybridflow.trainer.metrics import value_stats
 from hybridflow.trainer.one_step_off import RolloutWeightSync
+from hybridflow.trainer.phases import StepTimer
 from hybridflow.trainer.prompt_groups import eviction_metrics
-from hybridflow.trainer.rollout_collection import Generation, RewardScorer
+from hybridflow.trainer.rollout_collection import Generation, PromptSource, RewardScorer
+from hybridflow.trainer.step_switch import StepSwitch
+
+# How often the driver looks at the pool's call while the actor's lent call runs
+POLL_SECONDS = 0.01
 
 # verl's MetricsAggregator: these summed or taken from the last mini-batch; by name the rest (see _aggregate)
 SUMMED = {names.OFF_POLICY_EVICTED}
@@ -40,7 +50,8 @@ LAST = {names.GLOBAL_STEP}
 
 class SeparateAsyncCollector(FullyAsyncCollector):
     """See the module docstring. ``threshold``: ``max_off_policy_threshold`` (None: no limit); ``strategy``:
-    ``drop`` or ``wait``; ``total_steps``: the run's steps, each of ``train_batch_size`` prompts."""
+    ``drop`` or ``wait``; ``total_steps``: the run's steps, each of ``train_batch_size`` prompts; ``switch`` and
+    ``actor``: step switching's decision and the actor's group it lends (None: no switching)."""
 
     STATE = FullyAsyncCollector.STATE + ("total_prompts",)
 
@@ -56,6 +67,8 @@ class SeparateAsyncCollector(FullyAsyncCollector):
         threshold: int | None,
         strategy: str,
         total_steps: int,
+        switch: StepSwitch | None = None,
+        actor: Any = None,
     ):
         super().__init__(
             generate,
@@ -72,6 +85,83 @@ class SeparateAsyncCollector(FullyAsyncCollector):
         self.threshold = threshold
         self.strategy = strategy
         self.evicted_ages: list[int] = []  # of the groups dropped since the last mini-batch was taken
+        self.switch = switch
+        self.actor = actor
+        self.step = 0  # the step of the last mini-batch taken
+
+    def collect(self, source: PromptSource, timer: StepTimer, step: int) -> tuple[DataProto, dict[str, float]]:
+        """A mini-batch (:meth:`FullyAsyncCollector.collect`); with step switching, a step's first one starts by
+        lending the actor's processes where the last decision said so."""
+        if self.switch is None:
+            return super().collect(source, timer, step)
+        if step != self.step and self.switch.lend_next:
+            self._lend(source, timer, step)
+        self.step = step
+        self._collect_finished()
+        ready = self._ready_groups(step)
+        waited = timer.seconds.get(names.PHASE_GEN, 0.0)
+        batch, metrics = super().collect(source, timer, step)
+        self.switch.sampling(ready, timer.seconds.get(names.PHASE_GEN, 0.0) - waited)
+        return batch, metrics
+
+    def sync_weights(self, step: int, timer: StepTimer) -> dict[str, float]:
+        """Phase 8; with step switching first the decision whether the next step starts by lending, whose metrics
+        are returned (verl's ``separate_async/switch|decision/*``)."""
+        metrics = {}
+        if self.switch is not None:
+            self._collect_finished()
+            metrics = self.switch.end_step(self._ready_groups(step + 1), steps_left=step < self.total_steps)
+        return {**super().sync_weights(step, timer), **metrics}
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        return state if self.switch is None else {**state, "switch": self.switch.state_dict(), "step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.switch is not None and "switch" in state:  # a run that switched before
+            self.switch.load_state_dict(state["switch"])
+            self.step = state["step"]
+
+    def _lend(self, source: PromptSource, timer: StepTimer, step: int) -> None:
+        """The actor's processes generate the prompt groups the threshold lacks now, within the staleness budget,
+        with the actor's weights (the current version); the pool's calls go on meanwhile."""
+        self._collect_finished()
+        missing = self.switch.threshold() - self._ready_groups(step)
+        size = min(missing, self.max_required - self.staleness_samples, self.total_prompts - self.started_prompts)
+        prompts = self._prompts(source, size)
+        if prompts is None:
+            return
+        started = time.perf_counter()
+        with timer(names.PHASE_SWITCH_TO_ROLLOUT):
+            timer.add(names.CHECK_WEIGHT_SYNC, max(self.actor.update_weights()))
+            lent = self.generate.start(prompts, engine=self.actor)
+        to_rollout = time.perf_counter() - started
+        with timer(names.PHASE_SWITCH_WAIT):
+            while not lent.future.done():
+                if self.running is not None and self.running.future.done():
+                    self._wait()
+                    self._start(source)
+                time.sleep(POLL_SECONDS)
+        started = time.perf_counter()
+        with timer(names.PHASE_SWITCH_TO_TRAINER):
+            samples = self.generate.finish(lent)
+            # every token was drawn by the actor's weights, the current version (its engine numbers none)
+            tags = samples.batch["rollout_weight_versions"]
+            samples.batch["rollout_weight_versions"] = torch.where(tags >= 0, self.param_version, tags)
+            self._queue(samples, len(lent.prompts), self.param_version)
+        self.switch.switched(to_rollout, time.perf_counter() - started)
+
+    def _collect_finished(self) -> None:
+        """The pool's call, queued if it has finished."""
+        if self.running is not None and self.running.future.done():
+            self._wait()
+
+    def _ready_groups(self, step: int) -> int:
+        """Queued groups that step ``step`` may train on (with ``drop``, those within the threshold)."""
+        if self.strategy == "drop" and self.threshold is not None:
+            return int(np.sum(step - self.queued_versions <= self.threshold))
+        return self._queued_prompts()
 
     # A prompt started with weight version v started in step v + 1: its age (verl's span) at step s is s - v.
     def _ready(self, step: int) -> bool:

@@ -347,10 +347,10 @@ class RewardModelModelConfig:
     path: str = option("", "Hugging Face folder of a model with one output per token (score head).")
     input_tokenizer: Optional[str] = option(
         None,
-        "The policy's tokenizer folder (verl's key), for a reward model whose tokenizer or chat template differs: "
-        "each sample's prompt messages and decoded response are rendered by the reward model's chat template and "
-        "tokenized by its tokenizer. None, or a tokenizer the same as the reward model's: it reads the policy's "
-        "tokens as they are. Differs from verl: verl's default is the actor's folder.",
+        "The policy's tokenizer folder (verl's key; by default the actor's folder, as in verl), for a reward model "
+        "whose tokenizer or chat template differs: each sample's prompt messages and decoded response are rendered "
+        "by the reward model's chat template and tokenized by its tokenizer. None, or a tokenizer the same as the "
+        "reward model's: it reads the policy's tokens as they are.",
     )
     dtype: str = option("float32", "Dtype of the reward model's weights.")
     use_remove_padding: bool = option(True, "Pack non-padding tokens into one row.")

@@ -28,10 +28,17 @@ def test_a_reward_model_sharing_the_policys_tokenizer_needs_no_input_tokenizer(b
     load_config(compose_config(base + reward_model(tiny_model_dir)))
 
 
-def test_a_reward_model_with_its_own_tokenizer_needs_the_policys_named(
+def test_the_input_tokenizer_is_the_actors_folder_unless_set_as_in_verl(base, tiny_model_dir, tiny_reward_model_dir):
+    """verl's default (``${actor_rollout_ref.model.path}``): a reward model with a tokenizer of its own re-tokenizes."""
+    config = load_config(compose_config(base + reward_model(tiny_reward_model_dir)))
+    assert config.reward_model.model.input_tokenizer == config.actor_rollout_ref.model.path
+
+
+def test_a_reward_model_with_its_own_tokenizer_and_none_named_is_refused(
     base, tiny_model_dir, tiny_reward_model_dir, capsys, monkeypatch, tmp_path
 ):
-    outcome = check_in_process("main_ppo", base + reward_model(tiny_reward_model_dir), capsys, monkeypatch, tmp_path)
+    overrides = base + reward_model(tiny_reward_model_dir) + [f"{KEY}=null"]
+    outcome = check_in_process("main_ppo", overrides, capsys, monkeypatch, tmp_path)
     error = assert_refused(
         outcome,
         f"reward_model.model.path='{tiny_reward_model_dir}' has a tokenizer of its own",

@@ -11,6 +11,7 @@ MODE = "trainer.v1.trainer_mode=colocate_async"
 SEPARATE = "trainer.v1.trainer_mode=separate_async"
 # base's 4 prompts a step in mini-batches of 2
 SEPARATE_RUN = [SEPARATE, "trainer.v1.separate_async.parameter_sync_step=2"]
+SWITCH = "trainer.v1.separate_async.hybrid_rollout"
 
 
 def test_a_verl_v1_colocate_async_command_line_plans_partial_rollout(base):
@@ -69,14 +70,40 @@ def test_separate_async_needs_the_batch_to_be_its_mini_batches_as_verl_asserts(b
     assert line.startswith("data.train_batch_size=4 must equal trainer.v1.separate_async.parameter_sync_step=3 x")
 
 
-def test_separate_async_step_switching_is_refused_and_its_knobs_need_it(base):
-    (line,) = config_errors(base + SEPARATE_RUN + ["trainer.v1.separate_async.hybrid_rollout.enable_switch=true"])
-    assert line.startswith("trainer.v1.separate_async.hybrid_rollout.enable_switch=True needs lending")
-    knob = "trainer.v1.separate_async.hybrid_rollout.switch_threshold_ratio=0.5"
+def test_separate_async_step_switching_gives_the_actors_processes_a_rollout_engine(base):
+    """verl's step switching: the trainer's processes generate between steps with the hybrid engine's rollout."""
+    plan = plan_of(base + SEPARATE_RUN + [f"{SWITCH}.enable_switch=true", f"{SWITCH}.switch_threshold_ratio=0.5"])
+    assert plan.worker_roles["actor_rollout_ref"].startswith("actor_rollout")
+    assert plan.trainer.v1.separate_async.hybrid_rollout.switch_threshold_ratio == 0.5
+    assert not plan_of(base + SEPARATE_RUN).worker_roles["actor_rollout_ref"].startswith("actor_rollout")
+
+
+@pytest.mark.parametrize(
+    "setting, line",
+    [
+        ("switch_threshold_ratio=0", f"{SWITCH}.switch_threshold_ratio=0.0 must be in (0, 1]"),
+        ("switch_threshold_ratio=1.5", f"{SWITCH}.switch_threshold_ratio=1.5 must be in (0, 1]"),
+        ("switch_threshold_step_up=-0.1", f"{SWITCH}.switch_threshold_step_up=-0.1 must be >= 0"),
+        ("switch_cost_window_size=0", f"{SWITCH}.switch_cost_window_size=0 must be >= 1"),
+    ],
+)
+def test_step_switching_settings_out_of_range_are_refused_in_one_line(base, setting, line):
+    assert config_errors(base + SEPARATE_RUN + [f"{SWITCH}.enable_switch=true", f"{SWITCH}.{setting}"]) == [line]
+
+
+def test_step_switching_without_the_hybrid_engine_is_refused(base):
+    (line,) = config_errors(
+        base + SEPARATE_RUN + [f"{SWITCH}.enable_switch=true", "actor_rollout_ref.hybrid_engine=false"]
+    )
+    assert line.startswith(f"{SWITCH}.enable_switch=true with actor_rollout_ref.hybrid_engine=false")
+
+
+def test_step_switching_knobs_without_it_or_without_separate_async_are_listed_as_unread(base):
+    knob = f"{SWITCH}.switch_threshold_ratio=0.5"
     _, unread = load_config_with_notes(compose_config(base + SEPARATE_RUN + [knob]), check_environment=False)
-    assert unread == [
-        f"{knob} (read only with trainer.v1.separate_async.hybrid_rollout.enable_switch, which hybridflow refuses)"
-    ]
+    assert unread == [f"{knob} (read only with {SWITCH}.enable_switch=true)"]
+    _, unread = load_config_with_notes(compose_config(base + [f"{SWITCH}.enable_switch=true"]), check_environment=False)
+    assert unread == [f"{SWITCH}.enable_switch=True (read only with trainer.v1.trainer_mode=separate_async)"]
 
 
 def test_separate_async_runs_its_pool_in_processes_of_its_own(base):

@@ -58,3 +58,33 @@ def test_separate_async_trains_mini_batches_against_the_steps_weights_and_resume
     assert [s for s in steps if names.timing("update_weights") in steps[s]] == list(range(1, STEPS))
     # Samples of step 2 on were generated before that step's weights: at least one version stale
     assert steps[STEPS][names.stat(names.OFF_POLICY_STALENESS_WORST, "max")] >= 1
+
+
+def test_step_switching_lends_the_actors_processes_the_groups_a_step_lacks(tiny_model_dir, tiny_parquet, tmp_path):
+    """Step switching with no warm-up and a threshold of the whole batch: step 1 trains on the pool's only call
+    (the version's budget is one batch) and leaves nothing ready, so step 2 starts with the actor's processes
+    generating its 4 groups with the actor's weights (version 1) and trains on them; every prompt of an epoch is
+    trained once."""
+    run_dir = tmp_path / "run"
+    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir, "grpo") + [
+        "trainer.v1.trainer_mode=separate_async",
+        "trainer.v1.separate_async.parameter_sync_step=2",
+        "trainer.v1.separate_async.num_warmup_batches=0",
+        "trainer.v1.separate_async.hybrid_rollout.enable_switch=true",
+        "trainer.v1.separate_async.hybrid_rollout.switch_threshold_ratio=1.0",
+        "trainer.v1.separate_async.hybrid_rollout.adaptive_switch_threshold=false",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "trainer.total_training_steps=3",
+        "trainer.val_before_train=false",
+        *COUNTED,
+    ]
+    run_cli(overrides, cwd=tmp_path)
+    steps = _steps(run_dir)
+    assert sorted(steps) == [1, 2, 3]
+    assert_each_prompt_trained_once_per_epoch(tmp_path / DUMPS, overrides, 3)
+    assert steps[1][names.SWITCH_SHOULD_SWITCH] == 1 and steps[1][names.SWITCH_REMAINING] == 4
+    for phase in ("switch_to_rollout", "switch_wait", "switch_to_trainer"):
+        assert names.timing(phase) in steps[2], phase
+    # drawn by the actor's weights after step 1, the trainer's version at step 2
+    assert steps[2][names.stat(names.OFF_POLICY_STALENESS_WORST, "max")] == 0
+    assert names.timing("switch_wait") not in steps[1]
