@@ -23,6 +23,8 @@ lr schedule over ``--steps`` steps, greedy validation every ``--test_freq`` step
   one sync a step landing in the generation in flight; ``separate_async_bypass`` the same with bypass mode;
   ``separate_async_switch`` with verl's step switching at its defaults (``hybrid_rollout.enable_switch=true``: the
   training process generates the groups a step lacks at its start, when verl's decision says so);
+  ``separate_async_no_warmup`` and ``separate_async_no_warmup_switch`` the same two with ``num_warmup_batches=0``
+  (the pool never runs ahead, so the trainer waits for each step's samples: what switching is for);
 - ``sync_bypass``: the synchronous demo with that bypass mode alone, to tell the mode's effect from bypass mode's.
 
 Time is training seconds (the sum of ``timing_s/step``: validation and checkpoints excluded on all sides, as in
@@ -78,6 +80,8 @@ SEPARATE_ASYNC = [
     "trainer.v1.separate_async.parameter_sync_step=2",
     "actor_rollout_ref.actor.ppo_mini_batch_size=16",
 ]
+NO_WARMUP = [key.replace("num_warmup_batches=1", "num_warmup_batches=0") for key in SEPARATE_ASYNC]
+SWITCH = "trainer.v1.separate_async.hybrid_rollout.enable_switch=true"
 SYSTEMS = {
     "sync": [],
     "one_step_off": ONE_STEP_OFF,
@@ -85,11 +89,9 @@ SYSTEMS = {
     "colocate_async": COLOCATE_ASYNC,
     "separate_async": SEPARATE_ASYNC + ["actor_rollout_ref.rollout.calculate_log_probs=true"],
     "separate_async_bypass": SEPARATE_ASYNC + BYPASS,
-    "separate_async_switch": SEPARATE_ASYNC
-    + [
-        "actor_rollout_ref.rollout.calculate_log_probs=true",
-        "trainer.v1.separate_async.hybrid_rollout.enable_switch=true",
-    ],
+    "separate_async_switch": SEPARATE_ASYNC + ["actor_rollout_ref.rollout.calculate_log_probs=true", SWITCH],
+    "separate_async_no_warmup": NO_WARMUP + ["actor_rollout_ref.rollout.calculate_log_probs=true"],
+    "separate_async_no_warmup_switch": NO_WARMUP + ["actor_rollout_ref.rollout.calculate_log_probs=true", SWITCH],
     "sync_bypass": BYPASS,
 }
 POLL_S = 0.5

@@ -5,12 +5,13 @@ rollout pool of its own (``rollout.nnodes`` x ``rollout.n_gpus_per_node``) while
 ``parameter_sync_step`` mini-batches, each taken from the pool's finished prompt groups and trained through phases
 3 to 7 as soon as it is there, then one weight sync (partial rollout: it lands in the generation in flight); the
 old log-probs of every mini-batch are the step's starting weights' (verl's decoupled PPO), and the pool runs at
-most ``num_warmup_batches`` batches ahead. ``colocate_async`` (verl's ``PPOTrainerColocateAsync``) keeps the actor's
-processes generating and training by turns, with partial rollout: each step adds a batch of prompts (the first
-also ``num_warmup_batches`` more), generation stops once ``train_batch_size`` prompt groups have finished, the
-step trains on the oldest finished groups, and the unfinished ones go on after the weight sync, from the tokens
-they drew. ``trainer.v1.sampler`` bounds how many weight versions a group may span. What the mode cannot run
-with is refused here, before anything starts.
+most ``num_warmup_batches`` batches ahead; with ``hybrid_rollout.enable_switch`` the actor's processes get a
+rollout engine and generate the groups a step lacks at its start (``trainer/step_switch.py``). ``colocate_async``
+(verl's ``PPOTrainerColocateAsync``) keeps the actor's processes generating and training by turns, with partial
+rollout: each step adds a batch of prompts (the first also ``num_warmup_batches`` more), generation stops once
+``train_batch_size`` prompt groups have finished, the step trains on the oldest finished groups, and the
+unfinished ones go on after the weight sync, from the tokens they drew. ``trainer.v1.sampler`` bounds how many
+weight versions a group may span. What the mode cannot run with is refused here, before anything starts.
 """
 
 from __future__ import annotations

@@ -125,7 +125,8 @@ class SeparateAsyncCollector(FullyAsyncCollector):
 
     def _lend(self, source: PromptSource, timer: StepTimer, step: int) -> None:
         """The actor's processes generate the prompt groups the threshold lacks now, within the staleness budget,
-        with the actor's weights (the current version); the pool's calls go on meanwhile."""
+        with the actor's weights (the current version); the pool takes what the budget leaves, and its calls go on
+        meanwhile (verl's load balancer shares the requests between the two)."""
         self._collect_finished()
         missing = self.switch.threshold() - self._ready_groups(step)
         size = min(missing, self.max_required - self.staleness_samples, self.total_prompts - self.started_prompts)
@@ -137,6 +138,7 @@ class SeparateAsyncCollector(FullyAsyncCollector):
             timer.add(names.CHECK_WEIGHT_SYNC, max(self.actor.update_weights()))
             lent = self.generate.start(prompts, engine=self.actor)
         to_rollout = time.perf_counter() - started
+        self._start(source)
         with timer(names.PHASE_SWITCH_WAIT):
             while not lent.future.done():
                 if self.running is not None and self.running.future.done():

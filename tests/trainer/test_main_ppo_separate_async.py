@@ -60,10 +60,13 @@ def test_separate_async_trains_mini_batches_against_the_steps_weights_and_resume
     assert steps[STEPS][names.stat(names.OFF_POLICY_STALENESS_WORST, "max")] >= 1
 
 
-def test_step_switching_lends_the_actors_processes_the_groups_a_step_lacks(tiny_model_dir, tiny_parquet, tmp_path):
+def test_step_switching_lends_the_actors_processes_the_groups_a_step_lacks_and_resumes_after_kill_9(
+    tiny_model_dir, tiny_parquet, tmp_path
+):
     """Step switching with no warm-up and a threshold of the whole batch: step 1 trains on the pool's only call
     (the version's budget is one batch) and leaves nothing ready, so step 2 starts with the actor's processes
-    generating its 4 groups with the actor's weights (version 1) and trains on them; every prompt of an epoch is
+    generating its 4 groups with the actor's weights (version 1) and trains on them. Killed with -9 at step 1's
+    checkpoint, the same command resumes with the decision to lend and finishes; every prompt of an epoch is
     trained once."""
     run_dir = tmp_path / "run"
     overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir, "grpo") + [
@@ -75,9 +78,11 @@ def test_step_switching_lends_the_actors_processes_the_groups_a_step_lacks(tiny_
         "trainer.v1.separate_async.hybrid_rollout.adaptive_switch_threshold=false",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         "trainer.total_training_steps=3",
+        "trainer.save_freq=1",
         "trainer.val_before_train=false",
         *COUNTED,
     ]
+    assert kill_9_at_first_checkpoint(overrides, run_dir, cwd=tmp_path) < 3, "the run finished before it was killed"
     run_cli(overrides, cwd=tmp_path)
     steps = _steps(run_dir)
     assert sorted(steps) == [1, 2, 3]

@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from hybridflow.config.schema import HybridRolloutSwitchConfig
-from hybridflow.protocol import DataProto
 from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.phases import StepTimer
 from hybridflow.trainer.rollout_collection import PendingGeneration
 from hybridflow.trainer.separate_async import SeparateAsyncCollector
 from hybridflow.trainer.step_switch import StepSwitch
+
+from .test_separate_async_collection import Prompts
 
 N = 2  # samples per prompt
 
@@ -101,16 +102,7 @@ class Actor:
         return [0.0]
 
 
-class Prompts:
-    def __init__(self):
-        self.taken = 0
-
-    def next(self):
-        self.taken += 1
-        return DataProto.from_dict({"input_ids": torch.tensor([[self.taken]])})
-
-
-def collector(engines, actor, warmup_batches):
+def collector(engines, actor, warmup_batches, ratio=1.0):
     return SeparateAsyncCollector(
         engines,
         lambda batch: (batch, None, {}),
@@ -121,7 +113,7 @@ def collector(engines, actor, warmup_batches):
         threshold=None,
         strategy="drop",
         total_steps=3,
-        switch=switch(ratio=1.0, train_batch_size=2, mini_batch_size=1, processes=(1, 1)),
+        switch=switch(ratio=ratio, train_batch_size=2, mini_batch_size=1, processes=(1, 1)),
         actor=actor,
     )
 
@@ -164,3 +156,17 @@ def test_a_step_whose_groups_are_ready_by_its_start_does_not_lend(pool_done):
     sampler.collect(source, StepTimer(), 2)
     lent = [prompts for engine, prompts in engines.calls if engine is actor]
     assert lent == ([] if pool_done else [[5, 6]])
+
+
+def test_the_pool_takes_what_the_budget_leaves_after_the_lent_groups():
+    """No warm-up and a threshold of one group: step 2 lends the actor 1 prompt of the version's 2, and the pool,
+    idle since its budget ran out, starts the other at once."""
+    engines, actor, source = Engines(), Actor(), Prompts()
+    sampler = collector(engines, actor, warmup_batches=0, ratio=0.5)
+    for _ in range(2):
+        sampler.collect(source, StepTimer(), 1)
+    assert sampler.sync_weights(1, StepTimer())[names.SWITCH_REMAINING] == 1
+    first, _ = sampler.collect(source, StepTimer(), 2)
+    second, _ = sampler.collect(source, StepTimer(), 2)
+    assert engines.calls == [(None, [1, 2]), (actor, [3]), (None, [4])]
+    assert [batch.batch["input_ids"][0, 0].item() for batch in (first, second)] == [3, 4]
