@@ -133,11 +133,9 @@ class SeparateAsyncCollector(FullyAsyncCollector):
         prompts = self._prompts(source, size)
         if prompts is None:
             return
-        started = time.perf_counter()
         with timer(names.PHASE_SWITCH_TO_ROLLOUT):
             timer.add(names.CHECK_WEIGHT_SYNC, max(self.actor.update_weights()))
             lent = self.generate.start(prompts, engine=self.actor)
-        to_rollout = time.perf_counter() - started
         self._start(source)
         with timer(names.PHASE_SWITCH_WAIT):
             while not lent.future.done():
@@ -145,14 +143,14 @@ class SeparateAsyncCollector(FullyAsyncCollector):
                     self._wait()
                     self._start(source)
                 time.sleep(POLL_SECONDS)
-        started = time.perf_counter()
         with timer(names.PHASE_SWITCH_TO_TRAINER):
             samples = self.generate.finish(lent)
             # every token was drawn by the actor's weights, the current version (its engine numbers none)
             tags = samples.batch["rollout_weight_versions"]
             samples.batch["rollout_weight_versions"] = torch.where(tags >= 0, self.param_version, tags)
             self._queue(samples, len(lent.prompts), self.param_version)
-        self.switch.switched(to_rollout, time.perf_counter() - started)
+        # a step lends once, so each switch phase's seconds are this lending's
+        self.switch.switched(timer.seconds[names.PHASE_SWITCH_TO_ROLLOUT], timer.seconds[names.PHASE_SWITCH_TO_TRAINER])
 
     def _collect_finished(self) -> None:
         """The pool's call, queued if it has finished."""
