@@ -48,7 +48,12 @@ from hybridflow.rewards.response_batch import (
     read_response_batch,
     scores_on_last_token,
 )
-from hybridflow.rewards.scoring import check_data_sources, default_compute_score, resolve_scoring_function
+from hybridflow.rewards.scoring import (
+    check_data_sources,
+    default_compute_score,
+    known_data_sources,
+    resolve_scoring_function,
+)
 from hybridflow.rewards.timed_calls import CallOutcome, TimedCallRunner
 
 if TYPE_CHECKING:  # DataProto loads tensordict (~2 s): not needed to check a config
@@ -130,6 +135,10 @@ class NaiveRewardManager:
             return RewardResult(data.batch["rm_scores"], {}, {})
         responses = self.read(data)
         return self.result(responses, self.outcomes(responses))
+
+    def can_score(self, data_sources: list[str]) -> bool:
+        """Whether every one of ``data_sources`` can be scored: by the user's function, or by a registered one."""
+        return not self.uses_registered_scoring or known_data_sources(data_sources)
 
     def start_batch(self) -> "SampleScoring":
         """Score one batch part by part (``add``); ``finish`` then returns what calling the manager would."""

@@ -21,6 +21,7 @@ from hybridflow.config.placement import ROLLOUT_ROLE
 from hybridflow.config.plan import COLOCATE_ASYNC, FULLY_ASYNC, ONE_STEP_OFF, SEPARATE_ASYNC, RunPlan
 from hybridflow.distributed import RayClassWithInitArgs
 from hybridflow.rewards.judge_prompts import JudgeScoring
+from hybridflow.rewards.scoring import SCORING_FUNCTIONS
 from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.colocate_async import ColocateAsyncCollector
 from hybridflow.trainer.estimator_metrics import RewardComponentMetrics, VarianceProxyMetrics
@@ -45,8 +46,8 @@ from hybridflow.trainer.rollout_collection import (
     DynamicSamplingCollector,
     Generation,
     GreedyBaseline,
-    RewardScorer,
     RolloutCollector,
+    RulesBesideModelScorer,
     reward_scorer,
 )
 from hybridflow.trainer.separate_async import SeparateAsyncCollector
@@ -132,11 +133,17 @@ def step_phases(
     )
 
 
-def validation_scorer(plan: RunPlan, score: Any, reward_manager: Any) -> Any:
-    """Validation's scorer: training's, except that with a reward model the reward manager's rules score alone, so
-    ``val-core`` is each data_source's rule (its ``acc``), not the reward model's opinion. verl validates the same
-    way: with its rule-based reward function only."""
-    return RewardScorer(reward_manager) if plan.reward_model.enable else score
+def validation_scorer(plan: RunPlan, score: Any, reward_manager: Any, data_sources: list[str]) -> Any:
+    """Validation's scorer: training's. With a reward model (or judge), as in verl, its scores are validation's
+    ``reward``; where the rules can score every validation ``data_source``, their extras (``acc``, ...) are added
+    beside them, so ``val-core`` stays each source's rule."""
+    if not plan.reward_model.enable:
+        return score
+    if reward_manager.can_score(data_sources):
+        return RulesBesideModelScorer(reward_manager, score)
+    unknown = sorted(set(data_sources) - set(SCORING_FUNCTIONS.names()))
+    print(f"[hybridflow] validation is scored by the reward model alone: no rule scores data_source {unknown}")
+    return score
 
 
 def collector(plan: RunPlan, groups: dict[str, Any], tokenizer: Any, reward_manager: Any) -> Any:

@@ -84,15 +84,15 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
 
 
 def _reward_manager(config: PPOTrainerConfig, tokenizer: Any, train_dataset: Any, val_dataset: Any) -> Any:
-    """The reward manager with the user's scoring function, or the registry's, which must know every data_source
-    it scores: training's and validation's, or validation's alone with a reward model (unless the manager scores
-    without a function, as the remote judge does)."""
+    """The reward manager with the user's scoring function, or the registry's, which must then know every
+    data_source of training and validation (unless the manager scores without a function, as the remote judge
+    does); with a reward model, whose scores train and validate, the rules add what they can
+    (``assembly.validation_scorer``)."""
     custom = config.custom_reward_function
     compute_score = load_custom_reward_function(custom.path, custom.name, custom.reward_kwargs) if custom.path else None
     registered_scoring = compute_score is None and reward_manager_traits(config)["scores_with_function"]
-    if registered_scoring:  # with a reward model the rules score validation only
-        train_sources = [] if config.reward_model.enable else train_dataset.data_sources()
-        check_data_sources(train_sources + (val_dataset.data_sources() if val_dataset else []))
+    if registered_scoring and not config.reward_model.enable:
+        check_data_sources(train_dataset.data_sources() + (val_dataset.data_sources() if val_dataset else []))
     manager = reward_manager_class(config)
     return build_reward_manager(manager, tokenizer, compute_score, **reward_manager_options(config))
 

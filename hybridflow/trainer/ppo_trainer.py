@@ -113,7 +113,8 @@ class RayPPOTrainer:
             plan, self.actor_rollout, groups.get("critic"), groups.get("ref"), groups.get(TEACHER_ROLE)
         )
         self.rollout = assembly.collector(plan, groups, self.tokenizer, self.reward_manager)
-        self.validation_score = assembly.validation_scorer(plan, self.rollout.score, self.reward_manager)
+        val_sources = self.val_loader.dataset.data_sources() if self.val_loader is not None else []
+        self.validation_score = assembly.validation_scorer(plan, self.rollout.score, self.reward_manager, val_sources)
         self.profiler = step_profiler(plan.profile, groups)
         self.num_parameters = count_parameters(plan.actor_rollout_ref.model.path)
         self.peak_flops = peak_flops_per_process(
@@ -273,7 +274,7 @@ class RayPPOTrainer:
     def validate(self, tracker: Tracking) -> dict[str, float]:
         """Generate for every validation prompt (``rollout.val_kwargs``) and score them:
         ``val-core/<data_source>/<metric>/mean@<n>`` and the rest of the per-source breakdown; with a reward model,
-        by the rules alone (``assembly.validation_scorer``). Samples go to
+        its scores with the rules' extras beside them (``assembly.validation_scorer``). Samples go to
         ``tracker`` as a table (``trainer.log_val_generations``) and to ``trainer.validation_data_dir``."""
         timer = StepTimer()
         data_sources, uids, infos = [], [], defaultdict(list)

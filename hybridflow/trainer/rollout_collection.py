@@ -104,6 +104,26 @@ class ModelRewardScorer(RewardScorer):
         return super().__call__(union_columns(batch, self.reward_model_group.compute_rm_score(batch)))
 
 
+class RulesBesideModelScorer(RewardScorer):
+    """Validation with a reward model or a judge: its scores are the scores (verl's ``reward``), and each
+    data_source's rule adds its per-sample extras (``acc``, ``pred``, ...) beside them, so
+    ``val-core/<data_source>/acc`` stays the rule's accuracy."""
+
+    def __init__(self, reward_manager: Any, model_scorer: RewardScorer):
+        super().__init__(reward_manager)
+        self.model_scorer = model_scorer
+
+    def __call__(self, batch: DataProto, scoring: Any = None) -> tuple[DataProto, dict[str, list], dict[str, float]]:
+        rules = self.reward_manager(batch)  # before the model's rm_scores join, which the manager would pass on
+        batch, extra, metrics = self.model_scorer(batch)
+        # the rule's ``score`` would read as the sample's score, which is the model's
+        rule_extra = {key: values for key, values in rules.extra.items() if key not in extra and key != "score"}
+        for key, values in rule_extra.items():
+            if key not in batch.non_tensor_batch and len(values) == len(batch):
+                batch.non_tensor_batch[key] = np.asarray(values, dtype=object)
+        return batch, {**extra, **rule_extra}, {**rules.metrics, **metrics}
+
+
 class JudgeRewardScorer(RewardScorer):
     """Phase 2 with a generative judge: the driver renders each sample's judge prompt, the judge's workers answer
     them, and the driver parses the answers into scores (``rewards/judge_prompts.py``)."""

@@ -8,7 +8,7 @@ import pytest
 
 from bench.bench_placement import other_splits
 from hybridflow.config.load import load_config
-from hybridflow.config.parallel_plans import GENERATION
+from hybridflow.config.parallel_plans import GENERATION, Plan
 from hybridflow.trainer.auto_placement import (
     CHOICE_FILE,
     layout_plans,
@@ -82,18 +82,20 @@ def test_plan_prints_the_ranked_layouts_and_trains_nothing(tiny_model_dir, tiny_
 
 @pytest.mark.slow
 def test_a_resumed_run_keeps_the_plan_it_started_with(tiny_model_dir, tiny_parquet, tmp_path):
+    # A run that started under auto, chose the layout apart and saved a step (the choosing is the test above's)
     run_dir = tmp_path / "run"
     base = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir) + AUTO + ["trainer.save_freq=1"]
-    first = run_cli(base + ["trainer.total_training_steps=1"], tmp_path)
-    record = json.loads((run_dir / CHOICE_FILE).read_text())
-    assert len(ranked_lines(first.stdout)) == 2
-    # Another choice on file stands for a run that chose differently: the resumed run must not calibrate again
-    other = next(entry for entry in record["ranked"] if entry != record["chosen"])
-    (run_dir / CHOICE_FILE).write_text(json.dumps({**record, "chosen": other}))
-    second = run_cli(base + ["trainer.total_training_steps=2"], tmp_path)
-    assert f"trainer.placement=auto: {other['plan']}, as chosen when this run started" in second.stdout
-    assert f"pool {POOLS[other['layout']]}" in second.stdout
-    assert not ranked_lines(second.stdout) and "resumed from" in second.stdout
+    config = load_config(compose_config(base))
+    owners = split_owners(config)
+    layout = next(layout for layout in runnable_options(config, owners) if layout.spelled() == "actor:1/critic:1")
+    chosen = {"plan": Plan(layout).spelled(), "overrides": Plan(layout).overrides(owners)}
+    run_cli(base + chosen["overrides"] + ["trainer.total_training_steps=1"], tmp_path)
+    (run_dir / CHOICE_FILE).write_text(json.dumps({"chosen": chosen}))
+    # The same command resumes on that plan without calibrating again
+    resumed = run_cli(base + ["trainer.total_training_steps=2"], tmp_path)
+    assert f"trainer.placement=auto: {chosen['plan']}, as chosen when this run started" in resumed.stdout
+    assert f"pool {POOLS['actor:1/critic:1']}" in resumed.stdout
+    assert not ranked_lines(resumed.stdout) and "resumed from" in resumed.stdout
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
 

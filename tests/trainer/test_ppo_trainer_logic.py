@@ -5,6 +5,8 @@ steps with NaN/inf values or failed scoring."""
 import json
 import shutil
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -170,20 +172,37 @@ def test_a_reward_model_scores_instead_of_the_rules(run, tiny_model_dir):
     assert (batch.batch["token_level_scores"].sum(-1) == 0.75).all()
 
 
-def test_with_a_reward_model_the_rules_score_validation_alone(run, tiny_model_dir, tmp_path):
+def test_with_a_reward_model_validation_has_its_scores_and_the_rules_columns(run, tiny_model_dir, tmp_path):
     overrides = (
         "reward_model.enable=true",
         f"reward_model.model.path={tiny_model_dir}",
         "trainer.val_before_train=true",
     )
     _, fakes = run("grpo", *overrides, "trainer.test_freq=2", reward=None)
-    assert fakes.names().count("compute_rm_score") == 2  # the training steps'; neither validation asks the model
-    assert all((batch.batch["token_level_scores"].sum(-1) == 0.75).all() for batch in _step_batches(fakes))
+    assert fakes.names().count("compute_rm_score") == 4  # two training steps, two validations (as in verl)
     records = {r["step"]: r for r in read_metrics(tmp_path / "run")}
-    for step in (0, 2):  # the arithmetic rule's own columns, not the reward model's 0.75
-        assert records[step]["val-core/arithmetic/acc/mean@1"] == records[step]["val-aux/arithmetic/score/mean@1"]
-        assert records[step]["val-aux/arithmetic/reward/mean@1"] in (0.0, 0.25, 0.5, 0.75, 1.0)
-        assert records[step]["val-aux/arithmetic/reward/mean@1"] == records[step]["val-core/arithmetic/acc/mean@1"]
+    for step in (0, 2):  # the fake reward model's 0.75 is the reward; the arithmetic rule's accuracy stands beside it
+        assert records[step]["val-aux/arithmetic/reward/mean@1"] == 0.75
+        assert records[step]["val-core/arithmetic/acc/mean@1"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+        assert "val-aux/arithmetic/score/mean@1" not in records[step]  # the score is the model's alone
+
+
+def test_with_a_reward_model_a_validation_source_without_a_rule_is_scored_by_the_model(
+    run, tiny_model_dir, tiny_parquet, tmp_path, capsys
+):
+    table = pq.read_table(tiny_parquet[1])
+    sources = pa.array(["Dahoas/full-hh-rlhf"] * len(table))
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("data_source"), "data_source", sources),
+        val := tmp_path / "val.parquet",
+    )
+    overrides = ("reward_model.enable=true", f"reward_model.model.path={tiny_model_dir}", f"data.val_files={val}")
+    run("grpo", *overrides, "trainer.val_before_train=true", reward=None)
+    assert "validation is scored by the reward model alone: no rule scores data_source ['Dahoas/full-hh-rlhf']" in (
+        capsys.readouterr().out
+    )
+    validation = next(r for r in read_metrics(tmp_path / "run") if r["step"] == 0)
+    assert validation["val-core/Dahoas/full-hh-rlhf/reward/mean@1"] == 0.75
 
 
 def test_rollout_dump_every_n_steps(run, tmp_path):

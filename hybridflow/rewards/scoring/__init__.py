@@ -6,6 +6,7 @@ from hybridflow.rewards.scoring.registry import (
     UnknownDataSourceError,
     check_data_sources,
     default_compute_score,
+    known_data_sources,
     resolve_scoring_function,
 )
 
@@ -14,5 +15,6 @@ __all__ = [
     "UnknownDataSourceError",
     "check_data_sources",
     "default_compute_score",
+    "known_data_sources",
     "resolve_scoring_function",
 ]

@@ -34,6 +34,11 @@ def resolve_scoring_function(data_source: str) -> ScoringFunction:
         raise UnknownDataSourceError(f"{error}; {_CUSTOM_HINT}") from None
 
 
+def known_data_sources(data_sources: Iterable[str]) -> bool:
+    """Whether every one of ``data_sources`` has a registered scoring function."""
+    return {str(source) for source in data_sources} <= set(SCORING_FUNCTIONS.names())
+
+
 def check_data_sources(data_sources: Iterable[str]) -> None:
     """Raise once, naming every data_source without a scoring function (call this before training starts)."""
     unknown = sorted({str(source) for source in data_sources} - set(SCORING_FUNCTIONS.names()))
