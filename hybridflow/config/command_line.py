@@ -10,6 +10,7 @@ and an unknown key gets a close match, all before Hydra composes anything. Each 
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any, Callable, TypeVar
 
 import yaml
@@ -21,6 +22,8 @@ from hybridflow.config.typed import unknown_key_errors
 from hybridflow.config.verl_compat import PPO_SURFACE
 
 HYDRA_OPTION_PREFIXES = ("-", "~", "hydra.", "hydra/")
+CONFIG_FOLDER = pathlib.Path(__file__).parent / "yaml"
+CONFIG_PATH_OPTIONS = ("--config-path", "-cp")
 VERL_ONLY_CONFIGS = {"megatron": "the Megatron training engine", "veomni": "the VeOmni training engine"}
 # "surface": check keys and values only, then exit; "full": also this machine's files, packages and devices,
 # and read the data, tokenizer, reward function and tools as a run would before Ray, then exit; "plan": "full",
@@ -120,11 +123,26 @@ def hydra_arguments(
     of Hydra's arguments (it would refuse them alone) and reported together with the composed config's own
     problems, so one run names every mistake."""
     flags, overrides = split_hydra_flags(argv)
+    flags = with_own_config_folder(flags)
     args = without_redundant_plus(overrides, surface)
     if errors := _config_name_lacks(flags) + _shared_run_folder(flags, args) or decisive_override_errors(args, surface):
         raise ConfigError(errors)
     unknown = unknown_override_errors(args, surface, schema)
     return flags + without_served_groups(without_unknown_keys(args, surface, schema), surface), unknown
+
+
+def with_own_config_folder(flags: list[str]) -> list[str]:
+    """``flags`` with verl's ``--config-path=config`` (``-cp config``), its entry point's own config folder, naming
+    hybridflow's, which holds the config files of verl's names."""
+    named = []
+    for flag in flags:
+        option, _, value = flag.partition("=")
+        if option in CONFIG_PATH_OPTIONS and value == "config":
+            flag = f"{option}={CONFIG_FOLDER}"
+        elif flag == "config" and named and named[-1] in CONFIG_PATH_OPTIONS:
+            flag = str(CONFIG_FOLDER)
+        named.append(flag)
+    return named
 
 
 def split_hydra_flags(argv: list[str]) -> tuple[list[str], list[str]]:

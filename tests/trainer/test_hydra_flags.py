@@ -77,6 +77,14 @@ def test_the_config_is_chosen_by_name_and_path(base, capsys, monkeypatch, tmp_pa
     assert code != 0 and "-cn ppo_megatron_trainer needs the Megatron training engine" in out
 
 
+@pytest.mark.parametrize("path", [["--config-path=config"], ["-cp", "config"], ["--config-path", "config"]])
+def test_verls_own_config_folder_is_hybridflows(path, base, capsys, monkeypatch, tmp_path):
+    # verl's scripts name their entry point's config folder, relative to it, and a file of it
+    flags = path + ["--config-name=fully_async_ppo_trainer.yaml", "--cfg", "job"]
+    _, out = _run(base + flags, capsys, monkeypatch, tmp_path)
+    assert "total_rollout_steps: 100" in out, out[-2000:]  # set by fully_async_ppo_trainer.yaml
+
+
 def test_a_sweep_runs_one_run_after_another_each_in_its_own_folder(base, capsys, monkeypatch, tmp_path):
     base = [arg for arg in base if not arg.startswith("trainer.default_local_dir=")]
     sweep = ["-m", "trainer.total_training_steps=1,2"]
