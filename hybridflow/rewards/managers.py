@@ -51,8 +51,8 @@ from hybridflow.rewards.response_batch import (
 from hybridflow.rewards.scoring import (
     check_data_sources,
     default_compute_score,
-    known_data_sources,
     resolve_scoring_function,
+    unknown_data_sources,
 )
 from hybridflow.rewards.timed_calls import CallOutcome, TimedCallRunner
 
@@ -136,9 +136,10 @@ class NaiveRewardManager:
         responses = self.read(data)
         return self.result(responses, self.outcomes(responses))
 
-    def can_score(self, data_sources: list[str]) -> bool:
-        """Whether every one of ``data_sources`` can be scored: by the user's function, or by a registered one."""
-        return not self.uses_registered_scoring or known_data_sources(data_sources)
+    def unscored_sources(self, data_sources: list[str]) -> list[str]:
+        """The ones of ``data_sources`` this manager cannot score: none with the user's function, else those
+        without a registered one."""
+        return unknown_data_sources(data_sources) if self.uses_registered_scoring else []
 
     def start_batch(self) -> "SampleScoring":
         """Score one batch part by part (``add``); ``finish`` then returns what calling the manager would."""

@@ -21,7 +21,6 @@ from hybridflow.config.placement import ROLLOUT_ROLE
 from hybridflow.config.plan import COLOCATE_ASYNC, FULLY_ASYNC, ONE_STEP_OFF, SEPARATE_ASYNC, RunPlan
 from hybridflow.distributed import RayClassWithInitArgs
 from hybridflow.rewards.judge_prompts import JudgeScoring
-from hybridflow.rewards.scoring import SCORING_FUNCTIONS
 from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.colocate_async import ColocateAsyncCollector
 from hybridflow.trainer.estimator_metrics import RewardComponentMetrics, VarianceProxyMetrics
@@ -139,9 +138,9 @@ def validation_scorer(plan: RunPlan, score: Any, reward_manager: Any, data_sourc
     beside them, so ``val-core`` stays each source's rule."""
     if not plan.reward_model.enable:
         return score
-    if reward_manager.can_score(data_sources):
+    unknown = reward_manager.unscored_sources(data_sources)
+    if not unknown:
         return RulesBesideModelScorer(reward_manager, score)
-    unknown = sorted(set(data_sources) - set(SCORING_FUNCTIONS.names()))
     print(f"[hybridflow] validation is scored by the reward model alone: no rule scores data_source {unknown}")
     return score
 

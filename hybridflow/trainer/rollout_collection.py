@@ -60,6 +60,13 @@ class PromptSource:
         return self.loader.epoch
 
 
+def extras_as_columns(batch: DataProto, extra: dict[str, list]) -> None:
+    """Each per-sample extra of a scoring (one value per row) as a column of ``batch``, unless it has one."""
+    for key, values in extra.items():
+        if key not in batch.non_tensor_batch and len(values) == len(batch):
+            batch.non_tensor_batch[key] = np.asarray(values, dtype=object)
+
+
 class RewardScorer:
     """Phase 2: ``token_level_scores`` [B, R] from the reward manager, once the batch is generated; the
     per-sample extras it returns (``score``, ``acc``, ``pred``, ...) become columns of the batch."""
@@ -78,9 +85,7 @@ class RewardScorer:
     def applied(self, batch: DataProto, result: Any) -> tuple[DataProto, dict[str, list], dict[str, float]]:
         """``batch`` with ``result``'s scores and per-sample extras as columns; the extras and metrics."""
         batch.batch["token_level_scores"] = result.token_level_scores.to(torch.float32)
-        for key, values in result.extra.items():
-            if key not in batch.non_tensor_batch and len(values) == len(batch):
-                batch.non_tensor_batch[key] = np.asarray(values, dtype=object)
+        extras_as_columns(batch, result.extra)
         return batch, result.extra, dict(result.metrics)
 
 
@@ -118,9 +123,7 @@ class RulesBesideModelScorer(RewardScorer):
         batch, extra, metrics = self.model_scorer(batch)
         # the rule's ``score`` would read as the sample's score, which is the model's
         rule_extra = {key: values for key, values in rules.extra.items() if key not in extra and key != "score"}
-        for key, values in rule_extra.items():
-            if key not in batch.non_tensor_batch and len(values) == len(batch):
-                batch.non_tensor_batch[key] = np.asarray(values, dtype=object)
+        extras_as_columns(batch, rule_extra)
         return batch, {**extra, **rule_extra}, {**rules.metrics, **metrics}
 
 

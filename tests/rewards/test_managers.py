@@ -104,6 +104,13 @@ def test_an_unknown_data_source_is_a_config_error_not_a_zero(tokenizer, managers
         managers("naive", tokenizer)(batch)
 
 
+def test_the_sources_a_manager_cannot_score_are_those_without_a_rule_unless_the_function_is_the_users(
+    tokenizer, managers
+):
+    assert managers("naive", tokenizer).unscored_sources(["b", "gsm8k", "a", "b"]) == ["a", "b"]
+    assert managers("naive", tokenizer, lambda *args: 1.0).unscored_sources(["b", "gsm8k"]) == []
+
+
 def test_batch_manager_makes_one_call_with_lists(tokenizer, managers):
     calls = []
 

@@ -6,8 +6,8 @@ from hybridflow.rewards.scoring.registry import (
     UnknownDataSourceError,
     check_data_sources,
     default_compute_score,
-    known_data_sources,
     resolve_scoring_function,
+    unknown_data_sources,
 )
 
 __all__ = [
@@ -15,6 +15,6 @@ __all__ = [
     "UnknownDataSourceError",
     "check_data_sources",
     "default_compute_score",
-    "known_data_sources",
     "resolve_scoring_function",
+    "unknown_data_sources",
 ]

@@ -34,14 +34,14 @@ def resolve_scoring_function(data_source: str) -> ScoringFunction:
         raise UnknownDataSourceError(f"{error}; {_CUSTOM_HINT}") from None
 
 
-def known_data_sources(data_sources: Iterable[str]) -> bool:
-    """Whether every one of ``data_sources`` has a registered scoring function."""
-    return {str(source) for source in data_sources} <= set(SCORING_FUNCTIONS.names())
+def unknown_data_sources(data_sources: Iterable[str]) -> list[str]:
+    """The ones of ``data_sources`` that no scoring function is registered for, sorted."""
+    return sorted({str(source) for source in data_sources} - set(SCORING_FUNCTIONS.names()))
 
 
 def check_data_sources(data_sources: Iterable[str]) -> None:
     """Raise once, naming every data_source without a scoring function (call this before training starts)."""
-    unknown = sorted({str(source) for source in data_sources} - set(SCORING_FUNCTIONS.names()))
+    unknown = unknown_data_sources(data_sources)
     if unknown:
         raise UnknownDataSourceError(
             f"data_source {unknown} has no registered scoring function; registered: "
