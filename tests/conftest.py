@@ -1,6 +1,7 @@
 """Fixtures shared across the suite: one local Ray cluster, one tiny model per test session, one tiny model of each
 other family users bring, and a tiny parquet task with the overrides of a small valid run."""
 
+import collections
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -14,6 +15,13 @@ from tests.hydra_configs_once import parse_package_configs_once
 from tests.trainer.cli import RayTempDir
 
 parse_package_configs_once()
+
+
+def pytest_collection_modifyitems(items):
+    """The files with the most end-to-end runs first: pytest-xdist hands out whole files in this order, so the
+    long ones start early and the short ones fill the end, instead of one process finishing a long file alone."""
+    slow_runs = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow_runs[item.path])
 
 
 @pytest.fixture(scope="session")

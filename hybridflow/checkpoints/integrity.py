@@ -15,7 +15,8 @@ import os
 import pathlib
 import shutil
 
-MANIFEST_FILE = "manifest.json"
+MANIFEST_FILE = "manifest.json"  # a role's folder has one too, listing the parts it holds (CONTENTS)
+CONTENTS = ("model", "optimizer", "extra", "hf_model")
 DRIVER_STATE_FILE = "driver_state.pt"
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _CHUNK = 1 << 22

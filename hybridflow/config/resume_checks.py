@@ -12,10 +12,10 @@ import json
 import pathlib
 from typing import Any
 
+from hybridflow.checkpoints.integrity import MANIFEST_FILE
 from hybridflow.checkpoints.manager import ACTOR_DIR, CRITIC_DIR, DRIVER_STATE_FILE, CheckpointError, CheckpointManager
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.errors import HybridflowError
-from hybridflow.workers.checkpoint import MANIFEST_FILE
 
 STATE_KEY = "resume_keys"
 WORLD_SIZE = "trainer.nnodes * trainer.n_gpus_per_node"

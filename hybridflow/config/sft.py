@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hybridflow.checkpoints.integrity import CONTENTS
 from hybridflow.checkpoints.manager import RESUME_MODES
 from hybridflow.config.environment import (
     data_file_errors,
@@ -43,7 +44,6 @@ from hybridflow.config.worker_start_checks import fsdp_size_errors, unknown_dtyp
 from hybridflow.data.sft_dataset import SFT_PAD_MODES, SFT_TRUNCATION_MODES
 from hybridflow.help_fields import option, section
 from hybridflow.tracking.trackers import LOGGER_BACKENDS
-from hybridflow.workers.checkpoint import CONTENTS
 from hybridflow.workers.config import WARMUP_STYLES, CheckpointConfig, FSDPConfig, ModelOptions
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybridflow.checkpoints.integrity import CONTENTS
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.models.dtypes import DTYPES
-from hybridflow.workers.checkpoint import CONTENTS
 
 
 def worker_start_errors(config: PPOTrainerConfig, with_critic: bool) -> list[str]:

@@ -41,12 +41,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from hybridflow.checkpoints.integrity import CONTENTS, MANIFEST_FILE
 from hybridflow.errors import HybridflowError
 
-MANIFEST_FILE = "manifest.json"
 EXTRA_STATE_FILE = "extra_state.pt"
 HF_DIR = "huggingface"
-CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
 
 class CheckpointContentError(HybridflowError, ValueError):

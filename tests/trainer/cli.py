@@ -1,5 +1,6 @@
 """Running ``python -m hybridflow.trainer.main_ppo`` in a subprocess the way a user would."""
 
+import atexit
 import os
 import pathlib
 import shutil
@@ -28,6 +29,48 @@ class RayTempDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+# What each run's own cluster would get: the suite's runs are sized for it.
+RUN_CPUS = 2
+
+
+class SharedRayCluster:
+    """The one Ray cluster of ``RUN_CPUS`` CPUs that this test process's trainer runs join, one after another,
+    through ``RAY_ADDRESS``: starting a cluster is ~6 of a tiny run's ~22 seconds on a 2-core machine. Started at
+    the first run, ended when the test process exits (its host process reads stdin until then)."""
+
+    _address: str | None = None
+
+    @classmethod
+    def address(cls) -> str:
+        if cls._address is None:
+            temp_dir = RayTempDir().__enter__()
+            host = subprocess.Popen(
+                [sys.executable, str(pathlib.Path(__file__).with_name("ray_cluster_host.py")), str(RUN_CPUS), temp_dir],
+                env=cli_env(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            atexit.register(cls._end, host, temp_dir)
+            cls._address = host.stdout.readline().strip()
+            if not cls._address:
+                raise AssertionError(f"the shared Ray cluster did not start (exit {host.wait()})")
+        return cls._address
+
+    @staticmethod
+    def _end(host: subprocess.Popen, temp_dir: str) -> None:
+        host.stdin.close()
+        host.wait(timeout=60)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def run_env(overrides: list[str], env: dict[str, str] | None = None) -> dict[str, str]:
+    """A run's environment: ``env`` added, and the shared cluster joined unless the run sets its workers'
+    environment or Ray's options, which only a cluster of its own takes."""
+    own_cluster = env or any(override.lstrip("+").startswith(("ray_init.", "ray_kwargs.")) for override in overrides)
+    return {**cli_env(), **(env or {}), **({} if own_cluster else {"RAY_ADDRESS": SharedRayCluster.address()})}
+
+
 def command(overrides: list[str], ray_temp_dir: str) -> list[str]:
     """main_ppo with ``overrides``, scored by the dense reward unless they name a reward file."""
     own_reward = any(override.startswith("custom_reward_function.path=") for override in overrides)
@@ -37,7 +80,7 @@ def command(overrides: list[str], ray_temp_dir: str) -> list[str]:
         "hybridflow.trainer.main_ppo",
         *([] if own_reward else [f"custom_reward_function.path={DENSE_REWARD}"]),
         *overrides,
-        "ray_init.num_cpus=2",
+        f"ray_init.num_cpus={RUN_CPUS}",
         f"ray_init.temp_dir={ray_temp_dir}",
     ]
 
@@ -71,7 +114,7 @@ def run_cli(
         result = subprocess.run(
             command(overrides, ray_temp_dir),
             cwd=cwd,
-            env={**cli_env(), **(env or {})},
+            env=run_env(overrides, env),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -108,7 +151,7 @@ def kill_9_at_first_checkpoint(
         process = subprocess.Popen(
             trainer(overrides, ray_temp_dir),
             cwd=cwd,
-            env=cli_env(),
+            env=run_env(overrides),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
