@@ -43,9 +43,10 @@ class SharedRayCluster:
     @classmethod
     def address(cls) -> str:
         if cls._address is None:
-            temp_dir = RayTempDir().__enter__()
+            temp_dir = RayTempDir()
+            host_script = pathlib.Path(__file__).with_name("ray_cluster_host.py")
             host = subprocess.Popen(
-                [sys.executable, str(pathlib.Path(__file__).with_name("ray_cluster_host.py")), str(RUN_CPUS), temp_dir],
+                [sys.executable, str(host_script), str(RUN_CPUS), temp_dir.__enter__()],
                 env=cli_env(),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -58,10 +59,10 @@ class SharedRayCluster:
         return cls._address
 
     @staticmethod
-    def _end(host: subprocess.Popen, temp_dir: str) -> None:
+    def _end(host: subprocess.Popen, temp_dir: RayTempDir) -> None:
         host.stdin.close()
         host.wait(timeout=60)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        temp_dir.__exit__()
 
 
 def run_env(overrides: list[str], env: dict[str, str] | None = None) -> dict[str, str]:
