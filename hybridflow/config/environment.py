@@ -26,7 +26,7 @@ from hybridflow.config.reward_options import (
     manager_source_errors,
     reward_manager_class,
 )
-from hybridflow.config.rollout_pool_options import rollout_pool_processes
+from hybridflow.config.rollout_pool_options import one_step_off, rollout_pool_processes
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.verl_compat import MULTIMODAL_COLUMNS
 from hybridflow.rewards.custom import CustomRewardError, load_custom_reward_function
@@ -196,12 +196,27 @@ def _device_errors(config: PPOTrainerConfig) -> list[str]:
         ]
     if device == "cuda" and detected_device() != "cuda":
         return ["trainer.device=cuda but torch sees no GPU on this machine; use trainer.device=cpu (or leave it null)"]
-    if device == "cuda" and not config.ray_kwargs.ray_init.address:
-        return gpu_count_errors(config.trainer.n_gpus_per_node)
     on_cpu = device == "cpu" or (device is None and detected_device() == "cpu")
     if on_cpu and engine == "vllm":
         return _vllm_on_cpu_errors(config)
-    return []
+    errors = vllm_sleep_mode_errors(config) if engine == "vllm" else []
+    if device == "cuda" and not config.ray_kwargs.ray_init.address:
+        errors += gpu_count_errors(config.trainer.n_gpus_per_node)
+    return errors
+
+
+def vllm_sleep_mode_errors(config: PPOTrainerConfig) -> list[str]:
+    """Off the CPU: a hybrid engine's vLLM built without sleep mode cannot free its memory for training, as
+    ``free_cache_engine`` asks (verl's vLLM server would fail at its first sleep); a rollout pool of its own gives
+    its memory to no one, so there sleeping is skipped, as verl's standalone servers skip it."""
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.enable_sleep_mode or not rollout.free_cache_engine or one_step_off(config):
+        return []
+    return [
+        "actor_rollout_ref.rollout.enable_sleep_mode=false leaves vLLM no way to free its memory between rollouts, "
+        "which actor_rollout_ref.rollout.free_cache_engine=true asks of the hybrid engine; set free_cache_engine="
+        "false too (vLLM then keeps its memory while the actor trains) or leave sleep mode on"
+    ]
 
 
 def _vllm_on_cpu_errors(config: PPOTrainerConfig) -> list[str]:

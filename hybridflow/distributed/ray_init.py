@@ -1,8 +1,9 @@
 """Start (or join) the Ray cluster that hosts the worker groups.
 
 Ray's defaults suit a dedicated cluster, not a laptop or a test run: its object store takes ~30% of RAM,
-the dashboard starts, every run shares one temp folder, its GCS keeps 100,000 tasks' events (~300 MiB), and
-torch's spin-waiting OpenMP threads make a busy 2-core machine 5-10x slower. ``init_local_ray`` sets each of
+the dashboard starts, every run shares one temp folder, its GCS keeps 100,000 tasks' events (~300 MiB), a worker
+process per CPU starts for the first driver (hybridflow's workers carry a runtime_env, so these never serve it),
+and torch's spin-waiting OpenMP threads make a busy 2-core machine 5-10x slower. ``init_local_ray`` sets each of
 those explicitly.
 """
 
@@ -87,4 +88,5 @@ def _start_local_cluster(
         runtime_env=runtime_env,
         namespace=namespace,
         log_to_driver=True,
+        _system_config={"prestart_worker_first_driver": False},
     )

@@ -115,6 +115,11 @@ class RolloutConfig:
         "one per torch thread (up to 4) on a CPU for models up to 50M parameters, else 1.",
     )
     free_cache_engine: bool = option(True, "Call sleep() after each rollout so training gets the memory back.")
+    enable_sleep_mode: bool = option(
+        True,
+        "'vllm' engine: build it with vLLM's sleep mode, through which sleep() frees its KV cache (false: it keeps "
+        "its memory; vLLM's CPU build has no sleep mode).",
+    )
     weight_sync_check_freq: int = option(
         1,
         "Check after every this-many weight syncs, and after each wake, that the engine serves the weights it was "

@@ -87,7 +87,7 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm.platforms import current_platform
 
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
-        return cls(model_path, tokenizer, config, sleeps=not current_platform.is_cpu())
+        return cls(model_path, tokenizer, config, sleeps=config.enable_sleep_mode and not current_platform.is_cpu())
 
     @property
     def llm(self) -> Any:
