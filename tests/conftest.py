@@ -62,7 +62,7 @@ def tiny_reward_model_dir(tmp_path_factory):
 
 
 # The families users bring besides Qwen2 (the tiny model above), as hybridflow.models.tiny builds them.
-MODEL_FAMILIES = ("llama", "qwen3", "gemma3", "mistral")
+MODEL_FAMILIES = ("llama", "qwen3", "gemma3", "mistral", "seed_oss", "qwen3_moe")
 
 
 @pytest.fixture(scope="session", params=MODEL_FAMILIES)

@@ -60,6 +60,7 @@ FAMILY_PATTERNS = (
     (r"llama", "llama"),
     (r"mistral", "mistral"),
     (r"gemma-?3", "gemma3"),
+    (r"seed-oss", "seed_oss"),
 )
 # verl's example data sets (examples/data_preprocess): (path pattern, data_source, the instruction its prompts end
 # with, how an answer is written in the ground truth).

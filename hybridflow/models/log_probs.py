@@ -433,11 +433,13 @@ def _submodule(module: torch.nn.Module, dotted: str) -> torch.nn.Module | None:
 
 
 def _at_positions(forward, index: torch.Tensor, positions: int):
-    """``forward`` of a position-wise module applied to ``index``'s rows of its flattened input, zeros elsewhere."""
+    """``forward`` of a position-wise module applied to ``index``'s rows of its flattened input, zeros elsewhere.
+    The rows go in as one sequence of a batch of one: a mixture-of-experts block reads its input as ``[batch,
+    seq, hidden]``."""
 
     def run(hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         flat = hidden.reshape(positions, hidden.shape[-1])
-        kept = forward(flat.index_select(0, index), *args, **kwargs)
+        kept = forward(flat.index_select(0, index)[None], *args, **kwargs)[0]
         out = kept.new_zeros(positions, kept.shape[-1]).index_copy(0, index, kept)
         return out.view(*hidden.shape[:-1], kept.shape[-1])
 

@@ -25,13 +25,24 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from hybridflow.errors import HybridflowError
 
 # Linear layers split by output rows, and by input columns, in the decoders transformers ships.
 COLUMN_SPLIT = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW_SPLIT = ("o_proj", "down_proj")
+# Norms applied to each head of q and k (Qwen3, Gemma 3): a rank normalises its own heads, so its gradient of the
+# norm's weight covers only them. As a DTensor replicated over the group, held by heads (dimension 2 of the
+# [rows, seq, heads, head_dim] input), the weight's gradient is summed over the group's heads.
+HEAD_NORMS = ("q_norm", "k_norm")
+HEAD_DIMENSION = 2
 # The input embedding and the output head, split by vocabulary rows, under their names in those decoders.
 VOCABULARY_SPLIT = ("embed_tokens", "lm_head")
 
@@ -119,9 +130,10 @@ def is_training_split(mesh: DeviceMesh) -> bool:
     return mesh.mesh_dim_names == ("dp", "tp")
 
 
-def split_plan(model: torch.nn.Module, key: str) -> dict[str, ParallelStyle]:
+def split_plan(model: torch.nn.Module, key: str, training: bool = False) -> dict[str, ParallelStyle]:
     """Module name -> tensor-parallel style for every split layer of a transformers causal LM (or of its value
-    model, whose one-output head stays whole); ``key`` is named in the refusal of another architecture."""
+    model, whose one-output head stays whole); ``key`` is named in the refusal of another architecture. In
+    ``training``, the per-head norms too (``HEAD_NORMS``): generation computes the same with them whole."""
     names = {id(module): name for name, module in model.named_modules()}
     plan: dict[str, ParallelStyle] = {}
     for name, module in model.named_modules():
@@ -130,10 +142,13 @@ def split_plan(model: torch.nn.Module, key: str) -> dict[str, ParallelStyle]:
             plan[name] = ColwiseParallel()
         elif isinstance(module, torch.nn.Linear) and leaf in ROW_SPLIT:
             plan[name] = RowwiseParallel()
+        elif training and leaf in HEAD_NORMS:
+            plan[name] = SequenceParallel(sequence_dim=HEAD_DIMENSION, use_local_output=True)
     if not any(name.endswith("o_proj") for name in plan):
         raise TensorParallelError(
             f"{type(model).__name__} has no q/k/v/o_proj and gate/up/down_proj layers to split; tensor parallelism "
-            f"supports the Llama-style decoders (Llama, Qwen2/3, Mistral, Gemma 3); set {key}=1"
+            "supports the Llama-style decoders (Llama, Qwen2/3, Qwen3 MoE, Mistral, Gemma 3, Seed-OSS); "
+            f"set {key}=1"
         )
     plan[names[id(model.get_input_embeddings())]] = RowwiseParallel(
         input_layouts=Replicate(), output_layouts=Replicate()
@@ -144,14 +159,15 @@ def split_plan(model: torch.nn.Module, key: str) -> dict[str, ParallelStyle]:
     return plan
 
 
-def split_model(model: torch.nn.Module, mesh: DeviceMesh, key: str) -> torch.nn.Module:
-    """Split ``model`` in place over the 1-D ``mesh``; tied input and output embeddings stay one parameter."""
+def split_model(model: torch.nn.Module, mesh: DeviceMesh, key: str, training: bool = False) -> torch.nn.Module:
+    """Split ``model`` in place over the 1-D ``mesh`` (:func:`split_plan`); tied input and output embeddings stay
+    one parameter."""
     errors = head_errors(model.config, mesh.size(), key)
     if errors:
         raise TensorParallelError("; ".join(errors))
     head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
     tied = head is not None and head.weight is embeddings.weight
-    parallelize_module(model, mesh, split_plan(model, key))
+    parallelize_module(model, mesh, split_plan(model, key, training))
     if tied:
         head.weight = embeddings.weight  # both split by vocabulary rows: one shard serves both
     return model

@@ -28,6 +28,10 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+    SeedOssConfig,
+    SeedOssForCausalLM,
 )
 
 PAD_TOKEN = "<|endoftext|>"
@@ -45,6 +49,8 @@ FAMILIES = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
+    "seed_oss": (SeedOssConfig, SeedOssForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
 }
 
 
@@ -115,8 +121,8 @@ def build_tiny_model(
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer()
-    pad_id = tokenizer.pad_token_id
-    eos_id = tokenizer.eos_token_id
+    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    head_dim = hidden_size // num_attention_heads
     config = config_class(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -129,7 +135,7 @@ def build_tiny_model(
         bos_token_id=pad_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
-        **_family_options(family, hidden_size // num_attention_heads, num_hidden_layers, sliding_window),
+        **_family_options(family, head_dim, num_hidden_layers, sliding_window, intermediate_size),
     )
     _save(model_class, config, seed, tokenizer, out_dir)
     return out_dir
@@ -147,7 +153,7 @@ def _save(model_class: type, config: Any, seed: int, tokenizer: Any, out_dir: pa
     tokenizer.save_pretrained(out_dir)
 
 
-def _family_options(family: str, head_dim: int, num_layers: int, sliding_window: int) -> dict:
+def _family_options(family: str, head_dim: int, num_layers: int, sliding_window: int, intermediate_size: int) -> dict:
     """What a family's tiny config sets beyond the shared sizes: the traits of the checkpoints users bring."""
     if family == "qwen2":
         return {"tie_word_embeddings": True}
@@ -167,5 +173,23 @@ def _family_options(family: str, head_dim: int, num_layers: int, sliding_window:
             "sliding_window": sliding_window,
             "layer_types": layer_types,
         }
+    if family == "qwen3_moe":
+        # Qwen3's attention and a mixture of experts in each layer (Qwen3-30B-A3B: 2048 hidden, 32 heads of 128).
+        return {"tie_word_embeddings": False, "head_dim": 2 * head_dim, **_experts(intermediate_size)}
+    if family == "seed_oss":
+        # Biases on q, k and v but not o, heads wider than hidden_size / heads (Seed-OSS-36B: 5120 hidden, 80 heads
+        # of 128); its config's dropout of 0.1 on attention and residuals stays, as training applies it.
+        return {"tie_word_embeddings": False, "head_dim": 2 * head_dim, "attention_bias": True}
     # mistral: every layer slides (Mistral 7B v0.1: window 4096).
     return {"tie_word_embeddings": False, "sliding_window": sliding_window}
+
+
+def _experts(intermediate_size: int) -> dict:
+    """A router sending each token to 2 of 4 experts, together as wide as the dense MLP, their outputs weighted by
+    the renormalised router probabilities (Qwen3-30B-A3B: 8 of 128 experts of 768)."""
+    return {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": intermediate_size // 4,
+        "norm_topk_prob": True,
+    }

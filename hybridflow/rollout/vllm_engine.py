@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import glob
+import inspect
 import os
 import re
 import tempfile
@@ -30,6 +32,7 @@ import safetensors.torch
 import torch
 
 from hybridflow.errors import HybridflowError
+from hybridflow.models.checkpoint_format import CheckpointFormat
 from hybridflow.models.loading import load_model_config, load_tokenizer
 from hybridflow.models.tensor_parallel import TensorParallelError
 from hybridflow.rollout import vllm_memory
@@ -104,6 +107,7 @@ class VLLMRolloutEngine(RolloutEngine):
             set_num_threads = torch.set_num_threads
             try:
                 self._llm = vllm.LLM(model=self.model_path, **arguments)
+                _keep_transformers_classes_usable()
                 if self.config.tensor_model_parallel_size > 1:
                     _unlink_shared_memory()
             except ValueError as error:
@@ -224,7 +228,7 @@ class VLLMRolloutEngine(RolloutEngine):
         adapter, which vLLM reloads in place before the next generation."""
         if self._lora_config is None:
             tensors = self.shards.checkpoint_tensors(named_tensors) if self.takes_sharded_weights else named_tensors
-            self.llm.collective_rpc(_reload_weights, args=(_full_tensors(tensors),))
+            self.llm.collective_rpc(_reload_weights, args=(self.checkpoint_format(_full_tensors(tensors)),))
             return
         from vllm.lora.request import LoRARequest
 
@@ -236,6 +240,11 @@ class VLLMRolloutEngine(RolloutEngine):
         safetensors.torch.save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
         self._lora_config.save_pretrained(folder)
         self._lora_request = LoRARequest("actor", 1, folder, load_inplace=True)
+
+    @functools.cached_property
+    def checkpoint_format(self) -> CheckpointFormat:
+        # vLLM reloads from tensors in the files' format (is_checkpoint_format), e.g. one tensor per expert.
+        return CheckpointFormat(load_model_config(self.model_path))
 
     def weights_checksum(self, adapter_only: bool) -> None:
         """None: vLLM does not keep the weights it is sent as they are (it fuses layers, pads the vocabulary, and
@@ -250,6 +259,22 @@ class VLLMRolloutEngine(RolloutEngine):
     def wake(self) -> None:
         if self.sleeps:
             self.llm.wake_up()
+
+
+def _keep_transformers_classes_usable() -> None:
+    """vLLM serves a model with no vLLM implementation of its own (e.g. Seed-OSS) through its Transformers backend,
+    which rewrites transformers' class itself for torch.compile (``vllm/compilation/decorators.py``): its
+    ``__init__`` then needs vLLM's config, and its ``__call__`` reads ``do_not_compile``, which only the instances
+    vLLM builds set. The actor trains, and the trainer may build, instances of that class in this process: the
+    class gets its own ``__init__`` back and the default that runs its plain ``forward``, as vLLM's instances do
+    when not compiling (no hooks are lost: FSDP2 and tensor parallelism hook the decoder layers and the root
+    model, never the rewritten inner model)."""
+    from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
+
+    for rewritten in TorchCompileWithNoGuardsWrapper.__subclasses__():
+        if rewritten.__module__.startswith("transformers.") and "do_not_compile" not in vars(rewritten):
+            rewritten.__init__ = inspect.getclosurevars(rewritten.__init__).nonlocals["old_init"]
+            rewritten.do_not_compile = True
 
 
 def _is_kv_cache_shortfall(error: ValueError) -> bool:
@@ -287,18 +312,25 @@ def _full_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator
 
 
 def _reload_weights(worker: Any, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
-    """Runs on vLLM's worker (``LLM.collective_rpc``): its in-place reload, then the post-load processing of
-    every layer that shares a parameter with another.
+    """Runs on vLLM's worker (``LLM.collective_rpc``): its in-place reload, then the post-load processing that
+    reload leaves out, of every layer that shares a parameter with another and of every mixture-of-experts layer.
 
     vLLM 0.32's reload processes each layer whose tensors arrive; a layer that only shares a reloaded parameter
     (the LM head of a model with tied embeddings, whose name is not in the checkpoint) keeps what it derived
-    from the old values (on CPU, a matmul kernel packed from them).
+    from the old values (on CPU, a matmul kernel packed from them). An experts layer's processing runs its
+    kernel's own step only on the first load (``UnquantizedFusedMoEMethod._setup_kernel``): on CPU that step
+    packs the weights for the grouped matmul, so a reloaded layer would hold unpacked weights where packed ones
+    are read.
     """
     model = worker.model_runner.model
     worker.reload_weights(weights_iterator=named_tensors, is_checkpoint_format=True)
     for module in _modules_sharing_parameters(model):
         if hasattr(module, "quant_method"):
             module.quant_method.process_weights_after_loading(module)
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        if kernel is not None:
+            kernel.fused_experts.process_weights_after_loading(module)
 
 
 def _modules_sharing_parameters(model: torch.nn.Module) -> list[torch.nn.Module]:

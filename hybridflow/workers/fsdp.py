@@ -84,7 +84,7 @@ def shard_model(
     On a ``(dp, tp)`` mesh the model is split over ``tp`` first and FSDP2 shards each split over ``dp``.
     """
     if is_training_split(mesh):
-        split_model(model, mesh["tp"], "fsdp_config.tensor_parallel_size")
+        split_model(model, mesh["tp"], "fsdp_config.tensor_parallel_size", training=True)
         mesh = mesh["dp"]
     columns = {
         id(module.weight)

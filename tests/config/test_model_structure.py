@@ -47,6 +47,7 @@ def test_a_split_of_an_architecture_without_llama_style_layers_is_refused(base, 
     errors = config_errors(base + overrides + ["trainer.n_gpus_per_node=2"])
     assert (
         f"{MODEL}.path='{gpt2_model_dir}': GPT2LMHeadModel has no q/k/v/o_proj and gate/up/down_proj layers to "
-        "split; tensor parallelism supports the Llama-style decoders (Llama, Qwen2/3, Mistral, Gemma 3); set "
+        "split; tensor parallelism supports the Llama-style decoders (Llama, Qwen2/3, Qwen3 MoE, Mistral, Gemma 3, "
+        "Seed-OSS); set "
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1" in errors
     )

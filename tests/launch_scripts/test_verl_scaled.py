@@ -67,6 +67,8 @@ def test_a_micro_batch_that_does_not_split_a_process_share_becomes_the_largest_t
         ("meta-llama/Llama-3.1-8B-Instruct", "llama"),
         ("mistralai/Mistral-Nemo-Instruct-2407", "mistral"),
         ("google/gemma-3-1b-it", "gemma3"),
+        ("ByteDance-Seed/Seed-OSS-36B-Base", "seed_oss"),
+        ("Qwen/Qwen3-30B-A3B-Base", "qwen3_moe"),
     ],
 )
 def test_a_model_stands_in_for_its_family(path, family):

@@ -1,7 +1,7 @@
-"""The model families users bring (Llama, Qwen3, Gemma 3, Mistral), built tiny from their transformers configs:
-each loads with its family's traits, its packed log-probs and gradients equal the padded and the unpadded
-computation, sliding window included, and shared prompts fall back, saying so, where a sample outgrows the
-window."""
+"""The model families users bring (Llama, Qwen3, Gemma 3, Mistral, Seed-OSS, Qwen3 MoE), built tiny from their
+transformers configs: each loads with its family's traits, its packed log-probs and gradients equal the padded and
+the unpadded computation, sliding window included, and shared prompts fall back, saying so, where a sample outgrows
+the window."""
 
 import logging
 
@@ -23,6 +23,8 @@ TRAITS = {
     "qwen3": ("Qwen3ForCausalLM", True, 64, None),
     "gemma3": ("Gemma3ForCausalLM", True, 32, 8),
     "mistral": ("MistralForCausalLM", False, 32, 8),
+    "seed_oss": ("SeedOssForCausalLM", False, 64, None),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", False, 64, None),
 }
 # A ragged batch whose samples (up to 13 tokens) outgrow the tiny models' window of 8.
 PROMPT_LENGTHS, RESPONSE_LENGTHS, PROMPT_WIDTH, RESPONSE_WIDTH = [7, 3, 5, 1, 7], [6, 2, 4, 1, 0], 7, 6
@@ -43,7 +45,9 @@ def test_each_family_loads_as_its_own_class_with_its_traits(model_family, family
 
 
 def test_an_unknown_family_is_refused_naming_the_known_ones(tmp_path):
-    with pytest.raises(ValueError, match=r"family='gpt2'.*\['gemma3', 'llama', 'mistral', 'qwen2', 'qwen3'\]"):
+    with pytest.raises(
+        ValueError, match=r"family='gpt2'.*\['gemma3', 'llama', 'mistral', 'qwen2', 'qwen3', 'qwen3_moe', 'seed_oss'\]"
+    ):
         build_tiny_model(tmp_path, family="gpt2")
 
 

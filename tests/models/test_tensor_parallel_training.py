@@ -1,9 +1,9 @@
-"""Training in a tensor-parallel layout (FSDP2 x TP) against one rank, on a real gloo group of 4 processes: the
-2-D layouts (t, d) = (2, 2) and (4, 1). Every rank computes the same batch; the log-probs, entropies and critic
-values of each layout (padded, packed, shared prompts, checkpointed), the gradients of a loss on them, and the
-global gradient norm equal the whole model's within the float32 bounds of tests/float_bounds.py: the splits
-change which sums are blocked together (a row-split layer's partial sums meet in an all-reduce), not what is
-summed."""
+"""Training in a tensor-parallel layout (FSDP2 x TP) against one rank, on a real gloo group of 4 processes: the 2-D
+layouts (t, d) = (2, 2) and (4, 1), of the tiny model and of a Qwen3 one, whose q and k norms each rank applies to
+its own heads. Every rank computes the same batch; the log-probs, entropies and critic values of each layout (padded,
+packed, shared prompts, checkpointed), the gradients of a loss on them, and the global gradient norm equal the whole
+model's within the float32 bounds of tests/float_bounds.py: the splits change which sums are blocked together (a row-
+split layer's partial sums meet in an all-reduce), not what is summed."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from transformers import AutoConfig
 from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.log_probs import forward_token_statistics
 from hybridflow.models.tensor_parallel import split_plan
+from hybridflow.models.tiny import build_tiny_model
 from hybridflow.models.value_model import forward_values, load_value_model
 from hybridflow.workers.config import FSDPConfig
 from hybridflow.workers.fsdp import build_device_mesh, shard_model
@@ -76,15 +77,24 @@ def _both_sizes(model_dir: str) -> dict:
     return {size: _split_results(size, model_dir) for size in TENSOR_PARALLEL_SIZES}
 
 
+@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+def split_model_dir(request, four_kv_heads_model_dir, tmp_path_factory):
+    """The tiny model with 4 key-value heads, and a Qwen3 one: its q and k norms act on each rank's own heads."""
+    if request.param == "qwen2":
+        return four_kv_heads_model_dir
+    out_dir = tmp_path_factory.mktemp("four_kv_heads_qwen3")
+    return build_tiny_model(out_dir, family="qwen3", num_attention_heads=4, num_key_value_heads=4)
+
+
 @pytest.fixture(scope="module")
-def every_rank(four_kv_heads_model_dir, tmp_path_factory) -> dict:
+def every_rank(split_model_dir, tmp_path_factory) -> dict:
     out_dir = tmp_path_factory.mktemp("tensor_parallel_training")
-    return run_on_ranks(_both_sizes, WORLD_SIZE, four_kv_heads_model_dir, out_dir)
+    return run_on_ranks(_both_sizes, WORLD_SIZE, split_model_dir, out_dir)
 
 
 @pytest.fixture(scope="module")
-def single_rank(four_kv_heads_model_dir) -> dict:
-    model_dir = four_kv_heads_model_dir
+def single_rank(split_model_dir) -> dict:
+    model_dir = split_model_dir
     model, critic = load_causal_lm(model_dir), load_value_model(model_dir)
     return {name: (*_statistics_and_gradients(model, name), _values(critic, name)) for name in LAYOUTS}
 
@@ -104,8 +114,8 @@ def _local_size_bound(model_dir: str, size: int) -> float:
 
 
 @pytest.mark.parametrize("size", TENSOR_PARALLEL_SIZES)
-def test_a_split_model_trains_like_the_whole_one(size, four_kv_heads_model_dir, single_rank, every_rank):
-    model_dir = four_kv_heads_model_dir
+def test_a_split_model_trains_like_the_whole_one(size, split_model_dir, single_rank, every_rank):
+    model_dir = split_model_dir
     config = AutoConfig.from_pretrained(model_dir)
     num_terms = longest_reduction(config)
     critic = load_value_model(model_dir)

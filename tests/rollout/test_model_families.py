@@ -1,7 +1,7 @@
-"""Weight sync of each model family users bring (Llama, Qwen3, Gemma 3, Mistral) into the "hf" engine: every
-tensor of the trained actor lands under its own name, and the engine then samples exactly what an engine built
-from the actor's saved weights samples, with log-probs equal to the actor's forward (sliding-window caches
-included). The vllm engine's check is in test_vllm_model_families.py."""
+"""Weight sync of each model family users bring (Llama, Qwen3, Gemma 3, Mistral, Seed-OSS, Qwen3 MoE) into the "hf"
+engine: every tensor of the trained actor lands under its own name, and the engine then samples exactly what an
+engine built from the actor's saved weights samples, with log-probs equal to the actor's forward (sliding-window
+caches included). The vllm engine's check is in test_vllm_model_families.py."""
 
 import torch
 

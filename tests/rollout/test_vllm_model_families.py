@@ -1,8 +1,8 @@
-"""Weight sync of each model family users bring (Llama, Qwen3, Gemma 3, Mistral) into the vllm engine: after a
-sync, vLLM's per-token log-probs of its samples equal the synced actor's log softmax. Runs where vllm is installed
-(`make test-vllm`), each sync in a process of its own (tests/rollout/vllm_family_sync.py says why), with a KV cache
-sized from the sync's sequences, so the result does not depend on the machine's memory; and on a machine made to
-look small, where a share of its memory is refused in hybridflow's one line before vLLM loads the model."""
+"""Weight sync of each model family users bring (Llama, Qwen3, Gemma 3, Mistral, Seed-OSS, Qwen3 MoE) into the vllm
+engine: after a sync, vLLM's per-token log-probs of its samples equal the synced actor's log softmax. Runs where vllm
+is installed (`make test-vllm`), each sync in a process of its own (tests/rollout/vllm_family_sync.py says why), with
+a KV cache sized from the sync's sequences, so the result does not depend on the machine's memory; and on a machine
+made to look small, where a share of its memory is refused in hybridflow's one line before vLLM loads the model."""
 
 import json
 import pathlib

@@ -1,13 +1,14 @@
 """One model family's weight sync into the vllm engine, in a process of its own (vLLM on CPU allocates its KV cache
 once per process, so a second engine in one process would compete with the first one's).
 
-``python -m tests.rollout.vllm_family_sync MODEL_DIR [--kv_cache_bytes N | --gpu_memory_utilization U]
-[--node_memory TOTAL AVAILABLE]`` builds the engine, syncs every weight of the model moved at random, samples
-responses with vLLM's per-token log-probs, and prints one JSON line: the largest difference from the moved
-model's log softmax of the same tokens, the largest log-prob in size, and the tokens compared. ``--node_memory``
-makes vLLM see a NUMA node of that many bytes (tests/rollout/vllm_small_machine.py); ``--without_estimate`` leaves
-the memory check to vLLM itself, as when hybridflow's estimate of the process's memory falls short. Where
-hybridflow refuses the engine's memory settings, it prints hybridflow's one-line error to stderr and exits with 2.
+``python -m tests.rollout.vllm_family_sync MODEL_DIR [--kv_cache_bytes N | --gpu_memory_utilization U] [--node_memory
+TOTAL AVAILABLE]`` builds the engine, syncs every weight of the model moved at random (after a first sync of other
+weights and a generation from them), samples responses with vLLM's per-token log-probs, and prints one JSON line: the
+largest difference from the moved model's log softmax of the same tokens, the largest log-prob in size, and the tokens
+compared. ``--node_memory`` makes vLLM see a NUMA node of that many bytes (tests/rollout/vllm_small_machine.py);
+``--without_estimate`` leaves the memory check to vLLM itself, as when hybridflow's estimate of the process's memory
+falls short. Where hybridflow refuses the engine's memory settings, it prints hybridflow's one-line error to stderr and
+exits with 2.
 """
 
 import argparse
@@ -75,13 +76,16 @@ def main(argv: list[str]) -> None:
     from hybridflow.errors import HybridflowError
 
     engine = create_rollout_engine(config, args.model_dir)
-    actor = moved_model(args.model_dir, seed=0)
-    try:
-        engine.load_weights((name, parameter.detach()) for name, parameter in actor.named_parameters())
-    except HybridflowError as error:
-        print(f"hybridflow: error: {error}", file=sys.stderr)
-        sys.exit(2)
-    out = engine.generate_sequences(left_padded(load_tokenizer(args.model_dir), PROMPTS)).batch
+    prompts = left_padded(load_tokenizer(args.model_dir), PROMPTS)
+    # Two syncs with a generation between: the second must replace what the first one's processing left.
+    for seed in (1, 0):
+        actor = moved_model(args.model_dir, seed=seed)
+        try:
+            engine.load_weights((name, parameter.detach()) for name, parameter in actor.named_parameters())
+        except HybridflowError as error:
+            print(f"hybridflow: error: {error}", file=sys.stderr)
+            sys.exit(2)
+        out = engine.generate_sequences(prompts).batch
     with torch.no_grad():
         logits = actor(
             input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]

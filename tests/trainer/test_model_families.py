@@ -1,6 +1,6 @@
-"""One GRPO step through ``python -m hybridflow.trainer.main_ppo`` on each model family users bring (Llama, Qwen3,
-Gemma 3, Mistral), in local mode: rollout, packed log-probs, update and weight sync run on each; the families with
-a sliding window shorter than the samples say that their samples do not share prompts."""
+"""One GRPO step through ``python -m hybridflow.trainer.main_ppo`` on each model family users bring (Llama, Qwen3, Gemma
+3, Mistral, Seed-OSS, Qwen3 MoE), in local mode: rollout, packed log-probs, update and weight sync run on each; the
+families with a sliding window shorter than the samples say that their samples do not share prompts."""
 
 import math
 

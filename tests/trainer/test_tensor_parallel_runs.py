@@ -8,6 +8,7 @@ bounds of tests/float_bounds.py."""
 import pytest
 from transformers import AutoConfig
 
+from hybridflow.models.tiny import build_tiny_model
 from hybridflow.tracking import metric_names as names
 from tests.float_bounds import longest_reduction, reordered_sum_bound
 from tests.workers.helpers import assert_same_adamw_steps, gradient_bound
@@ -73,13 +74,19 @@ def _split_and_whole(base: list[str], tmp_path) -> tuple:
     return tuple(runs)
 
 
-def test_split_training_steps_equal_the_data_parallel_ones(ray_cluster, tiny_model_dir, tiny_parquet, tmp_path):
+@pytest.fixture(scope="module")
+def qwen3_model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3"), family="qwen3")
+
+
+def test_split_training_steps_equal_the_data_parallel_ones(ray_cluster, qwen3_model_dir, tiny_parquet, tmp_path):
     """Two GAE steps with a KL loss on 2 ranks: the actor, its reference and the critic split in halves over the
-    pair (t, d) = (2, 1), against FSDP2 over both (1, 2). The rollout holds the whole model either way (the sync
-    gathers the split weights), the seeds are the same: the first step's samples are the same, the losses and
-    the weights agree within the float32 bounds of a reordered sum (the critic's values and gradients are held to
-    theirs in tests/models/test_tensor_parallel_training.py)."""
-    base = two_rank_steps(tiny_model_dir, tiny_parquet, "gae", DENSE_REWARD) + [
+    pair (t, d) = (2, 1), against FSDP2 over both (1, 2), on a tiny Qwen3 (its q and k norms, which each rank
+    applies to its own heads, are one weight trained by both). The rollout holds the whole model either way (the
+    sync gathers the split weights), the seeds are the same: the first step's samples are the same, the losses
+    and the weights agree within the float32 bounds of a reordered sum (the critic's values and gradients are held
+    to theirs in tests/models/test_tensor_parallel_training.py)."""
+    base = two_rank_steps(qwen3_model_dir, tiny_parquet, "gae", DENSE_REWARD) + [
         "actor_rollout_ref.actor.use_kl_loss=true",
         "critic.ppo_mini_batch_size=2",
     ]
@@ -92,7 +99,7 @@ def test_split_training_steps_equal_the_data_parallel_ones(ray_cluster, tiny_mod
             "trainer.save_freq=1",
         ]
         runs.append(_trained_weights(base + overrides, tmp_path / str(size)))
-    _assert_same_steps(runs, tiny_model_dir)
+    _assert_same_steps(runs, qwen3_model_dir)
     (weights, records), _ = runs
     # Resumed from its first step's checkpoint, the split run takes the uninterrupted run's second step exactly.
     resumed_dir = tmp_path / "resumed"
