@@ -66,6 +66,8 @@ FAMILY_PATTERNS = (
 # with, how an answer is written in the ground truth).
 DATA_SETS = (
     ("gsm8k", "openai/gsm8k", 'Let\'s think step by step and output the final answer after "####".'),
+    # DAPO's sets (DAPO-Math-17k, and AIME 2024 as DAPO ships it), scored by verl's math_dapo rule
+    ("dapo-math|aime", "math_dapo", 'Remember to put your answer on its own line after "Answer:".'),
     (
         "math",
         "DigitalLearningGmbH/MATH-lighteval",

@@ -95,6 +95,13 @@ def test_stand_in_data_has_the_data_sets_source_and_verls_schema(tmp_path):
         verl_scaled.data_file(tmp_path, "/verl-home/data/geo3k/train.parquet", "train")
 
 
+@pytest.mark.parametrize("path", ["/home/u/data/dapo-math-17k/train.parquet", "/home/u/data/aime-2024/test.parquet"])
+def test_dapos_data_sets_stand_in_with_the_math_dapo_rules_answer_line(tmp_path, path):
+    (row, *_) = pq.read_table(verl_scaled.data_file(tmp_path, path, "test")).to_pylist()
+    assert row["data_source"] == "math_dapo"
+    assert row["prompt"][0]["content"].endswith('on its own line after "Answer:".')
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(yaml.safe_load(SAMPLE.read_text())))

@@ -1,6 +1,6 @@
 """Rule-based scoring functions chosen by ``data_source``; importing this package registers all of them."""
 
-from hybridflow.rewards.scoring import arithmetic, countdown, gsm8k, math_answer, sorting  # noqa: F401  (register)
+from hybridflow.rewards.scoring import arithmetic, countdown, gsm8k, math_answer, math_dapo, sorting  # noqa: F401
 from hybridflow.rewards.scoring.registry import (
     SCORING_FUNCTIONS,
     UnknownDataSourceError,

@@ -76,7 +76,7 @@ def math_answers_equal(predicted: str, ground_truth: str) -> bool:
     return left_number is not None and left_number == right_number
 
 
-@SCORING_FUNCTIONS.register("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+@SCORING_FUNCTIONS.register("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 def compute_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict[str, Any]:
     """1.0 when the last boxed answer equals ``ground_truth`` (itself boxed or plain) after normalisation."""
     predicted = last_boxed(solution_str)

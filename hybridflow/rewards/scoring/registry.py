@@ -26,17 +26,30 @@ _CUSTOM_HINT = (
 )
 
 
+# verl scores every data_source that starts with "aime" by its math_dapo rule (utils/reward_score/__init__.py).
+PREFIXES = {"aime": "math_dapo"}
+
+
+def registered_name(data_source: str) -> str:
+    """The name ``data_source`` is scored under: its own, or that of the prefix it starts with."""
+    if data_source not in SCORING_FUNCTIONS:
+        for prefix, name in PREFIXES.items():
+            if data_source.startswith(prefix):
+                return name
+    return data_source
+
+
 def resolve_scoring_function(data_source: str) -> ScoringFunction:
     """The registered scoring function for ``data_source``; UnknownDataSourceError if there is none."""
     try:
-        return SCORING_FUNCTIONS.get(data_source)
+        return SCORING_FUNCTIONS.get(registered_name(data_source))
     except UnknownNameError as error:
         raise UnknownDataSourceError(f"{error}; {_CUSTOM_HINT}") from None
 
 
 def unknown_data_sources(data_sources: Iterable[str]) -> list[str]:
     """The ones of ``data_sources`` that no scoring function is registered for, sorted."""
-    return sorted({str(source) for source in data_sources} - set(SCORING_FUNCTIONS.names()))
+    return sorted({str(source) for source in data_sources if registered_name(str(source)) not in SCORING_FUNCTIONS})
 
 
 def check_data_sources(data_sources: Iterable[str]) -> None:
