@@ -320,14 +320,16 @@ def _reload_weights(worker: Any, named_tensors: Iterator[tuple[str, torch.Tensor
     from the old values (on CPU, a matmul kernel packed from them). An experts layer's processing runs its
     kernel's own step only on the first load (``UnquantizedFusedMoEMethod._setup_kernel``): on CPU that step
     packs the weights for the grouped matmul, so a reloaded layer would hold unpacked weights where packed ones
-    are read.
+    are read. Off the CPU that is left to vLLM.
     """
+    from vllm.platforms import current_platform
+
     model = worker.model_runner.model
     worker.reload_weights(weights_iterator=named_tensors, is_checkpoint_format=True)
     for module in _modules_sharing_parameters(model):
         if hasattr(module, "quant_method"):
             module.quant_method.process_weights_after_loading(module)
-    for module in model.modules():
+    for module in model.modules() if current_platform.is_cpu() else ():
         kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
         if kernel is not None:
             kernel.fused_experts.process_weights_after_loading(module)
