@@ -2,8 +2,8 @@
 layouts (t, d) = (2, 2) and (4, 1), of the tiny model and of a Qwen3 one, whose q and k norms each rank applies to
 its own heads. Every rank computes the same batch; the log-probs, entropies and critic values of each layout (padded,
 packed, shared prompts, checkpointed), the gradients of a loss on them, and the global gradient norm equal the whole
-model's within the float32 bounds of tests/float_bounds.py: the splits change which sums are blocked together (a row-
-split layer's partial sums meet in an all-reduce), not what is summed."""
+model's within the float32 bounds of tests/float_bounds.py: the splits change which sums are blocked together (a
+row-split layer's partial sums meet in an all-reduce), not what is summed."""
 
 from __future__ import annotations
 
