@@ -62,20 +62,30 @@ def sequence_parallel_errors(config: PPOTrainerConfig, with_critic: bool) -> lis
 
 def _head_errors(key: str, size: int, path: str, trust_remote_code: bool) -> list[str]:
     """Each rank of a group attends with ``1/size`` of the attention heads (key-value heads are repeated where
-    ``size`` does not divide them)."""
-    heads = _attention_heads(path, trust_remote_code)
-    if heads is None or heads % size == 0:
-        return []  # None: the model's own check reports a folder it cannot read
+    ``size`` does not divide them), and sees only its part of the sequence elsewhere: a recurrent layer (linear
+    attention) would carry its state over that part alone."""
+    from hybridflow.models.layouts import recurrent_layer_types
+
+    text_config = _text_config(path, trust_remote_code)
+    if text_config is None:
+        return []  # the model's own check reports a folder it cannot read
+    if recurrent := recurrent_layer_types(text_config):
+        return [
+            f"{key}={size}: the model ({path}) has {'/'.join(recurrent)} layers, whose state runs along the whole "
+            f"sequence, which Ulysses splits; set {key}=1"
+        ]
+    heads = text_config.num_attention_heads
+    if heads % size == 0:
+        return []
     divisors = [divisor for divisor in range(1, heads + 1) if heads % divisor == 0]
     return [f"{key}={size} does not divide the model's {heads} attention heads ({path}); choose one of {divisors}"]
 
 
-def _attention_heads(path: str, trust_remote_code: bool) -> int | None:
+def _text_config(path: str, trust_remote_code: bool) -> Any:
     from hybridflow.models.loading import load_model_config  # reads the folder; only Ulysses runs need it
 
     try:
         model_config: Any = load_model_config(path, trust_remote_code=trust_remote_code)
     except Exception:  # noqa: BLE001 - any unreadable folder is the model check's to report
         return None
-    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    return text_config.num_attention_heads
+    return model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config

@@ -37,6 +37,10 @@ MIN_PACKED_SAVING = 0.05
 
 # The model types already told that their sliding window keeps some batches from sharing prompts.
 _TOLD_WINDOW_TOO_SHORT: set[str] = set()
+_TOLD_RECURRENT: set[str] = set()
+# The layer types of transformers' configs that attend by a mask; any other (Qwen3-Next's "linear_attention", a
+# gated delta rule) carries a state along the whole row, across the samples a packed or shared row holds.
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
 
 @dataclass(frozen=True)
@@ -136,8 +140,11 @@ def choose_layout(
     ``share_prompts``: True shares where a prompt of the batch repeats, None where sharing's ``layout_cost`` is
     below the unshared layout's, False never. Models with variable-length attention keep their packed path; a
     batch with a sample longer than the sliding window (``fits_sliding_window``) or a response that is not
-    right-padded (real tokens, then padding) runs unshared.
+    right-padded (real tokens, then padding) runs unshared; a model with recurrent layers runs padded
+    (``can_pack_samples``).
     """
+    if not can_pack_samples(model):
+        return PADDED
     unshared, shape = choose_packing(model, attention_mask) if use_remove_padding else (PADDED, attention_mask.shape)
     can_share = (
         share_prompts is not False and not uses_varlen_attention(model) and fits_sliding_window(model, attention_mask)
@@ -156,8 +163,10 @@ def choose_layout(
 
 def choose_packing(model: torch.nn.Module, attention_mask: torch.Tensor) -> tuple[Layout, tuple[int, int]]:
     """The packed layout cheapest for ``model``'s attention kernel, or :data:`PADDED` where packing is not
-    ``MIN_PACKED_SAVING`` cheaper (one row under flash attention, else the ``cheapest_rows`` count), and the
-    ``[rows, width]`` the batch then runs as."""
+    ``MIN_PACKED_SAVING`` cheaper (one row under flash attention, else the ``cheapest_rows`` count) or the model
+    has recurrent layers (``can_pack_samples``), and the ``[rows, width]`` the batch then runs as."""
+    if not can_pack_samples(model):
+        return PADDED, tuple(attention_mask.shape)
     lengths = attention_mask.bool().sum(dim=1).tolist()
     if uses_varlen_attention(model):
         return Layout(rows_per_sample=Fraction(1, max(len(lengths), 1))), (1, sum(lengths))
@@ -361,6 +370,31 @@ def sliding_window(config) -> int | None:
     if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
         return None
     return window
+
+
+def recurrent_layer_types(config) -> list[str]:
+    """The model's layer types that do not attend by a mask (``ATTENTION_LAYER_TYPES``), e.g. linear attention."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return sorted(set(getattr(config, "layer_types", None) or ()) - set(ATTENTION_LAYER_TYPES))
+
+
+def can_pack_samples(model: torch.nn.Module) -> bool:
+    """Whether a row may hold several samples (packed, or a shared prompt's responses): not for a model with
+    recurrent layers, whose state would run from one sample into the next (transformers' CPU kernels of the gated
+    delta rule take no sample boundaries). Such a model runs padded, one sample a row; logs once per model type."""
+    recurrent = recurrent_layer_types(model.config)
+    if not recurrent:
+        return True
+    model_type = model.config.model_type
+    if model_type not in _TOLD_RECURRENT:
+        _TOLD_RECURRENT.add(model_type)
+        logger.warning(
+            "%s: its %s layers carry a state along the row, so its samples neither pack (use_remove_padding) nor "
+            "share prompts (use_prefix_grouper); they run padded, one a row",
+            model_type,
+            "/".join(recurrent),
+        )
+    return False
 
 
 def fits_sliding_window(model: torch.nn.Module, attention_mask: torch.Tensor) -> bool:

@@ -1,0 +1,85 @@
+"""A model with recurrent layers (Qwen3-Next's linear attention, a gated delta rule) carries a state along a row, so
+two samples packed into one row see each other (the control below). Such a model runs padded, one sample a row,
+whatever ``use_remove_padding`` and ``use_prefix_grouper`` ask, and says so once; its log-probs then equal each
+sample's own forward. Ulysses, which splits the sequence, is refused for it in one line."""
+
+import logging
+
+import pytest
+import torch
+from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+from hybridflow.config.sequence_parallel_options import _head_errors
+from hybridflow.models import layouts
+from hybridflow.models.layouts import PADDED, choose_layout, choose_packing
+from hybridflow.models.log_probs import forward_log_probs
+from tests.models.packing_checks import assert_packed_equals_padded_and_unpadded
+
+PROMPT_LENGTHS, RESPONSE_LENGTHS, PROMPT_WIDTH, RESPONSE_WIDTH = [5, 3, 5, 2], [4, 2, 3, 1], 5, 4
+
+
+def _config() -> Qwen3NextConfig:
+    return Qwen3NextConfig(
+        vocab_size=263,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+    )
+
+
+@pytest.fixture(scope="module")
+def recurrent_model():
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Qwen3NextForCausalLM(_config()).eval()
+
+
+def test_two_samples_in_one_row_see_each_other(recurrent_model):
+    """The control: positions restart at the second sample, yet its logits change."""
+    first, second = torch.arange(3, 13)[None], torch.arange(20, 26)[None]
+    with torch.no_grad():
+        alone = recurrent_model(input_ids=second).logits[0]
+        row = torch.cat([first, second], dim=1)
+        positions = torch.cat([torch.arange(10), torch.arange(6)])[None]
+        packed = recurrent_model(input_ids=row, position_ids=positions).logits[0, 10:]
+    assert (packed - alone).abs().max() > 1e-2
+
+
+def test_it_runs_padded_says_so_once_and_gives_each_samples_own_log_probs(
+    recurrent_model, padded_batch, caplog, monkeypatch
+):
+    batch = padded_batch(PROMPT_LENGTHS, RESPONSE_LENGTHS, PROMPT_WIDTH, RESPONSE_WIDTH)
+    batch[0][2, :PROMPT_WIDTH] = batch[0][0, :PROMPT_WIDTH]  # a repeated prompt, which could be shared
+    monkeypatch.setattr(layouts, "_TOLD_RECURRENT", set())
+    with caplog.at_level(logging.WARNING, logger=layouts.__name__):
+        chosen = [choose_layout(recurrent_model, *batch[:2], RESPONSE_WIDTH, True, True) for _ in range(2)]
+        packed = assert_packed_equals_padded_and_unpadded(recurrent_model, batch, RESPONSE_LENGTHS, RESPONSE_WIDTH)
+    assert chosen == [PADDED, PADDED] and choose_packing(recurrent_model, batch[1])[0] == PADDED  # values, scores
+    assert [record.getMessage() for record in caplog.records] == [
+        "qwen3_next: its linear_attention layers carry a state along the row, so its samples neither pack "
+        "(use_remove_padding) nor share prompts (use_prefix_grouper); they run padded, one a row"
+    ]
+    with torch.no_grad():
+        shared, _ = forward_log_probs(recurrent_model, *batch[:3], RESPONSE_WIDTH, share_prompts=True)
+    assert torch.equal(shared, packed)
+
+
+def test_ulysses_is_refused_for_it_in_one_line(tmp_path):
+    _config().save_pretrained(tmp_path)
+    key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    assert _head_errors(key, 2, str(tmp_path), False) == [
+        f"{key}=2: the model ({tmp_path}) has linear_attention layers, whose state runs along the whole sequence, "
+        f"which Ulysses splits; set {key}=1"
+    ]
