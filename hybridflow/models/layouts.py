@@ -385,15 +385,13 @@ def can_pack_samples(model: torch.nn.Module) -> bool:
     recurrent = recurrent_layer_types(model.config)
     if not recurrent:
         return True
-    model_type = model.config.model_type
-    if model_type not in _TOLD_RECURRENT:
-        _TOLD_RECURRENT.add(model_type)
-        logger.warning(
-            "%s: its %s layers carry a state along the row, so its samples neither pack (use_remove_padding) nor "
-            "share prompts (use_prefix_grouper); they run padded, one a row",
-            model_type,
-            "/".join(recurrent),
-        )
+    _warn_once(
+        _TOLD_RECURRENT,
+        model,
+        "%s: its %s layers carry a state along the row, so its samples neither pack (use_remove_padding) nor share "
+        "prompts (use_prefix_grouper); they run padded, one a row",
+        "/".join(recurrent),
+    )
     return False
 
 
@@ -407,17 +405,23 @@ def fits_sliding_window(model: torch.nn.Module, attention_mask: torch.Tensor) ->
     longest = max(attention_mask.sum(dim=1).tolist(), default=0)
     if longest <= window:
         return True
-    model_type = model.config.model_type
-    if model_type not in _TOLD_WINDOW_TOO_SHORT:
-        _TOLD_WINDOW_TOO_SHORT.add(model_type)
-        logger.warning(
-            "%s: samples longer than its sliding window (%d tokens; this batch has one of %d) do not share prompts "
-            "(use_prefix_grouper): one mask for all layers cannot hold the window; they run packed or padded",
-            model_type,
-            window,
-            longest,
-        )
+    _warn_once(
+        _TOLD_WINDOW_TOO_SHORT,
+        model,
+        "%s: samples longer than its sliding window (%d tokens; this batch has one of %d) do not share prompts "
+        "(use_prefix_grouper): one mask for all layers cannot hold the window; they run packed or padded",
+        window,
+        longest,
+    )
     return False
+
+
+def _warn_once(told: set[str], model: torch.nn.Module, message: str, *args) -> None:
+    """Log ``message`` (its first ``%s`` the model type) the first time a model of that type reaches it."""
+    model_type = model.config.model_type
+    if model_type not in told:
+        told.add(model_type)
+        logger.warning(message, model_type, *args)
 
 
 def _build(input_ids, real, groups, prompt_lengths, response_lengths, width, response_length) -> SharedPromptBatch:
