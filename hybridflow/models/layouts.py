@@ -37,6 +37,7 @@ MIN_PACKED_SAVING = 0.05
 
 # The model types already told that their sliding window keeps some batches from sharing prompts.
 _TOLD_WINDOW_TOO_SHORT: set[str] = set()
+# The model types already told that their recurrent layers keep their samples padded, one a row.
 _TOLD_RECURRENT: set[str] = set()
 # The layer types of transformers' configs that attend by a mask; any other (Qwen3-Next's "linear_attention", a
 # gated delta rule) carries a state along the whole row, across the samples a packed or shared row holds.

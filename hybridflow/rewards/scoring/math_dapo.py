@@ -65,7 +65,8 @@ def normalize_final_answer(answer: str) -> str:
 
 
 def last_boxed_content(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` whose braces close; None if there is none."""
+    """The content of the last ``\\boxed{...}`` whose braces close; None if there is none. verl's form only:
+    ``math_answer.last_boxed`` also reads ``\\fbox`` and ``\\boxed 5``, which this rule does not."""
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
