@@ -7,8 +7,9 @@ attends every query over all rows' cached tokens (7.2 s at fixed lengths, 1.6 s 
 took 2.5 s and 1.2 s. Here a batch is a left-padded ``DynamicCache`` whose layers keep spare room for the next
 tokens (``kv_cache.RoomyLayer``: a decode step writes its column in place):
 
-- a row that ends (EOS, stop token, stop string, length) is dropped from the cache at once
-  (``batch_select_indices``), and cache columns that became padding for every row are trimmed;
+- a row that ends (EOS, stop token, stop string, length) is dropped from the cache at once (``reorder_cache``:
+  every transformers cache layer selects its rows by it, recurrent states included, where only attention layers
+  have ``batch_select_indices``), and cache columns that became padding for every row are trimmed;
 - new requests are prefilled in their own forward (at most ``max_batch_tokens`` padded tokens each) and
   concatenated to the running batch after left-padding the shorter cache, so they share every later decode step;
   requests with the same prompt (the n samples of a GRPO group) prefill it once and copy its cache rows.
@@ -176,7 +177,7 @@ class BatchedDecoder:
         ).logits[:, -1]
         if len(distinct) < len(chunk):
             rows = torch.tensor(source, dtype=torch.long)
-            cache.batch_select_indices(rows.to(device))
+            cache.reorder_cache(rows.to(device))
             logits, attention_mask, positions = logits[rows.to(device)], attention_mask[rows], positions[rows]
         sampling = RowSampling.from_params([s.request.sampling for s in chunk])
         self._join(chunk, cache, attention_mask, positions[:, -1] + 1, sampling)
@@ -242,7 +243,7 @@ class BatchedDecoder:
             return
         index = torch.tensor(keep, dtype=torch.long)
         self.sequences = [self.sequences[i] for i in keep]
-        self._cache.batch_select_indices(index.to(self._device()))
+        self._cache.reorder_cache(index.to(self._device()))
         self._attention_mask = self._attention_mask[index]
         self._next_positions = self._next_positions[index]
         self._next_tokens = self._next_tokens[index]

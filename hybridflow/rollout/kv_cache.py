@@ -43,7 +43,7 @@ class RoomyLayer(DynamicLayer):
         self._value_buffer = _with_room(values, values, filled, self.headroom)
         self._show(filled)
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
+    def reorder_cache(self, indices: torch.Tensor) -> None:
         filled = self.get_seq_length()
         if filled > 0:
             self._key_buffer, self._value_buffer = self._key_buffer[indices], self._value_buffer[indices]

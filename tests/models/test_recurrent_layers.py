@@ -7,43 +7,23 @@ import logging
 
 import pytest
 import torch
-from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+from transformers import Qwen3NextForCausalLM
 
 from hybridflow.config.sequence_parallel_options import _head_errors
 from hybridflow.models import layouts
 from hybridflow.models.layouts import PADDED, choose_layout, choose_packing
 from hybridflow.models.log_probs import forward_log_probs
 from tests.models.packing_checks import assert_packed_equals_padded_and_unpadded
+from tests.recurrent_model import qwen3_next_config
 
 PROMPT_LENGTHS, RESPONSE_LENGTHS, PROMPT_WIDTH, RESPONSE_WIDTH = [5, 3, 5, 2], [4, 2, 3, 1], 5, 4
-
-
-def _config() -> Qwen3NextConfig:
-    return Qwen3NextConfig(
-        vocab_size=263,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        layer_types=["linear_attention", "full_attention"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        linear_num_value_heads=4,
-        linear_num_key_heads=2,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=32,
-    )
 
 
 @pytest.fixture(scope="module")
 def recurrent_model():
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        return Qwen3NextForCausalLM(_config()).eval()
+        return Qwen3NextForCausalLM(qwen3_next_config()).eval()
 
 
 def test_two_samples_in_one_row_see_each_other(recurrent_model):
@@ -77,7 +57,7 @@ def test_it_runs_padded_says_so_once_and_gives_each_samples_own_log_probs(
 
 
 def test_ulysses_is_refused_for_it_in_one_line(tmp_path):
-    _config().save_pretrained(tmp_path)
+    qwen3_next_config().save_pretrained(tmp_path)
     key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
     assert _head_errors(key, 2, str(tmp_path), False) == [
         f"{key}=2: the model ({tmp_path}) has linear_attention layers, whose state runs along the whole sequence, "

@@ -3,11 +3,13 @@
 import asyncio
 
 import torch
+from transformers import Qwen3NextForCausalLM
 
 from hybridflow.models.loading import load_causal_lm
 from hybridflow.rollout import GenerationRequest, SamplingParams
 from hybridflow.rollout.batched_decoder import BatchedDecoder
 from tests.float_bounds import longest_reduction, model_output_bound
+from tests.recurrent_model import qwen3_next_config
 
 
 def test_finished_rows_leave_the_batch_and_the_cache(tiny_model_dir, tokenizer):
@@ -96,6 +98,33 @@ def test_the_samples_of_one_prompt_prefill_it_once_and_sample_as_if_alone(tiny_m
     # The same seeds draw the same tokens; log-probs agree up to the batch's float32 summation order.
     assert [tokens for tokens, _ in shared] == [tokens for tokens, _ in alone]
     assert len({tuple(tokens) for tokens, _ in shared[:4]}) > 1  # the four samples of a prompt differ
+    expected = torch.tensor([lp for _, lps in alone for lp in lps])
+    bound = model_output_bound(expected, longest_reduction(model.config))
+    torch.testing.assert_close(torch.tensor([lp for _, lps in shared for lp in lps]), expected, atol=bound, rtol=0)
+
+
+def test_a_model_with_recurrent_layers_keeps_each_rows_state_as_rows_share_and_leave_the_batch():
+    """Qwen3-Next's linear-attention layers hold a state per row, not keys per token: copying a shared prompt's
+    row and dropping finished rows must select those states too, or a row decodes from another's."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen3NextForCausalLM(qwen3_next_config()).eval()
+    prompts = [[5, 9, 17, 40, 2], [100, 7], [33, 34, 35]]  # left-padded to 5 in the shared prefill
+
+    def sequences(decoder):
+        return [
+            decoder.new_sequence(GenerationRequest(prompt, SamplingParams(max_new_tokens=2 + 3 * k + p, seed=k)))
+            for p, prompt in enumerate(prompts)
+            for k in range(2)
+        ]
+
+    decoder = BatchedDecoder(model, eos_token_ids=set(), max_batch_tokens=1024)
+    shared = _decode_all(decoder, sequences(decoder), together=True)
+    alone = []
+    for sequence in sequences(decoder):
+        alone += _decode_all(BatchedDecoder(model, eos_token_ids=set(), max_batch_tokens=1024), [sequence], True)
+    assert [len(tokens) for tokens, _ in shared] == [2, 5, 3, 6, 4, 7]  # rows leave at six different steps
+    assert [tokens for tokens, _ in shared] == [tokens for tokens, _ in alone]
     expected = torch.tensor([lp for _, lps in alone for lp in lps])
     bound = model_output_bound(expected, longest_reduction(model.config))
     torch.testing.assert_close(torch.tensor([lp for _, lps in shared for lp in lps]), expected, atol=bound, rtol=0)

@@ -17,8 +17,8 @@ def test_a_roomy_layer_holds_what_a_dynamic_layer_holds_through_growth_selection
         buffers.append(roomy._key_buffer.data_ptr())
     assert len(set(buffers)) == 3, "a decode step writes into the room; only a full buffer is replaced"
     rows = torch.tensor([3, 1])
-    roomy.batch_select_indices(rows)
-    dynamic.batch_select_indices(rows)
+    roomy.reorder_cache(rows)
+    dynamic.reorder_cache(rows)
     roomy.drop_left(2)
     assert torch.equal(roomy.keys, dynamic.keys[:, :, 2:]) and torch.equal(roomy.values, dynamic.values[:, :, 2:])
     step = torch.ones(2, 2, 1, 8)
