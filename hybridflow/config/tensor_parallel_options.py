@@ -25,8 +25,7 @@ ROLE_OF_PREFIX = {
 def tensor_parallel_errors(config: PPOTrainerConfig) -> list[str]:
     """Every reason the rollout's ``tensor_model_parallel_size`` cannot run: not a divisor of the processes that
     generate (for the ``hf`` engine, of a node's, on several nodes; vLLM's groups may span nodes) or of the
-    model's attention or key-value heads, a LoRA adapter kept apart from the base weights, fully async training,
-    vLLM on a rollout pool of its own."""
+    model's attention or key-value heads, a LoRA adapter kept apart from the base weights, fully async training."""
     arr = config.actor_rollout_ref
     size = arr.rollout.tensor_model_parallel_size
     if size <= 1:
@@ -49,12 +48,6 @@ def tensor_parallel_errors(config: PPOTrainerConfig) -> list[str]:
         errors.append(
             f"{KEY}={size} does not divide {per_node}: a group's ranks must share a node, where its per-layer "
             "all-reduces stay off the network"
-        )
-    if arr.rollout.name == "vllm" and one_step_off(config):
-        errors.append(
-            f"{KEY}={size} with rollout.name=vllm on a rollout pool of its own (hybrid_engine=false): vLLM's SPMD "
-            f"engines run in the actor's workers here; use actor_rollout_ref.hybrid_engine=true, rollout.name=hf, or "
-            f"{KEY}=1"
         )
     if fully_async(config):
         errors.append(

@@ -96,6 +96,13 @@ class RolloutEngine(ABC):
         group): the buckets of a rollout pool's sync it loads (``weight_loading.shard_buckets``)."""
         return 0
 
+    @property
+    def shard_layouts(self) -> list[Any] | None:
+        """How a sender outside this engine's processes (the actor, for a rollout pool of its own) cuts each weight
+        for the ranks of a tensor-parallel group, one layout per rank (``weight_loading.shard_buckets``' slices);
+        None: by the ``hf`` engine's split."""
+        return None
+
     @contextmanager
     def loading_weights(self, version: int) -> Iterator[None]:
         """The ``load_weights`` calls inside land together, as weight version ``version``; an engine that can

@@ -39,7 +39,7 @@ from hybridflow.rollout import vllm_memory
 from hybridflow.rollout.base import ROLLOUT_ENGINES, MissingExtraError, RolloutEngine
 from hybridflow.rollout.config import SPLIT_ENGINE_REFUSES_REQUESTS, RolloutConfig, SamplingParams
 from hybridflow.rollout.requests import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, GenerationRequest, GenerationResult
-from hybridflow.rollout.vllm_shards import VLLMShards, read_layout
+from hybridflow.rollout.vllm_shards import ShardLayout, VLLMShards, read_layout
 
 
 def import_vllm() -> Any:
@@ -212,6 +212,15 @@ class VLLMRolloutEngine(RolloutEngine):
     def takes_sharded_weights(self) -> bool:
         """Split over a tensor-parallel group: each rank is sent only its vLLM shard's part (``vllm_shards.py``)."""
         return self.config.tensor_model_parallel_size > 1
+
+    @property
+    def shard_layouts(self) -> list[ShardLayout] | None:
+        """Split: vLLM's boxes per place in a tensor-parallel group (``vllm_shards.pool_slices``)."""
+        return self.shards.by_tensor_parallel_rank if self.takes_sharded_weights else None
+
+    @property
+    def generation_shard(self) -> int:
+        return self.shards.own.tp_rank if self.takes_sharded_weights else 0
 
     @property
     def shards(self) -> VLLMShards:

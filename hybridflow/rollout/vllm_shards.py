@@ -11,12 +11,16 @@ vLLM forms its tensor-parallel groups of ``k`` consecutive ranks, unlike the str
 (``models/tensor_parallel.py``): where every rank is in one group, or the actor trains in the same split, a rank's
 training shard lies inside its vLLM shard and nothing of a split weight moves; otherwise it receives its vLLM
 shard's missing part, at most ``1/k`` of the model.
+
+A split vLLM on a rollout pool of its own gets the same boxes from the actor's gathered weights: the sender cuts
+each weight into every vLLM rank's box (:func:`pool_slices`, a :class:`WeightSlice` each), so a pool rank is sent
+its ``1/k``, and the rank widens it back into an unwritten tensor of the whole shape for its loader.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -47,6 +51,42 @@ class ShardLayout:
         return tuple(box)
 
 
+@dataclass(frozen=True)
+class WeightSlice:
+    """The ``box`` of a whole weight of ``shape``: what one rank of a split vLLM on a rollout pool loads."""
+
+    tensor: torch.Tensor
+    shape: tuple[int, ...]
+    box: Box
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.nbytes
+
+    def placeholder(self) -> torch.Tensor:
+        """An uninitialised tensor of the whole shape holding the slice in its box, which vLLM's loader narrows
+        to the same box (the rest is never written, nor read)."""
+        whole = torch.empty(self.shape, dtype=self.tensor.dtype, device=self.tensor.device)
+        whole[tuple(slice(start, stop) for start, stop in self.box)] = self.tensor
+        return whole
+
+
+def pool_slices(layouts: list[ShardLayout]) -> Callable[[str, torch.Tensor], list[torch.Tensor | WeightSlice]]:
+    """For a rollout pool's vLLM split ``len(layouts)`` ways (``layouts[r]``: tensor-parallel rank r's), what each
+    rank is sent of a whole weight: its box as a :class:`WeightSlice`, or the weight itself where it stays whole."""
+
+    def slices(name: str, tensor: torch.Tensor) -> list[torch.Tensor | WeightSlice]:
+        shape, pieces = tuple(tensor.shape), []
+        for layout in layouts:
+            box = layout.box(name, shape)
+            whole = all(start == 0 and stop == size for (start, stop), size in zip(box, shape))
+            view = tensor[tuple(slice(start, stop) for start, stop in box)]
+            pieces.append(tensor if whole else WeightSlice(view.clone(), shape, box))
+        return pieces
+
+    return slices
+
+
 def read_layout(worker: Any) -> ShardLayout:
     """Runs on vLLM's worker (``LLM.collective_rpc``): its tensor-parallel place and vocabulary slices."""
     from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
@@ -67,14 +107,24 @@ class VLLMShards:
         layouts: list[ShardLayout | None] = [None] * dist.get_world_size()
         dist.all_gather_object(layouts, own)
         self.layouts: list[ShardLayout] = layouts  # type: ignore[assignment]
+        self.own = own
         self.traffic = Traffic()
 
+    @property
+    def by_tensor_parallel_rank(self) -> list[ShardLayout]:
+        """One layout per place in a tensor-parallel group (every group splits alike), in group order."""
+        return sorted({layout.tp_rank: layout for layout in self.layouts}.values(), key=lambda layout: layout.tp_rank)
+
     def checkpoint_tensors(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]]
+        self, named_tensors: Iterable[tuple[str, torch.Tensor | WeightSlice]]
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, tensor of the whole weight's shape)``, holding this rank's vLLM slice of each DTensor (whole
-        tensors pass as they are). Every rank consumes it in step: each DTensor is one collective."""
+        """``(name, tensor of the whole weight's shape)``, holding this rank's vLLM slice of each DTensor or
+        :class:`WeightSlice` (whole tensors pass as they are). Every rank consumes it in step: each DTensor is
+        one collective."""
         for name, tensor in named_tensors:
+            if isinstance(tensor, WeightSlice):
+                yield name, tensor.placeholder()
+                continue
             if not isinstance(tensor, DTensor):
                 yield name, tensor
                 continue

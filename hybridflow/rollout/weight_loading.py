@@ -16,7 +16,7 @@ PEFT insert (``_fsdp_wrapped_module.``, ``_orig_mod.``, ``_checkpoint_wrapped_mo
 from __future__ import annotations
 
 import operator
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch.distributed.tensor import DTensor, Shard
@@ -110,16 +110,22 @@ def weight_buckets(
 
 
 def shard_buckets(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], megabytes: float, shards: int
-) -> Iterator[tuple[int, list[tuple[str, torch.Tensor]]]]:
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    megabytes: float,
+    shards: int,
+    slices: Callable[[str, torch.Tensor], list[Any]] | None = None,
+) -> Iterator[tuple[int, list[tuple[str, Any]]]]:
     """``(shard, bucket)``: :func:`weight_buckets` for each of the ``shards`` ranks of a generation model split
-    that many ways, of that rank's slices, so that a rank of a split rollout receives only its own."""
-    buckets: list[list[tuple[str, torch.Tensor]]] = [[] for _ in range(shards)]
+    that many ways, of that rank's slices, so that a rank of a split rollout receives only its own. ``slices``
+    cuts a weight into each rank's piece (anything with ``nbytes``); by default the ``hf`` engine's split
+    (:func:`generation_slices`)."""
+    buckets: list[list[tuple[str, Any]]] = [[] for _ in range(shards)]
     sizes, limit = [0] * shards, megabytes * 2**20
     for name, tensor in named_tensors:
-        for shard, piece in enumerate(generation_slices(name, tensor, shards)):
+        pieces = slices(name, tensor) if slices is not None else generation_slices(name, tensor, shards)
+        for shard, piece in enumerate(pieces):
             buckets[shard].append((name, piece))
-            sizes[shard] += piece.numel() * piece.element_size()
+            sizes[shard] += piece.nbytes
             if sizes[shard] >= limit:
                 yield shard, buckets[shard]
                 buckets[shard], sizes[shard] = [], 0

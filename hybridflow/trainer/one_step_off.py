@@ -49,6 +49,7 @@ class RolloutWeightSync:
         self.phase = phase
         self.synced_step: int | None = 0
         self.loading: Any = None
+        self.layouts = rollout.shard_layouts()[0]  # asked once, before the pool's first generation
 
     def __call__(self, step: int, timer: StepTimer, version: int = 0, queue: bool = False) -> None:
         """Give the pool the actor's weights after step ``step``'s update, as weight version ``version`` (fully
@@ -57,7 +58,7 @@ class RolloutWeightSync:
         if self.synced_step == step:
             return
         with timer(self.phase):
-            buckets, checksum = self.actor.share_weights(self.bucket_megabytes)[0]
+            buckets, checksum = self.actor.share_weights(self.bucket_megabytes, self.layouts)[0]
             if queue:
                 self.loading = self.rollout.load_shared_weights.submit(buckets, version, checksum)
             else:

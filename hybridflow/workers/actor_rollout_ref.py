@@ -19,6 +19,7 @@ from hybridflow.models.tensor_parallel import ROW_SPLIT
 from hybridflow.models.weight_checksum import ChecksummedWeights
 from hybridflow.protocol import DataProto, Part
 from hybridflow.rollout.partial_samples import PartialSample
+from hybridflow.rollout.vllm_shards import ShardLayout, pool_slices
 from hybridflow.rollout.weight_loading import shard_buckets
 from hybridflow.workers.actor import ActorPart
 from hybridflow.workers.config import ActorRolloutRefConfig, WorkerConfigError, as_config
@@ -178,11 +179,14 @@ class ActorRolloutRefWorker(Worker, Profiled):
         return self._part("rollout", "continue_samples").continue_samples(samples, groups_needed, meta)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def share_weights(self, bucket_megabytes: float) -> tuple[list[list[SharedObject]], int]:
+    def share_weights(
+        self, bucket_megabytes: float, layouts: list[ShardLayout] | None = None
+    ) -> tuple[list[list[SharedObject]], int]:
         """The actor's full weights (Hugging Face names, LoRA merged) put in the object store in buckets of about
         ``bucket_megabytes``, for a rollout pool of its own (``load_shared_weights``), and their checksum in the
         rollout's dtype (``models/weight_checksum.py``). A pool split ``rollout.tensor_model_parallel_size`` ways
-        gets a list of buckets per shard, each of that shard's slices. Every rank gathers (each parameter is a
+        gets a list of buckets per shard, each of that shard's slices: cut as the ``hf`` engine splits, or as
+        ``layouts`` say (the pool's ``shard_layouts``: vLLM's boxes). Every rank gathers (each parameter is a
         collective); rank 0 returns the buckets, the others an empty list."""
         from hybridflow.distributed import share  # loads Ray, which only a rollout pool of its own needs
 
@@ -193,11 +197,18 @@ class ActorRolloutRefWorker(Worker, Profiled):
                 pass
             return [], 0
         checksummed = ChecksummedWeights(weights, resolve_dtype(self.config.rollout.dtype))
-        shards = self.config.rollout.tensor_model_parallel_size
+        shards = len(layouts) if layouts else self.config.rollout.tensor_model_parallel_size
+        slices = pool_slices(layouts) if layouts else None
         buckets: list[list[SharedObject]] = [[] for _ in range(shards)]
-        for shard, bucket in shard_buckets(checksummed, bucket_megabytes, shards):
+        for shard, bucket in shard_buckets(checksummed, bucket_megabytes, shards, slices):
             buckets[shard].append(share(bucket))
         return buckets, checksummed.part
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shard_layouts(self) -> list[ShardLayout] | None:
+        """How ``share_weights`` cuts each weight for this rollout's tensor-parallel ranks (None: as the ``hf``
+        engine splits)."""
+        return self._part("rollout", "shard_layouts").engine.shard_layouts
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrent=True)
     def load_shared_weights(

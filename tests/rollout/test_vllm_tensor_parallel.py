@@ -3,6 +3,8 @@ group of 2 processes: each rank passes its own prompts, the group generates them
 its own back, equal token for token to one whole engine's, before and after a weight sync from the actor's FSDP2
 shards, in which each rank receives only what its vLLM shard lacks."""
 
+import functools
+import itertools
 import math
 import os
 
@@ -19,6 +21,8 @@ from hybridflow.models.loading import load_causal_lm, load_model_config, load_to
 from hybridflow.models.tensor_parallel import ROW_SPLIT  # noqa: E402
 from hybridflow.rollout import GenerationRequest, RolloutConfig, SamplingParams, create_rollout_engine  # noqa: E402
 from hybridflow.rollout.vllm_memory import kv_cache_bytes  # noqa: E402
+from hybridflow.rollout.vllm_shards import pool_slices  # noqa: E402
+from hybridflow.rollout.weight_loading import shard_buckets  # noqa: E402
 from tests.float_bounds import longest_reduction, model_output_bound  # noqa: E402
 from tests.gloo_ranks import run_on_ranks  # noqa: E402
 
@@ -51,10 +55,12 @@ def _generations(engine, prompts: list[list[int]]) -> list[tuple[list[int], torc
     return [(result.token_ids, torch.tensor(result.log_probs)) for result in engine.generate_batch(requests)]
 
 
-def _before_and_after_a_sync(model_dir: str) -> dict:
+def _before_and_after_a_sync(model_dir: str, from_pool_buckets: bool = False) -> dict:
     """This rank's prompts (its half when 2 ranks split the model, all of them alone), greedy, before and after a
     sync of weights that every rank changes alike: whole into one engine; into a split engine, as the actor's
-    FSDP2 shards (the row-split layers by columns, as a run with a split rollout trains them)."""
+    FSDP2 shards (the row-split layers by columns, as a run with a split rollout trains them), or
+    ``from_pool_buckets``: as a rollout pool of its own receives them (each rank its own slices, cut by the sender
+    from whole weights)."""
     size, rank = dist.get_world_size(), dist.get_rank()
     prompts = PROMPTS[rank * 2 : rank * 2 + 2] if size == 2 else PROMPTS
     engine = _engine(model_dir, size)
@@ -67,6 +73,11 @@ def _before_and_after_a_sync(model_dir: str) -> dict:
     if size == 1:
         engine.load_weights(model.named_parameters())
         return {"before": before, "after": _generations(engine, prompts)}
+    if from_pool_buckets:
+        own = _pool_buckets(engine, model, size)
+        engine.load_weights(itertools.chain.from_iterable(own))
+        received = sum(piece.nbytes for bucket in own for _, piece in bucket)
+        return {"before": before, "after": _generations(engine, prompts), "received": received}
     by_columns = {id(m.weight) for n, m in model.named_modules() if n.rpartition(".")[2] in ROW_SPLIT}
     fully_shard(model, mesh=init_device_mesh("cpu", (size,)), shard_placement_fn=lambda p: _by_columns(p, by_columns))
     engine.load_weights((name, param.detach()) for name, param in model.named_parameters())
@@ -76,6 +87,18 @@ def _before_and_after_a_sync(model_dir: str) -> dict:
         "received": engine.shards.traffic.received,
         "segments": _shared_memory_segments(),
     }
+
+
+def _pool_buckets(engine, model, size: int) -> list:
+    """The buckets of this rank's vLLM shard, as the actor's ``share_weights`` cuts them for a pool (small
+    buckets, so that a shard's weights span several)."""
+    layouts = engine.shard_layouts
+    assert [layout.tp_rank for layout in layouts] == list(range(size))
+    named = ((name, param.detach()) for name, param in model.named_parameters())
+    buckets = shard_buckets(named, 0.05, size, pool_slices(layouts))
+    own = [bucket for shard, bucket in buckets if shard == engine.generation_shard]
+    assert len(own) > 1
+    return own
 
 
 def _shared_memory_segments() -> dict:
@@ -108,19 +131,57 @@ def _lacking(model_dir, rank: int) -> int:
     return 4 * (embedding_rows * hidden + norms * hidden // 2)  # float32
 
 
-def test_a_split_engine_generates_what_a_whole_one_does_before_and_after_a_sync(tiny_model_dir, tmp_path):
-    split = run_on_ranks(_before_and_after_a_sync, 2, tiny_model_dir, tmp_path / "split")
-    (whole,) = run_on_ranks(_before_and_after_a_sync, 1, tiny_model_dir, tmp_path / "whole").values()
-    num_terms = longest_reduction(load_model_config(tiny_model_dir))
+def _assert_split_generates_as_whole(split: dict, whole: dict, model_dir) -> None:
+    num_terms = longest_reduction(load_model_config(model_dir))
     for moment in ("before", "after"):
         got = split[0][moment] + split[1][moment]
         assert [tokens for tokens, _ in got] == [tokens for tokens, _ in whole[moment]], moment
         for (_, log_probs), (_, expected) in zip(got, whole[moment]):
             torch.testing.assert_close(log_probs, expected, rtol=0, atol=model_output_bound(expected, num_terms))
     assert whole["before"] != whole["after"], "the sync changed nothing to compare"
+
+
+@pytest.fixture(scope="module")
+def whole_engine_run(tiny_model_dir, tmp_path_factory):
+    (whole,) = run_on_ranks(_before_and_after_a_sync, 1, tiny_model_dir, tmp_path_factory.mktemp("whole")).values()
+    return whole
+
+
+def test_a_split_engine_generates_what_a_whole_one_does_before_and_after_a_sync(
+    tiny_model_dir, tmp_path, whole_engine_run
+):
+    split = run_on_ranks(_before_and_after_a_sync, 2, tiny_model_dir, tmp_path / "split")
+    _assert_split_generates_as_whole(split, whole_engine_run, tiny_model_dir)
     # One name per run (a run that died leaves nothing to collide with), unlinked once mapped
     segments = [split[rank]["segments"] for rank in (0, 1)]
     assert segments[0]["ident"] == segments[1]["ident"] and segments[0]["ident"].startswith("hybridflow-")
     assert all(s["name"].startswith(s["ident"] + "-") and s["left"] == [] for s in segments), segments
     # Each rank received only what its shard lacked: a few KiB, against half the model's 1.3 MB gathering whole.
     assert [split[rank]["received"] for rank in (0, 1)] == [_lacking(tiny_model_dir, rank) for rank in (0, 1)]
+
+
+def _pool_share(model_dir, rank: int) -> int:
+    """The bytes rank ``rank`` of 2 is sent of the tiny model from a sender holding it whole: its vLLM rows of the
+    tied embedding (the vocabulary padded to a multiple of 64, then halved), half of every other split weight,
+    each norm whole."""
+    config = load_model_config(model_dir)
+    vocab, hidden, layers = config.vocab_size, config.hidden_size, config.num_hidden_layers
+    head, kv = config.hidden_size // config.num_attention_heads, config.num_key_value_heads
+    vllm_rows = math.ceil(vocab / 64) * 64 // 2
+    embedding_rows = min((rank + 1) * vllm_rows, vocab) - rank * vllm_rows
+    attention = hidden * hidden * 2 + 2 * hidden * kv * head  # q and o, k and v
+    mlp = 3 * hidden * config.intermediate_size
+    biases = (hidden + 2 * kv * head) if config.model_type == "qwen2" else 0  # q, k and v have biases in Qwen2
+    per_layer = (attention + mlp + biases) // 2 + 2 * hidden
+    return 4 * (embedding_rows * hidden + layers * per_layer + hidden)  # float32
+
+
+def test_a_split_engine_on_a_rollout_pool_loads_its_own_slices_cut_by_the_sender(
+    tiny_model_dir, tmp_path, whole_engine_run
+):
+    """A pool of its own (one-step-off) is sent whole weights cut into each vLLM rank's box: each rank receives
+    its half and generates what the whole engine does after the same sync."""
+    from_pool = functools.partial(_before_and_after_a_sync, from_pool_buckets=True)
+    split = run_on_ranks(from_pool, 2, tiny_model_dir, tmp_path / "pool")
+    _assert_split_generates_as_whole(split, whole_engine_run, tiny_model_dir)
+    assert [split[rank]["received"] for rank in (0, 1)] == [_pool_share(tiny_model_dir, rank) for rank in (0, 1)]

@@ -142,7 +142,11 @@ class FakeActorRollout:
         metrics = {"pg_loss": [float(advantages.mean()), 0.0], "grad_norm": [1.0, 3.0], "lr": 0.1}
         return DataProto(meta_info={"metrics": metrics})
 
-    def share_weights(self, bucket_megabytes):
+    def shard_layouts(self):
+        """Each rank's: none, so weights are cut as the hf engine splits them (not recorded: asked once)."""
+        return [None, None]
+
+    def share_weights(self, bucket_megabytes, layouts=None):
         """Rank 0's buckets, then the other rank's none; a bucket here is the weights' version."""
         self.calls.append(("share_weights", self.version))
         return [([self.version], 0), ([], 0)]

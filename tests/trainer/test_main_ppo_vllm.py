@@ -1,8 +1,9 @@
 """GRPO through main_ppo with rollout.name=vllm: the demo's task for 12 steps, its workers in Ray, the rollout
 in the actor's processes (hybrid engine; also split over 2 ranks), or on a pool of its own a step ahead
-(one-step-off policy) or generating continuously (fully async, without partial rollout, which vLLM does not take); the
-validation accuracy (the mean validation reward) must rise; and a kill -9 mid-run whose resumed steps equal an
-uninterrupted run's. Runs where vllm is installed (`make test-vllm`)."""
+(one-step-off policy; also split over the pool's 2 ranks) or generating continuously (fully async, without
+partial rollout, which vLLM does not take); the validation accuracy (the mean validation reward) must rise; and a
+kill -9 mid-run whose resumed steps equal an uninterrupted run's. Runs where vllm is installed (`make
+test-vllm`)."""
 
 import pytest
 
@@ -36,10 +37,19 @@ TENSOR_PARALLEL = [
 ]
 
 
+# A rollout pool of its own of 2 ranks sharing one vLLM engine split in halves, each sent its halves' slices;
+# with the actor, 3 processes of one Ray CPU each (Ray's CPUs are a count of its own, not the machine's).
+POOL_TENSOR_PARALLEL = ROLLOUT_POOL + [
+    "rollout.n_gpus_per_node=2",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    "ray_kwargs.ray_init.num_cpus=3",
+]
+
+
 @pytest.mark.parametrize(
     "placement",
-    [[], ROLLOUT_POOL, FULLY_ASYNC, TENSOR_PARALLEL],
-    ids=["hybrid-engine", "one-step-off", "fully-async", "tensor-parallel"],
+    [[], ROLLOUT_POOL, FULLY_ASYNC, TENSOR_PARALLEL, POOL_TENSOR_PARALLEL],
+    ids=["hybrid-engine", "one-step-off", "fully-async", "tensor-parallel", "one-step-off-tensor-parallel"],
 )
 def test_a_grpo_run_on_vllm_learns(tmp_path, placement):
     completed, rows = run_demo(
