@@ -240,3 +240,41 @@ def test_the_largest_lora_rank_the_config_check_allows_is_the_largest_vllm_takes
     assert LoRAConfig(max_lora_rank=largest).max_lora_rank == largest
     with pytest.raises(ValueError, match="max_lora_rank"):
         LoRAConfig(max_lora_rank=largest + 1)
+
+
+def test_a_sync_drops_the_prefix_cache_so_no_prompt_reuses_keys_of_the_old_weights(tiny_model_dir, tokenizer):
+    """With prefix caching on, vLLM keeps the keys and values of every full block of a prompt it has run; after a
+    sync they belong to the old weights. The same prompt generated again must be computed with the new ones."""
+    block = 32  # the smallest vLLM's CPU attention takes
+    config = RolloutConfig.from_dict(
+        {
+            "name": "vllm",
+            "response_length": 4,
+            "prompt_length": 64,
+            "calculate_log_probs": True,
+            **{**KNOBS, "enable_prefix_caching": True},
+            "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": kv_cache_size(tiny_model_dir), "block_size": block}},
+        }
+    )
+    engine = create_rollout_engine(config, tiny_model_dir)
+    prompt = " ".join(["the same long instruction"] * 3)  # several full blocks
+    prompts = left_padded(tokenizer, [prompt])
+    assert prompts.batch["attention_mask"].sum() > 2 * block
+    engine.generate_sequences(prompts)  # caches the prompt's blocks
+    actor = load_causal_lm(tiny_model_dir)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in actor.parameters():
+            parameter.add_(0.5 * torch.randn(parameter.shape, generator=generator))
+    engine.load_weights((name, parameter.detach()) for name, parameter in actor.named_parameters())
+    out = engine.generate_sequences(prompts).batch
+    with torch.no_grad():
+        logits = actor(
+            input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
+        ).logits
+    width = out["prompts"].shape[1]
+    actor_log_probs = torch.log_softmax(logits[:, width - 1 : -1].float(), dim=-1)
+    actor_log_probs = actor_log_probs.gather(-1, out["responses"][..., None])[..., 0]
+    mask = out["response_mask"].bool()
+    # The tolerance of the sync test above (same model size and sums)
+    torch.testing.assert_close(out["rollout_log_probs"][mask], actor_log_probs[mask], atol=1e-4, rtol=0)
