@@ -8,8 +8,9 @@ are synced into the pool. Between two syncs the pool starts at most ``max_requir
 sync (verl's ``staleness_samples``), so no sample is more than a bounded number of versions old. The run
 generates ``rollout.total_rollout_steps`` prompts (capped by the data's epochs) and trains on them in steps of
 ``required``; ``trainer.save_freq`` and ``trainer.test_freq`` count weight versions, as in verl. With
-``partial_rollout`` a sync lands in the generation in flight (hf engine, single-turn). What this mode cannot do is
-refused here, before anything starts.
+``partial_rollout`` a sync lands in the generation in flight (single-turn; the hf engine keeps the keys and values
+drawn so far, vLLM computes them again under the new weights). What this mode cannot do is refused here, before
+anything starts.
 """
 
 from __future__ import annotations
@@ -117,13 +118,6 @@ def _batch_errors(config: PPOTrainerConfig) -> list[str]:
 def _lacking_errors(config: PPOTrainerConfig) -> list[str]:
     """What of verl's fully async policy this config asks for and hybridflow does not have."""
     settings, rollout, errors = config.async_training, config.actor_rollout_ref.rollout, []
-    if partial_rollout(config) and rollout.name != "hf":
-        errors.append(
-            f"async_training.partial_rollout=true with actor_rollout_ref.rollout.name={rollout.name} needs "
-            "new weights loaded into its running generation, which hybridflow does not have (the hf engine "
-            "does it); use rollout.name=hf, or set async_training.partial_rollout=false (a sync then waits "
-            "for the samples in flight)"
-        )
     if partial_rollout(config) and rollout.multi_turn.enable:
         errors.append(
             "async_training.partial_rollout=true tags each token with the weights that drew it in "

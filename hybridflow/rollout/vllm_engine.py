@@ -21,9 +21,11 @@ import contextlib
 import functools
 import glob
 import inspect
+import itertools
 import os
 import re
 import tempfile
+import threading
 import time
 import typing
 from typing import Any, Iterable, Iterator
@@ -80,6 +82,9 @@ class VLLMRolloutEngine(RolloutEngine):
         self._shards: VLLMShards | None = None
         self._waiting: list[tuple[GenerationRequest, asyncio.Future]] = []
         self._flushing = False
+        self._stepping = threading.RLock()  # held for each of vLLM's steps, and by a load landing between them
+        self._weights_version = 0
+        self._request_ids = itertools.count()
 
     @classmethod
     def from_pretrained(
@@ -178,11 +183,31 @@ class VLLMRolloutEngine(RolloutEngine):
         return results[start : start + len(requests)]
 
     def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """vLLM's engine stepped here, as ``LLM.generate`` steps it, but one step at a time under ``_stepping``,
+        so that a load from another thread (``loading_weights``) lands between two steps; each step hands over
+        the tokens it drew (``DELTA`` outputs), tagged with the weights that drew them."""
         vllm = import_vllm()
-        prompts = [vllm.TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests]
-        params = [_sampling_params(vllm, r.sampling, self.config.ignore_eos) for r in requests]
-        outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False, lora_request=self._lora_request)
-        return [_result(output, request) for output, request in zip(outputs, requests)]
+        engine = self.llm.llm_engine
+        drawings: dict[str, _Drawing] = {}
+        try:
+            with self._stepping:
+                for request in requests:
+                    request_id = str(next(self._request_ids))
+                    params = _sampling_params(vllm, request.sampling, self.config.ignore_eos)
+                    prompt = vllm.TokensPrompt(prompt_token_ids=request.prompt_ids)
+                    engine.add_request(request_id, prompt, params, lora_request=self._lora_request)
+                    drawings[request_id] = _Drawing(request)
+            unfinished = len(drawings)
+            while unfinished:
+                with self._stepping:
+                    version, outputs = self._weights_version, engine.step()
+                for output in outputs:
+                    unfinished -= drawings[output.request_id].add(output, version)
+        finally:
+            left = [request_id for request_id, drawing in drawings.items() if drawing.finish_reason is None]
+            if left:
+                engine.abort_request(left)
+        return [drawing.result() for drawing in drawings.values()]
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         if self.config.tensor_model_parallel_size > 1:
@@ -269,6 +294,16 @@ class VLLMRolloutEngine(RolloutEngine):
         on CPU repacks each linear layer's weight into its matmul kernel, dropping the original), so no sum over
         what it holds equals the sender's."""
         return None
+
+    @contextlib.contextmanager
+    def loading_weights(self, version: int) -> Iterator[None]:
+        """The load inside lands between two of vLLM's steps of a generation in flight (fully async's partial
+        rollout): its requests keep the tokens and log-probs they drew, and ``load_weights``' reset computes their
+        keys and values again under the new weights before they go on; each token drawn after is tagged
+        ``version``."""
+        with self._stepping:
+            yield
+            self._weights_version = version
 
     def sleep(self) -> None:
         if self.sleeps:
@@ -458,15 +493,34 @@ def _sampling_params(vllm: Any, sampling: SamplingParams, ignore_eos: bool = Fal
         include_stop_str_in_output=True,
         seed=sampling.seed,
         logprobs=0,
+        output_kind=vllm.sampling_params.RequestOutputKind.DELTA,
     )
 
 
-def _result(output: Any, request: GenerationRequest) -> GenerationResult:
-    completion = output.outputs[0]
-    token_ids = list(completion.token_ids)
-    log_probs = [entry[token].logprob for entry, token in zip(completion.logprobs or [], token_ids)]
-    if completion.finish_reason == "length":
-        reason = FINISH_LENGTH
-    else:
-        reason = FINISH_STOP if isinstance(completion.stop_reason, str) else FINISH_EOS
-    return GenerationResult(token_ids, log_probs or [0.0] * len(token_ids), reason, request.request_id)
+class _Drawing:
+    """One request's tokens and log-probs as vLLM's steps draw them, each with the weight version that drew it."""
+
+    def __init__(self, request: GenerationRequest):
+        self.request = request
+        self.token_ids: list[int] = []
+        self.log_probs: list[float] = []
+        self.versions: list[int] = []
+        self.finish_reason: str | None = None
+
+    def add(self, output: Any, version: int) -> bool:
+        """Take a step's ``DELTA`` output; returns whether the request finished in it."""
+        completion = output.outputs[0]
+        drawn = list(completion.token_ids)
+        self.token_ids += drawn
+        self.log_probs += [entry[token].logprob for entry, token in zip(completion.logprobs or [], drawn)]
+        self.versions += [version] * len(drawn)
+        if output.finished:
+            if completion.finish_reason == "length":
+                self.finish_reason = FINISH_LENGTH
+            else:
+                self.finish_reason = FINISH_STOP if isinstance(completion.stop_reason, str) else FINISH_EOS
+        return output.finished
+
+    def result(self) -> GenerationResult:
+        log_probs = self.log_probs or [0.0] * len(self.token_ids)
+        return GenerationResult(self.token_ids, log_probs, self.finish_reason, self.request.request_id, self.versions)

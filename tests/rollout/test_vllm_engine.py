@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("vllm")
 
 from hybridflow.models.loading import load_causal_lm, load_model_config  # noqa: E402
-from hybridflow.rollout import RolloutConfig, create_rollout_engine  # noqa: E402
+from hybridflow.rollout import GenerationRequest, RolloutConfig, SamplingParams, create_rollout_engine  # noqa: E402
 from hybridflow.rollout.vllm_memory import kv_cache_bytes  # noqa: E402
 from tests.rollout.prompts import TOOL_CALL_TEXT, TOOL_QUESTION, left_padded  # noqa: E402
 
@@ -278,3 +278,60 @@ def test_a_sync_drops_the_prefix_cache_so_no_prompt_reuses_keys_of_the_old_weigh
     mask = out["response_mask"].bool()
     # The tolerance of the sync test above (same model size and sums)
     torch.testing.assert_close(out["rollout_log_probs"][mask], actor_log_probs[mask], atol=1e-4, rtol=0)
+
+
+def _teacher_forced_log_probs(model, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt_ids + token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1]
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, torch.tensor(token_ids)[:, None])[:, 0]
+
+
+def test_a_load_landing_mid_generation_tags_tokens_and_the_rest_are_drawn_by_the_new_weights(tiny_model_dir):
+    """Fully async's partial rollout on vLLM: a load lands between two steps of a generation in flight (here from
+    inside the stepping thread, at its 6th step, so where it lands is fixed). Tokens drawn before keep the old
+    weights' log-probs and version 0; the rest are drawn with the new weights over keys and values computed again
+    under them (the whole prefix, as a teacher-forced forward of the new model gives), version 1."""
+    config = RolloutConfig.from_dict(
+        {
+            "name": "vllm",
+            "response_length": 24,
+            "prompt_length": 16,
+            "calculate_log_probs": True,
+            "ignore_eos": True,
+            **{**KNOBS, "enable_prefix_caching": True},
+            "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": kv_cache_size(tiny_model_dir)}},
+        }
+    )
+    engine = create_rollout_engine(config, tiny_model_dir)
+    old = load_causal_lm(tiny_model_dir)
+    new = load_causal_lm(tiny_model_dir)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for parameter in new.parameters():
+            parameter.add_(0.3 * torch.randn(parameter.shape, generator=generator))
+    step, steps = engine.llm.llm_engine.step, []
+
+    def step_then_maybe_load():
+        outputs = step()
+        steps.append(len(outputs))
+        if len(steps) == 6:
+            with engine.loading_weights(1):
+                engine.load_weights((name, p.detach()) for name, p in new.named_parameters())
+        return outputs
+
+    engine.llm.llm_engine.step = step_then_maybe_load
+    prompts = [[5, 9, 14, 3], [7, 7, 2, 11, 30], [12, 13]]
+    requests = [GenerationRequest(ids, SamplingParams(max_new_tokens=24, seed=i)) for i, ids in enumerate(prompts)]
+    results = engine.generate_batch(requests)
+    for prompt, result in zip(prompts, results):
+        versions = torch.tensor(result.weight_versions)
+        assert len(result.token_ids) == 24 and 0 < int((versions == 0).sum()) < 24, result.weight_versions
+        assert torch.equal(versions, versions.sort().values)  # all 0s, then all 1s
+        log_probs = torch.tensor(result.log_probs)
+        before = _teacher_forced_log_probs(old, prompt, result.token_ids)
+        after = _teacher_forced_log_probs(new, prompt, result.token_ids)
+        expected = torch.where(versions == 0, before, after)
+        # The tolerance of the sync test above; the two models differ by far more (checked below).
+        torch.testing.assert_close(log_probs, expected, atol=1e-4, rtol=0)
+        assert (before - after).abs().max() > 1e-2

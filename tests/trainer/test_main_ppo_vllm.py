@@ -1,9 +1,11 @@
 """GRPO through main_ppo with rollout.name=vllm: the demo's task for 12 steps, its workers in Ray, the rollout
 in the actor's processes (hybrid engine; also split over 2 ranks), or on a pool of its own a step ahead
-(one-step-off policy; also split over the pool's 2 ranks) or generating continuously (fully async, without
-partial rollout, which vLLM does not take); the validation accuracy (the mean validation reward) must rise; and a
-kill -9 mid-run whose resumed steps equal an uninterrupted run's. Runs where vllm is installed (`make
-test-vllm`)."""
+(one-step-off policy; also split over the pool's 2 ranks) or generating continuously (fully async); the
+validation accuracy (the mean validation reward) must rise; a kill -9 mid-run whose resumed steps equal an
+uninterrupted run's; and fully async's partial rollout landing syncs in vLLM's generation in flight. Runs where
+vllm is installed (`make test-vllm`)."""
+
+import os
 
 import pytest
 
@@ -11,8 +13,10 @@ pytest.importorskip("vllm")
 
 from hybridflow.models.loading import load_model_config  # noqa: E402
 from hybridflow.rollout.vllm_memory import kv_cache_bytes  # noqa: E402
-from tests.trainer.cli import assert_demo_learned, run_demo  # noqa: E402
-from tests.trainer.test_main_ppo import grpo_kill_9_then_resume  # noqa: E402
+from hybridflow.tracking import metric_names as names  # noqa: E402
+from tests.trainer.cli import assert_demo_learned, run_cli, run_demo  # noqa: E402
+from tests.trainer.test_main_ppo import _steps, grpo_kill_9_then_resume  # noqa: E402
+from tests.trainer.test_main_ppo_fully_async import _partial_rollout_overrides  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -86,3 +90,74 @@ def test_kill_9_then_resume_on_vllm_matches_an_uninterrupted_run(tiny_model_dir,
         f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={cache}",
     ]
     grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, vllm, timeout=400)
+
+
+# Imported by every process of the run: from the engine's second call on, the first sample to hold 2 tokens
+# waits (outside vLLM's step) until new weights land, and a load waits until the call has drawn a token, each at
+# most 20 s (a run whose syncs wait for the call ends, and fails): the load lands between two steps of the call.
+HOLD_VLLM_FOR_A_SYNC = """
+import time
+from contextlib import contextmanager
+from hybridflow.rollout import vllm_engine
+
+Engine, Drawing = vllm_engine.VLLMRolloutEngine, vllm_engine._Drawing
+generate, loading, add = Engine._generate, Engine.loading_weights, Drawing.add
+calls, landed, held, drawn = [], [0], set(), set()
+
+
+def counted_generate(self, requests):
+    calls.append(landed[0])
+    return generate(self, requests)
+
+
+def held_add(self, output, version):
+    finished = add(self, output, version)
+    call = len(calls)
+    if self.token_ids:
+        drawn.add(call)
+    if call > 1 and call not in held and len(self.token_ids) >= 2:
+        held.add(call)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and landed[0] == calls[-1]:
+            time.sleep(0.01)
+    return finished
+
+
+@contextmanager
+def loading_after_a_token(self, version):
+    deadline = time.monotonic() + 20
+    while len(calls) > 1 and len(calls) not in drawn and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with loading(self, version):
+        yield
+    landed[0] += 1
+
+
+Engine._generate, Drawing.add, Engine.loading_weights = counted_generate, held_add, loading_after_a_token
+"""
+
+
+def test_partial_rollout_on_vllm_tags_each_token_with_its_weights(tiny_model_dir, tiny_parquet, tmp_path):
+    """async_training.partial_rollout=true with the vllm engine on real pools: the pool's group takes the weight
+    load beside a call in flight, vLLM's step loop lets it land between two steps, and every token is tagged, so
+    the steps that train on calls held across a sync hold samples drawn by two weight versions (as the hf engine's
+    test in test_main_ppo_fully_async.py)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOLD_VLLM_FOR_A_SYNC)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
+    cache = kv_cache_bytes(load_model_config(tiny_model_dir), "float32", 4, 72)
+    vllm = [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.enforce_eager=true",
+        "actor_rollout_ref.rollout.enable_chunked_prefill=false",
+        f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={cache}",
+    ]
+    overrides = _partial_rollout_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run") + vllm
+    run_cli(overrides, cwd=tmp_path, env=env, timeout=400)
+    steps = _steps(tmp_path / "run")
+    assert sorted(steps) == [1, 2, 3, 4]
+    assert steps[1][names.FULLY_ASYNC_PARTIAL_SAMPLES] == 0
+    for step in (2, 3, 4):
+        assert steps[step][names.FULLY_ASYNC_PARTIAL_SAMPLES] > 0, steps[step]
+        assert steps[step][names.FULLY_ASYNC_MAX_PARTIAL_SPAN] == 1
