@@ -100,7 +100,7 @@ def test_partial_rollout_needs_staleness_the_hf_engine_and_a_single_turn(base):
     )
     assert [error for error in errors if "partial_rollout" in error] == [  # vLLM lands them too
         "async_training.partial_rollout=true tags each token with the weights that drew it in single-turn rollouts "
-        "only; set actor_rollout_ref.rollout.multi_turn.enable=false or async_training.partial_rollout=false",
+        "only; set actor_rollout_ref.rollout.multi_turn.enable=false or async_training.partial_rollout=false"
     ]
 
 
