@@ -278,18 +278,33 @@ def scale_overrides(config) -> list[str]:
     for key in keys:
         if PARALLEL_SIZE.search(key) and isinstance(values.get(key), int) and values[key] > PROCESSES:
             overrides.append(f"{key}={PROCESSES}")
-    factor = int(values["data.train_batch_size"]) / PROMPTS_PER_STEP
-    prompts = {key: max(2, round(int(values[key]) / factor)) for key in PROMPT_BATCH_KEYS if key in values}
+    factor = step_prompts(values) / PROMPTS_PER_STEP
+    # At least 2 (a batch over 2 processes), never more than the script's (fully async's gen_batch_size=1); a key
+    # at 0 is unset (fully async's train_batch_size: its steps are require_batches mini-batches)
+    prompts = {
+        key: max(min(2, int(values[key])), round(int(values[key]) / factor))
+        for key in PROMPT_BATCH_KEYS
+        if values.get(key)
+    }
     overrides += [f"{key}={value}" for key, value in prompts.items()]
     n = int(values.get("actor_rollout_ref.rollout.n") or 1)
     caps = {key: prompts.get(mini, 0) for key, mini in MINI_BATCH_MICRO_KEYS.items()}
-    caps.update(dict.fromkeys(STEP_MICRO_KEYS, prompts["data.train_batch_size"]))
+    caps.update(dict.fromkeys(STEP_MICRO_KEYS, PROMPTS_PER_STEP))
     for key, cap_prompts in caps.items():
         per_process = max(1, cap_prompts * n // PROCESSES)
         micro = int(values.get(key) or 0)
         if micro and per_process % micro:  # the largest size up to the script's that splits a process's share
             overrides.append(f"{key}={max(d for d in range(1, min(micro, per_process) + 1) if per_process % d == 0)}")
     return [*overrides, *cpu_share_overrides(config), f"trainer.total_training_steps={STEPS}"]
+
+
+def step_prompts(values: dict) -> int:
+    """The prompts a step trains on: data.train_batch_size, or under fully async (which does not read it)
+    async_training.require_batches mini-batches of actor.ppo_mini_batch_size prompts."""
+    if values.get("async_training.enable"):
+        mini_batches = int(values.get("async_training.require_batches") or 1)
+        return mini_batches * int(values["actor_rollout_ref.actor.ppo_mini_batch_size"])
+    return int(values["data.train_batch_size"])
 
 
 def cpu_share_overrides(config) -> list[str]:

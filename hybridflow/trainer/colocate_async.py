@@ -28,6 +28,7 @@ import numpy as np
 
 from hybridflow.protocol import DataProto
 from hybridflow.protocol.columns import PROMPT_KEYS
+from hybridflow.protocol.prompt_padding import concat_left_padded
 from hybridflow.rollout.partial_samples import PartialSample, split_groups
 from hybridflow.rollout.sequences import pack_outputs, prompt_token_lists, sample_seed
 from hybridflow.tracking import metric_names as names
@@ -102,7 +103,8 @@ class ColocateAsyncCollector(RolloutCollector):
         """``count`` prompts from the spare ones, then the loader; their samples' seeds fixed by the call count."""
         while self.spare is None or len(self.spare) < count:
             batch = source.next()
-            self.spare = batch if self.spare is None else DataProto.concat([self.spare, batch])
+            pad = self.generate.meta_info["pad_token_id"]
+            self.spare = batch if self.spare is None else concat_left_padded([self.spare, batch], pad)
         prompts = self.spare[:count]
         self.spare = self.spare[count:] if count < len(self.spare) else None
         seed = self.generate.seed + self.generate.calls
@@ -175,7 +177,7 @@ class ColocateAsyncCollector(RolloutCollector):
 
     def _pack(self, chosen: list[PromptGroup]) -> DataProto:
         """The chosen groups as a training batch: their prompt columns next to each sample's padded response."""
-        prompts = DataProto.concat([g.prompt for g in chosen])
+        prompts = concat_left_padded([g.prompt for g in chosen], self.generate.meta_info["pad_token_id"])
         prompt_tensors = prompts.pop(batch_keys=list(PROMPT_KEYS))
         outputs = [(s.token_ids, [1] * len(s.token_ids), s.log_probs) for g in chosen for s in g.samples]
         tensors = pack_outputs(

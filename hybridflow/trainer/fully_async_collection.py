@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from hybridflow.protocol import DataProto
+from hybridflow.protocol.prompt_padding import concat_left_padded
 from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.one_step_off import RolloutWeightSync
 from hybridflow.trainer.phases import StepTimer
@@ -189,7 +190,7 @@ class FullyAsyncCollector:
             pass  # generate what there is; the step that finds the queue short stops the run
         if not batches:
             return None
-        prompts = DataProto.concat(batches)
+        prompts = concat_left_padded(batches, self.generate.meta_info["pad_token_id"])
         self.staleness_samples += len(prompts)
         self.started_prompts += len(prompts)
         self.chunks += 1
@@ -205,7 +206,8 @@ class FullyAsyncCollector:
     def _queue(self, samples: DataProto, prompts: int, version: int) -> None:
         """A call's samples (of ``prompts`` groups, started with weight ``version``) join the queue."""
         samples.meta_info = {}  # its timings are counted; each call's seed differs, and calls are joined
-        self.queued = samples if self.queued is None else DataProto.concat([self.queued, samples])
+        pad = self.generate.meta_info["pad_token_id"]
+        self.queued = samples if self.queued is None else concat_left_padded([self.queued, samples], pad)
         self.queued_versions = np.concatenate([self.queued_versions, np.full(prompts, version, dtype=np.int64)])
 
     def _queued_prompts(self) -> int:

@@ -165,7 +165,9 @@ class RayPPOTrainer:
         finite, so nothing trained), and the metrics of its phases. With ``separate_async`` phases 1 to 7 run once
         per mini-batch (``plan.passes_per_step``), as each arrives."""
         passes = [self._pass(step, timer) for _ in range(self.plan.passes_per_step)]
-        batch, train_batch, metrics = passes[0] if len(passes) == 1 else merge_passes(passes)
+        batch, train_batch, metrics = (
+            passes[0] if len(passes) == 1 else merge_passes(passes, self.tokenizer.pad_token_id)
+        )
         # 8 weight sync: the updated actor's weights into the rollout, for what it generates next
         metrics.update(self.rollout.sync_weights(step, timer))
         return batch, train_batch, metrics

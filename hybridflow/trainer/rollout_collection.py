@@ -20,6 +20,7 @@ import torch
 from hybridflow.errors import HybridflowError
 from hybridflow.protocol import DataProto
 from hybridflow.protocol.columns import PROMPT_KEYS
+from hybridflow.protocol.prompt_padding import concat_left_padded
 from hybridflow.rewards.judge_prompts import JudgeScoring
 from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.phases import StepTimer, union_columns
@@ -349,7 +350,7 @@ class DynamicSamplingCollector(RolloutCollector):
                 kept.append(batch[rows])
                 num_groups += len(dict.fromkeys(batch.non_tensor_batch["uid"][rows]))
             if num_groups >= self.train_batch_size:
-                batch = DataProto.concat(kept)
+                batch = concat_left_padded(kept, self.generate.meta_info["pad_token_id"])
                 samples_per_prompt = len(batch) // num_groups
                 metrics[names.NUM_GEN_BATCHES] = float(gen_batch + 1)
                 metrics[names.NUM_KEPT_GROUPS] = float(num_groups)

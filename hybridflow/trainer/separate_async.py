@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from hybridflow.protocol import DataProto
+from hybridflow.protocol.prompt_padding import concat_left_padded
 from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.fully_async_collection import FullyAsyncCollector, token_version_range
 from hybridflow.trainer.metrics import value_stats
@@ -215,10 +216,11 @@ def off_policy_metrics(batch: DataProto, current_version: int) -> dict[str, floa
 
 
 def merge_passes(
-    passes: list[tuple[DataProto, DataProto | None, dict[str, float]]],
+    passes: list[tuple[DataProto, DataProto | None, dict[str, float]]], pad_token_id: int
 ) -> tuple[DataProto, DataProto | None, dict[str, float]]:
     """A step of several mini-batch passes (each its batch, the part that trained or None, its metrics) as one:
-    the batches joined, and the metrics by verl's ``MetricsAggregator`` (``verl/trainer/ppo/v1/utils.py``)."""
+    the batches joined (their prompts left-padded alike), and the metrics by verl's ``MetricsAggregator``
+    (``verl/trainer/ppo/v1/utils.py``)."""
     batches = [batch for batch, _, _ in passes]
     trained = [train_batch for _, train_batch, _ in passes if train_batch is not None]
     for part in batches + trained:
@@ -230,7 +232,8 @@ def merge_passes(
             values.setdefault(name, []).append(float(value))
             weights.setdefault(name, []).append(_weight(name, metrics, len(batch)))
     merged = {name: _aggregate(name, values[name], weights[name]) for name in values}
-    return DataProto.concat(batches), DataProto.concat(trained) if trained else None, merged
+    joined = concat_left_padded(batches, pad_token_id)
+    return joined, concat_left_padded(trained, pad_token_id) if trained else None, merged
 
 
 def _weight(name: str, metrics: dict[str, float], samples: int) -> float:

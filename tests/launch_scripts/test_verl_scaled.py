@@ -165,3 +165,25 @@ def test_an_adapter_to_start_from_becomes_one_of_the_tiny_model_at_the_scripts_r
     adapter = pathlib.Path(overrides["actor_rollout_ref.model.lora_adapter_path"])
     settings = json.loads((adapter / "adapter_config.json").read_text())
     assert settings["r"] == 8 and settings["base_model_name_or_path"] == overrides["actor_rollout_ref.model.path"]
+
+
+def test_fully_async_steps_of_require_batches_mini_batches_scale_to_the_same_8_prompts():
+    """verl's fully async scripts leave data.train_batch_size at 0: a step is require_batches mini-batches."""
+    fully_async = [
+        "data.train_batch_size=0",
+        "data.gen_batch_size=1",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.n=16",
+        "actor_rollout_ref.hybrid_engine=false",
+        "async_training.enable=true",
+        "async_training.require_batches=4",
+        "trainer.n_gpus_per_node=8",
+        "rollout.n_gpus_per_node=8",
+    ]
+    config = verl_scaled.composed("hybridflow.trainer.main_ppo", fully_async)
+    scaled = dict(item.split("=", 1) for item in verl_scaled.scale_overrides(config))
+    # f = 4 x 32 / 8 = 16: mini-batches of 2 prompts, 4 a step; 2 x 16 samples over 2 processes = 16 each
+    assert scaled["actor_rollout_ref.actor.ppo_mini_batch_size"] == "2"
+    assert "data.train_batch_size" not in scaled and scaled["data.gen_batch_size"] == "1"  # never raised
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" not in scaled  # 8 splits 16 already

@@ -20,6 +20,7 @@ class Pool:
 
     def __init__(self):
         self.version, self.calls, self.n = 0, [], N
+        self.meta_info = {"pad_token_id": 0}
 
     def start(self, prompts):
         self.calls.append(len(prompts))
@@ -118,7 +119,7 @@ def test_a_steps_metrics_merge_its_mini_batches_as_verl_aggregates_them():
         part(2, {"actor/pg_loss": 1.0, "actor/lr": 0.1, "actor/grad_norm/max": 3.0, names.OFF_POLICY_EVICTED: 1.0}),
         part(6, {"actor/pg_loss": 3.0, "actor/lr": 0.2, "actor/grad_norm/max": 1.0}),
     ]
-    batch, trained, metrics = merge_passes(passes)
+    batch, trained, metrics = merge_passes(passes, 0)
     assert len(batch) == len(trained) == 8 and batch.meta_info == {}
     assert metrics == {
         "actor/pg_loss": (2 * 1.0 + 6 * 3.0) / 8,
@@ -127,5 +128,5 @@ def test_a_steps_metrics_merge_its_mini_batches_as_verl_aggregates_them():
         names.OFF_POLICY_EVICTED: 1.0,
     }
     untrained = [(batch, None, metrics) for batch, _, metrics in passes]
-    assert merge_passes(untrained)[1] is None
-    assert np.isclose(merge_passes(passes[:1])[2]["actor/pg_loss"], 1.0)
+    assert merge_passes(untrained, 0)[1] is None
+    assert np.isclose(merge_passes(passes[:1], 0)[2]["actor/pg_loss"], 1.0)
