@@ -109,6 +109,19 @@ def tiny_parquet(tmp_path_factory):
     return write_train_test(train_rows, val_rows, tmp_path_factory.mktemp("parquet"))
 
 
+@pytest.fixture(scope="session")
+def varied_parquet(tmp_path_factory):
+    """Parquet files as ``tiny_parquet``'s, one-digit and four-digit operands taking turns: prompts of different
+    lengths, so batches drawn apart are padded to different widths (``tiny_parquet``'s all have one length)."""
+    from hybridflow.data.parquet_io import write_train_test
+    from hybridflow.data.synthetic import arithmetic_problems, train_test_rows
+
+    short, long = arithmetic_problems(10, seed=0, max_value=9), arithmetic_problems(10, seed=0, max_value=9999)
+    problems = [problem for pair in zip(short, long) for problem in pair]
+    train_rows, val_rows = train_test_rows(problems, num_test=4, data_source="arithmetic", ability="math")
+    return write_train_test(train_rows, val_rows, tmp_path_factory.mktemp("varied_parquet"))
+
+
 @pytest.fixture()
 def base(tiny_model_dir, tiny_parquet, tmp_path):
     """The overrides of a small valid run (see ``tiny_run_overrides``), for tests that add one bad key."""

@@ -138,16 +138,17 @@ DecodeScheduler.paused = paused_after_first_tokens
 """
 
 
-def test_partial_rollout_tags_each_token_with_its_weights(tiny_model_dir, tiny_parquet, tmp_path):
+def test_partial_rollout_tags_each_token_with_its_weights(tiny_model_dir, varied_parquet, tmp_path):
     """async_training.partial_rollout=true on real pools: the rollout pool's group takes the weight load beside a
     generation in progress and the engine tags every token, so each step reports verl's partial metrics. Each call
     after the first is held after its samples' 2nd token until a sync lands (the trainer waits for the first, so
-    no sync could): the steps that train on them hold samples drawn by two weight versions."""
+    no sync could): the steps that train on them hold samples drawn by two weight versions. The prompts differ in
+    length: single prompts, and calls, of different widths join in the queue."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(HOLD_FOR_A_SYNC)
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
-    run_cli(_partial_rollout_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run"), cwd=tmp_path, env=env)
+    run_cli(_partial_rollout_overrides(tiny_model_dir, varied_parquet, tmp_path / "run"), cwd=tmp_path, env=env)
     steps = _steps(tmp_path / "run")
     assert sorted(steps) == [1, 2, 3, 4]
     assert steps[1][names.FULLY_ASYNC_PARTIAL_SAMPLES] == 0

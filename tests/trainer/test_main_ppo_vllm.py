@@ -137,7 +137,7 @@ Engine._generate, Drawing.add, Engine.loading_weights = counted_generate, held_a
 """
 
 
-def test_partial_rollout_on_vllm_tags_each_token_with_its_weights(tiny_model_dir, tiny_parquet, tmp_path):
+def test_partial_rollout_on_vllm_tags_each_token_with_its_weights(tiny_model_dir, varied_parquet, tmp_path):
     """async_training.partial_rollout=true with the vllm engine on real pools: the pool's group takes the weight
     load beside a call in flight, vLLM's step loop lets it land between two steps, and every token is tagged, so
     the steps that train on calls held across a sync hold samples drawn by two weight versions (as the hf engine's
@@ -153,7 +153,7 @@ def test_partial_rollout_on_vllm_tags_each_token_with_its_weights(tiny_model_dir
         "actor_rollout_ref.rollout.enable_chunked_prefill=false",
         f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={cache}",
     ]
-    overrides = _partial_rollout_overrides(tiny_model_dir, tiny_parquet, tmp_path / "run") + vllm
+    overrides = _partial_rollout_overrides(tiny_model_dir, varied_parquet, tmp_path / "run") + vllm
     run_cli(overrides, cwd=tmp_path, env=env, timeout=400)
     steps = _steps(tmp_path / "run")
     assert sorted(steps) == [1, 2, 3, 4]
