@@ -22,6 +22,7 @@ from hybridflow.models.loading import load_causal_lm, load_model_config  # noqa:
 from hybridflow.rollout import GenerationRequest, RolloutConfig, SamplingParams, create_rollout_engine  # noqa: E402
 from hybridflow.rollout.vllm_memory import kv_cache_bytes  # noqa: E402
 from tests.rollout.prompts import TOOL_CALL_TEXT, TOOL_QUESTION, left_padded  # noqa: E402
+from tests.rollout.teacher_forced import response_log_probs  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -159,13 +160,7 @@ def test_weights_synced_in_buckets_give_the_actors_log_probs(engine, tokenizer, 
         assert len(handed_out) == -(-len(named) // 4)
         prompts = left_padded(tokenizer, PROMPTS)
         out = engine.generate_sequences(prompts).batch
-        with torch.no_grad():
-            logits = actor(
-                input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
-            ).logits
-        width = out["prompts"].shape[1]
-        logits = logits[:, width - 1 : -1] / engine.config.temperature
-        actor_log_probs = torch.log_softmax(logits.float(), dim=-1).gather(-1, out["responses"][..., None])[..., 0]
+        actor_log_probs = response_log_probs(actor, out, engine.config.temperature)
         mask = out["response_mask"].bool()
         assert torch.allclose(out["rollout_log_probs"][mask], actor_log_probs[mask], atol=1e-4)
     finally:
@@ -268,13 +263,7 @@ def test_a_sync_drops_the_prefix_cache_so_no_prompt_reuses_keys_of_the_old_weigh
             parameter.add_(0.5 * torch.randn(parameter.shape, generator=generator))
     engine.load_weights((name, parameter.detach()) for name, parameter in actor.named_parameters())
     out = engine.generate_sequences(prompts).batch
-    with torch.no_grad():
-        logits = actor(
-            input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
-        ).logits
-    width = out["prompts"].shape[1]
-    actor_log_probs = torch.log_softmax(logits[:, width - 1 : -1].float(), dim=-1)
-    actor_log_probs = actor_log_probs.gather(-1, out["responses"][..., None])[..., 0]
+    actor_log_probs = response_log_probs(actor, out)
     mask = out["response_mask"].bool()
     # The tolerance of the sync test above (same model size and sums)
     torch.testing.assert_close(out["rollout_log_probs"][mask], actor_log_probs[mask], atol=1e-4, rtol=0)

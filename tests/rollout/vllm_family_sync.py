@@ -15,13 +15,12 @@ import argparse
 import json
 import sys
 
-import torch
-
 from hybridflow.models.loading import load_model_config, load_tokenizer
 from hybridflow.rollout import RolloutConfig, create_rollout_engine
 from hybridflow.rollout.vllm_memory import kv_cache_bytes
 from tests.rollout.moved_weights import moved_model
 from tests.rollout.prompts import TOOL_QUESTION, left_padded
+from tests.rollout.teacher_forced import response_log_probs
 
 PROMPTS = ["hi", "a longer prompt", TOOL_QUESTION]
 SAMPLES = 2
@@ -86,13 +85,7 @@ def main(argv: list[str]) -> None:
             print(f"hybridflow: error: {error}", file=sys.stderr)
             sys.exit(2)
         out = engine.generate_sequences(prompts).batch
-    with torch.no_grad():
-        logits = actor(
-            input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
-        ).logits
-    width = out["prompts"].shape[1]
-    log_softmax = torch.log_softmax(logits[:, width - 1 : -1].float(), dim=-1)
-    log_probs = log_softmax.gather(-1, out["responses"][..., None])[..., 0]
+    log_probs = response_log_probs(actor, out)
     mask = out["response_mask"].bool()
     print(
         json.dumps(

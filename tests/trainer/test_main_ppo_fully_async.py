@@ -138,24 +138,32 @@ DecodeScheduler.paused = paused_after_first_tokens
 """
 
 
+def run_held_partial_rollout(hook_code: str, model_dir, parquet, tmp_path, extra=(), timeout: float = 240) -> dict:
+    """The partial-rollout run with ``hook_code`` imported by every process (it holds each call after the first
+    until a sync lands); its steps, checked: none of step 1's samples spans a sync, some of every later step's do
+    (samples of more than 2 tokens, which the untrained model rarely stops sooner), each across one sync only."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(hook_code)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
+    overrides = _partial_rollout_overrides(model_dir, parquet, tmp_path / "run") + list(extra)
+    run_cli(overrides, cwd=tmp_path, env=env, timeout=timeout)
+    steps = _steps(tmp_path / "run")
+    assert sorted(steps) == [1, 2, 3, 4]
+    assert steps[1][names.FULLY_ASYNC_PARTIAL_SAMPLES] == 0
+    for step in (2, 3, 4):
+        assert steps[step][names.FULLY_ASYNC_PARTIAL_SAMPLES] > 0, steps[step]
+        assert steps[step][names.FULLY_ASYNC_MAX_PARTIAL_SPAN] == 1
+    return steps
+
+
 def test_partial_rollout_tags_each_token_with_its_weights(tiny_model_dir, varied_parquet, tmp_path):
     """async_training.partial_rollout=true on real pools: the rollout pool's group takes the weight load beside a
     generation in progress and the engine tags every token, so each step reports verl's partial metrics. Each call
     after the first is held after its samples' 2nd token until a sync lands (the trainer waits for the first, so
     no sync could): the steps that train on them hold samples drawn by two weight versions. The prompts differ in
     length: single prompts, and calls, of different widths join in the queue."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(HOLD_FOR_A_SYNC)
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
-    run_cli(_partial_rollout_overrides(tiny_model_dir, varied_parquet, tmp_path / "run"), cwd=tmp_path, env=env)
-    steps = _steps(tmp_path / "run")
-    assert sorted(steps) == [1, 2, 3, 4]
-    assert steps[1][names.FULLY_ASYNC_PARTIAL_SAMPLES] == 0
-    for step in (2, 3, 4):
-        # Samples of more than 2 tokens (the untrained model rarely stops sooner) span the sync, and one only
-        assert steps[step][names.FULLY_ASYNC_PARTIAL_SAMPLES] > 0, steps[step]
-        assert steps[step][names.FULLY_ASYNC_MAX_PARTIAL_SPAN] == 1
+    steps = run_held_partial_rollout(HOLD_FOR_A_SYNC, tiny_model_dir, varied_parquet, tmp_path)
     # Calls of 2 prompts, each started during a step's training and in flight across the next step's sync
     assert [steps[s][names.FULLY_ASYNC_PARAM_VERSION] for s in range(1, 5)] == [0, 1, 2, 3]
     assert [steps[s][names.FULLY_ASYNC_STALE_SAMPLES] for s in range(1, 5)] == [0, 2, 4, 6]

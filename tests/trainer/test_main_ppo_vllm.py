@@ -5,18 +5,15 @@ validation accuracy (the mean validation reward) must rise; a kill -9 mid-run wh
 uninterrupted run's; and fully async's partial rollout landing syncs in vLLM's generation in flight. Runs where
 vllm is installed (`make test-vllm`)."""
 
-import os
-
 import pytest
 
 pytest.importorskip("vllm")
 
 from hybridflow.models.loading import load_model_config  # noqa: E402
 from hybridflow.rollout.vllm_memory import kv_cache_bytes  # noqa: E402
-from hybridflow.tracking import metric_names as names  # noqa: E402
-from tests.trainer.cli import assert_demo_learned, run_cli, run_demo  # noqa: E402
-from tests.trainer.test_main_ppo import _steps, grpo_kill_9_then_resume  # noqa: E402
-from tests.trainer.test_main_ppo_fully_async import _partial_rollout_overrides  # noqa: E402
+from tests.trainer.cli import assert_demo_learned, run_demo  # noqa: E402
+from tests.trainer.test_main_ppo import grpo_kill_9_then_resume  # noqa: E402
+from tests.trainer.test_main_ppo_fully_async import run_held_partial_rollout  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -81,15 +78,19 @@ def test_kill_9_then_resume_on_vllm_matches_an_uninterrupted_run(tiny_model_dir,
     """The hybrid engine on vLLM: killed with -9 at its first checkpoint, the same command resumes (the engine
     starts from the model folder and takes the checkpoint's weights), and every later step equals an
     uninterrupted run's, each prompt of an epoch trained once."""
-    # A cache for a step's 8 samples of up to 64 + 8 tokens, in float32 (the widest dtype)
-    cache = kv_cache_bytes(load_model_config(tiny_model_dir), "float32", 8, 72)
-    vllm = [
+    grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, vllm_overrides(tiny_model_dir, 8), timeout=400)
+
+
+def vllm_overrides(model_dir, samples: int) -> list[str]:
+    """The vllm engine on CPU for a tiny run: eager, unchunked, a cache for ``samples`` sequences of up to 64 + 8
+    tokens in float32 (the widest dtype)."""
+    cache = kv_cache_bytes(load_model_config(model_dir), "float32", samples, 72)
+    return [
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.enforce_eager=true",
         "actor_rollout_ref.rollout.enable_chunked_prefill=false",
         f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={cache}",
     ]
-    grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, vllm, timeout=400)
 
 
 # Imported by every process of the run: from the engine's second call on, the first sample to hold 2 tokens
@@ -142,22 +143,5 @@ def test_partial_rollout_on_vllm_tags_each_token_with_its_weights(tiny_model_dir
     load beside a call in flight, vLLM's step loop lets it land between two steps, and every token is tagged, so
     the steps that train on calls held across a sync hold samples drawn by two weight versions (as the hf engine's
     test in test_main_ppo_fully_async.py)."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(HOLD_VLLM_FOR_A_SYNC)
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
-    cache = kv_cache_bytes(load_model_config(tiny_model_dir), "float32", 4, 72)
-    vllm = [
-        "actor_rollout_ref.rollout.name=vllm",
-        "actor_rollout_ref.rollout.enforce_eager=true",
-        "actor_rollout_ref.rollout.enable_chunked_prefill=false",
-        f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={cache}",
-    ]
-    overrides = _partial_rollout_overrides(tiny_model_dir, varied_parquet, tmp_path / "run") + vllm
-    run_cli(overrides, cwd=tmp_path, env=env, timeout=400)
-    steps = _steps(tmp_path / "run")
-    assert sorted(steps) == [1, 2, 3, 4]
-    assert steps[1][names.FULLY_ASYNC_PARTIAL_SAMPLES] == 0
-    for step in (2, 3, 4):
-        assert steps[step][names.FULLY_ASYNC_PARTIAL_SAMPLES] > 0, steps[step]
-        assert steps[step][names.FULLY_ASYNC_MAX_PARTIAL_SPAN] == 1
+    vllm = vllm_overrides(tiny_model_dir, 4)  # a call's 2 prompts x 2 samples
+    run_held_partial_rollout(HOLD_VLLM_FOR_A_SYNC, tiny_model_dir, varied_parquet, tmp_path, vllm, timeout=400)
