@@ -82,7 +82,9 @@ class VLLMRolloutEngine(RolloutEngine):
         self._shards: VLLMShards | None = None
         self._waiting: list[tuple[GenerationRequest, asyncio.Future]] = []
         self._flushing = False
-        self._stepping = threading.RLock()  # held for each of vLLM's steps, and by a load landing between them
+        # Held for each of vLLM's steps and by a load landing between them; reentrant, so the stepping thread may
+        # land one itself between its own steps
+        self._stepping = threading.RLock()
         self._weights_version = 0
         self._request_ids = itertools.count()
 
