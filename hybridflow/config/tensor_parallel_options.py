@@ -4,7 +4,7 @@ checked before any worker starts, one line each naming the key and the fix."""
 
 from __future__ import annotations
 
-from hybridflow.config.fully_async_options import fully_async
+from hybridflow.config.fully_async_options import partial_rollout
 from hybridflow.config.parallel_plans import GENERATION_KEY
 from hybridflow.config.phases import uses_reference
 from hybridflow.config.role_pools import processes_words, role_nodes, spells_no_layout
@@ -25,7 +25,8 @@ ROLE_OF_PREFIX = {
 def tensor_parallel_errors(config: PPOTrainerConfig) -> list[str]:
     """Every reason the rollout's ``tensor_model_parallel_size`` cannot run: not a divisor of the processes that
     generate (for the ``hf`` engine, of a node's, on several nodes; vLLM's groups may span nodes) or of the
-    model's attention or key-value heads, a LoRA adapter kept apart from the base weights, fully async training."""
+    model's attention or key-value heads, a LoRA adapter kept apart from the base weights, the hf engine's partial
+    rollout."""
     arr = config.actor_rollout_ref
     size = arr.rollout.tensor_model_parallel_size
     if size <= 1:
@@ -49,10 +50,11 @@ def tensor_parallel_errors(config: PPOTrainerConfig) -> list[str]:
             f"{KEY}={size} does not divide {per_node}: a group's ranks must share a node, where its per-layer "
             "all-reduces stay off the network"
         )
-    if fully_async(config):
+    if partial_rollout(config) and arr.rollout.name == "hf":
         errors.append(
-            f"{KEY}={size} with async_training.enable=true: new weights land on each rank between its own decode "
-            f"steps, so a group's ranks would decode one step with shards of two versions; set {KEY}=1"
+            f"{KEY}={size} with async_training.partial_rollout=true on the hf engine: its ranks land a sync between "
+            f"their own decode steps, not at one the group agrees on (the vllm engine's do); set {KEY}=1, "
+            "actor_rollout_ref.rollout.name=vllm or async_training.partial_rollout=false"
         )
     if arr.model.uses_lora and not arr.model.merges_lora(arr.rollout.name, size):
         errors.append(

@@ -40,6 +40,7 @@ from hybridflow.models.tensor_parallel import TensorParallelError
 from hybridflow.rollout import vllm_memory
 from hybridflow.rollout.base import ROLLOUT_ENGINES, MissingExtraError, RolloutEngine
 from hybridflow.rollout.config import SPLIT_ENGINE_REFUSES_REQUESTS, RolloutConfig, SamplingParams
+from hybridflow.rollout.group_landing import GroupLanding
 from hybridflow.rollout.requests import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, GenerationRequest, GenerationResult
 from hybridflow.rollout.vllm_shards import ShardLayout, VLLMShards, read_layout
 
@@ -85,8 +86,10 @@ class VLLMRolloutEngine(RolloutEngine):
         # Held for each of vLLM's steps and by a load landing between them; reentrant, so the stepping thread may
         # land one itself between its own steps
         self._stepping = threading.RLock()
+        self._group_landing: GroupLanding | None = None  # split: loads land at a step the group agrees on
         self._weights_version = 0
         self._request_ids = itertools.count()
+        self._torch_threads = 0  # the threads vLLM's engine was built with
 
     @classmethod
     def from_pretrained(
@@ -117,6 +120,9 @@ class VLLMRolloutEngine(RolloutEngine):
                 _keep_transformers_classes_usable()
                 if self.config.tensor_model_parallel_size > 1:
                     _unlink_shared_memory()
+                    from vllm.distributed.parallel_state import get_tp_group
+
+                    self._group_landing = GroupLanding(self._stepping, get_tp_group().cpu_group)
             except ValueError as error:
                 if not self.sleeps and _is_kv_cache_shortfall(error):
                     raise VLLMMemoryError(
@@ -127,6 +133,7 @@ class VLLMRolloutEngine(RolloutEngine):
             finally:
                 # vLLM's CPU worker makes torch.set_num_threads a no-op process-wide; the actor here sets its own.
                 torch.set_num_threads = set_num_threads
+            self._torch_threads = torch.get_num_threads()
         return self._llm
 
     def _check_cpu_kv_cache(self) -> None:
@@ -186,25 +193,30 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """vLLM's engine stepped here, as ``LLM.generate`` steps it, but one step at a time under ``_stepping``,
-        so that a load from another thread (``loading_weights``) lands between two steps; each step hands over
-        the tokens it drew (``DELTA`` outputs), tagged with the weights that drew them."""
+        so that a load from another thread (``loading_weights``) lands between two steps (split, at the same step
+        on every rank: ``group_landing.py``); each step hands over the tokens it drew (``DELTA`` outputs), tagged
+        with the weights that drew them."""
         vllm = import_vllm()
         engine = self.llm.llm_engine
         drawings: dict[str, _Drawing] = {}
+        landing = self._group_landing
         try:
-            with self._stepping:
-                for request in requests:
-                    request_id = str(next(self._request_ids))
-                    params = _sampling_params(vllm, request.sampling, self.config.ignore_eos)
-                    prompt = vllm.TokensPrompt(prompt_token_ids=request.prompt_ids)
-                    engine.add_request(request_id, prompt, params, lora_request=self._lora_request)
-                    drawings[request_id] = _Drawing(request)
-            unfinished = len(drawings)
-            while unfinished:
+            with landing.generating() if landing else contextlib.nullcontext():
                 with self._stepping:
-                    version, outputs = self._weights_version, engine.step()
-                for output in outputs:
-                    unfinished -= drawings[output.request_id].add(output, version)
+                    for request in requests:
+                        request_id = str(next(self._request_ids))
+                        params = _sampling_params(vllm, request.sampling, self.config.ignore_eos)
+                        prompt = vllm.TokensPrompt(prompt_token_ids=request.prompt_ids)
+                        engine.add_request(request_id, prompt, params, lora_request=self._lora_request)
+                        drawings[request_id] = _Drawing(request)
+                unfinished = len(drawings)
+                while unfinished:
+                    with self._stepping:
+                        if landing:
+                            landing.before_step()
+                        version, outputs = self._weights_version, engine.step()
+                    for output in outputs:
+                        unfinished -= drawings[output.request_id].add(output, version)
         finally:
             left = [request_id for request_id, drawing in drawings.items() if drawing.finish_reason is None]
             if left:
@@ -267,8 +279,12 @@ class VLLMRolloutEngine(RolloutEngine):
         in flight, which it computes again) came from the old weights, and a prompt sharing their blocks would
         reuse them (measured on the tiny model: log-probs off by up to 24 nats after a sync)."""
         if self._lora_config is None:
+            llm = self.llm
             tensors = self.shards.checkpoint_tensors(named_tensors) if self.takes_sharded_weights else named_tensors
-            self.llm.collective_rpc(_reload_weights, args=(self.checkpoint_format(_full_tensors(tensors)),))
+            # OpenMP's thread count is per thread: a load on another thread than vLLM's (fully async's concurrent
+            # load) repacked a split engine's weights for a different count, and every later step drew NaN.
+            torch.set_num_threads(self._torch_threads)
+            llm.collective_rpc(_reload_weights, args=(self.checkpoint_format(_full_tensors(tensors)),))
         else:
             self._save_adapter(named_tensors)
         if self._llm is not None:  # an adapter may be saved before vLLM starts
@@ -302,8 +318,8 @@ class VLLMRolloutEngine(RolloutEngine):
         """The load inside lands between two of vLLM's steps of a generation in flight (fully async's partial
         rollout): its requests keep the tokens and log-probs they drew, and ``load_weights``' reset computes their
         keys and values again under the new weights before they go on; each token drawn after is tagged
-        ``version``."""
-        with self._stepping:
+        ``version``. Split, every rank's load lands before the same step (``group_landing.py``)."""
+        with self._group_landing.loading() if self._group_landing else self._stepping:
             yield
             self._weights_version = version
 

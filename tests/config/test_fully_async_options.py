@@ -104,6 +104,26 @@ def test_partial_rollout_needs_staleness_the_hf_engine_and_a_single_turn(base):
     ]
 
 
+def test_a_split_rollout_pool_lands_syncs_mid_generation_on_vllm_only(base):
+    """vLLM's ranks agree on the step where a sync lands (``rollout/group_landing.py``); the hf engine's do not.
+    Without partial rollout a sync waits for the call in flight on every rank, on either engine."""
+    split = ASYNC[:2] + [
+        "async_training.staleness_threshold=0.5",
+        "rollout.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    ]
+    partial = ["async_training.partial_rollout=true"]
+    assert [error for error in config_errors(base + split + partial) if "tensor_model_parallel_size" in error] == [
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2 with async_training.partial_rollout=true on the hf "
+        "engine: its ranks land a sync between their own decode steps, not at one the group agrees on (the vllm "
+        "engine's do); set actor_rollout_ref.rollout.tensor_model_parallel_size=1, "
+        "actor_rollout_ref.rollout.name=vllm or async_training.partial_rollout=false"
+    ]
+    for accepted in (["async_training.partial_rollout=false"], partial + ["actor_rollout_ref.rollout.name=vllm"]):
+        config, _ = load_config_with_notes(compose_config(base + split + accepted), check_environment=False)
+        assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+
+
 def test_the_async_keys_are_listed_as_not_read_unless_fully_async(base):
     _, unread = load_config_with_notes(
         compose_config(base + ["async_training.trigger_parameter_sync_step=2", "rollout.total_rollout_steps=8"]),

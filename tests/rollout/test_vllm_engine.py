@@ -22,7 +22,7 @@ from hybridflow.models.loading import load_causal_lm, load_model_config  # noqa:
 from hybridflow.rollout import GenerationRequest, RolloutConfig, SamplingParams, create_rollout_engine  # noqa: E402
 from hybridflow.rollout.vllm_memory import kv_cache_bytes  # noqa: E402
 from tests.rollout.prompts import TOOL_CALL_TEXT, TOOL_QUESTION, left_padded  # noqa: E402
-from tests.rollout.teacher_forced import response_log_probs  # noqa: E402
+from tests.rollout.teacher_forced import response_log_probs, teacher_forced_log_probs  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -269,13 +269,6 @@ def test_a_sync_drops_the_prefix_cache_so_no_prompt_reuses_keys_of_the_old_weigh
     torch.testing.assert_close(out["rollout_log_probs"][mask], actor_log_probs[mask], atol=1e-4, rtol=0)
 
 
-def _teacher_forced_log_probs(model, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
-    ids = torch.tensor([prompt_ids + token_ids])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1]
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, torch.tensor(token_ids)[:, None])[:, 0]
-
-
 def test_a_load_landing_mid_generation_tags_tokens_and_the_rest_are_drawn_by_the_new_weights(tiny_model_dir):
     """Fully async's partial rollout on vLLM: a load lands between two steps of a generation in flight (here from
     inside the stepping thread, at its 6th step, so where it lands is fixed). Tokens drawn before keep the old
@@ -318,8 +311,8 @@ def test_a_load_landing_mid_generation_tags_tokens_and_the_rest_are_drawn_by_the
         assert len(result.token_ids) == 24 and 0 < int((versions == 0).sum()) < 24, result.weight_versions
         assert torch.equal(versions, versions.sort().values)  # all 0s, then all 1s
         log_probs = torch.tensor(result.log_probs)
-        before = _teacher_forced_log_probs(old, prompt, result.token_ids)
-        after = _teacher_forced_log_probs(new, prompt, result.token_ids)
+        before = teacher_forced_log_probs(old, prompt, result.token_ids)
+        after = teacher_forced_log_probs(new, prompt, result.token_ids)
         expected = torch.where(versions == 0, before, after)
         # The tolerance of the sync test above; the two models differ by far more (checked below).
         torch.testing.assert_close(log_probs, expected, atol=1e-4, rtol=0)
