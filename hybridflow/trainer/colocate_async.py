@@ -103,7 +103,7 @@ class ColocateAsyncCollector(RolloutCollector):
         """``count`` prompts from the spare ones, then the loader; their samples' seeds fixed by the call count."""
         while self.spare is None or len(self.spare) < count:
             batch = source.next()
-            pad = self.generate.meta_info["pad_token_id"]
+            pad = self.generate.pad_token_id
             self.spare = batch if self.spare is None else concat_left_padded([self.spare, batch], pad)
         prompts = self.spare[:count]
         self.spare = self.spare[count:] if count < len(self.spare) else None
@@ -177,7 +177,7 @@ class ColocateAsyncCollector(RolloutCollector):
 
     def _pack(self, chosen: list[PromptGroup]) -> DataProto:
         """The chosen groups as a training batch: their prompt columns next to each sample's padded response."""
-        prompts = concat_left_padded([g.prompt for g in chosen], self.generate.meta_info["pad_token_id"])
+        prompts = concat_left_padded([g.prompt for g in chosen], self.generate.pad_token_id)
         prompt_tensors = prompts.pop(batch_keys=list(PROMPT_KEYS))
         outputs = [(s.token_ids, [1] * len(s.token_ids), s.log_probs) for g in chosen for s in g.samples]
         tensors = pack_outputs(
@@ -185,7 +185,7 @@ class ColocateAsyncCollector(RolloutCollector):
             outputs,
             self.generate.n,
             self.response_length,
-            self.generate.meta_info["pad_token_id"],  # load_tokenizer gives every tokenizer one
+            self.generate.pad_token_id,
             self.with_log_probs,
         )
         return union_columns(prompts.repeat(self.generate.n, interleave=True), DataProto.from_dict(tensors))

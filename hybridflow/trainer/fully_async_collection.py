@@ -190,7 +190,7 @@ class FullyAsyncCollector:
             pass  # generate what there is; the step that finds the queue short stops the run
         if not batches:
             return None
-        prompts = concat_left_padded(batches, self.generate.meta_info["pad_token_id"])
+        prompts = concat_left_padded(batches, self.generate.pad_token_id)
         self.staleness_samples += len(prompts)
         self.started_prompts += len(prompts)
         self.chunks += 1
@@ -206,7 +206,7 @@ class FullyAsyncCollector:
     def _queue(self, samples: DataProto, prompts: int, version: int) -> None:
         """A call's samples (of ``prompts`` groups, started with weight ``version``) join the queue."""
         samples.meta_info = {}  # its timings are counted; each call's seed differs, and calls are joined
-        pad = self.generate.meta_info["pad_token_id"]
+        pad = self.generate.pad_token_id
         self.queued = samples if self.queued is None else concat_left_padded([self.queued, samples], pad)
         self.queued_versions = np.concatenate([self.queued_versions, np.full(prompts, version, dtype=np.int64)])
 

@@ -180,6 +180,12 @@ class Generation:
         self.val_n = val_n
         self.calls = 0
 
+    @property
+    def pad_token_id(self) -> int:
+        """The tokenizer's pad token (``load_tokenizer`` gives every tokenizer one): batches drawn apart are
+        left-padded with it to join (``concat_left_padded``), responses right-padded."""
+        return self.meta_info["pad_token_id"]
+
     def __call__(self, prompts: DataProto, timer: StepTimer, scoring: Any = None, **meta: Any) -> DataProto:
         """``prompts`` [B] (consumed) -> samples [B * n] with prompt columns repeated next to each response.
         With ``scoring`` (a ``SampleScoring``), each part of the rollout is handed to it as it arrives."""
@@ -350,7 +356,7 @@ class DynamicSamplingCollector(RolloutCollector):
                 kept.append(batch[rows])
                 num_groups += len(dict.fromkeys(batch.non_tensor_batch["uid"][rows]))
             if num_groups >= self.train_batch_size:
-                batch = concat_left_padded(kept, self.generate.meta_info["pad_token_id"])
+                batch = concat_left_padded(kept, self.generate.pad_token_id)
                 samples_per_prompt = len(batch) // num_groups
                 metrics[names.NUM_GEN_BATCHES] = float(gen_batch + 1)
                 metrics[names.NUM_KEPT_GROUPS] = float(num_groups)

@@ -20,7 +20,7 @@ class Pool:
 
     def __init__(self):
         self.version, self.calls, self.n = 0, [], N
-        self.meta_info = {"pad_token_id": 0}
+        self.pad_token_id = 0
 
     def start(self, prompts):
         self.calls.append(len(prompts))

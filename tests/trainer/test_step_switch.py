@@ -77,7 +77,7 @@ class Engines:
 
     def __init__(self):
         self.version, self.calls, self.pool_done = 0, [], True
-        self.meta_info = {"pad_token_id": 0}
+        self.pad_token_id = 0
 
     def start(self, prompts, engine=None):
         self.calls.append((engine, prompts.batch["input_ids"][:, 0].tolist()))
