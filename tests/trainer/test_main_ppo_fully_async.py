@@ -93,10 +93,11 @@ def _partial_rollout_overrides(tiny_model_dir, tiny_parquet, run_dir):
     ]
 
 
-# Imported by every process of the run: from the rollout engine's second call on, the sequences wait after their
+# Imported by every Ray worker of the run: from the rollout engine's second call on, the sequences wait after their
 # 2nd token until new weights land, and a weight load waits until the call's sequences hold a token, each once and
-# for 20 s at most (a run whose syncs wait for the call ends, and fails). Without the second wait a starved decode
-# thread could let the sync land before the call's first token, and no sample would span two versions.
+# for 120 s at most (a run whose syncs wait for the call ends, and fails; a training step on a slow machine takes
+# tens of seconds). Without the second wait a starved decode thread could let the sync land before the call's
+# first token, and no sample would span two versions.
 HOLD_FOR_A_SYNC = """
 import time
 from contextlib import contextmanager
@@ -114,7 +115,7 @@ def counted_submit_all(self, requests):
 def held_admit(self):
     running = [seq for seq in self.decoder.sequences if not getattr(seq, "held", False)]
     if len(calls) > 1 and running and all(len(seq.weight_versions) >= 2 for seq in running):
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline and self.decoder.weights_version == running[0].weight_versions[0]:
             self._condition.wait(0.01)
         for seq in running:
@@ -124,7 +125,7 @@ def held_admit(self):
 
 @contextmanager
 def paused_after_first_tokens(self):
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     while len(calls) > 1 and time.monotonic() < deadline and (
         self._waiting or any(not seq.weight_versions for seq in self.decoder.sequences)
     ):
@@ -139,12 +140,17 @@ DecodeScheduler.paused = paused_after_first_tokens
 
 
 def run_held_partial_rollout(hook_code: str, model_dir, parquet, tmp_path, extra=(), timeout: float = 240) -> dict:
-    """The partial-rollout run with ``hook_code`` imported by every process (it holds each call after the first
+    """The partial-rollout run with ``hook_code`` imported by every Ray worker (it holds each call after the first
     until a sync lands); its steps, checked: none of step 1's samples spans a sync, some of every later step's do
     (samples of more than 2 tokens, which the untrained model rarely stops sooner), each across one sync only."""
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(hook_code)
+    (hook / "held_calls.py").write_text(hook_code)
+    # Ray's workers only: importing the engines costs each of Ray's own processes seconds, and on a slow machine
+    # its node then times out starting
+    (hook / "sitecustomize.py").write_text(
+        "import sys\n\nif any(arg.endswith('default_worker.py') for arg in sys.argv):\n    import held_calls\n"
+    )
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
     overrides = _partial_rollout_overrides(model_dir, parquet, tmp_path / "run") + list(extra)
     run_cli(overrides, cwd=tmp_path, env=env, timeout=timeout)

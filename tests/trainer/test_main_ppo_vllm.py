@@ -93,9 +93,10 @@ def vllm_overrides(model_dir, samples: int) -> list[str]:
     ]
 
 
-# Imported by every process of the run: from the engine's second call on, the first sample to hold 2 tokens
+# Imported by every Ray worker of the run: from the engine's second call on, the first sample to hold 2 tokens
 # waits (outside vLLM's step) until new weights land, and a load waits until the call has drawn a token, each at
-# most 20 s (a run whose syncs wait for the call ends, and fails): the load lands between two steps of the call.
+# most 120 s (a run whose syncs wait for the call ends, and fails; a training step on a slow machine takes tens
+# of seconds): the load lands between two steps of the call.
 HOLD_VLLM_FOR_A_SYNC = """
 import time
 from contextlib import contextmanager
@@ -118,7 +119,7 @@ def held_add(self, output, version):
         drawn.add(call)
     if call > 1 and call not in held and len(self.token_ids) >= 2:
         held.add(call)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline and landed[0] == calls[-1]:
             time.sleep(0.01)
     return finished
@@ -126,7 +127,7 @@ def held_add(self, output, version):
 
 @contextmanager
 def loading_after_a_token(self, version):
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     while len(calls) > 1 and len(calls) not in drawn and time.monotonic() < deadline:
         time.sleep(0.01)
     with loading(self, version):
