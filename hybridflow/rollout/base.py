@@ -110,6 +110,12 @@ class RolloutEngine(ABC):
         version that drew it (``GenerationResult.weight_versions``). Here: nothing to hold, no tags."""
         yield
 
+    def land_loads_in_flight(self) -> None:
+        """From now on loads may arrive while a generation runs (partial rollout on a rollout pool of its own):
+        an engine split over a group gets ready to land each at a step all its ranks agree on. Every rank calls
+        it before its first generation. Here: nothing to ready (``loading_weights`` holds the steps)."""
+        return None
+
     def add_lora_adapter(self, lora_config: Any) -> None:
         """Give the generation model the adapter structure of ``lora_config`` (a peft ``LoraConfig``); from
         then on ``load_weights`` takes the adapter's tensors under peft's names."""

@@ -18,6 +18,12 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from hybridflow.errors import HybridflowError
+
+
+class UnagreedLoadError(HybridflowError, RuntimeError):
+    """A load reached a split engine's generation in flight, but its ranks had no agreement to land it at."""
+
 
 class GroupLanding:
     """The loads of one rank of ``group`` (a gloo group of the tensor-parallel ranks), gated to the agreed steps.

@@ -40,7 +40,7 @@ from hybridflow.models.tensor_parallel import TensorParallelError
 from hybridflow.rollout import vllm_memory
 from hybridflow.rollout.base import ROLLOUT_ENGINES, MissingExtraError, RolloutEngine
 from hybridflow.rollout.config import SPLIT_ENGINE_REFUSES_REQUESTS, RolloutConfig, SamplingParams
-from hybridflow.rollout.group_landing import GroupLanding
+from hybridflow.rollout.group_landing import GroupLanding, UnagreedLoadError
 from hybridflow.rollout.requests import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, GenerationRequest, GenerationResult
 from hybridflow.rollout.vllm_shards import ShardLayout, VLLMShards, read_layout
 
@@ -86,7 +86,10 @@ class VLLMRolloutEngine(RolloutEngine):
         # Held for each of vLLM's steps and by a load landing between them; reentrant, so the stepping thread may
         # land one itself between its own steps
         self._stepping = threading.RLock()
-        self._group_landing: GroupLanding | None = None  # split: loads land at a step the group agrees on
+        # Split with loads in flight: they land at a step the group agrees on (an all-reduce before every step)
+        self._lands_in_flight = False
+        self._generating = False
+        self._group_landing: GroupLanding | None = None
         self._weights_version = 0
         self._request_ids = itertools.count()
         self._torch_threads = 0  # the threads vLLM's engine was built with
@@ -120,9 +123,8 @@ class VLLMRolloutEngine(RolloutEngine):
                 _keep_transformers_classes_usable()
                 if self.config.tensor_model_parallel_size > 1:
                     _unlink_shared_memory()
-                    from vllm.distributed.parallel_state import get_tp_group
-
-                    self._group_landing = GroupLanding(self._stepping, get_tp_group().cpu_group)
+                    if self._lands_in_flight:
+                        self._start_group_landing()
             except ValueError as error:
                 if not self.sleeps and _is_kv_cache_shortfall(error):
                     raise VLLMMemoryError(
@@ -194,12 +196,13 @@ class VLLMRolloutEngine(RolloutEngine):
     def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """vLLM's engine stepped here, as ``LLM.generate`` steps it, but one step at a time under ``_stepping``,
         so that a load from another thread (``loading_weights``) lands between two steps (split, at the same step
-        on every rank: ``group_landing.py``); each step hands over the tokens it drew (``DELTA`` outputs), tagged
-        with the weights that drew them."""
+        on every rank once told ``land_loads_in_flight``: ``group_landing.py``); each step hands over the tokens
+        it drew (``DELTA`` outputs), tagged with the weights that drew them."""
         vllm = import_vllm()
         engine = self.llm.llm_engine
         drawings: dict[str, _Drawing] = {}
         landing = self._group_landing
+        self._generating = True
         try:
             with landing.generating() if landing else contextlib.nullcontext():
                 with self._stepping:
@@ -218,6 +221,7 @@ class VLLMRolloutEngine(RolloutEngine):
                     for output in outputs:
                         unfinished -= drawings[output.request_id].add(output, version)
         finally:
+            self._generating = False
             left = [request_id for request_id, drawing in drawings.items() if drawing.finish_reason is None]
             if left:
                 engine.abort_request(left)
@@ -313,12 +317,30 @@ class VLLMRolloutEngine(RolloutEngine):
         what it holds equals the sender's."""
         return None
 
+    def land_loads_in_flight(self) -> None:
+        self._lands_in_flight = True
+        if self._llm is not None and self.config.tensor_model_parallel_size > 1:
+            self._start_group_landing()
+
+    def _start_group_landing(self) -> None:
+        from vllm.distributed.parallel_state import get_tp_group
+
+        self._group_landing = GroupLanding(self._stepping, get_tp_group().cpu_group)
+
     @contextlib.contextmanager
     def loading_weights(self, version: int) -> Iterator[None]:
         """The load inside lands between two of vLLM's steps of a generation in flight (fully async's partial
         rollout): its requests keep the tokens and log-probs they drew, and ``load_weights``' reset computes their
         keys and values again under the new weights before they go on; each token drawn after is tagged
-        ``version``. Split, every rank's load lands before the same step (``group_landing.py``)."""
+        ``version``. Split, every rank's load lands before the same step (``group_landing.py``), which the
+        engine must have been told (``land_loads_in_flight``): a load landing at each rank's own step would mix two
+        models' shards in a step, so it is refused."""
+        if self._generating and self._group_landing is None and self.config.tensor_model_parallel_size > 1:
+            raise UnagreedLoadError(
+                "a weight load arrived during a generation of a vLLM engine split over "
+                f"{self.config.tensor_model_parallel_size} ranks that was not told land_loads_in_flight(); its ranks "
+                "would land it at different steps: call land_loads_in_flight() on every rank before generating"
+            )
         with self._group_landing.loading() if self._group_landing else self._stepping:
             yield
             self._weights_version = version

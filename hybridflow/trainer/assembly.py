@@ -75,7 +75,11 @@ def role_classes(plan: RunPlan) -> dict[str, RayClassWithInitArgs]:
                 bypass=plan.bypass,
                 distillation=plan.distillation_loss,
             )
-        elif role in (ROLLOUT_ROLE, "ref"):
+        elif role == ROLLOUT_ROLE:
+            classes[role] = RayClassWithInitArgs(
+                ActorRolloutRefWorker, config=plan.actor_rollout_ref, role=parts, loads_in_flight=lands_in_flight(plan)
+            )
+        elif role == "ref":
             classes[role] = RayClassWithInitArgs(ActorRolloutRefWorker, config=plan.actor_rollout_ref, role=parts)
         elif role == "critic":
             classes[role] = RayClassWithInitArgs(CriticWorker, config=plan.critic)

@@ -51,6 +51,7 @@ class ActorRolloutRefWorker(Worker, Profiled):
     ``bypass``: the actor trains with rollout correction's bypass-mode loss (``algorithm.rollout_correction``,
     which lives outside this section); None trains with ``actor.policy_loss.loss_mode``. ``distillation``: the
     actor's loss adds on-policy distillation's (``distillation.distillation_loss``, also outside this section).
+    ``loads_in_flight``: weight loads reach the rollout while it generates (partial rollout on a pool of its own).
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class ActorRolloutRefWorker(Worker, Profiled):
         role: str,
         bypass: BypassCorrection | None = None,
         distillation: DistillationLossConfig | None = None,
+        loads_in_flight: bool = False,
     ):
         super().__init__()
         if role not in ROLE_PARTS:
@@ -69,6 +71,7 @@ class ActorRolloutRefWorker(Worker, Profiled):
         self.role = role
         self.bypass = bypass
         self.distillation = distillation
+        self.loads_in_flight = loads_in_flight
         self.parts: dict[str, Any] = {}
         self.tokenizer = None
 
@@ -128,6 +131,7 @@ class ActorRolloutRefWorker(Worker, Profiled):
                 self.device,
                 weight_source=actor,
                 merge_lora=config.model.merges_lora(config.rollout.name, config.rollout.tensor_model_parallel_size),
+                loads_in_flight=self.loads_in_flight,
             )
 
     def _actor(self, rollout_split: int) -> ActorPart:

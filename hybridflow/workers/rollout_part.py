@@ -57,10 +57,13 @@ class RolloutPart:
         device: torch.device,
         weight_source: ActorPart | None = None,
         merge_lora: bool = False,
+        loads_in_flight: bool = False,
     ):
         self.config = config
         self.device = device
         self.engine = create_rollout_engine(config, model_path, tokenizer=tokenizer, device=str(device))
+        if loads_in_flight:
+            self.engine.land_loads_in_flight()
         self.weight_source = weight_source
         lora_config = weight_source.lora_config if weight_source is not None else None
         self.syncs_adapter_only = lora_config is not None and not merge_lora

@@ -22,6 +22,7 @@ pytest.importorskip("vllm")
 from hybridflow.models.loading import load_causal_lm, load_model_config, load_tokenizer  # noqa: E402
 from hybridflow.models.tensor_parallel import ROW_SPLIT  # noqa: E402
 from hybridflow.rollout import GenerationRequest, RolloutConfig, SamplingParams, create_rollout_engine  # noqa: E402
+from hybridflow.rollout.group_landing import UnagreedLoadError  # noqa: E402
 from hybridflow.rollout.vllm_memory import kv_cache_bytes  # noqa: E402
 from hybridflow.rollout.vllm_shards import pool_slices  # noqa: E402
 from hybridflow.rollout.weight_loading import shard_buckets  # noqa: E402
@@ -83,10 +84,11 @@ def _before_and_after_a_sync(model_dir: str, from_pool_buckets: bool = False) ->
         engine.load_weights(model.named_parameters())
         return {"before": before, "after": _generations(engine, prompts)}
     if from_pool_buckets:
+        refusals = _loads_refused_mid_generation(engine, prompts)
         own = _pool_buckets(engine, model, size)
         engine.load_weights(itertools.chain.from_iterable(own))
         received = sum(piece.nbytes for bucket in own for _, piece in bucket)
-        return {"before": before, "after": _generations(engine, prompts), "received": received}
+        return {"before": before, "after": _generations(engine, prompts), "received": received, "refused": refusals}
     by_columns = {id(m.weight) for n, m in model.named_modules() if n.rpartition(".")[2] in ROW_SPLIT}
     fully_shard(model, mesh=init_device_mesh("cpu", (size,)), shard_placement_fn=lambda p: _by_columns(p, by_columns))
     engine.load_weights((name, param.detach()) for name, param in model.named_parameters())
@@ -96,6 +98,26 @@ def _before_and_after_a_sync(model_dir: str, from_pool_buckets: bool = False) ->
         "received": engine.shards.traffic.received,
         "segments": _shared_memory_segments(),
     }
+
+
+def _loads_refused_mid_generation(engine, prompts: list[list[int]]) -> int:
+    """How many loads a split engine never told ``land_loads_in_flight`` refused, of one tried before each step
+    of a generation (its ranks would land them at different steps)."""
+    step, refused = engine.llm.llm_engine.step, []
+
+    def load_then_step():
+        with pytest.raises(UnagreedLoadError, match="land_loads_in_flight"):
+            with engine.loading_weights(1):
+                pass
+        refused.append(1)
+        return step()
+
+    engine.llm.llm_engine.step = load_then_step
+    try:
+        _generations(engine, prompts)
+    finally:
+        engine.llm.llm_engine.step = step
+    return len(refused)
 
 
 def _pool_buckets(engine, model, size: int) -> list:
@@ -202,6 +224,8 @@ def test_a_split_engine_on_a_rollout_pool_loads_its_own_slices_cut_by_the_sender
     split = run_on_ranks(from_pool, 2, tiny_model_dir, tmp_path / "pool")
     _assert_split_generates_as_whole(split, whole_engine_run, tiny_model_dir)
     assert [split[rank]["received"] for rank in (0, 1)] == [_pool_share(tiny_model_dir, rank) for rank in (0, 1)]
+    # Its loads never reach a generation in flight: no agreement is made, and a load that did is refused
+    assert all(split[rank]["refused"] > 0 for rank in (0, 1))
 
 
 def _loads_sent_apart(model_dir: str) -> list[tuple[list[int], torch.Tensor, list[int]]]:
@@ -210,6 +234,7 @@ def _loads_sent_apart(model_dir: str) -> list[tuple[list[int], torch.Tensor, lis
     version that drew each token."""
     rank = dist.get_rank()
     engine = _engine(model_dir, 2)
+    engine.land_loads_in_flight()
     own = _pool_buckets(engine, _synced_model(model_dir), 2)
 
     def load() -> None:

@@ -234,6 +234,7 @@ class FakeWorkers:
 
     def __call__(self, plan, role_classes):
         self.plan = plan
+        self.role_classes = role_classes
         roles = {}
         for role, spec in role_classes.items():
             if role == "actor_rollout_ref":

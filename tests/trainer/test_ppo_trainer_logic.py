@@ -593,6 +593,7 @@ def test_fully_async_trains_from_a_bounded_queue_and_syncs_every_trigger_steps(r
     call 3 (1 prompt, the budget's rest), and ends waiting for call 3 and syncing update 4's weights; step 5
     starts call 4 (the run's last 2 prompts). No sync follows the last step."""
     trainer, fakes = run("grpo", *FULLY_ASYNC)
+    assert fakes.role_classes["rollout"].kwargs["loads_in_flight"] is False  # syncs wait for the call in flight
     assert trainer.total_training_steps == 6
     train = ["update_actor"]  # one mini-batch of one epoch: on-policy for the update, no old-log-prob pass
     sync = ["share_weights", "load_shared_weights"]
@@ -651,6 +652,7 @@ def test_fully_async_partial_rollout_syncs_without_waiting_for_the_call_in_fligh
     first synced weights); the fake pool runs a call when it is waited for, so call 3's prompt is drawn with the
     weights synced before it, update 4's, next to a queued prompt of update 2's; the budget counts it in flight."""
     trainer, fakes = run("grpo", *FULLY_ASYNC[:2], *FULLY_ASYNC[3:], "async_training.partial_rollout=true")
+    assert fakes.role_classes["rollout"].kwargs["loads_in_flight"] is True  # a split engine agrees where they land
     train, sync, call = ["update_actor"], ["share_weights", "load_shared_weights"], ["submit", "generate_sequences"]
     steps = [
         [*call, "submit", *train],
