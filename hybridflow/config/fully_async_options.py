@@ -56,8 +56,11 @@ def max_required_samples(config: PPOTrainerConfig) -> int:
 
 
 def concurrent_samples(config: PPOTrainerConfig) -> int:
-    """Prompts in flight at once: ``concurrent_samples_per_replica`` on each rollout-pool process."""
-    return config.async_training.concurrent_samples_per_replica * rollout_pool_processes(config)
+    """Prompts in flight at once: ``concurrent_samples_per_replica`` on each rollout replica, an engine split over
+    ``tensor_model_parallel_size`` of the pool's processes (verl's ``fully_async_rollouter.py``: active servers x
+    the per-replica count)."""
+    replicas = rollout_pool_processes(config) // config.actor_rollout_ref.rollout.tensor_model_parallel_size
+    return config.async_training.concurrent_samples_per_replica * replicas
 
 
 def steps_per_version(config: PPOTrainerConfig) -> int:

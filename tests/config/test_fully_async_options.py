@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from hybridflow.config.fully_async_options import (
+    concurrent_samples,
     max_required_samples,
     partial_rollout,
     required_samples,
@@ -122,6 +123,8 @@ def test_a_split_rollout_pool_lands_syncs_mid_generation_on_vllm_only(base):
     for accepted in (["async_training.partial_rollout=false"], partial + ["actor_rollout_ref.rollout.name=vllm"]):
         config, _ = load_config_with_notes(compose_config(base + split + accepted), check_environment=False)
         assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+        # 2 processes, one replica: a call of concurrent_samples_per_replica prompts, as verl's one server
+        assert concurrent_samples(config) == config.async_training.concurrent_samples_per_replica
 
 
 def test_the_async_keys_are_listed_as_not_read_unless_fully_async(base):

@@ -139,6 +139,20 @@ DecodeScheduler.paused = paused_after_first_tokens
 """
 
 
+HOOK_LOADER = """
+import os
+import sys
+import traceback
+
+if any(arg.endswith("default_worker.py") for arg in sys.argv):
+    try:
+        import held_calls  # noqa: F401
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+"""
+
+
 def run_held_partial_rollout(hook_code: str, model_dir, parquet, tmp_path, extra=(), timeout: float = 240) -> dict:
     """The partial-rollout run with ``hook_code`` imported by every Ray worker (it holds each call after the first
     until a sync lands); its steps, checked: none of step 1's samples spans a sync, some of every later step's do
@@ -147,10 +161,9 @@ def run_held_partial_rollout(hook_code: str, model_dir, parquet, tmp_path, extra
     hook.mkdir()
     (hook / "held_calls.py").write_text(hook_code)
     # Ray's workers only: importing the engines costs each of Ray's own processes seconds, and on a slow machine
-    # its node then times out starting
-    (hook / "sitecustomize.py").write_text(
-        "import sys\n\nif any(arg.endswith('default_worker.py') for arg in sys.argv):\n    import held_calls\n"
-    )
+    # its node then times out starting. Python goes on past a sitecustomize that fails: a hook that does not load
+    # ends the worker instead, and so the run.
+    (hook / "sitecustomize.py").write_text(HOOK_LOADER)
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
     overrides = _partial_rollout_overrides(model_dir, parquet, tmp_path / "run") + list(extra)
     run_cli(overrides, cwd=tmp_path, env=env, timeout=timeout)

@@ -96,7 +96,8 @@ def vllm_overrides(model_dir, samples: int) -> list[str]:
 # Imported by every Ray worker of the run: from the engine's second call on, the first sample to hold 2 tokens
 # waits (outside vLLM's step) until new weights land, and a load waits until the call has drawn a token, each at
 # most 120 s (a run whose syncs wait for the call ends, and fails; a training step on a slow machine takes tens
-# of seconds): the load lands between two steps of the call.
+# of seconds): the load lands between two steps of the call. A split engine's load lands only at a step (the one
+# its ranks agree on), so there the sample waits until the load is sent.
 HOLD_VLLM_FOR_A_SYNC = """
 import time
 from contextlib import contextmanager
@@ -104,11 +105,13 @@ from hybridflow.rollout import vllm_engine
 
 Engine, Drawing = vllm_engine.VLLMRolloutEngine, vllm_engine._Drawing
 generate, loading, add = Engine._generate, Engine.loading_weights, Drawing.add
-calls, landed, held, drawn = [], [0], set(), set()
+calls, landed, sent, held, drawn = [], [0], [0], set(), set()
+awaited = [landed]
 
 
 def counted_generate(self, requests):
-    calls.append(landed[0])
+    awaited[0] = sent if self._group_landing is not None else landed
+    calls.append(awaited[0][0])
     return generate(self, requests)
 
 
@@ -120,7 +123,7 @@ def held_add(self, output, version):
     if call > 1 and call not in held and len(self.token_ids) >= 2:
         held.add(call)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and landed[0] == calls[-1]:
+        while time.monotonic() < deadline and awaited[0][0] == calls[-1]:
             time.sleep(0.01)
     return finished
 
@@ -130,6 +133,7 @@ def loading_after_a_token(self, version):
     deadline = time.monotonic() + 120
     while len(calls) > 1 and len(calls) not in drawn and time.monotonic() < deadline:
         time.sleep(0.01)
+    sent[0] += 1
     with loading(self, version):
         yield
     landed[0] += 1
@@ -146,3 +150,14 @@ def test_partial_rollout_on_vllm_tags_each_token_with_its_weights(tiny_model_dir
     test in test_main_ppo_fully_async.py)."""
     vllm = vllm_overrides(tiny_model_dir, 4)  # a call's 2 prompts x 2 samples
     run_held_partial_rollout(HOLD_VLLM_FOR_A_SYNC, tiny_model_dir, varied_parquet, tmp_path, vllm, timeout=400)
+
+
+def test_partial_rollout_on_a_split_vllm_pool_lands_each_sync_at_one_step_of_both_ranks(
+    tiny_model_dir, varied_parquet, tmp_path
+):
+    """As above with the pool's vLLM engine split over its 2 processes: each rank is sent its sync on its own
+    thread, the ranks agree on the step where it lands (``rollout/group_landing.py``), and the later steps train
+    on samples drawn by two weight versions. The actor and the pool's 2 ranks share the run's 2 Ray CPUs."""
+    split = ["rollout.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
+    vllm = vllm_overrides(tiny_model_dir, 4) + split + ["trainer.cpus_per_worker=0.5"]
+    run_held_partial_rollout(HOLD_VLLM_FOR_A_SYNC, tiny_model_dir, varied_parquet, tmp_path, vllm, timeout=500)
