@@ -20,7 +20,8 @@ The script's own arguments stay as they are; after them come, and win:
 - **vLLM on CPU**: its CPU build reads ``gpu_memory_utilization`` as a share of the machine's memory per process,
   so it gets a KV cache for one step's samples at full length instead (``engine_kwargs.vllm.kv_cache_memory_bytes``),
   ``enforce_eager=false`` (CUDA graphs on a GPU) would compile the model there: it runs eager; and chunked
-  prefill, which that build cannot do on seeded requests, is off (``max_num_batched_tokens`` at least a sequence);
+  prefill, which that build cannot do on seeded requests, is off (``max_num_batched_tokens`` at least a sequence),
+  and with it prefix caching for a model with recurrent layers, which vLLM does only chunked;
 - **length**: 2 steps (``trainer.total_training_steps=2``).
 
 Nothing else changes: the algorithm, its losses, ``rollout.n``, lengths, engines, dtypes, offload, checkpointing
@@ -53,7 +54,8 @@ CONFIG_NAMES = {
 # A model's family from its name (the first pattern that matches); None: no tiny stand-in can be built.
 FAMILY_PATTERNS = (
     (r"vl\b|vl-|-v\d|\d+v\b|\dv-|omni|minicpm-o|llava|video", None),  # multimodal
-    (r"qwen3[._-]?5|qwen3[._-]?next", None),  # gated-delta-net hybrids
+    (r"qwen3[._-]?5", None),  # multimodal gated-delta-net hybrids
+    (r"qwen3[._-]?next", "qwen3_next"),
     (r"qwen3.*-a\d+b|qwen3.*moe", "qwen3_moe"),
     (r"qwen3", "qwen3"),
     (r"qwen2|qwq|deepseek-r1-distill-qwen", "qwen2"),
@@ -243,17 +245,21 @@ def vllm_cpu_overrides(config, model: str) -> list[str]:
     at full length in float32 instead, as hybridflow's own vLLM runs do. enforce_eager=false asks for CUDA graphs;
     the CPU build compiles the model with torch.compile instead (minutes per start on 2 cores): it runs eager.
     Chunked prefill (a scheduling choice) fails there on seeded requests: it is off, and a step's token budget at
-    least a sequence."""
+    least a sequence; unchunked, vLLM caches no prefixes of a model with recurrent layers (Qwen3-Next's): off too."""
     rollout = config.actor_rollout_ref.rollout
     if rollout.name != "vllm":
         return []
+    from hybridflow.models.layouts import recurrent_layer_types
     from hybridflow.models.loading import load_model_config
     from hybridflow.rollout.vllm_memory import KV_BYTES_KEY, kv_cache_bytes
 
     samples = PROMPTS_PER_STEP * int(rollout.n)
     length = sequence_tokens(config)
-    cache = kv_cache_bytes(load_model_config(model), "float32", samples, length)
+    model_config = load_model_config(model)
+    cache = kv_cache_bytes(model_config, "float32", samples, length)
     eager = ["actor_rollout_ref.rollout.enforce_eager=true", "actor_rollout_ref.rollout.enable_chunked_prefill=false"]
+    if recurrent_layer_types(model_config):
+        eager.append("actor_rollout_ref.rollout.enable_prefix_caching=false")
     # Unchunked, a whole sequence is one scheduling step's work
     budget = [f"actor_rollout_ref.rollout.max_num_batched_tokens={length}"]
     return [f"+{KV_BYTES_KEY}={cache}", *eager, *(budget if int(rollout.max_num_batched_tokens) < length else [])]

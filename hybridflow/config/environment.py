@@ -241,7 +241,37 @@ def _vllm_on_cpu_errors(config: PPOTrainerConfig) -> list[str]:
             f"{length} tokens of a sequence, which vLLM schedules in one step without chunked prefill; raise it "
             f"to {length} or more"
         )
-    return errors + _vllm_kv_cache_errors(config)
+    path = config.actor_rollout_ref.model.path
+    if model_errors("actor_rollout_ref.model.path", path) or model_folder_errors("actor_rollout_ref.model.path", path):
+        return errors  # the model's own errors are said already
+    from hybridflow.models.loading import load_model_config
+
+    model_config = load_model_config(path)
+    return errors + _vllm_recurrent_errors(config, model_config) + _vllm_kv_cache_errors(config, model_config)
+
+
+def _vllm_recurrent_errors(config: PPOTrainerConfig, model_config: Any) -> list[str]:
+    """vLLM's CPU build on a model with recurrent layers (Qwen3-Next's gated delta rule): its kernel of the rule
+    runs in bfloat16 only, and it caches such a model's prefixes only with chunked prefill, which it cannot do here."""
+    from hybridflow.models.layouts import recurrent_layer_types
+
+    rollout, path = config.actor_rollout_ref.rollout, config.actor_rollout_ref.model.path
+    recurrent = "/".join(recurrent_layer_types(model_config))
+    if not recurrent:
+        return []
+    errors = []
+    if rollout.dtype not in ("bfloat16", "bf16"):
+        errors.append(
+            f"actor_rollout_ref.rollout.dtype={rollout.dtype}: vLLM's CPU build runs the {recurrent} layers of the "
+            f"model ({path}) in bfloat16 only; set it to bfloat16 on CPU"
+        )
+    if rollout.enable_prefix_caching:
+        errors.append(
+            f"actor_rollout_ref.rollout.enable_prefix_caching=true: vLLM caches prefixes of a model with {recurrent} "
+            f"layers ({path}) only with chunked prefill, which its CPU build cannot do on seeded requests; set it "
+            "to false on CPU"
+        )
+    return errors
 
 
 def _sequence_tokens(rollout: Any) -> int:
@@ -266,7 +296,7 @@ def _vllm_lora_rank_errors(config: PPOTrainerConfig) -> list[str]:
     ]
 
 
-def _vllm_kv_cache_errors(config: PPOTrainerConfig) -> list[str]:
+def _vllm_kv_cache_errors(config: PPOTrainerConfig, model_config: Any) -> list[str]:
     """vLLM's CPU KV cache on this machine, sized as vLLM will size it (:mod:`hybridflow.rollout.vllm_memory`).
 
     What the rollout's process will hold before its cache is taken as this process's resident memory now (it has
@@ -276,16 +306,12 @@ def _vllm_kv_cache_errors(config: PPOTrainerConfig) -> list[str]:
     from hybridflow.rollout import vllm_memory
 
     rollout, path = config.actor_rollout_ref.rollout, config.actor_rollout_ref.model.path
-    if model_errors("actor_rollout_ref.model.path", path) or model_folder_errors("actor_rollout_ref.model.path", path):
-        return []  # said already
-    from hybridflow.models.loading import load_model_config
-
     memory = vllm_memory.cpu_node_memory()
     held = vllm_memory.resident_bytes() + vllm_memory.weight_bytes(path, rollout.dtype)
     ranks = rollout_pool_processes(config) or config.trainer.nnodes * config.trainer.n_gpus_per_node
     sequences = min(rollout.max_num_seqs, -(-step_prompts(config) * rollout.n // ranks))
     whose = f"room for a rank's {sequences} sequences of a step at {vllm_memory.max_model_len(rollout)} tokens each"
-    error = vllm_memory.cpu_kv_cache_error(rollout, load_model_config(path), memory, held, sequences, whose)
+    error = vllm_memory.cpu_kv_cache_error(rollout, model_config, memory, held, sequences, whose)
     return [] if error is None else [error]
 
 

@@ -30,6 +30,8 @@ from transformers import (
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
     SeedOssConfig,
     SeedOssForCausalLM,
 )
@@ -51,6 +53,7 @@ FAMILIES = {
     "mistral": (MistralConfig, MistralForCausalLM),
     "seed_oss": (SeedOssConfig, SeedOssForCausalLM),
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+    "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM),
 }
 
 
@@ -176,12 +179,33 @@ def _family_options(family: str, head_dim: int, num_layers: int, sliding_window:
     if family == "qwen3_moe":
         # Qwen3's attention and a mixture of experts in each layer (Qwen3-30B-A3B: 2048 hidden, 32 heads of 128).
         return {"tie_word_embeddings": False, "head_dim": 2 * head_dim, **_experts(intermediate_size)}
+    if family == "qwen3_next":
+        return _qwen3_next(head_dim, num_layers, intermediate_size)
     if family == "seed_oss":
         # Biases on q, k and v but not o, heads wider than hidden_size / heads (Seed-OSS-36B: 5120 hidden, 80 heads
         # of 128); its config's dropout of 0.1 on attention and residuals stays, as training applies it.
         return {"tie_word_embeddings": False, "head_dim": 2 * head_dim, "attention_bias": True}
     # mistral: every layer slides (Mistral 7B v0.1: window 4096).
     return {"tie_word_embeddings": False, "sliding_window": sliding_window}
+
+
+def _qwen3_next(head_dim: int, num_layers: int, intermediate_size: int) -> dict:
+    """Linear-attention (gated delta rule) layers between full-attention ones, experts beside a shared expert
+    (Qwen3-Next-80B-A3B: three linear layers to one full, 16 key and 32 value heads of 128, attention heads of 256).
+    Here every other layer is linear, its heads of 128 as there (vLLM's CPU kernel of the rule takes no other
+    width), 2 key and 4 value heads so that tensor parallelism of 2 splits them."""
+    layer_types = ["full_attention" if layer % 2 else "linear_attention" for layer in range(num_layers)]
+    return {
+        "tie_word_embeddings": False,
+        "head_dim": 2 * head_dim,
+        "layer_types": layer_types,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "shared_expert_intermediate_size": intermediate_size // 4,
+        **_experts(intermediate_size),
+    }
 
 
 def _experts(intermediate_size: int) -> dict:

@@ -12,6 +12,7 @@ from hybridflow.config.command_line import override_errors, without_redundant_pl
 from hybridflow.config.load import ConfigError, load_config_with_notes
 from hybridflow.config.verl_compat import ALIAS, COMPAT_YAML, LACKS, compat_defaults, rule_for, schema_yaml_defaults
 from hybridflow.models.loading import load_model_config
+from hybridflow.models.tiny import build_tiny_model
 from hybridflow.rollout import vllm_memory
 from hybridflow.rollout.vllm_memory import GIB
 from tests.trainer.helpers import compose_config
@@ -384,6 +385,41 @@ def test_vllm_on_cpu_is_refused_before_anything_starts_unless_its_cpu_build_can_
         f"actor_rollout_ref.rollout.max_num_batched_tokens={length - 1} is below the {length} tokens of a sequence, "
         f"which vLLM schedules in one step without chunked prefill; raise it to {length} or more"
     ]
+
+
+def test_vllm_on_cpu_runs_recurrent_layers_in_bf16_without_caching_prefixes(base, monkeypatch, tmp_path):
+    """vLLM's CPU build asserts both as its engine starts (its gated delta rule kernel takes bfloat16 only; caching a
+    recurrent model's prefixes needs chunked prefill); hybridflow says so before anything starts."""
+    import hybridflow.config.environment as environment
+
+    real_find_spec = environment.importlib.util.find_spec
+    monkeypatch.setattr(
+        environment.importlib.util, "find_spec", lambda name: object() if name == "vllm" else real_find_spec(name)
+    )
+    monkeypatch.setattr(environment, "vllm_cpu_build", lambda: True)
+    monkeypatch.setattr(vllm_memory, "cpu_node_memory", lambda: vllm_memory.NodeMemory(0, 64 * GIB, 60 * GIB))
+    model = build_tiny_model(tmp_path / "qwen3_next", family="qwen3_next")
+    run = base + [
+        "actor_rollout_ref.rollout.name=vllm",
+        "trainer.device=cpu",
+        "actor_rollout_ref.rollout.enable_chunked_prefill=false",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.enable_prefix_caching=true",
+    ]
+    with pytest.raises(ConfigError) as caught:
+        _check(run, check_environment=True)
+    assert [line for line in caught.value.errors if "rollout" in line] == [
+        "actor_rollout_ref.rollout.dtype=float32: vLLM's CPU build runs the linear_attention layers of the model "
+        f"({model}) in bfloat16 only; set it to bfloat16 on CPU",
+        "actor_rollout_ref.rollout.enable_prefix_caching=true: vLLM caches prefixes of a model with linear_attention "
+        f"layers ({model}) only with chunked prefill, which its CPU build cannot do on seeded requests; set it to "
+        "false on CPU",
+    ]
+    _check(
+        run + ["actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.enable_prefix_caching=false"],
+        check_environment=True,
+    )
 
 
 def test_a_vllm_kv_cache_share_that_leaves_no_room_on_this_cpu_is_refused_before_anything_starts(base, monkeypatch):

@@ -46,7 +46,9 @@ def test_each_family_loads_as_its_own_class_with_its_traits(model_family, family
 
 def test_an_unknown_family_is_refused_naming_the_known_ones(tmp_path):
     with pytest.raises(
-        ValueError, match=r"family='gpt2'.*\['gemma3', 'llama', 'mistral', 'qwen2', 'qwen3', 'qwen3_moe', 'seed_oss'\]"
+        ValueError,
+        match=r"family='gpt2'.*\['gemma3', 'llama', 'mistral', 'qwen2', 'qwen3', 'qwen3_moe', 'qwen3_next', "
+        r"'seed_oss'\]",
     ):
         build_tiny_model(tmp_path, family="gpt2")
 

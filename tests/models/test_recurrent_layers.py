@@ -7,12 +7,13 @@ import logging
 
 import pytest
 import torch
-from transformers import Qwen3NextForCausalLM
+from transformers import AutoModelForCausalLM, Qwen3NextForCausalLM
 
 from hybridflow.config.sequence_parallel_options import _head_errors
 from hybridflow.models import layouts
 from hybridflow.models.layouts import PADDED, choose_layout, choose_packing
 from hybridflow.models.log_probs import forward_log_probs
+from hybridflow.models.tiny import build_tiny_model
 from tests.models.packing_checks import assert_packed_equals_padded_and_unpadded
 from tests.recurrent_model import qwen3_next_config
 
@@ -63,3 +64,14 @@ def test_ulysses_is_refused_for_it_in_one_line(tmp_path):
         f"{key}=2: the model ({tmp_path}) has linear_attention layers, whose state runs along the whole sequence, "
         f"which Ulysses splits; set {key}=1"
     ]
+
+
+def test_the_tiny_qwen3_next_has_its_layout_and_runs_padded(tmp_path, padded_batch):
+    """``hybridflow.models.tiny``'s Qwen3-Next (verl's Qwen3-Next scripts' stand-in): linear layers between full
+    ones, their heads 128 wide as Qwen3-Next's (the one width vLLM's CPU kernel of the gated delta rule takes)."""
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path, family="qwen3_next")).eval()
+    assert type(model) is Qwen3NextForCausalLM
+    assert model.config.layer_types == ["linear_attention", "full_attention"]
+    assert model.config.linear_key_head_dim == model.config.linear_value_head_dim == 128
+    batch = padded_batch(PROMPT_LENGTHS, RESPONSE_LENGTHS, PROMPT_WIDTH, RESPONSE_WIDTH)
+    assert choose_layout(model, *batch[:2], RESPONSE_WIDTH, True, True) == PADDED
