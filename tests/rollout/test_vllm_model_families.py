@@ -1,5 +1,7 @@
 """Weight sync of each model family users bring (Llama, Qwen3, Gemma 3, Mistral, Seed-OSS, Qwen3 MoE) into the vllm
-engine: after a sync, vLLM's per-token log-probs of its samples equal the synced actor's log softmax. Runs where vllm
+engine: after a sync, vLLM's per-token log-probs of its samples equal the synced actor's log softmax; in bfloat16
+(verl's rollout dtype, and the only one vLLM's CPU build runs Qwen3-Next's linear attention in), a synced engine
+samples exactly as one started from the synced weights. Runs where vllm
 is installed (`make test-vllm`), each sync in a process of its own (tests/rollout/vllm_family_sync.py says why), with
 a KV cache sized from the sync's sequences, so the result does not depend on the machine's memory; and on a machine
 made to look small, where a share of its memory is refused in hybridflow's one line before vLLM loads the model."""
@@ -43,6 +45,13 @@ def assert_log_probs_match(completed: subprocess.CompletedProcess, model_dir) ->
     assert result["max_difference"] <= bound, result
 
 
+@pytest.fixture(scope="module")
+def qwen3_next_model_dir(tmp_path_factory):
+    from hybridflow.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_next"), seed=0, family="qwen3_next")
+
+
 def skip_unless_available(needed: int) -> None:
     """The one way this machine can fall short of an explicit cache: its NUMA node has less available."""
     memory = cpu_node_memory()
@@ -56,6 +65,22 @@ def skip_unless_available(needed: int) -> None:
 def test_synced_vllm_engine_gives_the_actors_log_probs(family_model_dir):
     skip_unless_available(sync_kv_cache_bytes(family_model_dir))
     assert_log_probs_match(run_sync(family_model_dir), family_model_dir)
+
+
+@pytest.mark.parametrize("model", ["tiny_model_dir", "qwen3_next_model_dir"])
+def test_a_bfloat16_sync_samples_exactly_as_an_engine_started_from_the_synced_weights(model, request, tmp_path):
+    """Synced or loaded from a checkpoint, vLLM rounds the same float32 weights the same way into its bfloat16 ones,
+    then runs the same kernels on the same prompts with the same seeds: the tokens and log-probs are equal, bit for
+    bit. A weight the sync misses or mangles (a fused projection, a recurrent layer's state parameters) differs."""
+    model_dir = request.getfixturevalue(model)
+    skip_unless_available(sync_kv_cache_bytes(model_dir))
+    synced = run_sync(model_dir, "--dtype", "bfloat16")
+    started = run_sync(model_dir, "--dtype", "bfloat16", "--started_from_moved", str(tmp_path / "moved"))
+    for completed in (synced, started):
+        assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-4000:]
+    synced, started = (json.loads(completed.stdout.strip().splitlines()[-1]) for completed in (synced, started))
+    assert synced["tokens"] > 0
+    assert (synced["token_ids"], synced["rollout_log_probs"]) == (started["token_ids"], started["rollout_log_probs"])
 
 
 # A machine whose NUMA node vLLM sees with 1 GiB, 0.75 GiB of it available: a 2-core, 2-node laptop or a container.

@@ -4,8 +4,10 @@ once per process, so a second engine in one process would compete with the first
 ``python -m tests.rollout.vllm_family_sync MODEL_DIR [--kv_cache_bytes N | --gpu_memory_utilization U] [--node_memory
 TOTAL AVAILABLE]`` builds the engine, syncs every weight of the model moved at random (after a first sync of other
 weights and a generation from them), samples responses with vLLM's per-token log-probs, and prints one JSON line: the
-largest difference from the moved model's log softmax of the same tokens, the largest log-prob in size, and the tokens
-compared. ``--node_memory`` makes vLLM see a NUMA node of that many bytes (tests/rollout/vllm_small_machine.py);
+largest difference from the moved model's log softmax of the same tokens, the largest log-prob in size, the tokens
+compared, and the samples' tokens and vLLM's log-probs of them. ``--dtype`` sets the engine's dtype (float32 by
+default); ``--started_from_moved`` starts the engine from the moved model, saved, and syncs nothing, for a sync to be
+compared with. ``--node_memory`` makes vLLM see a NUMA node of that many bytes (tests/rollout/vllm_small_machine.py);
 ``--without_estimate`` leaves the memory check to vLLM itself, as when hybridflow's estimate of the process's memory
 falls short. Where hybridflow refuses the engine's memory settings, it prints hybridflow's one-line error to stderr and
 exits with 2.
@@ -41,6 +43,8 @@ def main(argv: list[str]) -> None:
     size.add_argument("--gpu_memory_utilization", type=float, default=None)
     parser.add_argument("--node_memory", type=int, nargs=2, default=None, metavar=("TOTAL", "AVAILABLE"))
     parser.add_argument("--without_estimate", action="store_true", help="leave the memory check to vLLM itself")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--started_from_moved", metavar="FOLDER", default=None, help="save the moved model there")
     args = parser.parse_args(argv)
     if args.without_estimate:
         from hybridflow.rollout.vllm_engine import VLLMRolloutEngine
@@ -69,23 +73,47 @@ def main(argv: list[str]) -> None:
             "enable_chunked_prefill": False,
             "enforce_eager": True,
             "max_model_len": MAX_MODEL_LEN,
+            "dtype": args.dtype,
+            "enable_prefix_caching": False,
             **memory,
         }
     )
+    if args.started_from_moved:
+        actor = moved_model(args.model_dir, seed=0)
+        folder = saved(actor, args.model_dir, args.started_from_moved)
+        out = generate(create_rollout_engine(config, folder), folder)
+    else:
+        engine = create_rollout_engine(config, args.model_dir)
+        # Two syncs with a generation between: the second must replace what the first one's processing left.
+        for seed in (1, 0):
+            actor = moved_model(args.model_dir, seed=seed)
+            out = generate(engine, args.model_dir, actor.named_parameters())
+    report(out, response_log_probs(actor, out))
+
+
+def generate(engine, model_dir, weights=None):
+    """Loads ``weights`` (if any) and samples, seeded alike whatever the engine's calls so far."""
     from hybridflow.errors import HybridflowError
 
-    engine = create_rollout_engine(config, args.model_dir)
-    prompts = left_padded(load_tokenizer(args.model_dir), PROMPTS)
-    # Two syncs with a generation between: the second must replace what the first one's processing left.
-    for seed in (1, 0):
-        actor = moved_model(args.model_dir, seed=seed)
-        try:
-            engine.load_weights((name, parameter.detach()) for name, parameter in actor.named_parameters())
-        except HybridflowError as error:
-            print(f"hybridflow: error: {error}", file=sys.stderr)
-            sys.exit(2)
-        out = engine.generate_sequences(prompts).batch
-    log_probs = response_log_probs(actor, out)
+    try:
+        if weights is not None:
+            engine.load_weights((name, parameter.detach()) for name, parameter in weights)
+    except HybridflowError as error:
+        print(f"hybridflow: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    prompts = left_padded(load_tokenizer(model_dir), PROMPTS)
+    prompts.meta_info["seed"] = 7
+    return engine.generate_sequences(prompts).batch
+
+
+def saved(model, model_dir, folder) -> str:
+    """``model`` saved to ``folder`` with the tokenizer of ``model_dir``."""
+    model.save_pretrained(folder)
+    load_tokenizer(model_dir).save_pretrained(folder)
+    return folder
+
+
+def report(out, log_probs) -> None:
     mask = out["response_mask"].bool()
     print(
         json.dumps(
@@ -93,6 +121,8 @@ def main(argv: list[str]) -> None:
                 "max_difference": (out["rollout_log_probs"][mask] - log_probs[mask]).abs().max().item(),
                 "largest_log_prob": log_probs[mask].abs().max().item(),
                 "tokens": int(mask.sum()),
+                "token_ids": out["responses"][mask].tolist(),
+                "rollout_log_probs": out["rollout_log_probs"][mask].tolist(),
             }
         )
     )
