@@ -92,7 +92,7 @@ def run_variant(path: str, bucket_megabytes: float, engine: str) -> dict:
 
     seconds, extra = {}, {}
     for checked in (False, True):
-        part.check.freq = int(checked and part.engine.weights_readable)  # vLLM's syncs go unchecked
+        part.check.freq = int(checked and part.engine.weights_readable)  # vLLM's syncs are not checksummed
         times, peaks = [], []
         for _ in range(4):  # the first is a warm-up
             with open("/proc/self/clear_refs", "w") as clear:

@@ -239,7 +239,8 @@ def unread_sync_check(config: Any) -> list[str]:
         return []
     return [
         f"actor_rollout_ref.rollout.weight_sync_check_freq={rollout.weight_sync_check_freq} (vLLM fuses and repacks "
-        "the weights it is sent, so no checksum of what it holds can match the actor's: its syncs go unchecked)"
+        "the weights it is sent, so no checksum of what it holds can match the actor's; every sync is still checked "
+        "to have loaded each of its weights)"
     ]
 
 

@@ -124,7 +124,7 @@ class RolloutEngine(ABC):
             "actor_rollout_ref.model.lora.merge=true to sync the adapter merged into the base weights"
         )
 
-    # Whether weights_checksum reads the engine's weights back (else it returns None and syncs go unchecked).
+    # Whether weights_checksum reads the engine's weights back (else it returns None and syncs go unchecksummed).
     weights_readable = True
 
     @abstractmethod

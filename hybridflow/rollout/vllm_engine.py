@@ -288,7 +288,14 @@ class VLLMRolloutEngine(RolloutEngine):
             # OpenMP's thread count is per thread: a load on another thread than vLLM's (fully async's concurrent
             # load) repacked a split engine's weights for a different count, and every later step drew NaN.
             torch.set_num_threads(self._torch_threads)
-            llm.collective_rpc(_reload_weights, args=(self.checkpoint_format(_full_tensors(tensors)),))
+            unloaded = llm.collective_rpc(_reload_weights, args=(self.checkpoint_format(_full_tensors(tensors)),))
+            if any(unloaded):
+                names = sorted(set(itertools.chain.from_iterable(unloaded)))
+                raise HybridflowError(
+                    f"the weight sync into vLLM left {len(names)} of its weights unloaded ({', '.join(names[:3])}"
+                    f"{', ...' if len(names) > 3 else ''}): no tensor sent named them, so vLLM would generate from "
+                    "stale or unset weights; the actor's weight names must cover the model's checkpoint"
+                )
         else:
             self._save_adapter(named_tensors)
         if self._llm is not None:  # an adapter may be saved before vLLM starts
@@ -404,9 +411,11 @@ def _full_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator
         yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def _reload_weights(worker: Any, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+def _reload_weights(worker: Any, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> list[str]:
     """Runs on vLLM's worker (``LLM.collective_rpc``): its in-place reload, then the post-load processing that
     reload leaves out, of every layer that shares a parameter with another and of every mixture-of-experts layer.
+    Returns the names of the parameters no tensor loaded, which vLLM only logs (a layer loaded in part computes
+    from unset memory: NaN log-probs, measured on a tiny Qwen3-Next whose ``A_log`` was left out).
 
     vLLM 0.32's reload processes each layer whose tensors arrive; a layer that only shares a reloaded parameter
     (the LM head of a model with tied embeddings, whose name is not in the checkpoint) keeps what it derived
@@ -418,7 +427,7 @@ def _reload_weights(worker: Any, named_tensors: Iterator[tuple[str, torch.Tensor
     from vllm.platforms import current_platform
 
     model = worker.model_runner.model
-    worker.reload_weights(weights_iterator=named_tensors, is_checkpoint_format=True)
+    unloaded = _unloaded_parameters(worker, named_tensors)
     for module in _modules_sharing_parameters(model):
         if hasattr(module, "quant_method"):
             module.quant_method.process_weights_after_loading(module)
@@ -426,6 +435,25 @@ def _reload_weights(worker: Any, named_tensors: Iterator[tuple[str, torch.Tensor
         kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
         if kernel is not None:
             kernel.fused_experts.process_weights_after_loading(module)
+    return unloaded
+
+
+def _unloaded_parameters(worker: Any, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> list[str]:
+    """vLLM's in-place reload, and the parameters it left unloaded, as vLLM's own check counts them (its model's
+    ``load_weights`` returns the names it loaded; vLLM skips the count for a quantized model, whose kernels' names
+    differ, and so does this)."""
+    model = worker.model_runner.get_model()
+    expected = {name.replace(".base_layer.", ".") for name, _ in model.named_parameters()}  # as vLLM names them
+    loaded: list[set[str] | None] = []
+    load_weights = model.load_weights
+    model.load_weights = lambda weights: loaded.append(load_weights(weights)) or loaded[-1]
+    try:
+        worker.reload_weights(weights_iterator=named_tensors, is_checkpoint_format=True)
+    finally:
+        del model.load_weights
+    if worker.model_runner.model_config.quantization is not None or not loaded or None in loaded:
+        return []  # not counted
+    return sorted(expected.difference(*loaded))
 
 
 def _modules_sharing_parameters(model: torch.nn.Module) -> list[torch.nn.Module]:

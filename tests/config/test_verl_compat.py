@@ -189,7 +189,8 @@ def test_engine_knobs_go_to_their_engine_and_are_listed_on_another(base):
     config, unread = _check(base + knobs + ["actor_rollout_ref.rollout.name=vllm"])
     assert unread == [
         "actor_rollout_ref.rollout.weight_sync_check_freq=1 (vLLM fuses and repacks the weights it is sent, so no "
-        "checksum of what it holds can match the actor's: its syncs go unchecked)"
+        "checksum of what it holds can match the actor's; every sync is still checked to have loaded each of its "
+        "weights)"
     ]
     assert config.actor_rollout_ref.rollout.enforce_eager is True
     _, unread = _check(base + knobs + ["actor_rollout_ref.rollout.name=vllm", f"{SYNC_CHECK}=0"])

@@ -18,6 +18,7 @@ import torch
 
 pytest.importorskip("vllm")
 
+from hybridflow.errors import HybridflowError  # noqa: E402
 from hybridflow.models.loading import load_causal_lm, load_model_config  # noqa: E402
 from hybridflow.rollout import GenerationRequest, RolloutConfig, SamplingParams, create_rollout_engine  # noqa: E402
 from hybridflow.rollout.vllm_memory import kv_cache_bytes  # noqa: E402
@@ -163,6 +164,21 @@ def test_weights_synced_in_buckets_give_the_actors_log_probs(engine, tokenizer, 
         actor_log_probs = response_log_probs(actor, out, engine.config.temperature)
         mask = out["response_mask"].bool()
         assert torch.allclose(out["rollout_log_probs"][mask], actor_log_probs[mask], atol=1e-4)
+    finally:
+        engine.load_weights(original.items())
+
+
+def test_a_sync_that_leaves_a_weight_out_is_refused_naming_it(engine, tool_calling_model_dir):
+    """vLLM only logs the parameters a reload left unset; the engine would generate from them (NaN log-probs where a
+    layer loaded in part)."""
+    original = load_causal_lm(tool_calling_model_dir).state_dict()
+    left_out = "model.layers.1.mlp.down_proj.weight"
+    try:
+        with pytest.raises(HybridflowError) as refused:
+            engine.load_weights((name, tensor) for name, tensor in original.items() if name != left_out)
+        assert str(refused.value).startswith(
+            f"the weight sync into vLLM left 1 of its weights unloaded ({left_out}): no tensor sent named them"
+        )
     finally:
         engine.load_weights(original.items())
 
