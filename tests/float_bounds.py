@@ -45,6 +45,8 @@ def score_head_bound(model: torch.nn.Module, num_terms: int) -> float:
     ``sum|w_k h_k| <= ||w|| ||h||`` and ``||h|| <= sqrt(hidden) * max|gain|``, as RMSNorm scales ``h`` to
     unit root-mean-square before its gain.
     """
-    gain = model.model.norm.weight.detach().abs().max()
+    norm = model.model.norm
+    # The gain is what the norm makes of a unit-RMS input: its weight, or 1 + weight (Gemma's, Qwen3-Next's).
+    gain = norm(torch.ones(1, model.config.hidden_size, dtype=norm.weight.dtype)).detach().abs().max()
     magnitude = model.score.weight.detach().norm(dim=-1).max() * model.config.hidden_size**0.5 * gain
     return reordered_sum_bound(magnitude, num_terms)

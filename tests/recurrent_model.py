@@ -3,9 +3,9 @@
 from transformers import Qwen3NextConfig
 
 
-def qwen3_next_config() -> Qwen3NextConfig:
+def qwen3_next_config(**overrides) -> Qwen3NextConfig:
     """Qwen3-Next's layout at toy size: a linear-attention (gated delta rule) layer, then a full-attention one,
-    mixture-of-experts MLPs; the tiny tokenizer's 263-token vocabulary."""
+    mixture-of-experts MLPs; the tiny tokenizer's 263-token vocabulary. ``overrides``: other config keys."""
     return Qwen3NextConfig(
         vocab_size=263,
         hidden_size=64,
@@ -23,4 +23,5 @@ def qwen3_next_config() -> Qwen3NextConfig:
         num_experts_per_tok=2,
         moe_intermediate_size=32,
         shared_expert_intermediate_size=32,
+        **overrides,
     )

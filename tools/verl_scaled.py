@@ -21,10 +21,12 @@ The script's own arguments stay as they are; after them come, and win:
   so it gets a KV cache for one step's samples at full length instead (``engine_kwargs.vllm.kv_cache_memory_bytes``),
   ``enforce_eager=false`` (CUDA graphs on a GPU) would compile the model there: it runs eager; and chunked
   prefill, which that build cannot do on seeded requests, is off (``max_num_batched_tokens`` at least a sequence),
-  and with it prefix caching for a model with recurrent layers, which vLLM does only chunked;
+  and with it prefix caching for a model with recurrent layers, which vLLM does only chunked; such a model rolls
+  out in bfloat16, verl's default rollout dtype (hybridflow's is float32), the one that build's kernel of its
+  layers takes;
 - **length**: 2 steps (``trainer.total_training_steps=2``).
 
-Nothing else changes: the algorithm, its losses, ``rollout.n``, lengths, engines, dtypes, offload, checkpointing
+Nothing else changes: the algorithm, its losses, ``rollout.n``, lengths, engines, other dtypes, offload, checkpointing
 and loggers are the script's. A model or data set with no stand-in here (a multimodal model, a family
 ``hybridflow.models.tiny`` cannot build, data whose path names no data set of verl's examples) stops with one line
 starting ``no stand-in:``.
@@ -245,7 +247,9 @@ def vllm_cpu_overrides(config, model: str) -> list[str]:
     at full length in float32 instead, as hybridflow's own vLLM runs do. enforce_eager=false asks for CUDA graphs;
     the CPU build compiles the model with torch.compile instead (minutes per start on 2 cores): it runs eager.
     Chunked prefill (a scheduling choice) fails there on seeded requests: it is off, and a step's token budget at
-    least a sequence; unchunked, vLLM caches no prefixes of a model with recurrent layers (Qwen3-Next's): off too."""
+    least a sequence; unchunked, vLLM caches no prefixes of a model with recurrent layers (Qwen3-Next's): off too.
+    Its kernel of those layers' gated delta rule runs in bfloat16 only: such a model rolls out in bfloat16, verl's
+    default rollout dtype, where the script keeps hybridflow's (float32)."""
     rollout = config.actor_rollout_ref.rollout
     if rollout.name != "vllm":
         return []
@@ -260,6 +264,8 @@ def vllm_cpu_overrides(config, model: str) -> list[str]:
     eager = ["actor_rollout_ref.rollout.enforce_eager=true", "actor_rollout_ref.rollout.enable_chunked_prefill=false"]
     if recurrent_layer_types(model_config):
         eager.append("actor_rollout_ref.rollout.enable_prefix_caching=false")
+        if rollout.dtype == "float32":  # hybridflow's default, not the script's choice: verl's is bfloat16
+            eager.append("actor_rollout_ref.rollout.dtype=bfloat16")
     # Unchunked, a whole sequence is one scheduling step's work
     budget = [f"actor_rollout_ref.rollout.max_num_batched_tokens={length}"]
     return [f"+{KV_BYTES_KEY}={cache}", *eager, *(budget if int(rollout.max_num_batched_tokens) < length else [])]

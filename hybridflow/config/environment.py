@@ -33,6 +33,9 @@ from hybridflow.rewards.custom import CustomRewardError, load_custom_reward_func
 from hybridflow.rewards.managers import RewardCallError, check_call
 from hybridflow.tracking.trackers import OPTIONAL_BACKEND_PACKAGES
 
+# The names a config may give bfloat16 by, as hybridflow.models.dtypes.DTYPES reads them.
+BFLOAT16_NAMES = ("bfloat16", "bf16")
+
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 ENGINE_PACKAGES = {"vllm": ("vllm", "vllm")}  # rollout.name -> (module, hybridflow extra)
 # The distribution of vLLM's CPU build (same module name, vllm); the plain vllm distribution is a GPU build.
@@ -260,7 +263,7 @@ def _vllm_recurrent_errors(config: PPOTrainerConfig, model_config: Any) -> list[
     if not recurrent:
         return []
     errors = []
-    if rollout.dtype not in ("bfloat16", "bf16"):
+    if rollout.dtype not in BFLOAT16_NAMES:
         errors.append(
             f"actor_rollout_ref.rollout.dtype={rollout.dtype}: vLLM's CPU build runs the {recurrent} layers of the "
             f"model ({path}) in bfloat16 only; set it to bfloat16 on CPU"
@@ -354,7 +357,7 @@ def bf16_compute_keys(config: PPOTrainerConfig, uses_critic: bool) -> list[str]:
         critic = config.critic.model
         keys["critic.model.dtype"] = critic.dtype
         keys["critic.model.fsdp_config.mixed_precision.param_dtype"] = critic.fsdp_config.mixed_precision.param_dtype
-    return [key for key, dtype in keys.items() if dtype in ("bfloat16", "bf16")]
+    return [key for key, dtype in keys.items() if dtype in BFLOAT16_NAMES]
 
 
 def slow_dtype_notes(config: PPOTrainerConfig, uses_critic: bool, cpuinfo: str | None = None) -> list[str]:

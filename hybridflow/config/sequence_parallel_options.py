@@ -62,23 +62,33 @@ def sequence_parallel_errors(config: PPOTrainerConfig, with_critic: bool) -> lis
 
 def _head_errors(key: str, size: int, path: str, trust_remote_code: bool) -> list[str]:
     """Each rank of a group attends with ``1/size`` of the attention heads (key-value heads are repeated where
-    ``size`` does not divide them), and sees only its part of the sequence elsewhere: a recurrent layer (linear
-    attention) would carry its state over that part alone."""
+    ``size`` does not divide them), and Qwen3-Next's linear attention with ``1/size`` of its key heads; any other
+    recurrent layer would carry its state over the rank's part of the sequence alone."""
     from hybridflow.models.layouts import recurrent_layer_types
+    from hybridflow.models.sequence_parallel_recurrent import SPLIT_MODEL_TYPES
 
     text_config = _text_config(path, trust_remote_code)
     if text_config is None:
         return []  # the model's own check reports a folder it cannot read
-    if recurrent := recurrent_layer_types(text_config):
+    recurrent = recurrent_layer_types(text_config)
+    if recurrent and (text_config.model_type not in SPLIT_MODEL_TYPES or recurrent != ["linear_attention"]):
         return [
             f"{key}={size}: the model ({path}) has {'/'.join(recurrent)} layers, whose state runs along the whole "
-            f"sequence, which Ulysses splits; set {key}=1"
+            f"sequence, which Ulysses splits (it splits the linear attention of {', '.join(SPLIT_MODEL_TYPES)} "
+            f"only); set {key}=1"
         ]
-    heads = text_config.num_attention_heads
-    if heads % size == 0:
-        return []
-    divisors = [divisor for divisor in range(1, heads + 1) if heads % divisor == 0]
-    return [f"{key}={size} does not divide the model's {heads} attention heads ({path}); choose one of {divisors}"]
+    heads = {"attention heads": text_config.num_attention_heads}
+    if recurrent:
+        heads["linear-attention key heads"] = text_config.linear_num_key_heads
+    return [
+        f"{key}={size} does not divide the model's {count} {name} ({path}); choose one of {_divisors(count)}"
+        for name, count in heads.items()
+        if count % size
+    ]
+
+
+def _divisors(count: int) -> list[int]:
+    return [divisor for divisor in range(1, count + 1) if count % divisor == 0]
 
 
 def _text_config(path: str, trust_remote_code: bool) -> Any:

@@ -38,6 +38,7 @@ from hybridflow.distributed.sequence_parallel import (
     heads_to_sequence,
     sequence_to_heads,
 )
+from hybridflow.models.sequence_parallel_recurrent import split_linear_attention
 
 ULYSSES_ATTENTION = "hybridflow_ulysses"
 
@@ -222,12 +223,15 @@ class SequenceSplit:
         attention_mask: torch.Tensor | None,
         **model_kwargs,
     ):
-        """``model`` on this rank's slice of the rows, attending as over the whole rows; ``model_kwargs``
-        (e.g. a ``logits_to_keep`` mask) must already be this rank's slice."""
+        """``model`` on this rank's slice of the rows, attending as over the whole rows (linear attention too,
+        :mod:`~hybridflow.models.sequence_parallel_recurrent`); ``model_kwargs`` (e.g. a ``logits_to_keep`` mask)
+        must already be this rank's slice."""
         width = self.padded_width
         causal = is_causal_per_row(attention_mask, position_ids)
         mask = None if causal else full_attention_mask(attention_mask, position_ids, width)
         attend_across(model, self.group, mask, width, input_ids.device)
+        padded_rows = attention_mask is not None and attention_mask.dim() == 2
+        split_linear_attention(model, self.group, self.local(attention_mask) if padded_rows else None)
         return model(
             input_ids=self.local(input_ids),
             position_ids=self.local(position_ids),

@@ -164,8 +164,8 @@ class CheckpointConfig:
 
 ULYSSES_HELP = (
     "Ulysses sequence parallelism (arXiv 2309.14509): groups of this many ranks share their rows and each runs "
-    "1/k of every row's columns, attention's heads exchanged all-to-all; must divide the ranks and the model's "
-    "attention heads."
+    "1/k of every row's columns, attention's heads exchanged all-to-all (Qwen3-Next's linear attention's too); "
+    "must divide the ranks, the model's attention heads and its linear-attention key heads."
 )
 
 

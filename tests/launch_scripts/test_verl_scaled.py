@@ -143,13 +143,15 @@ def test_models_become_tiny_ones_of_their_family_and_vllm_gets_its_cpu_settings(
     assert overrides["actor_rollout_ref.rollout.enforce_eager"] == "true"
     assert overrides["actor_rollout_ref.rollout.enable_chunked_prefill"] == "false"
     assert "actor_rollout_ref.rollout.enable_prefix_caching" not in overrides
-    # Unchunked, vLLM caches no prefixes of a model with recurrent layers
+    assert "actor_rollout_ref.rollout.dtype" not in overrides
+    # Unchunked, vLLM caches no prefixes of a model with recurrent layers, and runs them in bfloat16 only
     recurrent = verl_scaled.composed(
         "hybridflow.trainer.main_ppo",
         [*VERL_LIKE, "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.model.path=Qwen/Qwen3-Next-80B-A3B"],
     )
     overrides = dict(item.split("=", 1) for item in verl_scaled.model_overrides(recurrent, tmp_path))
     assert overrides["actor_rollout_ref.rollout.enable_prefix_caching"] == "false"
+    assert overrides["actor_rollout_ref.rollout.dtype"] == "bfloat16"
 
 
 def test_a_pool_of_its_own_shares_the_cpus_and_unchunked_vllm_gets_a_sequence_per_step(tmp_path):

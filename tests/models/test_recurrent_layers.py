@@ -1,13 +1,14 @@
 """A model with recurrent layers (Qwen3-Next's linear attention, a gated delta rule) carries a state along a row, so
 two samples packed into one row see each other (the control below). Such a model runs padded, one sample a row,
 whatever ``use_remove_padding`` and ``use_prefix_grouper`` ask, and says so once; its log-probs then equal each
-sample's own forward. Ulysses, which splits the sequence, is refused for it in one line."""
+sample's own forward. Ulysses splits Qwen3-Next's linear attention by heads and refuses other linear attention in
+one line."""
 
 import logging
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen3NextForCausalLM
+from transformers import AutoModelForCausalLM, Qwen3_5TextConfig, Qwen3NextForCausalLM
 
 from hybridflow.config.sequence_parallel_options import _head_errors
 from hybridflow.models import layouts
@@ -57,12 +58,14 @@ def test_it_runs_padded_says_so_once_and_gives_each_samples_own_log_probs(
     assert torch.equal(shared, packed)
 
 
-def test_ulysses_is_refused_for_it_in_one_line(tmp_path):
-    qwen3_next_config().save_pretrained(tmp_path)
+def test_ulysses_is_refused_for_linear_attention_it_does_not_split(tmp_path):
+    """Qwen3.5 lays its linear attention's projections out otherwise; Qwen3-Next's splits
+    (``tests/models/test_sequence_parallel_recurrent.py``)."""
+    Qwen3_5TextConfig(num_attention_heads=4, num_key_value_heads=2).save_pretrained(tmp_path)
     key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
     assert _head_errors(key, 2, str(tmp_path), False) == [
         f"{key}=2: the model ({tmp_path}) has linear_attention layers, whose state runs along the whole sequence, "
-        f"which Ulysses splits; set {key}=1"
+        f"which Ulysses splits (it splits the linear attention of qwen3_next only); set {key}=1"
     ]
 
 
