@@ -118,8 +118,14 @@ def _own_attention(model: torch.nn.Module, implementation: str) -> tuple[Callabl
     """The function the model's layers would call with a dense mask, and whether it adds the mask."""
     if implementation == "eager":
         decoder_layer = next(module for module in model.modules() if hasattr(module, "self_attn"))
-        return sys.modules[type(decoder_layer).__module__].eager_attention_forward, True
+        return _modeling_module(decoder_layer).eager_attention_forward, True
     return sdpa_attention_forward, False
+
+
+def _modeling_module(module: torch.nn.Module):
+    """The module that defines ``module``'s model class (FSDP2 gives a sharded layer a class of torch's own)."""
+    defining = next(cls for cls in type(module).__mro__ if not cls.__module__.startswith("torch."))
+    return sys.modules[defining.__module__]
 
 
 def attend_across(

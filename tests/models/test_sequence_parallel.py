@@ -19,6 +19,8 @@ from hybridflow.models.log_probs import forward_token_statistics
 from hybridflow.models.sequence_parallel import full_attention_mask
 from hybridflow.models.training_options import enable_gradient_checkpointing
 from hybridflow.models.value_model import forward_values, load_value_model
+from hybridflow.workers.config import FSDPConfig
+from hybridflow.workers.fsdp import build_device_mesh, shard_model
 from tests.float_bounds import longest_reduction, model_output_bound, reordered_sum_bound, score_head_bound
 from tests.gloo_ranks import run_on_ranks
 from tests.models.conftest import make_padded_batch
@@ -141,6 +143,26 @@ def test_ulysses_matches_one_rank_in_every_layout(size, tiny_model_dir, single_r
                 scale = float(gradient.abs().max()) + 1.0
                 bound = scale * (model_output_bound(log_probs, num_terms) + reordered_sum_bound(1.0, num_terms))
                 torch.testing.assert_close(got_gradients[param], gradient, rtol=0, atol=bound, msg=param)
+
+
+def _sharded_eager_log_probs(model_dir: str) -> torch.Tensor:
+    """Ulysses over 2 ranks with the model sharded as the workers shard it (FSDP2 gives each decoder layer a class
+    of torch's own) and attending with its modeling file's eager function."""
+    cpu = torch.device("cpu")
+    group = sequence_parallel_group(2, cpu)
+    model = shard_model(
+        load_causal_lm(model_dir, attn_implementation="eager"), build_device_mesh(-1, cpu), FSDPConfig()
+    )
+    with torch.no_grad():
+        statistics = forward_token_statistics(model, *_batch("padded"), 6, PADDED, sequence_parallel=group)
+    return statistics.log_probs
+
+
+def test_ulysses_attends_with_the_eager_function_of_a_sharded_model(tiny_model_dir, single_rank, tmp_path):
+    log_probs = single_rank["padded"][0]
+    num_terms = longest_reduction(AutoConfig.from_pretrained(tiny_model_dir))
+    for got in run_on_ranks(_sharded_eager_log_probs, 2, tiny_model_dir, tmp_path).values():
+        torch.testing.assert_close(got, log_probs, rtol=0, atol=model_output_bound(log_probs, num_terms))
 
 
 def test_the_full_mask_keeps_padded_packed_and_shared_rows_apart():
