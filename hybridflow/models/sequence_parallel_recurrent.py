@@ -29,6 +29,7 @@ SPLIT_MODEL_TYPES = ("qwen3_next",)
 class _Split:
     group: SequenceParallelGroup
     padding: torch.Tensor | None  # [N, S] this rank's columns, 0 where padding; None: no padding
+    config: object  # the model's config: an id is only unique while its object lives
 
 
 # The last split of each model, by id of its config (which its layers share), as for attention.
@@ -40,10 +41,12 @@ def split_linear_attention(model: torch.nn.Module, group: SequenceParallelGroup,
     columns of the rows' ``[N, W]`` mask, whose zeros the layers zero first (as transformers does, so that left
     padding adds nothing to the state). Like the attention switch, it stays for the backward's recomputation."""
     config = model.config
-    _splits[id(config)] = _Split(group, padding)
-    for module in model.modules():
-        if hasattr(module, "in_proj_qkvz") and not isinstance(module.forward, functools.partial):
-            module.forward = functools.partial(_forward_across, module, id(config))
+    previous = _splits.get(id(config))
+    if previous is None or previous.config is not config:  # the model's layers are switched once
+        for module in model.modules():
+            if hasattr(module, "in_proj_qkvz"):
+                module.forward = functools.partial(_forward_across, module, id(config))
+    _splits[id(config)] = _Split(group, padding, config)
 
 
 def _forward_across(
@@ -55,8 +58,7 @@ def _forward_across(
         raise RuntimeError("a linear-attention layer split across ranks takes neither a cache nor a mask of its own")
     split = _splits[config_id]
     group, kernels = split.group, sys.modules[type(module).__module__]
-    if split.padding is not None:
-        hidden_states = hidden_states * split.padding[:, :, None].to(hidden_states.dtype)
+    hidden_states = kernels.apply_mask_to_padding_states(hidden_states, split.padding)
     heads = _LocalHeads(module, group.size)
     query, key, value, z, b, a = type(module).fix_query_key_value_ordering(
         heads,
