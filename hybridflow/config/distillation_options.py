@@ -3,8 +3,13 @@ runs as a role of its own, ``teacher``, on a pool of ``distillation.nnodes x dis
 processes: a frozen FSDP-sharded model that scores each sample's response tokens (its top-k log-probs for
 ``forward_kl_topk``, else the sampled token's), micro-batched and sharded like the reference
 (``actor_rollout_ref.ref.*``). verl serves teachers from inference servers on that pool; the servers' settings
-(``inference.*`` but ``dtype``) change how fast the log-probs come, not what they are, and are listed at start-up as
-not read. Several teachers routed by ``teacher_key`` (verl's MOPD) are refused in one line.
+(``inference.*`` but ``dtype``, and ``num_replicas``) change how fast the log-probs come, not what they are, and are
+listed at start-up as not read.
+
+Several teachers (verl's multi-teacher distillation, MOPD): each entry of ``teacher_models`` names the rows it
+scores by ``key``, the value of the row field ``teacher_key`` (``data_source`` by default); every teacher is sharded
+over the whole teacher pool (verl splits the pool between them; the log-probs are the same), and each step's rows go
+to their own teacher. A training row whose value names no teacher is refused before the workers start.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import json
 import pathlib
 from dataclasses import dataclass
+from typing import Callable
 
 from hybridflow.config.schema import TEACHER_FOLLOWS_ROLLOUT, TEACHER_SERVER, PPOTrainerConfig
 
@@ -20,16 +26,30 @@ TEACHER_ROLE = "teacher"
 DEFAULT_TEACHER = "teacher_model"
 TEACHER_FIELDS = ("key", "model_path", "num_replicas", "inference")
 DTYPES = ("float32", "bfloat16", "float16")
+# The row fields a teacher can be picked by: the string columns every dataset row carries into the batch
+ROUTING_FIELDS = ("data_source", "ability")
+
+
+@dataclass(frozen=True)
+class TeacherModel:
+    """One teacher: its folder, its weights' dtype, and (with several) the ``teacher_key`` value of its rows."""
+
+    model_path: str
+    dtype: str
+    key: str | None = None
 
 
 @dataclass(frozen=True)
 class TeacherSpec:
-    """What the teacher's workers read: its folder and weights' dtype, and how many log-probs per position (None:
-    the sampled token's only)."""
+    """What the teacher's workers read: the teachers, how many log-probs per position (None: the sampled token's
+    only), and the row field that picks each row's teacher (None: one teacher scores every row)."""
 
-    model_path: str
-    dtype: str
+    models: tuple[TeacherModel, ...]
     topk: int | None
+    route_by: str | None = None
+
+    def keys(self) -> list[str]:
+        return [model.key for model in self.models]
 
 
 def distills(config: PPOTrainerConfig) -> bool:
@@ -44,21 +64,20 @@ def teacher_entries(config: PPOTrainerConfig) -> dict[str, dict]:
     return entries
 
 
-def single_teacher(config: PPOTrainerConfig) -> tuple[str, dict] | None:
-    """The one teacher's entry name and settings, where the run distills from exactly one (None otherwise)."""
-    entries = teacher_entries(config) if distills(config) else {}
-    return next(iter(entries.items())) if len(entries) == 1 else None
-
-
 def teacher_spec(config: PPOTrainerConfig) -> TeacherSpec:
-    (entry,) = teacher_entries(config).values()
-    inference = entry.get("inference") or {}
+    entries = list(teacher_entries(config).values())
+    routed = len(entries) > 1
     loss = config.distillation.distillation_loss
-    return TeacherSpec(
-        model_path=str(entry["model_path"]),
-        dtype=inference.get("dtype") or config.actor_rollout_ref.rollout.dtype,
-        topk=loss.topk if loss.uses_topk else None,
+    models = tuple(
+        TeacherModel(
+            model_path=str(entry["model_path"]),
+            dtype=(entry.get("inference") or {}).get("dtype") or config.actor_rollout_ref.rollout.dtype,
+            key=str(entry["key"]) if routed else None,
+        )
+        for entry in entries
     )
+    route_by = config.distillation.teacher_key if routed else None
+    return TeacherSpec(models, topk=loss.topk if loss.uses_topk else None, route_by=route_by)
 
 
 def teacher_pool_shape(config: PPOTrainerConfig) -> tuple[int, int]:
@@ -82,21 +101,10 @@ def distillation_errors(config: PPOTrainerConfig) -> list[str]:
             "pool of at least one process; set both >= 1"
         )
     entries = teacher_entries(config)
+    for name, entry in entries.items():
+        errors += _entry_errors(f"{KEY}.teacher_models.{name}", entry, routed=len(entries) > 1)
     if len(entries) > 1:
-        return errors + [
-            f"{KEY}.teacher_models has {len(entries)} teachers ({', '.join(entries)}) routed by {KEY}.teacher_key "
-            "(verl's MOPD), which hybridflow does not have; keep one, as teacher_models.teacher_model"
-        ]
-    ((name, entry),) = entries.items()
-    prefix = f"{KEY}.teacher_models.{name}"
-    unknown = sorted(set(entry) - set(TEACHER_FIELDS))
-    if unknown:
-        errors.append(f"{prefix} has unknown keys {unknown}; a teacher has {list(TEACHER_FIELDS)}")
-    if not entry.get("model_path"):
-        errors.append(f"{prefix}.model_path is empty: set it to the teacher's model folder")
-    dtype = (entry.get("inference") or {}).get("dtype")
-    if dtype is not None and dtype not in DTYPES:
-        errors.append(f"{prefix}.inference.dtype={dtype!r}; choose one of {list(DTYPES)}")
+        errors += _routing_errors(section.teacher_key, entries)
     if section.distillation_loss.uses_topk and config.actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1:
         errors.append(
             f"{KEY}.distillation_loss.loss_mode=forward_kl_topk with actor_rollout_ref.actor."
@@ -106,19 +114,75 @@ def distillation_errors(config: PPOTrainerConfig) -> list[str]:
     return errors
 
 
-def teacher_model_key(config: PPOTrainerConfig) -> tuple[str, str] | None:
-    """The teacher's folder key and path, where the run distills from one teacher that names a folder."""
-    if (teacher := single_teacher(config)) is None:
-        return None
-    name, entry = teacher
-    return (f"{KEY}.teacher_models.{name}.model_path", str(entry["model_path"])) if entry.get("model_path") else None
+def _entry_errors(prefix: str, entry: dict, routed: bool) -> list[str]:
+    errors = []
+    unknown = sorted(set(entry) - set(TEACHER_FIELDS))
+    if unknown:
+        errors.append(f"{prefix} has unknown keys {unknown}; a teacher has {list(TEACHER_FIELDS)}")
+    if not entry.get("model_path"):
+        errors.append(f"{prefix}.model_path is empty: set it to the teacher's model folder")
+    if routed and entry.get("key") in (None, ""):
+        errors.append(
+            f"{prefix}.key is empty: with several teachers each names the rows it scores by their {KEY}.teacher_key "
+            "value (a data_source, say)"
+        )
+    dtype = (entry.get("inference") or {}).get("dtype")
+    if dtype is not None and dtype not in DTYPES:
+        errors.append(f"{prefix}.inference.dtype={dtype!r}; choose one of {list(DTYPES)}")
+    return errors
 
 
-def teacher_vocabulary_errors(config: PPOTrainerConfig) -> list[str]:
-    """The teacher reads the student's token ids: both folders' vocabularies must be the same size."""
-    named = teacher_model_key(config)
-    if named is None:
+def _routing_errors(teacher_key: str, entries: dict[str, dict]) -> list[str]:
+    errors = []
+    if teacher_key not in ROUTING_FIELDS:
+        errors.append(
+            f"{KEY}.teacher_key={teacher_key!r} is not a field every row carries into the batch; "
+            f"pick a teacher by one of {list(ROUTING_FIELDS)}"
+        )
+    names_of: dict[str, list[str]] = {}
+    for name, entry in entries.items():
+        if entry.get("key") not in (None, ""):
+            names_of.setdefault(str(entry["key"]), []).append(name)
+    for key, names in names_of.items():
+        if len(names) > 1:
+            errors.append(
+                f"{KEY}.teacher_models.{{{', '.join(names)}}} all have key={key!r}: a row's {teacher_key} picks one "
+                "teacher; give each teacher a key of its own"
+            )
+    return errors
+
+
+def teacher_route_errors(config: PPOTrainerConfig, field_values: Callable[[str], list[str]]) -> list[str]:
+    """With several teachers, every training prompt's ``teacher_key`` value (``field_values(field)``: the training
+    set's values of a row field, in its order) must name one; each value that names none is reported with its
+    first prompt."""
+    spec = teacher_spec(config) if distills(config) else None
+    if spec is None or spec.route_by is None:
         return []
+    keys, first = spec.keys(), {}
+    for row, value in enumerate(field_values(spec.route_by)):
+        if value not in keys:
+            first.setdefault(value, row)
+    return [
+        f"data.train_files: {spec.route_by}={value!r} (prompt {row} of the training set, after filtering) names no "
+        f"teacher ({KEY}.teacher_models keys: {keys}); add a teacher with key={value!r} or drop those rows"
+        for value, row in first.items()
+    ]
+
+
+def teacher_model_keys(config: PPOTrainerConfig) -> list[tuple[str, str]]:
+    """Each teacher's folder key and path, where the run distills (teachers that name no folder left out)."""
+    if not distills(config):
+        return []
+    return [
+        (f"{KEY}.teacher_models.{name}.model_path", str(entry["model_path"]))
+        for name, entry in teacher_entries(config).items()
+        if entry.get("model_path")
+    ]
+
+
+def teacher_vocabulary_errors(config: PPOTrainerConfig, named: tuple[str, str]) -> list[str]:
+    """The teacher reads the student's token ids: both folders' vocabularies must be the same size."""
     key, path = named
     student_path = config.actor_rollout_ref.model.path
     teacher, student = _vocab_size(path), _vocab_size(student_path)
@@ -139,12 +203,16 @@ def _vocab_size(path: str) -> int | None:
 
 
 def teacher_server_notes(config: PPOTrainerConfig) -> list[str]:
-    """The start-up line for the teacher's keys that change nothing here: verl's server settings set away from
-    verl's defaults (or, for those that follow the rollout's, away from the rollout's), ``key`` and
-    ``num_replicas``."""
-    if (teacher := single_teacher(config)) is None:
-        return []
-    name, entry = teacher
+    """The start-up lines for each teacher's keys that change nothing here: verl's server settings set away from
+    verl's defaults (or, for those that follow the rollout's, away from the rollout's), ``num_replicas``, and a
+    lone teacher's ``key``."""
+    entries = teacher_entries(config) if distills(config) else {}
+    return [
+        note for name, entry in entries.items() if (note := _server_note(config, name, entry, routed=len(entries) > 1))
+    ]
+
+
+def _server_note(config: PPOTrainerConfig, name: str, entry: dict, routed: bool) -> str | None:
     rollout = config.actor_rollout_ref.rollout
     expected = {**TEACHER_SERVER, **{key: getattr(rollout, key) for key in TEACHER_FOLLOWS_ROLLOUT}}
     inference = entry.get("inference") or {}
@@ -154,10 +222,10 @@ def teacher_server_notes(config: PPOTrainerConfig) -> list[str]:
         for key in sorted(inference)
         if key != "dtype" and inference[key] is not None and inference[key] != expected.get(key)
     ]
-    unread = [key for key in ("key", "num_replicas") if entry.get(key)] + changed
-    if not unread:
-        return []
-    return [
-        f"{KEY}.teacher_models.{name}: {', '.join(unread)} accepted, but not read: they size verl's teacher "
+    unread = [key for key in ("key", "num_replicas") if entry.get(key) and not (routed and key == "key")]
+    if not unread + changed:
+        return None
+    return (
+        f"{KEY}.teacher_models.{name}: {', '.join(unread + changed)} accepted, but not read: they size verl's teacher "
         f"inference servers; here the teacher is one FSDP group over the {KEY} pool, and its log-probs are the same"
-    ]
+    )

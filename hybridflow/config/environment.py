@@ -13,7 +13,7 @@ import pathlib
 import re
 from typing import Any
 
-from hybridflow.config.distillation_options import teacher_model_key, teacher_vocabulary_errors
+from hybridflow.config.distillation_options import teacher_model_keys, teacher_vocabulary_errors
 from hybridflow.config.fully_async_options import step_prompts
 from hybridflow.config.input_checks import model_folder_errors, parquet_errors, run_folder_errors
 from hybridflow.config.lora_options import adapter_errors
@@ -66,9 +66,9 @@ def environment_errors(config: PPOTrainerConfig, uses_critic: bool) -> list[str]
             "point it at a tokenizer folder or set it to null"
         )
     errors += reward_model_folder_errors(config, models_read=not errors)
-    if teacher := teacher_model_key(config):
+    for teacher in teacher_model_keys(config):
         folder_errors = model_errors(*teacher) + model_folder_errors(*teacher)
-        errors += folder_errors or teacher_vocabulary_errors(config)
+        errors += folder_errors or teacher_vocabulary_errors(config, teacher)
     prompt_key = config.data.prompt_key
     for key in ("train_files", "val_files"):
         files = getattr(config.data, key)

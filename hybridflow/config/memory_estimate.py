@@ -169,13 +169,17 @@ def _shapes(plan: RunPlan) -> dict[str, ModelShape] | None:
     if plan.reward_model.enable:
         models["reward_model"] = plan.reward_model.model
     paths = {role: model.path for role, model in models.items()}
-    if plan.teacher is not None:
-        paths[TEACHER_ROLE] = plan.teacher.model_path
+    remote_code = {role: getattr(model, "trust_remote_code", False) for role, model in models.items()}
+    for index, teacher in enumerate(plan.teacher.models if plan.teacher is not None else ()):
+        paths[_teacher_shape(index)] = teacher.model_path
+        remote_code[_teacher_shape(index)] = plan.actor_rollout_ref.model.trust_remote_code
     if not all((pathlib.Path(path).expanduser() / "config.json").is_file() for path in paths.values()):
         return None
-    remote_code = {role: getattr(model, "trust_remote_code", False) for role, model in models.items()}
-    remote_code[TEACHER_ROLE] = plan.actor_rollout_ref.model.trust_remote_code
     return {role: ModelShape.read(path, remote_code[role]) for role, path in paths.items()}
+
+
+def _teacher_shape(index: int) -> str:
+    return f"{TEACHER_ROLE}:{index}"
 
 
 def _role_parts(plan: RunPlan, role: str, shapes: dict[str, ModelShape]) -> list[Part]:
@@ -191,7 +195,7 @@ def _role_parts(plan: RunPlan, role: str, shapes: dict[str, ModelShape]) -> list
     if role == "ref":
         return _reference_parts(plan, shapes["actor"], _role_world(plan, role))
     if role == TEACHER_ROLE:
-        return _teacher_parts(plan, shapes[TEACHER_ROLE], _role_world(plan, role))
+        return _teacher_parts(plan, shapes, _role_world(plan, role))
     return _reward_model_parts(plan, shapes["reward_model"])
 
 
@@ -240,19 +244,24 @@ def _reference_parts(plan: RunPlan, shape: ModelShape, world: int) -> list[Part]
     return parts
 
 
-def _teacher_parts(plan: RunPlan, shape: ModelShape, world: int) -> list[Part]:
-    """A distillation teacher's weights, sharded over its pool, and its forward, batched like the reference's."""
-    ref, width = plan.actor_rollout_ref.ref, _width(plan.teacher.dtype)
+def _teacher_parts(plan: RunPlan, shapes: dict[str, ModelShape], world: int) -> list[Part]:
+    """Each distillation teacher's weights, sharded over its pool, and the largest of their forwards (one teacher
+    runs at a time), batched like the reference's."""
+    ref = plan.actor_rollout_ref.ref
     shards = _shards(ref.fsdp_config.fsdp_size, world)
     key = "distillation.n_gpus_per_node (more processes, smaller shards)"
     micro = micro_batch_sizes(plan.actor_rollout_ref, plan.critic, world)[0]
     tokens, batch_key = _log_prob_batching(ref, "actor_rollout_ref.ref").tokens(
         plan, micro, plan.prompts_per_step, world
     )
-    return [
-        Part("teacher weights", shape.parameters * width // shards, key),
-        Part("teacher forward", tokens * shape.forward_bytes_per_token(width), batch_key, "teacher"),
+    models = plan.teacher.models
+    sized = [(model, shapes[_teacher_shape(index)], _width(model.dtype)) for index, model in enumerate(models)]
+    weights = [
+        Part(f"teacher weights{f' ({model.key})' if len(models) > 1 else ''}", shape.parameters * width // shards, key)
+        for model, shape, width in sized
     ]
+    forward = max(tokens * shape.forward_bytes_per_token(width) for _, shape, width in sized)
+    return [*weights, Part("teacher forward", forward, batch_key, "teacher")]
 
 
 def _role_world(plan: RunPlan, role: str) -> int:

@@ -174,8 +174,13 @@ def _teacher(config: PPOTrainerConfig) -> str:
     spec, loss = teacher_spec(config), config.distillation.distillation_loss
     scored = f"its top-{spec.topk} log-probs" if spec.topk else "the sampled token's log-prob"
     nodes, per_node = teacher_pool_shape(config)
+    if spec.route_by is None:
+        teachers = f"the teacher {spec.models[0].model_path}"
+    else:
+        routes = ", ".join(f"{model.key!r}: {model.model_path}" for model in spec.models)
+        teachers = f"the teacher its {spec.route_by} names ({routes})"
     return (
-        f"the teacher {spec.model_path} ({nodes} x {per_node} process(es) of its own) scores every response token: "
+        f"{teachers} ({nodes} x {per_node} process(es) of its own) scores every response token: "
         f"{scored}, for the actor's {loss.loss_mode} loss"
         + (" as a reward (use_policy_gradient)" if loss.use_policy_gradient else "")
         + ("" if loss.use_task_rewards else "; the task's advantages train nothing (use_task_rewards=false)")

@@ -423,9 +423,12 @@ class DistillationConfig:
             }
         },
         "The teacher: teacher_model.model_path (a folder sharing the student's tokenizer); inference.dtype its "
-        "weights' dtype (default the rollout's); the other inference.* keys size verl's teacher servers.",
+        "weights' dtype (default the rollout's); the other inference.* keys size verl's teacher servers. Several "
+        "(verl's MOPD): entries of other names, each with the key of its rows.",
     )
-    teacher_key: str = option("data_source", "Per-row field that picks a teacher when there are several.")
+    teacher_key: str = option(
+        "data_source", "Per-row field (data_source or ability) whose value picks a teacher when there are several."
+    )
 
 
 @dataclass

@@ -108,6 +108,10 @@ class RLDataset:
         """Every data_source in the dataset, so reward functions can be checked before training starts."""
         return sorted({str(row["data_source"]) for row in self.rows})
 
+    def field_values(self, field: str) -> list[str]:
+        """Each row's string column ``field`` (``data_source``, ``ability``), in the dataset's order."""
+        return [str(row.get(field) or "") for row in self.rows]
+
     def _read_rows(self) -> tuple[list[dict], list[tuple[pathlib.Path, int]]]:
         rows, origins = [], []
         for path in self.files:

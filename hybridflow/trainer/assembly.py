@@ -85,9 +85,8 @@ def role_classes(plan: RunPlan) -> dict[str, RayClassWithInitArgs]:
             classes[role] = RayClassWithInitArgs(CriticWorker, config=plan.critic)
         elif role == TEACHER_ROLE:
             teacher = plan.teacher
-            classes[role] = RayClassWithInitArgs(
-                TeacherWorker, plan.actor_rollout_ref, teacher.model_path, teacher.dtype, teacher.topk
-            )
+            models = [(model.model_path, model.dtype) for model in teacher.models]
+            classes[role] = RayClassWithInitArgs(TeacherWorker, plan.actor_rollout_ref, models, teacher.topk)
         else:
             worker = GenerativeJudgeWorker if plan.reward_model.judge.enable else RewardModelWorker
             classes[role] = RayClassWithInitArgs(worker, config=plan.reward_model)
@@ -130,7 +129,9 @@ def step_phases(
     return StepPhases(
         old_log_probs=old_log_probs,
         reference=ReferencePolicy(ref_group or actor_rollout, calls) if plan.uses_reference else NoReference(),
-        teacher=TeacherScores(teacher_group, PhaseCalls(overlap=not plan.local)) if plan.teacher else NoTeacher(),
+        teacher=TeacherScores(teacher_group, PhaseCalls(overlap=not plan.local), plan.teacher)
+        if plan.teacher
+        else NoTeacher(),
         critic=Critic(critic_group, calls) if plan.uses_critic else NoCritic(),
         actor=ActorUpdate(actor_rollout, calls, plan.trainer.critic_warmup, plan.old_log_probs),
     )

@@ -17,7 +17,8 @@ import hydra
 from omegaconf import DictConfig
 
 from hybridflow.config.command_line import CONFIG_CHECK_ENV, FULL_CHECK
-from hybridflow.config.load import load_config_with_notes
+from hybridflow.config.distillation_options import teacher_route_errors
+from hybridflow.config.load import ConfigError, load_config_with_notes
 from hybridflow.config.plan import RunPlan, build_plan, describe
 from hybridflow.config.resume_checks import check_data_position
 from hybridflow.config.reward_options import reward_manager_class, reward_manager_options, reward_manager_traits
@@ -58,6 +59,8 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     )
     check_vocabulary(tokenizer, model.tokenizer_dir, model.path, model.trust_remote_code)
     train_dataset, val_dataset = _datasets(config, tokenizer)
+    if errors := teacher_route_errors(config, train_dataset.field_values):
+        raise ConfigError(errors)
     reward_manager = _reward_manager(config, tokenizer, train_dataset, val_dataset)
     # Calibrated on the cluster, so Ray starts here; a config check (not --plan) leaves it unresolved
     if config.trainer.placement == "auto" and os.environ.get(CONFIG_CHECK_ENV) != FULL_CHECK:

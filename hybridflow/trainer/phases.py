@@ -15,12 +15,15 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+import numpy as np
+
 from hybridflow.algos.advantage_registry import ADV_ESTIMATORS, get_adv_estimator_fn
 from hybridflow.algos.kl import apply_kl_penalty
 from hybridflow.algos.kl_controllers import get_kl_controller
 from hybridflow.algos.rollout_correction import CorrectionSettings, compute_rollout_correction
 from hybridflow.config.phases import OLD_FROM_UPDATE
 from hybridflow.data.seqlen_balancing import group_balanced_order, rank_balanced_order
+from hybridflow.errors import HybridflowError
 from hybridflow.protocol import DataProto
 from hybridflow.protocol.columns import CRITIC_UPDATE_INPUTS, LOG_PROB_INPUTS, VALUE_INPUTS, actor_update_columns
 from hybridflow.tracking import metric_names as names
@@ -209,16 +212,59 @@ class ReferencePolicy:
 
 class TeacherScores:
     """Phase 3c, on-policy distillation: the teacher's ``teacher_logprobs`` (and ``teacher_ids``) of every response
-    token, from its own pool (``workers/teacher.py``)."""
+    token, from its own pool (``workers/teacher.py``). With several teachers (``spec.route_by``), each row goes to
+    the teacher whose key its ``route_by`` field holds: one call per teacher with rows, rejoined in the batch's
+    order."""
 
-    def __init__(self, worker_group: Any, calls: PhaseCalls):
+    def __init__(self, worker_group: Any, calls: PhaseCalls, spec: Any):
         self.worker_group = worker_group
         self.calls = calls
+        self.route_by = spec.route_by
+        self.keys = spec.keys()
 
-    def start(self, batch: DataProto, timer: StepTimer) -> Started:
-        return self.calls.start(
-            timer, names.PHASE_TEACHER, self.worker_group.compute_teacher_log_probs, columns(batch, LOG_PROB_INPUTS)
+    def start(self, batch: DataProto, timer: StepTimer) -> Started | RoutedRows:
+        inputs = columns(batch, LOG_PROB_INPUTS)
+        if self.route_by is None:
+            return self._call(inputs, timer, 0)
+        if self.route_by not in batch.non_tensor_batch:
+            raise HybridflowError(f"the batch has no {self.route_by!r} column to pick each row's teacher by")
+        rows = teacher_rows(batch.non_tensor_batch[self.route_by], self.keys, self.route_by)
+        return RoutedRows(
+            [(indices, self._call(inputs[indices], timer, teacher)) for teacher, indices in rows.items()], len(batch)
         )
+
+    def _call(self, inputs: DataProto, timer: StepTimer, teacher: int) -> Started:
+        method = self.worker_group.compute_teacher_log_probs
+        return self.calls.start(timer, names.PHASE_TEACHER, method, inputs, teacher=teacher)
+
+
+def teacher_rows(values: Any, keys: list[str], route_by: str) -> dict[int, np.ndarray]:
+    """The batch rows of each teacher (an index into ``keys``) that has any, by each row's ``route_by`` value."""
+    teacher_of = {key: index for index, key in enumerate(keys)}
+    unrouted = next((row for row, value in enumerate(values) if str(value) not in teacher_of), None)
+    if unrouted is not None:
+        raise HybridflowError(
+            f"batch row {unrouted} has {route_by}={values[unrouted]!r}, which no teacher's key names "
+            f"(distillation.teacher_models keys: {keys})"
+        )
+    chosen = np.array([teacher_of[str(value)] for value in values])
+    return {teacher: np.flatnonzero(chosen == teacher) for teacher in range(len(keys)) if (chosen == teacher).any()}
+
+
+class RoutedRows:
+    """The teachers' calls of one step, each over its own rows; ``join`` puts their columns back in row order."""
+
+    def __init__(self, parts: list[tuple[np.ndarray, Started]], rows: int):
+        self.parts = parts
+        self.rows = rows
+
+    def join(self, timer: StepTimer) -> DataProto:
+        outputs = [started.join(timer) for _, started in self.parts]
+        order = np.concatenate([indices for indices, _ in self.parts])
+        # Row i of the batch is row position_of[i] of the concatenated outputs
+        position_of = np.empty(self.rows, dtype=np.int64)
+        position_of[order] = np.arange(self.rows)
+        return DataProto.concat(outputs).reorder(position_of)
 
 
 class NoTeacher:

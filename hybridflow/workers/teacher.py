@@ -1,7 +1,8 @@
-"""The on-policy distillation teacher: a frozen model of another folder, on a pool of its own, that scores the
-student's responses token by token (``compute_teacher_log_probs``). It reads the student's token ids, so it shares
-the student's tokenizer; it is sharded and micro-batched like the reference (``actor_rollout_ref.ref.*``) and runs
-the same frozen forward (``RefPart``)."""
+"""The on-policy distillation teachers: frozen models of other folders, on a pool of their own, that score the
+student's responses token by token (``compute_teacher_log_probs``). A teacher reads the student's token ids, so it
+shares the student's tokenizer; each is sharded over the whole pool and micro-batched like the reference
+(``actor_rollout_ref.ref.*``) and runs the same frozen forward (``RefPart``). With several teachers (verl's MOPD) the
+driver sends each one its own rows, one call per teacher, so every rank runs the same teacher's forward together."""
 
 from __future__ import annotations
 
@@ -17,23 +18,26 @@ from hybridflow.workers.training import row_group
 
 
 class TeacherWorker(Worker):
-    """SPMD worker of the ``teacher`` role: ``model_path`` in ``dtype``, loaded with the policy's loading options
-    (``config``: the ``actor_rollout_ref`` section); ``topk``: log-probs kept per position (None: the sampled
-    token's)."""
+    """SPMD worker of the ``teacher`` role: ``models``, each a ``(model_path, dtype)``, loaded with the policy's
+    loading options (``config``: the ``actor_rollout_ref`` section); ``topk``: log-probs kept per position (None:
+    the sampled token's)."""
 
-    def __init__(self, config: Any, model_path: str, dtype: str, topk: int | None):
+    def __init__(self, config: Any, models: list[tuple[str, str]], topk: int | None):
         super().__init__()
         self.config = as_config(ActorRolloutRefConfig, config)
         policy = self.config.model
-        self.model_config = ModelConfig(
-            path=model_path,
-            dtype=dtype,
-            use_remove_padding=policy.use_remove_padding,
-            attn_implementation=policy.attn_implementation,
-            trust_remote_code=policy.trust_remote_code,
-        )
+        self.model_configs = [
+            ModelConfig(
+                path=model_path,
+                dtype=dtype,
+                use_remove_padding=policy.use_remove_padding,
+                attn_implementation=policy.attn_implementation,
+                trust_remote_code=policy.trust_remote_code,
+            )
+            for model_path, dtype in models
+        ]
         self.topk = topk
-        self.part: RefPart | None = None
+        self.parts: list[RefPart] = []
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -42,14 +46,19 @@ class TeacherWorker(Worker):
         rows = row_group(1, self.device, mesh)
         # A prompt shared by its samples is computed once, as the actor's passes do (actor.use_prefix_grouper)
         share_prompts = self.config.actor.use_prefix_grouper
-        self.part = RefPart.load(self.model_config, ref, mesh, self.device, rows, share_prompts=share_prompts)
+        self.parts = [
+            RefPart.load(model_config, ref, mesh, self.device, rows, share_prompts=share_prompts)
+            for model_config in self.model_configs
+        ]
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_teacher_log_probs(self, data: DataProto) -> DataProto:
-        """``teacher_logprobs`` ``[B, R]`` of the sampled tokens, or with ``topk`` ``teacher_logprobs`` and
-        ``teacher_ids`` ``[B, R, k]`` (verl's names); raw log-probs, at temperature 1."""
-        if self.part is None:
+    def compute_teacher_log_probs(self, data: DataProto, teacher: int = 0) -> DataProto:
+        """Teacher ``teacher``'s (an index into ``models``) ``teacher_logprobs`` ``[B, R]`` of the sampled tokens, or
+        with ``topk`` ``teacher_logprobs`` and ``teacher_ids`` ``[B, R, k]`` (verl's names); raw log-probs, at
+        temperature 1."""
+        if not self.parts:
             raise WorkerConfigError("compute_teacher_log_probs before init_model")
+        part = self.parts[teacher]
         if self.topk is None:
-            return DataProto.from_dict({"teacher_logprobs": self.part.compute_ref_log_prob(data, 1.0)})
-        return DataProto.from_dict(self.part.compute_top_log_probs(data, self.topk))
+            return DataProto.from_dict({"teacher_logprobs": part.compute_ref_log_prob(data, 1.0)})
+        return DataProto.from_dict(part.compute_top_log_probs(data, self.topk))

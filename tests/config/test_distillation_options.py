@@ -40,9 +40,12 @@ def test_a_verl_distillation_command_line_plans_a_teacher_on_a_pool_of_its_own(d
     assert plan.worker_roles["teacher"] == "teacher"
     assert plan.resources.role_pool["teacher"] == "teacher_pool"
     assert plan.resources.pools["teacher_pool"].world_size == 2
-    assert plan.teacher.model_path == str(tiny_model_dir) and plan.teacher.topk == 16
+    ((teacher,), topk) = plan.teacher.models, plan.teacher.topk
+    assert teacher.model_path == str(tiny_model_dir) and topk == 16
+    # One teacher scores every row: no routing
+    assert plan.teacher.route_by is None and teacher.key is None
     # verl's teacher dtype follows the rollout's
-    assert plan.teacher.dtype == plan.actor_rollout_ref.rollout.dtype
+    assert teacher.dtype == plan.actor_rollout_ref.rollout.dtype
     assert plan.distillation_loss.loss_mode == "forward_kl_topk"
     assert plan.phases["teacher"].runs and "its top-16 log-probs" in plan.phases["teacher"].why
     assert "use_task_rewards=false" in plan.phases["teacher"].why
@@ -63,7 +66,7 @@ def test_verls_teacher_server_settings_are_listed_as_not_read(distilled):
     # At verl's defaults (and the settings that follow the rollout's) nothing is listed
     assert not [line for line in plan_of(distilled).notes if line.startswith(server)]
     # The teacher's dtype is read
-    assert plan_of(distilled + [f"{server}.inference.dtype=bfloat16"]).teacher.dtype == "bfloat16"
+    assert plan_of(distilled + [f"{server}.inference.dtype=bfloat16"]).teacher.models[0].dtype == "bfloat16"
 
 
 @pytest.mark.parametrize(
@@ -82,18 +85,52 @@ def test_what_cannot_run_is_refused_in_one_line(distilled, setting, named):
     assert len(errors) == 1 and named in errors[0], errors
 
 
-def test_several_teachers_are_refused_in_one_line(distilled, tiny_model_dir):
-    """verl's MOPD: a second entry replaces teacher_model, routed by teacher_key."""
-    teachers = [
-        f"+distillation.teacher_models.{name}.{key}={value}"
-        for name in ("gsm8k", "math")
-        for key, value in (("key", name), ("model_path", tiny_model_dir))
+def _teachers(model_dir, *keys):
+    return [
+        f"+distillation.teacher_models.{key}.{field}={value}"
+        for key in keys
+        for field, value in (("key", key), ("model_path", model_dir))
     ]
-    (error,) = config_errors(distilled + teachers)
-    assert (
-        "has 2 teachers (gsm8k, math) routed by distillation.teacher_key (verl's MOPD), which hybridflow does not"
-        in (error)
-    )
+
+
+def test_several_teachers_route_rows_by_their_key(distilled, tiny_model_dir, tmp_path):
+    """verl's MOPD: entries added beside teacher_model replace it, each scoring the rows whose teacher_key names
+    it; each its own dtype; the start-up line lists num_replicas as not read, but not a routed teacher's key."""
+    teachers = _teachers(tiny_model_dir, "gsm8k", "math") + [
+        "+distillation.teacher_models.math.inference.dtype=bfloat16",
+        "+distillation.teacher_models.math.num_replicas=2",
+    ]
+    plan = plan_of(distilled + teachers)
+    assert plan.teacher.route_by == "data_source"
+    assert [(model.key, model.model_path, model.dtype) for model in plan.teacher.models] == [
+        ("gsm8k", str(tiny_model_dir), plan.actor_rollout_ref.rollout.dtype),
+        ("math", str(tiny_model_dir), "bfloat16"),
+    ]
+    assert "the teacher its data_source names ('gsm8k': " in plan.phases["teacher"].why
+    (note,) = [line for line in plan.notes if line.startswith("distillation.teacher_models.")]
+    assert note.startswith("distillation.teacher_models.math: num_replicas accepted, but not read")
+    by_ability = plan_of(distilled + teachers + ["distillation.teacher_key=ability"])
+    assert by_ability.teacher.route_by == "ability"
+
+
+GSM8K, MATH = "+distillation.teacher_models.gsm8k", "+distillation.teacher_models.math"
+
+
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        (
+            [f"{GSM8K}.key=gsm8k", f"{MATH}.key=math", "distillation.teacher_key=extra_info"],
+            "distillation.teacher_key='extra_info' is not a field every row carries",
+        ),
+        ([f"{GSM8K}.key=gsm8k", f"{MATH}.key=gsm8k"], "distillation.teacher_models.{gsm8k, math} all have key='gsm8k'"),
+        ([f"{GSM8K}.key=gsm8k"], "distillation.teacher_models.math.key is empty"),
+    ],
+)
+def test_teachers_that_cannot_be_told_apart_are_refused_in_one_line(distilled, tiny_model_dir, settings, named):
+    folders = [f"{GSM8K}.model_path={tiny_model_dir}", f"{MATH}.model_path={tiny_model_dir}"]
+    errors = config_errors(distilled + folders + settings)
+    assert len(errors) == 1 and named in errors[0], errors
 
 
 def test_top_k_under_ulysses_is_refused(distilled):
@@ -136,3 +173,24 @@ def test_the_teacher_pool_counts_in_the_local_clusters_cpus(distilled):
         "trainer.cpus_per_worker, or raise ray_kwargs.ray_init.num_cpus"
     ]
     plan_of(distilled + ["ray_kwargs.ray_init.num_cpus=2", "trainer.cpus_per_worker=1", "trainer.local_mode=true"])
+
+
+def test_training_rows_no_teacher_is_keyed_to_are_refused_before_workers_start(
+    distilled, tiny_model_dir, capsys, monkeypatch, tmp_path
+):
+    """The tiny parquet's rows are all data_source 'arithmetic': two teachers keyed to other sources leave them
+    without one, which the full check (the data read before Ray) names with the first such prompt."""
+    from tests.trainer.failure_harness import assert_refused, check_in_process
+
+    teachers = _teachers(tiny_model_dir, "gsm8k", "math")
+    outcome = check_in_process("main_ppo", distilled + teachers, capsys, monkeypatch, tmp_path)
+    assert_refused(
+        outcome,
+        "data.train_files: data_source='arithmetic' (prompt 0 of the training set, after filtering) names no teacher "
+        "(distillation.teacher_models keys: ['gsm8k', 'math']); add a teacher with key='arithmetic'",
+    )
+    # Keyed to the rows' source, the same teachers pass
+    from hybridflow.trainer import main_ppo
+
+    main_ppo.cli(distilled + [item.replace("key=math", "key=arithmetic") for item in teachers])
+    assert "config check passed (full)" in capsys.readouterr().out

@@ -100,6 +100,27 @@ def test_two_processes_shard_the_training_state_and_each_holds_a_rollout_copy(ba
     assert parts["rollout weights"] == 4 * shape.parameters
 
 
+def test_each_teacher_holds_its_shard_of_the_pool_and_one_forward_runs_at_a_time(base, tiny_model_dir):
+    """Two teachers (verl's MOPD) over a teacher pool of 2 processes: each process holds half of each, in each
+    one's dtype, and the larger forward (float32's) is the phase's."""
+    shape = ModelShape.read(str(tiny_model_dir))
+    teachers = [
+        f"+distillation.teacher_models.{key}.{field}={value}"
+        for key in ("gsm8k", "math")
+        for field, value in (("key", key), ("model_path", tiny_model_dir))
+    ]
+    distilled = ["distillation.enabled=true", "distillation.nnodes=1", "distillation.n_gpus_per_node=2"]
+    bf16 = "+distillation.teacher_models.math.inference.dtype=bfloat16"
+    plan = plan_of(base + distilled + teachers + [bf16, "trainer.cpus_per_worker=0.5"])
+    (teacher,) = [process for process in plan.memory if process.pool == "teacher_pool"]
+    parts = {part.name: part.bytes for part in teacher.parts}
+    assert parts["teacher weights (gsm8k)"] == 4 * shape.parameters // 2
+    assert parts["teacher weights (math)"] == 2 * shape.parameters // 2
+    single = plan_of(base + distilled + teachers[:2] + ["trainer.cpus_per_worker=0.5"])
+    (alone,) = [process for process in single.memory if process.pool == "teacher_pool"]
+    assert parts["teacher forward"] == {part.name: part.bytes for part in alone.parts}["teacher forward"]
+
+
 def test_a_run_that_does_not_fit_this_machine_is_refused_in_one_line(base, monkeypatch):
     overrides = base + ["trainer.local_mode=true"]
     (process,) = plan_of(overrides).memory

@@ -60,6 +60,48 @@ def test_a_teacher_that_is_the_student_gives_a_zero_top_k_divergence(tiny_model_
     assert names.timing("teacher") in step
 
 
+def _two_source_parquet(directory):
+    """The tiny parquet's prompts, their data_source alternating between "arithmetic" and "algebra"."""
+    from hybridflow.data.parquet_io import write_train_test
+    from hybridflow.data.synthetic import arithmetic_problems, train_test_rows
+
+    train, val = train_test_rows(arithmetic_problems(20, seed=0, max_value=9), 4, "arithmetic", "math")
+    for row, record in enumerate(train):
+        record["data_source"] = SOURCES[row % 2]
+    return write_train_test(train, val, directory)
+
+
+SOURCES = ("arithmetic", "algebra")
+
+
+def test_two_teachers_each_score_their_own_rows_in_place(tiny_model_dir, tmp_path):
+    """verl's MOPD: each data source has a teacher of its own (two copies of the student), so each step's rows
+    split between two teacher calls, padded to the pool's 2 processes where a teacher's share is odd. The top-k
+    divergence is 0, as in the test above, only if the rejoined calls give every row back its own scores."""
+    run_dir = tmp_path / "run"
+    teachers = [
+        f"+distillation.teacher_models.{source}.{field}={value}"
+        for source in SOURCES
+        for field, value in (("key", source), ("model_path", tiny_model_dir))
+    ]
+    overrides = _distilled(
+        tiny_model_dir,
+        _two_source_parquet(tmp_path / "data"),
+        run_dir,
+        tiny_model_dir,
+        "distillation.distillation_loss.loss_mode=forward_kl_topk",
+        f"distillation.distillation_loss.topk={TOPK}",
+        "distillation.distillation_loss.use_task_rewards=false",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        *teachers,
+    )
+    result = run_cli(overrides, cwd=tmp_path)
+    assert "the teacher its data_source names ('arithmetic': " in result.stdout
+    step = _steps(run_dir)[1]
+    assert 0 <= step["distillation/loss"] < 1e-5, step
+    assert step["distillation/overlap_ratio"] > 0.99
+
+
 def test_a_reverse_kl_reward_trains_without_the_task_advantages(
     tiny_model_dir, tiny_parquet, tmp_path, tmp_path_factory
 ):

@@ -1,6 +1,6 @@
 """The phase objects' own logic: which samples go on to the update when zero-signal samples are skipped, how a
-batch is reordered so the data-parallel ranks get about the same number of tokens, and where the rollout
-correction sits in phase 5."""
+batch is reordered so the data-parallel ranks get about the same number of tokens, where the rollout
+correction sits in phase 5, and how several distillation teachers share a step's rows."""
 
 import math
 
@@ -9,16 +9,20 @@ import pytest
 import torch
 
 from hybridflow.algos import CorrectionSettings, compute_optimal_token_baseline_advantage
+from hybridflow.config.distillation_options import TeacherModel, TeacherSpec
 from hybridflow.config.schema import AlgorithmConfig
+from hybridflow.errors import HybridflowError
 from hybridflow.protocol import DataProto
 from hybridflow.tracking import metric_names as names
 from hybridflow.trainer.phases import (
     AdvantageEstimator,
     Advantages,
     KLInReward,
+    PhaseCalls,
     RolloutCorrection,
     RolloutLogProbsAsOld,
     StepTimer,
+    TeacherScores,
     balance_batch,
     rows_with_signal,
 )
@@ -140,3 +144,49 @@ def test_the_optimal_token_baseline_gets_the_rollout_weights_when_the_batch_has_
     expected, _ = compute_optimal_token_baseline_advantage(**inputs, rollout_is_weights=weights)
     torch.testing.assert_close(weighted.batch["advantages"], expected)
     assert not torch.allclose(expected, without)
+
+
+class _Teachers:
+    """A teacher group whose teacher ``t`` scores each response token ``100 t + its token id``."""
+
+    def __init__(self):
+        self.calls = []
+
+    def compute_teacher_log_probs(self, data, teacher=0):
+        self.calls.append((teacher, len(data)))
+        return DataProto.from_dict({"teacher_logprobs": 100.0 * teacher + data.batch["responses"].float()})
+
+
+def _routed_batch(sources):
+    rows = len(sources)
+    batch = DataProto.from_dict(
+        {
+            "input_ids": torch.zeros(rows, 3, dtype=torch.long),
+            "attention_mask": torch.ones(rows, 3, dtype=torch.long),
+            "position_ids": torch.arange(3).repeat(rows, 1),
+            "responses": torch.arange(rows * 2).reshape(rows, 2),
+        }
+    )
+    batch.non_tensor_batch["data_source"] = np.array(sources, dtype=object)
+    return batch
+
+
+def test_several_teachers_each_score_their_own_rows_which_come_back_in_the_batchs_order():
+    spec = TeacherSpec((TeacherModel("a", "f32", "gsm8k"), TeacherModel("b", "f32", "math")), None, "data_source")
+    group = _Teachers()
+    batch = _routed_batch(["math", "gsm8k", "math", "math", "gsm8k"])
+    scored = TeacherScores(group, PhaseCalls(overlap=False), spec).start(batch, StepTimer()).join(StepTimer())
+    # One call per teacher, over its own rows only
+    assert group.calls == [(0, 2), (1, 3)]
+    teacher = torch.tensor([1, 0, 1, 1, 0]).unsqueeze(1)
+    assert torch.equal(scored.batch["teacher_logprobs"], 100.0 * teacher + batch.batch["responses"].float())
+    # A step with one source's rows only calls that source's teacher
+    group.calls.clear()
+    TeacherScores(group, PhaseCalls(overlap=False), spec).start(_routed_batch(["math"] * 2), StepTimer())
+    assert group.calls == [(1, 2)]
+
+
+def test_a_row_no_teacher_is_keyed_to_is_named():
+    spec = TeacherSpec((TeacherModel("a", "f32", "gsm8k"), TeacherModel("b", "f32", "math")), None, "data_source")
+    with pytest.raises(HybridflowError, match=r"batch row 1 has data_source='code', which no teacher's key names"):
+        TeacherScores(_Teachers(), PhaseCalls(overlap=False), spec).start(_routed_batch(["math", "code"]), StepTimer())
