@@ -248,7 +248,7 @@ def teacher_rows(values: Any, keys: list[str], route_by: str) -> dict[int, np.nd
             f"(distillation.teacher_models keys: {keys})"
         )
     chosen = np.array([teacher_of[str(value)] for value in values])
-    return {teacher: np.flatnonzero(chosen == teacher) for teacher in range(len(keys)) if (chosen == teacher).any()}
+    return {int(teacher): np.flatnonzero(chosen == teacher) for teacher in np.unique(chosen)}
 
 
 class RoutedRows:

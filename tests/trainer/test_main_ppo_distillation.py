@@ -21,6 +21,13 @@ from .test_main_ppo import _steps
 pytestmark = pytest.mark.slow
 
 TOPK = 4
+# The top-k divergence alone, one mini-batch a step: step 1's whole update is scored before the student moves
+TOP_K_ALONE = (
+    "distillation.distillation_loss.loss_mode=forward_kl_topk",
+    f"distillation.distillation_loss.topk={TOPK}",
+    "distillation.distillation_loss.use_task_rewards=false",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+)
 
 
 def _distilled(tiny_model_dir, tiny_parquet, run_dir, teacher, *loss):
@@ -38,17 +45,7 @@ def _distilled(tiny_model_dir, tiny_parquet, run_dir, teacher, *loss):
 
 def test_a_teacher_that_is_the_student_gives_a_zero_top_k_divergence(tiny_model_dir, tiny_parquet, tmp_path):
     run_dir = tmp_path / "run"
-    overrides = _distilled(
-        tiny_model_dir,
-        tiny_parquet,
-        run_dir,
-        tiny_model_dir,
-        "distillation.distillation_loss.loss_mode=forward_kl_topk",
-        f"distillation.distillation_loss.topk={TOPK}",
-        "distillation.distillation_loss.use_task_rewards=false",
-        # One mini-batch a step: step 1's whole update is scored before the student moves from the teacher
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    )
+    overrides = _distilled(tiny_model_dir, tiny_parquet, run_dir, tiny_model_dir, *TOP_K_ALONE)
     run_cli(overrides, cwd=tmp_path)
     step = _steps(run_dir)[1]
     # Each token's KL is a sum of TOPK terms p (log p - log q) with |log p - log q| at float32 rounding of two
@@ -85,15 +82,7 @@ def test_two_teachers_each_score_their_own_rows_in_place(tiny_model_dir, tmp_pat
         for field, value in (("key", source), ("model_path", tiny_model_dir))
     ]
     overrides = _distilled(
-        tiny_model_dir,
-        _two_source_parquet(tmp_path / "data"),
-        run_dir,
-        tiny_model_dir,
-        "distillation.distillation_loss.loss_mode=forward_kl_topk",
-        f"distillation.distillation_loss.topk={TOPK}",
-        "distillation.distillation_loss.use_task_rewards=false",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        *teachers,
+        tiny_model_dir, _two_source_parquet(tmp_path / "data"), run_dir, tiny_model_dir, *TOP_K_ALONE, *teachers
     )
     result = run_cli(overrides, cwd=tmp_path)
     assert "the teacher its data_source names ('arithmetic': " in result.stdout
