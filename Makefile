@@ -59,8 +59,9 @@ $(VLLM_STAMP): pyproject.toml constraints.txt $(STAMP)
 	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
+# In two processes too: one vLLM run alone leaves about half of the two cores idle (measured with vmstat).
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest -q -rs -m vllm --durations=10
+	$(VLLM_PY) -m pytest -q -rs -m vllm $(TEST_PROCESSES) --durations=10
 
 # The tests marked gpu, skipped where torch sees no CUDA device. A GPU machine installs a CUDA torch (not
 # constraints.txt's CPU build; docs/multi_node.md) and names its interpreter: make test-gpu GPU_PYTHON=python.

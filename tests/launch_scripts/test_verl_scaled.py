@@ -114,6 +114,8 @@ def test_a_sample_of_verls_scripts_runs_two_steps(script, tmp_path):
     # through its py_executable='uv run ...'), trackers offline
     env = {**os.environ, "PATH": f"{verl_surface._shim_dir()}:{os.environ['PATH']}", "VERL_SURFACE_RUN": "1"}
     env.update(WANDB_MODE="offline", HOME=str(tmp_path), PYTHONPATH=str(verl_scaled.REPO))
+    # vLLM's model-inspection cache stays under the real home: a cold one costs every run a subprocess of seconds
+    env.setdefault("VLLM_CACHE_ROOT", os.path.expanduser("~/.cache/vllm"))
     run = subprocess.run(
         [sys.executable, str(verl_scaled.REPO / "tools/verl_scaled.py"), command["module"], *args],
         cwd=tmp_path,
