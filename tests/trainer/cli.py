@@ -108,9 +108,12 @@ def assert_demo_learned(completed: subprocess.CompletedProcess, rows: list[dict]
 
 
 def run_cli(
-    overrides: list[str], cwd: pathlib.Path, timeout: float = 240, env: dict[str, str] | None = None
+    overrides: list[str], cwd: pathlib.Path, timeout: float = 900, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """Run the trainer to completion (``env`` added to its environment); raises with its output if it fails."""
+    """Run the trainer to completion (``env`` added to its environment); raises with its output if it fails.
+
+    ``timeout`` guards against a hang, not speed: on 2026-12-05 a 2-core AVX2 CI VM took over 240 s for the
+    auto-placement plan's four calibration runs, which take 91 s there alone."""
     with RayTempDir() as ray_temp_dir:
         result = subprocess.run(
             command(overrides, ray_temp_dir),

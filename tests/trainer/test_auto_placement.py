@@ -51,10 +51,7 @@ def test_the_one_layout_that_fits_is_run_without_calibrating(base):
 @pytest.mark.slow
 def test_plan_prints_the_ranked_layouts_and_trains_nothing(tiny_model_dir, tiny_parquet, tmp_path):
     run_dir = tmp_path / "run"
-    # Four calibrations, each a run's start-up and two steps: a hang guard, not a speed bound (2026-12-05 CI on a
-    # 2-core AVX2 VM passed the default 240 s)
-    overrides = tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir) + AUTO + ["--plan"]
-    result = run_cli(overrides, tmp_path, timeout=900)
+    result = run_cli(tiny_run_overrides(tiny_model_dir, tiny_parquet, run_dir) + AUTO + ["--plan"], tmp_path)
     record = json.loads((run_dir / CHOICE_FILE).read_text())
     assert sorted(entry["layout"] for entry in record["ranked"]) == ["actor+critic:2", "actor:1/critic:1"]
     steps = [entry["seconds"]["step"] for entry in record["ranked"]]
