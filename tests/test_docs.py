@@ -34,6 +34,7 @@ from hybridflow.rewards import (
 from hybridflow.rewards.response_batch import ResponseBatch
 from hybridflow.rewards.timed_calls import CallOutcome
 from hybridflow.rollout.tools import load_tools
+from tests.trainer.cli import HANG_GUARD_S
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -255,7 +256,7 @@ def _run_in_sandbox(blocks: list[str], tmp_path: pathlib.Path, home: pathlib.Pat
     try:
         for block in blocks:
             command = ["bash", "-euo", "pipefail", "-c", block]
-            done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=400)
+            done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
             assert done.returncode == 0, f"{block}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-5000:]}"
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -16,6 +16,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from hybridflow.trainer.main_ppo import prompt_tool_schemas
+from tests.trainer.cli import HANG_GUARD_S
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 TOOLS_YAML = EXAMPLES / "multiturn_calculator" / "tools.yaml"
@@ -27,7 +28,7 @@ GSM8K_RECORDS = [
 ]
 
 
-def run_script(script, env_vars, overrides, timeout=240):
+def run_script(script, env_vars, overrides, timeout=HANG_GUARD_S):
     """Run an example script with a short Ray temp dir and one torch thread; return its output (raises on failure)."""
     ray_temp_dir = tempfile.mkdtemp(prefix="hfray", dir="/tmp")  # Ray's socket paths must stay short
     env = {

@@ -14,7 +14,7 @@ from hybridflow.config.fully_async_options import (
 from hybridflow.config.load import load_config, load_config_with_notes
 from hybridflow.config.plan import build_plan, describe
 from hybridflow.experimental.fully_async_policy.fully_async_main import CONFIG_NAME
-from tests.trainer.cli import cli_env
+from tests.trainer.cli import HANG_GUARD_S, cli_env
 from tests.trainer.helpers import compose_config, config_errors, tiny_run_overrides
 
 ASYNC = ["actor_rollout_ref.hybrid_engine=false", "async_training.enable=true", "async_training.partial_rollout=false"]
@@ -182,6 +182,6 @@ def test_verls_fully_async_entry_point_runs_on_its_config(tiny_model_dir, tiny_p
         env={**cli_env(), "HYBRIDFLOW_CONFIG_CHECK": "surface"},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert result.returncode == 0, result.stderr

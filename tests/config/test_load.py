@@ -14,6 +14,7 @@ from hybridflow.config.phases import uses_critic
 from hybridflow.config.plan import describe
 from hybridflow.config.schema import PPOTrainerConfig
 from hybridflow.config.verl_compat import split_compat
+from tests.trainer.cli import HANG_GUARD_S
 from tests.trainer.helpers import compose_config, config_errors, plan_of
 
 
@@ -196,7 +197,7 @@ def test_cli_refuses_a_bad_config_before_starting_ray(base, tmp_path):
         text=True,
         cwd=tmp_path,
         env=env,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert result.returncode == 2, result.stderr
     assert "trainer.sav_freq is not a config key; did you mean trainer.save_freq?" in result.stderr
@@ -217,7 +218,9 @@ def test_checking_a_config_loads_no_models_engines_or_ray():
         "print(sorted(name for name in ('transformers', 'ray', 'tensordict', 'peft', 'vllm') if name in sys.modules))\n"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=HANG_GUARD_S
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 

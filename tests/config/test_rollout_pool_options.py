@@ -8,7 +8,7 @@ from hybridflow.config.load import load_config, load_config_with_notes
 from hybridflow.config.placement import make_resource_plan
 from hybridflow.config.plan import build_plan
 from hybridflow.experimental.one_step_off_policy.main_ppo import CONFIG_NAME
-from tests.trainer.cli import cli_env
+from tests.trainer.cli import HANG_GUARD_S, cli_env
 from tests.trainer.helpers import compose_config, config_errors, tiny_run_overrides
 
 OFF = "actor_rollout_ref.hybrid_engine=false"
@@ -111,6 +111,6 @@ def test_verls_one_step_off_entry_point_runs_on_its_config(tiny_model_dir, tiny_
         env={**cli_env(), "HYBRIDFLOW_CONFIG_CHECK": "surface"},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert result.returncode == 0, result.stderr

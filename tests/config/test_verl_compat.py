@@ -15,6 +15,7 @@ from hybridflow.models.loading import load_model_config
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.rollout import vllm_memory
 from hybridflow.rollout.vllm_memory import GIB
+from tests.trainer.cli import HANG_GUARD_S
 from tests.trainer.helpers import compose_config
 
 
@@ -318,7 +319,7 @@ def test_a_verl_style_line_through_the_entry_point_stops_after_the_check():
         capture_output=True,
         text=True,
         env=env,
-        timeout=300,
+        timeout=HANG_GUARD_S,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "config check passed (surface)" in result.stdout
@@ -335,7 +336,7 @@ def test_a_verl_style_line_through_the_entry_point_stops_after_the_check():
         capture_output=True,
         text=True,
         env=env,
-        timeout=300,
+        timeout=HANG_GUARD_S,
     )
     assert refused.returncode == 2
     lines = refused.stderr.strip().splitlines()

@@ -15,6 +15,7 @@ from hybridflow.config.key_surface import ALIAS, LACKS, UNREAD
 from hybridflow.config.load import ConfigError
 from hybridflow.config.sft import SFTTrainerConfig, load_sft_config_with_notes
 from hybridflow.config.verl_sft_compat import SFT_COMPAT_YAML, SFT_SURFACE
+from tests.trainer.cli import HANG_GUARD_S
 
 BASE = ["data.train_files=/data/train.parquet", "model.partial_pretrain=/models/base"]
 
@@ -273,7 +274,7 @@ def _main_sft(args):
         capture_output=True,
         text=True,
         env=env,
-        timeout=300,
+        timeout=HANG_GUARD_S,
     )
 
 

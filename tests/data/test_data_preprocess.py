@@ -12,6 +12,7 @@ import pytest
 
 from hybridflow.data.rl_dataset import RLDataset
 from hybridflow.rewards.scoring import default_compute_score
+from tests.trainer.cli import HANG_GUARD_S
 
 SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "examples" / "data_preprocess"
 
@@ -52,7 +53,7 @@ def test_a_script_runs_from_the_command_line(tmp_path):
         [sys.executable, SCRIPTS / "sorting.py", "--local_dir", tmp_path, "--num_train", "5", "--num_test", "2"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD_S,
     )
     assert completed.returncode == 0, completed.stderr
     assert "wrote 5 train and 2 test rows" in completed.stdout

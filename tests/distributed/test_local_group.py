@@ -7,6 +7,7 @@ import torch
 
 from hybridflow.distributed import LocalWorkerGroup, RayClassWithInitArgs, create_colocated_worker_cls
 from hybridflow.protocol import DataProto
+from tests.trainer.cli import HANG_GUARD_S
 
 from .sample_workers import CollectiveWorker
 
@@ -115,5 +116,5 @@ def test_local_mode_does_not_load_ray():
         "plan.pools['global_pool'].release()\n"
         "assert 'ray' not in sys.modules, sorted(name for name in sys.modules if name.startswith('ray'))\n"
     )
-    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert completed.returncode == 0, completed.stderr[-3000:]

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from hybridflow.distributed.ray_start_cluster import RayStartCluster
+from tests.trainer.cli import HANG_GUARD_S
 
 pytestmark = pytest.mark.slow
 # One CPU per node and one per worker, so that a pool of one rank per node must span both nodes.
@@ -51,7 +52,7 @@ def logged_steps(run_dir: pathlib.Path) -> list[int]:
 
 def test_colocated_run_places_one_rank_on_each_node(cluster, tmp_path):
     command = demo_command(tmp_path, cluster, "--steps", "3", "--test_freq", "3", "trainer.nnodes=2")
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     (nodes,) = nodes_of_groups(completed.stdout).values()
     assert len(nodes) == 2
@@ -62,7 +63,7 @@ def test_split_run_puts_the_actor_and_the_critic_on_different_nodes(cluster, tmp
     command = demo_command(
         tmp_path, cluster, "--algo", "ppo", "--steps", "3", "--test_freq", "3", "trainer.placement=split"
     )
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     nodes = nodes_of_groups(completed.stdout)
     assert set(nodes) == {"actor_rollout_ref", "critic"}
@@ -74,7 +75,7 @@ def test_a_lost_node_stops_the_run_naming_it_and_the_same_command_resumes(cluste
     command = demo_command(tmp_path, cluster, "--algo", "ppo", "--steps", "8", "--test_freq", "2",
                            "trainer.placement=split")  # fmt: skip
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + HANG_GUARD_S
     while max(logged_steps(tmp_path), default=0) < 3 and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert run.poll() is None, "the run ended before the node was lost"
@@ -93,7 +94,7 @@ def test_a_lost_node_stops_the_run_naming_it_and_the_same_command_resumes(cluste
     assert nodes_of_groups(output)[named[1]] == {named[2]}
 
     cluster.restart_worker_node()
-    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     resumed_from = re.search(r"resumed from \S+global_step_(\d+) at step (\d+)", resumed.stdout)
     assert resumed_from and resumed_from[1] == resumed_from[2] and int(resumed_from[1]) >= 2, resumed.stdout[-3000:]

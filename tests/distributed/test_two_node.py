@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.trainer.cli import RayTempDir
+from tests.trainer.cli import HANG_GUARD_S, RayTempDir
 
 SCRIPT = Path(__file__).with_name("two_node_cluster.py")
 
@@ -16,7 +16,12 @@ def test_group_spreads_over_two_nodes_and_all_reduces_across_them():
     with RayTempDir() as ray_temp_dir:  # short: Ray's socket paths must fit 107 bytes
         env["RAY_TMPDIR"] = ray_temp_dir
         done = subprocess.run(
-            [sys.executable, str(SCRIPT)], cwd=SCRIPT.parent, env=env, capture_output=True, text=True, timeout=150
+            [sys.executable, str(SCRIPT)],
+            cwd=SCRIPT.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=HANG_GUARD_S,
         )
     assert done.returncode == 0, done.stderr[-4000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -12,7 +12,7 @@ import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.workers import ActorRolloutRefWorker
-from tests.trainer.cli import assert_demo_learned, run_demo
+from tests.trainer.cli import HANG_GUARD_S, assert_demo_learned, run_demo
 from tests.workers.helpers import actor_rollout_ref_config, rollout_batch
 
 pytestmark = [
@@ -131,7 +131,7 @@ reference = torch.log_softmax(logits[:, width - 1:-1].float(), -1).gather(-1, ou
 mask = out["response_mask"].bool()
 print("MAXDIFF", float((out["rollout_log_probs"][mask] - reference[mask]).abs().max()))
 """
-    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert completed.returncode == 0, completed.stderr[-3000:]
     maxdiff = float(completed.stdout.split("MAXDIFF")[-1])
     # float32 on both sides, other kernels and summation orders: as tests/rollout/test_vllm_engine.py (1e-4),

@@ -9,6 +9,7 @@ from tensordict import TensorDict
 
 from hybridflow.protocol import DataProto
 from hybridflow.protocol.serialization import tensordict_from_state, tensordict_to_state
+from tests.trainer.cli import HANG_GUARD_S
 
 from .dp_asserts import assert_same_data
 
@@ -92,7 +93,7 @@ def test_ray_ships_data_proto_between_processes(ray_cluster):
     from_store.batch["values"].add_(1)  # must not corrupt the shared object
     assert_same_data(ray.get(ray.put(dp), timeout=60), dp)
 
-    result = ray.get(double_values.remote(dp), timeout=120)
+    result = ray.get(double_values.remote(dp), timeout=HANG_GUARD_S)
     assert torch.equal(result.batch["values"], dp.batch["values"] * 2)
     assert result.batch["old_log_probs"].dtype == torch.bfloat16
     assert result.non_tensor_batch["uid"].tolist() == ["u0!", "u1!", "u2!", "u3!"]

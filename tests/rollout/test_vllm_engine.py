@@ -24,6 +24,7 @@ from hybridflow.rollout import GenerationRequest, RolloutConfig, SamplingParams,
 from hybridflow.rollout.vllm_memory import kv_cache_bytes  # noqa: E402
 from tests.rollout.prompts import TOOL_CALL_TEXT, TOOL_QUESTION, left_padded  # noqa: E402
 from tests.rollout.teacher_forced import response_log_probs, teacher_forced_log_probs  # noqa: E402
+from tests.trainer.cli import HANG_GUARD_S
 
 pytestmark = pytest.mark.vllm
 
@@ -206,7 +207,7 @@ def test_a_lora_actor_syncs_the_adapter_alone_and_vllm_samples_as_the_trained_ac
         cwd=REPOSITORY,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_GUARD_S,
     )
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-4000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])

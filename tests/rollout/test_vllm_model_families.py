@@ -19,6 +19,7 @@ from hybridflow.models.loading import load_model_config  # noqa: E402
 from hybridflow.rollout.vllm_memory import GIB, KV_BYTES_KEY, SHARE_KEY, cpu_node_memory  # noqa: E402
 from tests.float_bounds import longest_reduction, reordered_sum_bound  # noqa: E402
 from tests.rollout.vllm_family_sync import sync_kv_cache_bytes  # noqa: E402
+from tests.trainer.cli import HANG_GUARD_S
 
 pytestmark = pytest.mark.vllm
 
@@ -31,7 +32,7 @@ def run_sync(model_dir, *options: str) -> subprocess.CompletedProcess:
         cwd=REPOSITORY,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_GUARD_S,
     )
 
 

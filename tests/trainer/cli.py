@@ -12,6 +12,10 @@ import time
 
 DENSE_REWARD = pathlib.Path(__file__).with_name("dense_reward.py")
 
+# How long the suite waits on a process it started before calling it hung: a guard, never a speed claim. On
+# 2026-12-05 a busy 2-core AVX2 CI VM took over 240 s for a run of four calibrations that takes 91 s there alone.
+HANG_GUARD_S = 900
+
 
 def cli_env() -> dict[str, str]:
     quiet = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
@@ -93,7 +97,7 @@ def run_demo(run_dir: pathlib.Path, *overrides: str, steps: int = 12) -> tuple[s
 
     command = [sys.executable, "-m", "hybridflow.demo", "--steps", str(steps), "--test_freq", str(steps)]
     completed = subprocess.run(
-        [*command, "--run_dir", str(run_dir), *overrides], capture_output=True, text=True, timeout=900
+        [*command, "--run_dir", str(run_dir), *overrides], capture_output=True, text=True, timeout=HANG_GUARD_S
     )
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
@@ -108,12 +112,9 @@ def assert_demo_learned(completed: subprocess.CompletedProcess, rows: list[dict]
 
 
 def run_cli(
-    overrides: list[str], cwd: pathlib.Path, timeout: float = 900, env: dict[str, str] | None = None
+    overrides: list[str], cwd: pathlib.Path, timeout: float = HANG_GUARD_S, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """Run the trainer to completion (``env`` added to its environment); raises with its output if it fails.
-
-    ``timeout`` guards against a hang, not speed: on 2026-12-05 a 2-core AVX2 CI VM took over 240 s for the
-    auto-placement plan's four calibration runs, which take 91 s there alone."""
+    """Run the trainer to completion (``env`` added to its environment); raises with its output if it fails."""
     with RayTempDir() as ray_temp_dir:
         result = subprocess.run(
             command(overrides, ray_temp_dir),
@@ -147,7 +148,7 @@ def sft_command(overrides: list[str], ray_temp_dir: str) -> list[str]:
 
 
 def kill_9_at_first_checkpoint(
-    overrides: list[str], run_dir: pathlib.Path, cwd: pathlib.Path, timeout: float = 180, trainer=command
+    overrides: list[str], run_dir: pathlib.Path, cwd: pathlib.Path, timeout: float = HANG_GUARD_S, trainer=command
 ) -> int:
     """Start the trainer (``command``, or ``sft_command``), kill -9 it once its first checkpoint is written;
     returns the step that checkpoint saved."""

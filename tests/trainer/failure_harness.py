@@ -13,7 +13,7 @@ import pytest
 from hybridflow.config.command_line import CONFIG_CHECK_ENV
 from hybridflow.trainer.error_boundary import PREFIX, WORKERS_STARTING
 
-from .cli import RayTempDir, cli_env
+from .cli import HANG_GUARD_S, RayTempDir, cli_env
 
 # Ray's prefix on a line it forwards from a worker process (colored on a terminal, and under pytest too).
 RAY_WORKER_LINE = re.compile(r"^(\x1b\[[0-9;]*m)?\([^()]*pid=\d+[^()]*\)")
@@ -57,7 +57,7 @@ def check_in_process(entry: str, argv: list[str], capsys, monkeypatch, tmp_path)
     return Outcome(stopped.value.code, out.out, out.err)
 
 
-def run_subprocess(entry: str, argv: list[str], cwd, timeout: float = 240, env: dict | None = None) -> Outcome:
+def run_subprocess(entry: str, argv: list[str], cwd, timeout: float = HANG_GUARD_S, env: dict | None = None) -> Outcome:
     """The whole run in a subprocess, with its own Ray cluster (for failures that happen after start-up)."""
     with RayTempDir() as ray_temp_dir:
         result = subprocess.run(

@@ -12,7 +12,7 @@ import pytest
 from hybridflow.tracking import metric_names as names
 from hybridflow.tracking.trackers import read_metrics
 
-from .cli import DENSE_REWARD, RayTempDir, cli_env
+from .cli import DENSE_REWARD, HANG_GUARD_S, RayTempDir, cli_env
 from .failure_harness import Outcome, assert_refused, run_subprocess
 from .helpers import tiny_run_overrides
 
@@ -78,11 +78,11 @@ def test_ctrl_c_says_where_the_run_stopped_and_what_resumes(tiny_model_dir, tiny
             # inherits that; the driver must get Ctrl-C as a terminal would deliver it.
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + HANG_GUARD_S
         while not (run_dir / "latest").exists() and driver.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         driver.send_signal(signal.SIGINT)
-        stdout, stderr = driver.communicate(timeout=120)
+        stdout, stderr = driver.communicate(timeout=HANG_GUARD_S)
     error = assert_refused(
         Outcome(driver.returncode, stdout, stderr),
         "interrupted (Ctrl-C) during step",

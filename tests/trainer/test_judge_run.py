@@ -82,7 +82,7 @@ def test_a_judge_served_by_vllm_scores_every_sample_what_it_answers(tiny_model_d
         "trainer.local_mode=true",
         "reward_model.judge.engine=vllm",
     )
-    outcome = run_subprocess("main_ppo", overrides, tmp_path, timeout=400)
+    outcome = run_subprocess("main_ppo", overrides, tmp_path)
     assert outcome.code == 0, outcome.stderr[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["critic/score/mean"] for row in rows] == pytest.approx([0.7, 0.7], abs=1e-7)

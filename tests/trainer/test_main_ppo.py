@@ -15,7 +15,7 @@ from hybridflow.model_merger.merge import load_trained_policy
 from hybridflow.tracking import metric_names as names
 from hybridflow.tracking.trackers import read_metrics
 
-from .cli import cli_env, kill_9_at_first_checkpoint, run_cli
+from .cli import HANG_GUARD_S, cli_env, kill_9_at_first_checkpoint, run_cli
 from .helpers import tiny_run_overrides, tool_calling_model
 from .trained_prompts import COUNTED, DUMPS, assert_each_prompt_trained_once_per_epoch, prompts_by_step
 
@@ -149,7 +149,7 @@ def test_kill_9_then_resume_matches_an_uninterrupted_run(ppo_run, tmp_path):
     assert json.dumps(_comparable(resumed[1]), sort_keys=True) == json.dumps(_comparable(reference[1]), sort_keys=True)
 
 
-def grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, extra, timeout=240):
+def grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, extra):
     """A GRPO run of ``STEPS`` steps with ``extra`` overrides, checkpointed every step and counted: uninterrupted
     (in ``tmp_path / "uninterrupted"``), then killed with -9 and resumed (``kill_9_then_resume``); returns
     (resumed, uninterrupted) records by step."""
@@ -162,7 +162,7 @@ def grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, extra, timeo
         *COUNTED,
         *extra,
     ]
-    run_cli(overrides, cwd=reference, timeout=timeout)
+    run_cli(overrides, cwd=reference)
     return kill_9_then_resume(reference / "run", overrides, tmp_path)
 
 
@@ -218,7 +218,7 @@ def test_grpo_with_lora_trains_the_adapter_syncs_it_merges_and_resumes_exactly_a
         "--target_dir",
         str(merged_dir),
     ]
-    result = subprocess.run(merge_command, env=cli_env(), capture_output=True, text=True, timeout=180)
+    result = subprocess.run(merge_command, env=cli_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert result.returncode == 0, result.stderr
     merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
     exported = AutoModelForCausalLM.from_pretrained(actor_dir / "huggingface").eval()  # the worker's own merge

@@ -153,7 +153,7 @@ if any(arg.endswith("default_worker.py") for arg in sys.argv):
 """
 
 
-def run_held_partial_rollout(hook_code: str, model_dir, parquet, tmp_path, extra=(), timeout: float = 240) -> dict:
+def run_held_partial_rollout(hook_code: str, model_dir, parquet, tmp_path, extra=()) -> dict:
     """The partial-rollout run with ``hook_code`` imported by every Ray worker (it holds each call after the first
     until a sync lands); its steps, checked: none of step 1's samples spans a sync, some of every later step's do
     (samples of more than 2 tokens, which the untrained model rarely stops sooner), each across one sync only."""
@@ -166,7 +166,7 @@ def run_held_partial_rollout(hook_code: str, model_dir, parquet, tmp_path, extra
     (hook / "sitecustomize.py").write_text(HOOK_LOADER)
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
     overrides = _partial_rollout_overrides(model_dir, parquet, tmp_path / "run") + list(extra)
-    run_cli(overrides, cwd=tmp_path, env=env, timeout=timeout)
+    run_cli(overrides, cwd=tmp_path, env=env)
     steps = _steps(tmp_path / "run")
     assert sorted(steps) == [1, 2, 3, 4]
     assert steps[1][names.FULLY_ASYNC_PARTIAL_SAMPLES] == 0

@@ -78,7 +78,7 @@ def test_kill_9_then_resume_on_vllm_matches_an_uninterrupted_run(tiny_model_dir,
     """The hybrid engine on vLLM: killed with -9 at its first checkpoint, the same command resumes (the engine
     starts from the model folder and takes the checkpoint's weights), and every later step equals an
     uninterrupted run's, each prompt of an epoch trained once."""
-    grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, vllm_overrides(tiny_model_dir, 8), timeout=400)
+    grpo_kill_9_then_resume(tiny_model_dir, tiny_parquet, tmp_path, vllm_overrides(tiny_model_dir, 8))
 
 
 def vllm_overrides(model_dir, samples: int) -> list[str]:
@@ -149,7 +149,7 @@ def test_partial_rollout_on_vllm_tags_each_token_with_its_weights(tiny_model_dir
     the steps that train on calls held across a sync hold samples drawn by two weight versions (as the hf engine's
     test in test_main_ppo_fully_async.py)."""
     vllm = vllm_overrides(tiny_model_dir, 4)  # a call's 2 prompts x 2 samples
-    run_held_partial_rollout(HOLD_VLLM_FOR_A_SYNC, tiny_model_dir, varied_parquet, tmp_path, vllm, timeout=400)
+    run_held_partial_rollout(HOLD_VLLM_FOR_A_SYNC, tiny_model_dir, varied_parquet, tmp_path, vllm)
 
 
 def test_partial_rollout_on_a_split_vllm_pool_lands_each_sync_at_one_step_of_both_ranks(
@@ -160,4 +160,4 @@ def test_partial_rollout_on_a_split_vllm_pool_lands_each_sync_at_one_step_of_bot
     on samples drawn by two weight versions. The actor and the pool's 2 ranks share the run's 2 Ray CPUs."""
     split = ["rollout.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
     vllm = vllm_overrides(tiny_model_dir, 4) + split + ["trainer.cpus_per_worker=0.5"]
-    run_held_partial_rollout(HOLD_VLLM_FOR_A_SYNC, tiny_model_dir, varied_parquet, tmp_path, vllm, timeout=500)
+    run_held_partial_rollout(HOLD_VLLM_FOR_A_SYNC, tiny_model_dir, varied_parquet, tmp_path, vllm)

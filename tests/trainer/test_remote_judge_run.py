@@ -48,7 +48,7 @@ def stopped_run(tiny_model_dir, tiny_parquet, tmp_path, url: str, *fragments: st
     """The run stops in its first step's scoring with one line naming every fragment, well within a minute."""
     overrides = remote_run(tiny_model_dir, tiny_parquet, tmp_path, url) + ["+reward_model.reward_kwargs.timeout_s=0.5"]
     start = time.monotonic()
-    outcome = run_subprocess("main_ppo", overrides, tmp_path, timeout=120)
+    outcome = run_subprocess("main_ppo", overrides, tmp_path)
     fragments = (f"the remote judge at {url} failed on {SAMPLES_PER_STEP} of {SAMPLES_PER_STEP} samples", *fragments)
     error = assert_refused(outcome, *fragments, code=1, workers_started=True)
     assert "\n" not in error and time.monotonic() - start < 60

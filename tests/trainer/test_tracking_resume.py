@@ -13,7 +13,7 @@ import pytest
 
 from hybridflow.tracking.trackers import METRICS_FILE, read_metrics
 
-from .cli import cli_env
+from .cli import HANG_GUARD_S, cli_env
 from .helpers import tiny_run_overrides
 from .tracker_files import mlflow_runs, mlflow_table, offline_trackers, wandb_offline_runs
 from .trained_prompts import COUNTED, DUMPS, assert_each_prompt_trained_once_per_epoch
@@ -33,7 +33,7 @@ def _wandb_holds(run_dir, step):
     return any(row.get("_step") == step for _, rows in wandb_offline_runs(run_dir) for row in rows)
 
 
-def _kill_9_in_the_step_after(step, overrides, run_dir, cwd, timeout=180):
+def _kill_9_in_the_step_after(step, overrides, run_dir, cwd, timeout=HANG_GUARD_S):
     """Start the trainer, stall it in the reward of the step after ``step``, and kill -9 it there once its wandb
     file holds ``step``."""
     env = {**cli_env(), "HYBRIDFLOW_TEST_STALL_AT": f"{run_dir / METRICS_FILE}:{step}"}
@@ -84,7 +84,7 @@ def test_kill_9_then_resume_continues_the_same_mlflow_and_wandb_runs(
     _kill_9_in_the_step_after(3, overrides, run_dir, cwd=tmp_path)
     assert (run_dir / "latest").read_text().strip() == "global_step_2"
     resumed = subprocess.run(
-        _command(overrides), cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=180
+        _command(overrides), cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=HANG_GUARD_S
     )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
 

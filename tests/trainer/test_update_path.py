@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from .cli import DENSE_REWARD, cli_env
+from .cli import DENSE_REWARD, HANG_GUARD_S, cli_env
 from .helpers import tiny_run_overrides
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ def test_one_actor_update_runs_code_in_at_most_twelve_package_files(tiny_model_d
     overrides = grpo_overrides(tiny_model_dir, tiny_parquet, tmp_path)
     command = [sys.executable, "-m", "tests.trainer.update_path", *overrides]
     # Run from the repository root, so the subprocess imports this tree's hybridflow and tests.
-    result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=240)
+    result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert result.returncode == 0, f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-6000:]}"
     report = json.loads(next(line for line in reversed(result.stdout.splitlines()) if line.startswith('{"files"')))
     files = report["files"]
