@@ -43,7 +43,7 @@ import sys
 import tempfile
 from typing import Any
 
-from bench.bench_vs_trl import SYSTEMS, check_micro_batch, child_env, launch, prepare_inputs, summarize
+from bench.bench_vs_trl import PRECISIONS, SYSTEMS, check_micro_batch, child_env, launch, prepare_inputs, summarize
 
 MODELS = {
     "4M": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -64,7 +64,8 @@ def best(run, repeats=5):
         start = time.perf_counter(); run(); times.append(time.perf_counter() - start)
     return min(times)
 n, out = 2048, {}
-for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+for name in sys.argv[2].split(","):
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b
     out[name] = 2 * n**3 / best(lambda: a @ b) / 1e9
@@ -76,10 +77,11 @@ print(json.dumps(out))
 """
 
 
-def measure_peaks(threads: int) -> dict[str, float]:
-    """GFLOP/s of fp32 and bf16 matmuls and the copy bandwidth (GB/s, read + write), in a process like the sides'."""
+def measure_peaks(threads: int, precisions: list[str]) -> dict[str, float]:
+    """GFLOP/s of matmuls in each of ``precisions`` and the copy bandwidth (GB/s, read + write), in a process like
+    the sides'. Only the precisions the grid runs: on a CPU without native bf16 its matmuls take minutes."""
     done = subprocess.run(
-        [sys.executable, "-c", PEAKS_SCRIPT, str(threads)],
+        [sys.executable, "-c", PEAKS_SCRIPT, str(threads), ",".join(precisions)],
         env=child_env(threads),
         capture_output=True,
         text=True,
@@ -139,9 +141,10 @@ def _median(values: list) -> Any:
 
 
 def print_header(peaks: dict[str, float], started: str, micro_batch: int | None) -> None:
+    matmul_peaks = ", ".join(f"{peaks[name]:.0f} GFLOP/s {name}" for name in PRECISIONS if name in peaks)
     print(
-        f"\n{started}, {os.cpu_count()} CPUs; matmul peak {peaks['fp32']:.0f} GFLOP/s fp32, {peaks['bf16']:.0f} "
-        f"bf16; copy bandwidth {peaks['bandwidth_gb_s']:.1f} GB/s; update micro-batch {micro_batch or 'whole batch'}; "
+        f"\n{started}, {os.cpu_count()} CPUs; matmul peak {matmul_peaks}; copy bandwidth "
+        f"{peaks['bandwidth_gb_s']:.1f} GB/s; update micro-batch {micro_batch or 'whole batch'}; "
         "steps: measured steps per side, after 1 warm-up"
     )
     print(
@@ -231,15 +234,18 @@ def main() -> None:
     unknown = [model for model in args.models.split(",") if model not in MODELS]
     if unknown:
         sys.exit(f"--models: {unknown} unknown; choose from {list(MODELS)}")
+    precisions = args.precisions.split(",")
+    if set(precisions) - set(PRECISIONS):
+        sys.exit(f"--precisions: {sorted(set(precisions) - set(PRECISIONS))} unknown; choose from {list(PRECISIONS)}")
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    peaks = measure_peaks(args.threads)
+    peaks = measure_peaks(args.threads, precisions)
     print_header(peaks, started, args.micro_batch)
     work_dir = pathlib.Path(tempfile.mkdtemp(prefix="bench_scaling_"))
     points = []
     try:
         for model in args.models.split(","):
             for length in map(int, args.lengths.split(",")):
-                for precision in args.precisions.split(","):
+                for precision in precisions:
                     point_dir = work_dir / f"{model}_{length}"
                     shutil.rmtree(point_dir, ignore_errors=True)
                     point_dir.mkdir()
