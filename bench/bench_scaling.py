@@ -43,7 +43,16 @@ import sys
 import tempfile
 from typing import Any
 
-from bench.bench_vs_trl import PRECISIONS, SYSTEMS, check_micro_batch, child_env, launch, prepare_inputs, summarize
+from bench.bench_vs_trl import (
+    PRECISIONS,
+    SYSTEMS,
+    check_micro_batch,
+    checked_precisions,
+    child_env,
+    launch,
+    prepare_inputs,
+    summarize,
+)
 
 MODELS = {
     "4M": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -234,9 +243,7 @@ def main() -> None:
     unknown = [model for model in args.models.split(",") if model not in MODELS]
     if unknown:
         sys.exit(f"--models: {unknown} unknown; choose from {list(MODELS)}")
-    precisions = args.precisions.split(",")
-    if set(precisions) - set(PRECISIONS):
-        sys.exit(f"--precisions: {sorted(set(precisions) - set(PRECISIONS))} unknown; choose from {list(PRECISIONS)}")
+    precisions = checked_precisions(args.precisions)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     peaks = measure_peaks(args.threads, precisions)
     print_header(peaks, started, args.micro_batch)

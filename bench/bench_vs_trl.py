@@ -525,13 +525,19 @@ def check_micro_batch(micro_batch: int | None) -> None:
         sys.exit(f"--micro-batch {micro_batch}: must divide the step's {samples} samples")
 
 
+def checked_precisions(text: str) -> list[str]:
+    """``--precisions``' comma-separated names; exits naming any unknown one."""
+    precisions = [name.strip() for name in text.split(",")]
+    unknown = [name for name in precisions if name not in PRECISIONS]
+    if unknown:
+        sys.exit(f"--precisions {text!r}: {unknown} unknown; choose from {list(PRECISIONS)}")
+    return precisions
+
+
 def run_all(args: argparse.Namespace, work_dir: pathlib.Path) -> None:
     spec = prepare_inputs(work_dir, args)
     systems = [args.only] if args.only else list(SYSTEMS)
-    precisions = [name.strip() for name in args.precisions.split(",")]
-    unknown = [name for name in precisions if name not in PRECISIONS]
-    if unknown:
-        sys.exit(f"--precisions {args.precisions!r}: {unknown} unknown; choose from {list(PRECISIONS)}")
+    precisions = checked_precisions(args.precisions)
     # runs[precision][repeat] = {system: summary}; the systems alternate within each repeat.
     runs: dict[str, list[dict[str, dict[str, Any]]]] = {precision: [] for precision in precisions}
     results: dict[str, dict[str, Any]] = {}

@@ -28,7 +28,7 @@ GSM8K_RECORDS = [
 ]
 
 
-def run_script(script, env_vars, overrides, timeout=HANG_GUARD_S):
+def run_script(script, env_vars, overrides):
     """Run an example script with a short Ray temp dir and one torch thread; return its output (raises on failure)."""
     ray_temp_dir = tempfile.mkdtemp(prefix="hfray", dir="/tmp")  # Ray's socket paths must stay short
     env = {
@@ -46,7 +46,7 @@ def run_script(script, env_vars, overrides, timeout=HANG_GUARD_S):
             env=env,
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=HANG_GUARD_S,
         )
     finally:
         shutil.rmtree(ray_temp_dir, ignore_errors=True)

@@ -111,9 +111,7 @@ def assert_demo_learned(completed: subprocess.CompletedProcess, rows: list[dict]
     assert len(accuracy) == 2 and accuracy[1] >= accuracy[0] + 0.05, accuracy
 
 
-def run_cli(
-    overrides: list[str], cwd: pathlib.Path, timeout: float = HANG_GUARD_S, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
+def run_cli(overrides: list[str], cwd: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the trainer to completion (``env`` added to its environment); raises with its output if it fails."""
     with RayTempDir() as ray_temp_dir:
         result = subprocess.run(
@@ -122,7 +120,7 @@ def run_cli(
             env=run_env(overrides, env),
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=HANG_GUARD_S,
         )
     if result.returncode != 0:
         raise AssertionError(
@@ -132,8 +130,8 @@ def run_cli(
     return result
 
 
-def _wait_for_first_checkpoint(run_dir: pathlib.Path, process: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+def _wait_for_first_checkpoint(run_dir: pathlib.Path, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + HANG_GUARD_S
     while time.monotonic() < deadline:
         if (run_dir / "latest").exists():
             return
@@ -147,9 +145,7 @@ def sft_command(overrides: list[str], ray_temp_dir: str) -> list[str]:
     return [sys.executable, "-m", "hybridflow.trainer.main_sft", *overrides, f"ray_init.temp_dir={ray_temp_dir}"]
 
 
-def kill_9_at_first_checkpoint(
-    overrides: list[str], run_dir: pathlib.Path, cwd: pathlib.Path, timeout: float = HANG_GUARD_S, trainer=command
-) -> int:
+def kill_9_at_first_checkpoint(overrides: list[str], run_dir: pathlib.Path, cwd: pathlib.Path, trainer=command) -> int:
     """Start the trainer (``command``, or ``sft_command``), kill -9 it once its first checkpoint is written;
     returns the step that checkpoint saved."""
     with RayTempDir() as ray_temp_dir:
@@ -162,7 +158,7 @@ def kill_9_at_first_checkpoint(
             start_new_session=True,
         )
         try:
-            _wait_for_first_checkpoint(run_dir, process, timeout)
+            _wait_for_first_checkpoint(run_dir, process)
             os.kill(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
         finally:

@@ -57,7 +57,7 @@ def check_in_process(entry: str, argv: list[str], capsys, monkeypatch, tmp_path)
     return Outcome(stopped.value.code, out.out, out.err)
 
 
-def run_subprocess(entry: str, argv: list[str], cwd, timeout: float = HANG_GUARD_S, env: dict | None = None) -> Outcome:
+def run_subprocess(entry: str, argv: list[str], cwd, env: dict | None = None) -> Outcome:
     """The whole run in a subprocess, with its own Ray cluster (for failures that happen after start-up)."""
     with RayTempDir() as ray_temp_dir:
         result = subprocess.run(
@@ -73,7 +73,7 @@ def run_subprocess(entry: str, argv: list[str], cwd, timeout: float = HANG_GUARD
             env={**cli_env(), **(env or {})},
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=HANG_GUARD_S,
         )
     return Outcome(result.returncode, result.stdout, result.stderr)
 

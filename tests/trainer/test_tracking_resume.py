@@ -33,7 +33,7 @@ def _wandb_holds(run_dir, step):
     return any(row.get("_step") == step for _, rows in wandb_offline_runs(run_dir) for row in rows)
 
 
-def _kill_9_in_the_step_after(step, overrides, run_dir, cwd, timeout=HANG_GUARD_S):
+def _kill_9_in_the_step_after(step, overrides, run_dir, cwd):
     """Start the trainer, stall it in the reward of the step after ``step``, and kill -9 it there once its wandb
     file holds ``step``."""
     env = {**cli_env(), "HYBRIDFLOW_TEST_STALL_AT": f"{run_dir / METRICS_FILE}:{step}"}
@@ -46,7 +46,7 @@ def _kill_9_in_the_step_after(step, overrides, run_dir, cwd, timeout=HANG_GUARD_
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + HANG_GUARD_S
         while not _wandb_holds(run_dir, step):
             assert process.poll() is None, f"the run ended (exit {process.returncode}) before step {step}"
             assert time.monotonic() < deadline, f"wandb never held step {step}"
