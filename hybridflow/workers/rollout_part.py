@@ -26,6 +26,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from hybridflow.distributed.host_memory import return_freed_heap
 from hybridflow.errors import HybridflowError
 from hybridflow.models.loading import resolve_dtype
 from hybridflow.models.weight_checksum import reduced
@@ -158,6 +159,7 @@ class RolloutPart:
         finally:
             if self.sleep_between_rollouts:
                 self._sleep(discard=self.may_discard)
+            return_freed_heap()  # the decode's activations and KV cache (distributed/host_memory.py)
 
     def _sleep(self, discard: bool = False) -> None:
         if not self.asleep:

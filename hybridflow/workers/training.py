@@ -45,6 +45,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from hybridflow.data.micro_batches import restore_order, split_by_token_budget
+from hybridflow.distributed.host_memory import return_freed_heap
 from hybridflow.distributed.rank_groups import MeshGroup, gather_objects
 from hybridflow.distributed.sequence_parallel import SequenceParallelGroup, sequence_parallel_group
 from hybridflow.models.tensor_parallel import is_training_split
@@ -276,6 +277,7 @@ def run_in_micro_batches(
             joined.append(torch.cat(parts))
         else:
             joined.append(restore_order(parts, indices))
+    return_freed_heap()  # the forwards' activations (distributed/host_memory.py)
     return tuple(joined)
 
 
@@ -478,6 +480,7 @@ class ShardedTrainer:
                 for key, value in step_metrics.items():
                     metrics[key].append(value)
         self.lr_scheduler.step()
+        return_freed_heap()  # the activations' (distributed/host_memory.py)
         return {**metrics, "lr": lr}
 
     def _steps(
