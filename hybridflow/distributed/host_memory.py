@@ -11,8 +11,8 @@ phase's first touch: the host-side counterpart of a GPU's ``empty_cache``.
 ``bench_scaling``'s hybridflow side, fp32, on a 2-core AVX2 VM (2026-12-05; peak resident GiB, s/step): 30M x 128
 tokens 2.18-2.27 -> 1.92-2.01, 100M x 16 3.43-3.54 -> 2.84-2.97, 30M x 16 1.58 -> 1.50, the steps' times within
 the runs' noise (3%). A fixed mmap threshold (``mallopt``) cut more, 1.78 and 2.48 GiB at 4 MiB, but cost 1.5-7%
-of the step: every block from the threshold on, an FSDP2 layer's gathered weights and gradients included, is then
-a fresh mapping the kernel zeroes page by page, at every micro-batch.
+of the step, likely in page faults: every block from the threshold on, an FSDP2 layer's gathered weights and
+gradients included, is then a fresh mapping the kernel zeroes page by page, at every micro-batch.
 """
 
 from __future__ import annotations
