@@ -26,7 +26,6 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from hybridflow.distributed.host_memory import return_freed_heap
 from hybridflow.errors import HybridflowError
 from hybridflow.models.loading import resolve_dtype
 from hybridflow.models.weight_checksum import reduced
@@ -35,6 +34,7 @@ from hybridflow.rollout import RolloutConfig, create_rollout_engine
 from hybridflow.rollout.partial_samples import PartialSample
 from hybridflow.workers.actor import ActorPart
 from hybridflow.workers.sync_check import WeightSyncCheck
+from hybridflow.workers.training import return_freed_heap
 
 
 class StaleRolloutError(HybridflowError, RuntimeError):
@@ -159,7 +159,7 @@ class RolloutPart:
         finally:
             if self.sleep_between_rollouts:
                 self._sleep(discard=self.may_discard)
-            return_freed_heap()  # the decode's activations and KV cache (distributed/host_memory.py)
+            return_freed_heap()  # the decode's activations and KV cache
 
     def _sleep(self, discard: bool = False) -> None:
         if not self.asleep:

@@ -29,6 +29,8 @@ optimizer steps of the same run without it, not those of a different split of it
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import math
 import resource
 import sys
@@ -45,7 +47,6 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from hybridflow.data.micro_batches import restore_order, split_by_token_budget
-from hybridflow.distributed.host_memory import return_freed_heap
 from hybridflow.distributed.rank_groups import MeshGroup, gather_objects
 from hybridflow.distributed.sequence_parallel import SequenceParallelGroup, sequence_parallel_group
 from hybridflow.models.tensor_parallel import is_training_split
@@ -277,7 +278,7 @@ def run_in_micro_batches(
             joined.append(torch.cat(parts))
         else:
             joined.append(restore_order(parts, indices))
-    return_freed_heap()  # the forwards' activations (distributed/host_memory.py)
+    return_freed_heap()  # the forwards' activations
     return tuple(joined)
 
 
@@ -364,6 +365,33 @@ def memory_metrics(device: str) -> dict[str, float]:
         metrics[names.PERF_MAX_MEMORY_ALLOCATED] = torch.cuda.max_memory_allocated() / 2**30
         metrics[names.PERF_MAX_MEMORY_RESERVED] = torch.cuda.max_memory_reserved() / 2**30
     return metrics
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (macOS, musl): another allocator, with its own way of returning memory
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
+
+
+def return_freed_heap() -> None:
+    """Hand the pages of glibc's free heap chunks back to the system (``malloc_trim(0)``) at a phase's end: the
+    host-side counterpart of a GPU's ``empty_cache``.
+
+    glibc raises its mmap threshold (up to 32 MiB) to the size of each mapped block freed, so from an update's
+    first freed activations on, all of them come from its heap; freed, they stay resident around what outlives the
+    phase, and the next phase grows the heap past them (a 30M fp32 run at 128 tokens held 1.66 GiB after one
+    update, where its gradients and optimizer state need 0.34; issue 27). ``bench_scaling``'s hybridflow side,
+    fp32, on a 2-core AVX2 VM (2026-12-05), peak GiB: 30M x 128 tokens 2.18-2.27 -> 1.92-2.01, 100M x 16
+    3.43-3.54 -> 2.84-2.97, 30M x 16 1.58 -> 1.50, the steps' times within the runs' noise. A fixed 4 MiB mmap
+    threshold (``mallopt``) cut more (1.78 and 2.48 GiB) but cost 1.5-7% of the step, likely in page faults: an
+    FSDP2 layer's gathered weights and gradients then become fresh mappings the kernel zeroes, every micro-batch.
+    """
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
@@ -480,7 +508,7 @@ class ShardedTrainer:
                 for key, value in step_metrics.items():
                     metrics[key].append(value)
         self.lr_scheduler.step()
-        return_freed_heap()  # the activations' (distributed/host_memory.py)
+        return_freed_heap()  # the activations'
         return {**metrics, "lr": lr}
 
     def _steps(

@@ -17,7 +17,7 @@ BLOCKS, BLOCK_MIB = 64, 4
 # small blocks, which could place it elsewhere). Resident sizes from /proc/self/statm.
 PROGRAM = f"""
 import ctypes, json, os
-from hybridflow.distributed.host_memory import return_freed_heap
+from hybridflow.workers.training import return_freed_heap
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
