@@ -508,7 +508,7 @@ class ShardedTrainer:
                 for key, value in step_metrics.items():
                     metrics[key].append(value)
         self.lr_scheduler.step()
-        return_freed_heap()  # the activations'
+        return_freed_heap()  # the update's freed activations
         return {**metrics, "lr": lr}
 
     def _steps(
