@@ -13,6 +13,7 @@ from hybridflow.models.loading import load_causal_lm
 from hybridflow.models.lora import apply_lora, merged_state_dict
 from hybridflow.workers.config import FSDPConfig, MixedPrecisionConfig
 from hybridflow.workers.fsdp import build_device_mesh, iter_full_parameters, iter_hf_weights, shard_model
+from hybridflow.workers.training import hand_over_gradients
 
 pytestmark = pytest.mark.usefixtures("process_group")
 
@@ -54,3 +55,29 @@ def test_bf16_mixed_precision_computes_in_bf16_and_keeps_float32_shards(tiny_mod
     assert logits.dtype == torch.bfloat16
     logits.float().sum().backward()
     assert all(param.dtype == torch.float32 and param.grad.dtype == torch.float32 for param in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("param_dtype", "reduce_dtype"), [("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16")]
+)
+def test_one_rank_hands_over_the_summed_gradients_fsdp2_would_reduce(tiny_model_dir, param_dtype, reduce_dtype):
+    precision = MixedPrecisionConfig(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    reduced, handed_over = (
+        shard_model(load_causal_lm(tiny_model_dir), build_device_mesh(-1, CPU), FSDPConfig(mixed_precision=precision))
+        for _ in range(2)
+    )
+    micro_batches = torch.randint(0, 50, (3, 2, 5), generator=torch.Generator().manual_seed(0))
+    for index, input_ids in enumerate(micro_batches):
+        reduced.set_requires_gradient_sync(index == len(micro_batches) - 1)
+        handed_over.set_requires_gradient_sync(False)
+        for model in (reduced, handed_over):
+            model(input_ids=input_ids).logits.float().logsumexp(-1).mean().backward()
+    assert all(param.grad is None for param in handed_over.parameters())
+    hand_over_gradients(handed_over)
+    for (name, expected), actual in zip(reduced.named_parameters(), handed_over.parameters()):
+        assert actual.grad.dtype == torch.float32 and actual.grad.placements == expected.grad.placements, name
+        assert torch.equal(actual.grad.to_local(), expected.grad.to_local()), name
+    # Taken over, not copied: a second hand-over finds nothing left on the unsharded parameters.
+    grads = [param.grad for param in handed_over.parameters()]
+    hand_over_gradients(handed_over)
+    assert all(param.grad is grad for param, grad in zip(handed_over.parameters(), grads))
