@@ -407,6 +407,8 @@ def hand_over_gradients(model: torch.nn.Module) -> None:
     for module in model.modules():
         group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
         for fsdp_param in group.fsdp_params if group is not None else ():
+            if not hasattr(fsdp_param, "_unsharded_param"):  # never gathered (no forward yet): no gradient
+                continue
             # Accumulated in reduce_dtype when it differs from param_dtype, else on the parameter itself.
             grad = fsdp_param.unsharded_accumulated_grad
             if grad is None:

@@ -66,6 +66,8 @@ def test_one_rank_hands_over_the_summed_gradients_fsdp2_would_reduce(tiny_model_
         shard_model(load_causal_lm(tiny_model_dir), build_device_mesh(-1, CPU), FSDPConfig(mixed_precision=precision))
         for _ in range(2)
     )
+    hand_over_gradients(handed_over)  # before any forward (a rank whose mini-batch was empty): nothing to take
+    assert all(param.grad is None for param in handed_over.parameters())
     micro_batches = torch.randint(0, 50, (3, 2, 5), generator=torch.Generator().manual_seed(0))
     for index, input_ids in enumerate(micro_batches):
         reduced.set_requires_gradient_sync(index == len(micro_batches) - 1)
