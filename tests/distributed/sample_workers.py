@@ -36,6 +36,7 @@ class CollectiveWorker(Worker):
             "torch_threads": torch.get_num_threads(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "onednn_cache": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
+            "ideep_cache": os.environ.get("LRU_CACHE_CAPACITY"),
             "pid": os.getpid(),
         }
 

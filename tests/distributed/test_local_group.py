@@ -26,6 +26,7 @@ def local_group(monkeypatch):
     ):
         monkeypatch.setenv(key, os.environ.get(key, "0"))
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.delenv("LRU_CACHE_CAPACITY", raising=False)
     threads = torch.get_num_threads()
     group = LocalWorkerGroup(RayClassWithInitArgs(CollectiveWorker), num_threads=1)
     yield group
@@ -36,8 +37,8 @@ def test_the_one_rank_runs_in_this_process_with_the_threads_asked_for(local_grou
     (environment,) = local_group.environment()
     assert (environment["rank"], environment["world_size"], environment["pid"]) == (0, 1, os.getpid())
     assert environment["torch_threads"] == 1
-    # oneDNN's primitive cache bounded before any model is built (the driver's process, in local mode).
-    assert environment["onednn_cache"] == "64"
+    # oneDNN's and ideep's caches bounded before any model is built (the driver's process, in local mode).
+    assert (environment["onednn_cache"], environment["ideep_cache"]) == ("64", "16")
     assert local_group.world_size == 1
     assert local_group.all_reduce_sum(2.0) == [2.0]
 

@@ -47,8 +47,9 @@ def test_workers_wait_passively_with_one_thread_per_half_cpu(collective_group):
     env = collective_group.environment()
     assert {e["omp_wait_policy"] for e in env} == {"PASSIVE"}
     assert {e["torch_threads"] for e in env} == {1}
-    # oneDNN's primitive cache bounded (hybridflow's 64 unless the driver's environment sets it).
+    # oneDNN's and ideep's caches bounded (hybridflow's 64 and 16 unless the driver's environment sets them).
     assert {e["onednn_cache"] for e in env} == {os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")}
+    assert {e["ideep_cache"] for e in env} == {os.environ.get("LRU_CACHE_CAPACITY", "16")}
 
 
 @pytest.mark.parametrize("rows", [5, 1, 4])
